@@ -1,0 +1,277 @@
+"""The Strategy API (tf.distribute.Strategy) and the single-device strategies.
+
+A strategy is the only thing that knows about devices and processes. The
+Estimator and the model scope talk to it through `strategy.extended`'s private
+methods (`_create_module`, `_to_device`, `_apply_gradients`, ...); every
+strategy plugs into the same points.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+
+
+class ReduceOp(enum.Enum):
+    """How to combine values across replicas (tf.distribute.ReduceOp)."""
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+
+
+class InputContext:
+    """What an `input_fn(input_context)` learns about the input pipelines
+    (tf.distribute.InputContext)."""
+
+    def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0,
+                 num_replicas_in_sync: int = 1):
+        self.num_input_pipelines = num_input_pipelines
+        self.input_pipeline_id = input_pipeline_id
+        self.num_replicas_in_sync = num_replicas_in_sync
+
+    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
+        if global_batch_size % self.num_replicas_in_sync:
+            raise ValueError(
+                f"The `global_batch_size` {global_batch_size} is not divisible by "
+                f"`num_replicas_in_sync` {self.num_replicas_in_sync}")
+        return global_batch_size // self.num_replicas_in_sync
+
+    def __repr__(self):
+        return (f"InputContext(num_input_pipelines={self.num_input_pipelines}, "
+                f"input_pipeline_id={self.input_pipeline_id}, "
+                f"num_replicas_in_sync={self.num_replicas_in_sync})")
+
+
+def _move(obj, device: torch.device):
+    """Numpy arrays -> tensors (once), tensors -> `device` without a host sync."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == device else obj.to(device, non_blocking=True)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(v, device) for v in obj)
+    if type(obj).__module__ == "numpy":
+        return _move(torch.as_tensor(obj), device)
+    return obj
+
+
+class StrategyExtended:
+    """Per-strategy mechanics (tf.distribute.StrategyExtended).
+
+    The public properties follow TF; the `_` methods are the interception
+    points the Estimator and the model scope call.
+    """
+
+    def __init__(self, container_strategy: "Strategy", device):
+        self._container_strategy = container_strategy
+        self._device = torch.device(device)
+
+    # -- TF's public surface -------------------------------------------------
+    @property
+    def worker_devices(self):
+        return (str(self._device),)
+
+    @property
+    def parameter_devices(self):
+        return (str(self._device),)
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether this process writes checkpoints (the chief)."""
+        return True
+
+    @property
+    def should_save_summary(self) -> bool:
+        """Whether this process writes summaries (the chief)."""
+        return True
+
+    @property
+    def should_init(self) -> bool:
+        return True
+
+    # -- interception points ---------------------------------------------------
+    def _create_module(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
+        return module.to(self._device)
+
+    def _create_optimizer(self, name: str, factory, params):
+        return factory(params)
+
+    def _create_metric(self, metric: torch.nn.Module) -> torch.nn.Module:
+        return metric.to(self._device)
+
+    def _to_device(self, batch):
+        return _move(batch, self._device)
+
+    def _apply_gradients(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer):
+        """One optimizer step on `loss` (TF: `optimizer.minimize(loss)`)."""
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def _reduce_metrics(self, metrics) -> None:
+        """Sum metric state across replicas in place (nothing to do on one)."""
+
+    def _reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to log: the mean over replicas."""
+        return loss
+
+    def _all_agree_to_stop(self, stop: bool) -> bool:
+        """True if any replica stops; every replica gets the same answer."""
+        return stop
+
+    def _input_context(self) -> InputContext:
+        return InputContext(1, 0, self._container_strategy.num_replicas_in_sync)
+
+
+_state = threading.local()
+
+
+def _stack():
+    if not hasattr(_state, "stack"):
+        _state.stack = []
+    return _state.stack
+
+
+class Strategy:
+    """Base of every distribution strategy (tf.distribute.Strategy)."""
+
+    def __init__(self, extended: StrategyExtended):
+        self._extended = extended
+
+    @property
+    def extended(self) -> StrategyExtended:
+        return self._extended
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return 1
+
+    @property
+    def cluster_resolver(self):
+        return None
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Make this the current strategy (`get_strategy()` returns it)."""
+        _stack().append(self)
+        try:
+            yield self
+        finally:
+            _stack().pop()
+
+    def run(self, fn: Callable, args=(), kwargs=None):
+        """Run `fn` on each local replica (here: once) in a replica context."""
+        with self.scope():
+            ctx = ReplicaContext(self, 0)
+            _stack().append(ctx)
+            try:
+                return fn(*args, **(kwargs or {}))
+            finally:
+                _stack().pop()
+
+    def reduce(self, reduce_op, value, axis=None):
+        """Combine a per-replica `value` across replicas, and over `axis` if given."""
+        reduce_op = ReduceOp(reduce_op.value if isinstance(reduce_op, ReduceOp) else reduce_op)
+        value = self._reduce_across(reduce_op, value)
+        if axis is None:
+            return value
+        return value.sum(axis) if reduce_op == ReduceOp.SUM else value.mean(axis)
+
+    def _reduce_across(self, reduce_op, value):
+        return value
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        """Batches of `dataset`, moved to the device (split per replica when
+        there are several, as TF2)."""
+        extended = self._extended
+        return (extended._to_device(batch) for batch in dataset)
+
+    def distribute_datasets_from_function(self, dataset_fn, options=None):
+        extended = self._extended
+        return (extended._to_device(b) for b in dataset_fn(extended._input_context()))
+
+    def experimental_local_results(self, value):
+        return (value,)
+
+    def __repr__(self):
+        return f"{type(self).__name__}(device={self._extended._device})"
+
+
+class ReplicaContext:
+    """The context `fn` runs in under `strategy.run` (tf.distribute.ReplicaContext)."""
+
+    def __init__(self, strategy: Strategy, replica_id_in_sync_group: int):
+        self.strategy = strategy
+        self.replica_id_in_sync_group = replica_id_in_sync_group
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    def all_reduce(self, reduce_op, value):
+        reduce_op = ReduceOp(reduce_op.value if isinstance(reduce_op, ReduceOp) else reduce_op)
+        return self.strategy._reduce_across(reduce_op, value)
+
+
+class OneDeviceStrategy(Strategy):
+    """Everything on one device, input prefetched to it (tf.distribute.OneDeviceStrategy)."""
+
+    def __init__(self, device):
+        super().__init__(StrategyExtended(self, device))
+
+
+class _DefaultStrategy(Strategy):
+    """No strategy: one process, the first GPU when there is one, else the CPU."""
+
+    def __init__(self):
+        super().__init__(StrategyExtended(
+            self, "cuda:0" if torch.cuda.is_available() else "cpu"))
+
+
+_default: Optional[_DefaultStrategy] = None
+
+
+def _default_strategy() -> _DefaultStrategy:
+    global _default
+    if _default is None:
+        _default = _DefaultStrategy()
+    return _default
+
+
+def get_strategy() -> Strategy:
+    """The current strategy: the innermost `scope()`, else the default one."""
+    for item in reversed(_stack()):
+        if isinstance(item, Strategy):
+            return item
+    return _default_strategy()
+
+
+def has_strategy() -> bool:
+    """Whether a non-default strategy is current."""
+    return not isinstance(get_strategy(), _DefaultStrategy)
+
+
+def get_replica_context() -> Optional[ReplicaContext]:
+    """The replica context inside `strategy.run`; None in cross-replica context
+    (inside a `scope()` but outside `run`); the default one otherwise."""
+    stack = _stack()
+    if stack and isinstance(stack[-1], ReplicaContext):
+        return stack[-1]
+    if stack:
+        return None
+    return ReplicaContext(_default_strategy(), 0)
+
+
+def in_cross_replica_context() -> bool:
+    return get_replica_context() is None
+
+
+def experimental_set_strategy(strategy: Optional[Strategy]) -> None:
+    """Set (or clear with None) the current strategy outside a `with` block."""
+    stack = _stack()
+    stack.clear()
+    if strategy is not None:
+        stack.append(strategy)

@@ -1,0 +1,21 @@
+"""TensorFlow-1-Estimator-shaped training on PyTorch.
+
+    import estimator as est
+    estimator = est.Estimator(model_fn, model_dir="runs/x", config=est.RunConfig())
+    estimator.train(input_fn, max_steps=1000)
+
+See SPEC.md for the contract; names follow `tf.estimator`.
+"""
+from . import checkpoint, metrics
+from ._scope import get_global_step, get_module, get_optimizer, named_tensor
+from .estimator import Estimator
+from .mode_keys import ModeKeys
+from .model_fn import EstimatorSpec
+from .run_config import RunConfig
+from .warm_start import WarmStartSettings
+
+__all__ = [
+    "Estimator", "EstimatorSpec", "ModeKeys", "RunConfig", "WarmStartSettings",
+    "get_module", "get_optimizer", "get_global_step", "named_tensor",
+    "checkpoint", "metrics",
+]

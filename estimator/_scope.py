@@ -1,0 +1,226 @@
+"""The model scope: everything a model_fn creates through `get_module`,
+`get_optimizer` and the metrics.
+
+TF analogue: the graph's variable collections plus `tf.compat.v1.get_variable`
+(build on first call, return the same object afterwards) and the global step.
+Creation goes through one interception point, the active strategy's
+`extended._create_module/_create_optimizer/_create_metric`, as
+`strategy.scope()` intercepts variable creation in TF. Restoring from a
+checkpoint and warm starting happen at creation, before the strategy places
+(and possibly wraps) the object.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, Iterable, Optional
+
+import torch
+
+from .mode_keys import ModeKeys
+
+logger = logging.getLogger(__name__)
+
+_stack: list = []                         # active scopes, innermost last
+_current: Optional["ModelScope"] = None   # _stack[-1], kept for the hot path
+
+
+def _variable_name(owner: str, key: str) -> str:
+    """`net` + `0.weight` -> `net/0/weight` (TF-style variable names)."""
+    return owner + "/" + key.replace(".", "/")
+
+
+class ModelScope:
+    """Holds the modules, optimizers, metrics and global step of one model.
+
+    `restore` is a loaded checkpoint (dict) whose entries are applied to each
+    object when it is created; `warm_start` a `_WarmStarter` applied to modules
+    that the checkpoint does not cover.
+    """
+
+    def __init__(self, mode: str, strategy, restore: Optional[dict] = None,
+                 warm_start=None, restore_path: Optional[str] = None):
+        self.mode = mode
+        self.strategy = strategy
+        self.modules: Dict[str, torch.nn.Module] = {}      # as model_fn sees them
+        self.raw_modules: Dict[str, torch.nn.Module] = {}  # unwrapped, for saving
+        self.optimizers: Dict[str, torch.optim.Optimizer] = {}
+        self.optimizer_var_names: Dict[str, list] = {}
+        self.metrics: Dict[str, torch.nn.Module] = {}
+        self.global_step = int(restore["global_step"]) if restore else 0
+        self.named_tensors: Dict[str, torch.Tensor] = {}
+        self.summaries_due = False
+        self.summaries: list = []
+        self._restore = restore
+        self._restore_path = restore_path
+        self._warm_start = warm_start
+
+    # -- creation (the interception point) ---------------------------------
+    def create_module(self, name: str, factory: Callable[[], torch.nn.Module]):
+        module = factory()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(
+                f"get_module({name!r}): the factory must return a torch.nn.Module, "
+                f"got {type(module).__name__}")
+        if self._restore is not None:
+            state = self._restore["modules"].get(name)
+            if state is None:
+                raise ValueError(
+                    f"get_module({name!r}): the checkpoint {self._restore_path} has no "
+                    f"module {name!r} (it has {sorted(self._restore['modules'])}); "
+                    "a model_dir must keep the same model, use warm_start_from for a new one")
+            try:
+                module.load_state_dict(state)
+            except RuntimeError as e:
+                raise ValueError(f"get_module({name!r}): cannot restore from "
+                                 f"{self._restore_path}: {e}") from None
+        elif self._warm_start is not None:
+            self._warm_start.apply(name, module)
+        self.raw_modules[name] = module
+        placed = self.strategy.extended._create_module(name, module)
+        self.modules[name] = placed
+        return placed
+
+    def create_optimizer(self, name: str, factory, var_list=None):
+        params, var_names = self._trainable(var_list)
+        if not params:
+            raise ValueError(f"get_optimizer(name={name!r}): there are no trainable "
+                             "parameters; create the modules with get_module first")
+        optimizer = self.strategy.extended._create_optimizer(name, factory, params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"get_optimizer(name={name!r}): the factory must return a "
+                            f"torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if self._restore is not None and self.mode == ModeKeys.TRAIN:
+            state = self._restore["optimizers"].get(name)
+            if state is None:
+                raise ValueError(f"get_optimizer(name={name!r}): the checkpoint "
+                                 f"{self._restore_path} has no optimizer {name!r}")
+            optimizer.load_state_dict(state)
+        self.optimizers[name] = optimizer
+        self.optimizer_var_names[name] = var_names
+        return optimizer
+
+    def create_metric(self, name: str, factory):
+        metric = self.strategy.extended._create_metric(factory())
+        self.metrics[name] = metric
+        return metric
+
+    def _trainable(self, var_list):
+        """Parameters for an optimizer and their variable names, in creation order."""
+        names = {id(p): _variable_name(m, k)
+                 for m, mod in self.raw_modules.items() for k, p in mod.named_parameters()}
+        if var_list is None:
+            params = [p for mod in self.raw_modules.values() for p in mod.parameters()]
+        else:
+            params = []
+            for item in (var_list if isinstance(var_list, (list, tuple)) else [var_list]):
+                params.extend(item.parameters() if isinstance(item, torch.nn.Module) else [item])
+        seen, out = set(), []
+        for p in params:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        return out, [names.get(id(p), f"param_{i}") for i, p in enumerate(out)]
+
+    # -- saving ----------------------------------------------------------------
+    def state(self) -> dict:
+        """The checkpoint contents, all tensors on the CPU."""
+        return {
+            "modules": {n: _cpu(m.state_dict()) for n, m in self.raw_modules.items()},
+            "optimizers": {n: _cpu(o.state_dict()) for n, o in self.optimizers.items()},
+            "optimizer_var_names": dict(self.optimizer_var_names),
+            "metrics": {n: _cpu(m.state_dict()) for n, m in self.metrics.items()},
+            "global_step": self.global_step,
+        }
+
+    # -- activation --------------------------------------------------------------
+    def __enter__(self):
+        global _current
+        _stack.append(self)
+        _current = self
+        return self
+
+    def __exit__(self, *exc):
+        global _current
+        _stack.pop()
+        _current = _stack[-1] if _stack else None
+
+
+def _cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
+
+
+def current() -> ModelScope:
+    if _current is None:
+        raise RuntimeError("No model scope is active: get_module/get_optimizer/"
+                           "get_global_step are called inside a model_fn (or a "
+                           "MonitoredSession), as tf.get_variable is inside a graph")
+    return _current
+
+
+# -- public API (re-exported by `estimator`) ------------------------------------
+def get_module(name: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """Build the module `name` with `factory()` on first call; return it after.
+
+    TF: `tf.compat.v1.get_variable` / a Keras layer built once in the graph.
+    The returned module is placed (and, under a data-parallel strategy,
+    wrapped) by the active strategy.
+    """
+    scope = current()
+    module = scope.modules.get(name)
+    if module is None:
+        module = scope.create_module(name, factory)
+    return module
+
+
+def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
+                  name: str = "optimizer", var_list=None) -> torch.optim.Optimizer:
+    """Build the optimizer `name` as `factory(params)` on first call; return it after.
+
+    `params` are the trainable parameters of `var_list` (modules or
+    parameters; default every module of the scope), as `minimize(var_list=)`.
+    Return it as `EstimatorSpec(train_op=...)`: the framework computes the
+    gradient of the loss, applies it and increments the global step.
+    """
+    scope = current()
+    optimizer = scope.optimizers.get(name)
+    if optimizer is None:
+        optimizer = scope.create_optimizer(name, factory, var_list)
+    return optimizer
+
+
+def get_global_step() -> int:
+    """The number of training steps done (TF: `tf.compat.v1.train.get_global_step`)."""
+    return current().global_step
+
+
+def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Expose `tensor` under `name` for hooks to fetch (TF: naming a graph tensor
+    so `LoggingTensorHook(tensors=[name])` can find it). Costs a dict store; the
+    value is copied to the host only on steps where a hook asks for it."""
+    if _current is not None:
+        _current.named_tensors[name] = tensor
+    return tensor
+
+
+# -- for estimator.metrics ---------------------------------------------------------
+def get_metric(name: str, factory):
+    """The metric `name` of the active scope, created on first use; a fresh
+    metric when no scope is active (standalone use)."""
+    if _current is None:
+        return factory()
+    metric = _current.metrics.get(name)
+    if metric is None:
+        metric = _current.create_metric(name, factory)
+    return metric
+
+
+def updates_metrics() -> bool:
+    """Metric state is updated in EVAL mode only (TF never runs update ops while
+    training), and always when no scope is active."""
+    return _current is None or _current.mode == ModeKeys.EVAL

@@ -1,0 +1,373 @@
+"""Estimator: train, evaluate and predict a model_fn (tf.estimator.Estimator).
+
+The data flows one way: input_fn batches -> the strategy moves them to the
+device -> model_fn builds/uses modules in the model scope -> the strategy
+applies gradients -> the session loop runs the hooks.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import random
+import tempfile
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import torch
+
+import distribute
+import hooks as hooks_lib
+
+from . import _inputs, _scope, checkpoint, metrics
+from .mode_keys import ModeKeys
+from .model_fn import EstimatorSpec
+from .run_config import RunConfig
+from .warm_start import _settings, _WarmStarter
+
+logger = logging.getLogger(__name__)
+
+
+class Estimator:
+    """Trains, evaluates and predicts with a `model_fn` (tf.estimator.Estimator).
+
+        est = Estimator(model_fn, model_dir="runs/iris", params={"lr": 0.1})
+        est.train(train_input_fn, max_steps=1000)
+        print(est.evaluate(eval_input_fn))
+        for p in est.predict(predict_input_fn): ...
+    """
+
+    def __init__(self, model_fn: Callable, model_dir: Optional[str] = None,
+                 config: Optional[RunConfig] = None, params: Optional[dict] = None,
+                 warm_start_from=None):
+        if config is None:
+            config = RunConfig()
+        elif not isinstance(config, RunConfig):
+            raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+        if model_dir and config.model_dir and os.path.abspath(model_dir) != os.path.abspath(
+                config.model_dir):
+            raise ValueError(f"`model_dir` are set both in constructor and `RunConfig`, but "
+                             f"with different values. In constructor: '{model_dir}', in "
+                             f"`RunConfig`: '{config.model_dir}'.")
+        model_dir = model_dir or config.model_dir
+        if not model_dir:
+            model_dir = tempfile.mkdtemp(prefix="estimator-")
+            logger.warning("Using temporary folder as model directory: %s", model_dir)
+        self._config = config.replace(model_dir=model_dir)
+        self._model_dir = model_dir
+        self._params = copy.deepcopy(params or {})
+        self._model_fn = model_fn
+        self._call_model_fn = _inputs.model_fn_caller(model_fn, self._params, self._config)
+        self._warm_start_settings = _settings(warm_start_from)
+        logger.info("Using config: %s", self._config)
+
+    # -- properties --------------------------------------------------------------
+    @property
+    def model_dir(self) -> str:
+        return self._model_dir
+
+    @property
+    def config(self) -> RunConfig:
+        return self._config
+
+    @property
+    def params(self) -> dict:
+        return copy.deepcopy(self._params)
+
+    @property
+    def model_fn(self) -> Callable:
+        return self._model_fn
+
+    # -- checkpoints -------------------------------------------------------------
+    def latest_checkpoint(self) -> Optional[str]:
+        """The newest checkpoint in `model_dir`, or None."""
+        return checkpoint.latest_checkpoint(self._model_dir)
+
+    def get_variable_names(self):
+        """Names of every variable in the latest checkpoint (`net/0/weight`, ...)."""
+        return [name for name, _ in checkpoint.list_variables(self._require_checkpoint())]
+
+    def get_variable_value(self, name: str) -> np.ndarray:
+        """The value of variable `name` in the latest checkpoint."""
+        return checkpoint.load_variable(self._require_checkpoint(), name)
+
+    def _require_checkpoint(self, path: Optional[str] = None, what: str = "read") -> str:
+        if path is not None:
+            return checkpoint.resolve(path)
+        latest = self.latest_checkpoint()
+        if latest is None:
+            raise ValueError(f"Could not find a trained model in model_dir {self._model_dir!r} "
+                             f"to {what}: train first, or pass checkpoint_path")
+        return latest
+
+    # -- train ---------------------------------------------------------------------
+    def train(self, input_fn: Callable, hooks: Optional[Iterable] = None,
+              steps: Optional[int] = None, max_steps: Optional[int] = None,
+              saving_listeners: Optional[Iterable] = None) -> "Estimator":
+        """Train until `steps` more steps, global step `max_steps`, or the end
+        of the input, whichever comes first (tf.estimator.Estimator.train)."""
+        if steps is not None and max_steps is not None:
+            raise ValueError("Can not provide both steps and max_steps.")
+        if steps is not None and steps <= 0:
+            raise ValueError(f"Must specify steps > 0, given: {steps}")
+        if max_steps is not None and max_steps <= 0:
+            raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
+        latest = self.latest_checkpoint()
+        if max_steps is not None and latest and checkpoint.step_of(latest) >= max_steps:
+            logger.info("Skipping training since max_steps has already saved.")
+            return self
+        strategy = self._config.train_distribute or distribute.get_strategy()
+        scope = self._training_scope(strategy, latest)
+        user_hooks = _check_hooks(hooks, "hooks")
+        listeners = list(saving_listeners or ())
+        stop = [hooks_lib.StopAtStepHook(num_steps=steps, last_step=max_steps)] \
+            if steps is not None or max_steps is not None else []
+        with scope, strategy.scope():
+            batches = self._batches(input_fn, ModeKeys.TRAIN, strategy)
+            first = self._first_spec(batches, scope, ModeKeys.TRAIN, strategy)
+            if first is None:
+                logger.warning("input_fn returned no data: nothing to train on")
+                return self
+            is_chief = self._is_chief(strategy)
+            all_hooks = (stop + user_hooks + list(first.training_hooks)
+                         + self._default_training_hooks(is_chief, listeners)
+                         + (list(first.training_chief_hooks) if is_chief else []))
+            step = self._train_step_fn(batches, first, strategy)
+            last = first
+            with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir,
+                                            is_chief) as session:
+                while not session.should_stop():
+                    last = session.run(step) or last
+            logger.info("Loss for final step: %s.", _python(last.loss))
+        return self
+
+    def _training_scope(self, strategy, latest: Optional[str]) -> _scope.ModelScope:
+        if latest is not None:
+            logger.info("Resuming from %s (model_dir %s)", latest, self._model_dir)
+            state = checkpoint.load(latest)
+            checkpoint.restore_rng(state["rng"])
+            return _scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state, restore_path=latest)
+        seed = self._config.tf_random_seed
+        if seed is not None:
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+        warm = _WarmStarter(self._warm_start_settings) if self._warm_start_settings else None
+        return _scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm)
+
+    def _train_step_fn(self, batches, first: EstimatorSpec, strategy) -> Callable:
+        """The per-step function: next batch -> model_fn -> apply train_op."""
+        call, extended, train = self._call_model_fn, strategy.extended, ModeKeys.TRAIN
+        apply_gradients = extended._apply_gradients
+        pending = [first]
+
+        def step():
+            if pending:
+                spec = pending.pop()
+            else:
+                features, labels = next(batches)
+                spec = call(features, labels, train)
+                if type(spec) is not EstimatorSpec or spec.mode != train:
+                    _check_spec(spec, train)
+            train_op = spec.train_op
+            if isinstance(train_op, torch.optim.Optimizer):
+                apply_gradients(spec.loss, train_op)
+            else:
+                train_op()
+            return spec
+        return step
+
+    def _default_training_hooks(self, is_chief: bool, listeners) -> list:
+        """TF's defaults: checkpoints per RunConfig on the chief."""
+        config = self._config
+        out = []
+        if is_chief and (config.save_checkpoints_steps or config.save_checkpoints_secs):
+            saver = checkpoint.Saver(self._model_dir, config.keep_checkpoint_max,
+                                     config.keep_checkpoint_every_n_hours)
+            out.append(hooks_lib.CheckpointSaverHook(
+                self._model_dir, save_secs=config.save_checkpoints_secs,
+                save_steps=config.save_checkpoints_steps, saver=saver, listeners=listeners))
+        return out
+
+    # -- evaluate -------------------------------------------------------------------
+    def evaluate(self, input_fn: Callable, steps: Optional[int] = None,
+                 hooks: Optional[Iterable] = None, checkpoint_path: Optional[str] = None,
+                 name: Optional[str] = None) -> dict:
+        """Evaluate a checkpoint (the latest by default) over `steps` batches or
+        the whole input; returns `loss`, `global_step` and every metric."""
+        if steps is not None and steps <= 0:
+            raise ValueError(f"Must specify steps > 0, given: {steps}")
+        path = self._require_checkpoint(checkpoint_path, "evaluate")
+        strategy = self._config.eval_distribute or distribute.get_strategy()
+        scope = _scope.ModelScope(ModeKeys.EVAL, strategy, restore=checkpoint.load(path),
+                                  restore_path=path)
+        user_hooks = _check_hooks(hooks, "hooks")
+        logger.info("Starting evaluation of %s", path)
+        with scope, strategy.scope(), torch.no_grad():
+            batches = self._batches(input_fn, ModeKeys.EVAL, strategy)
+            first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy)
+            if first is None:
+                raise ValueError("input_fn returned no data to evaluate")
+            call, mode, pending = self._call_model_fn, ModeKeys.EVAL, [first]
+            specs = [first]
+
+            def step():
+                if pending:
+                    spec = pending.pop()
+                else:
+                    features, labels = next(batches)
+                    spec = call(features, labels, mode)
+                    if type(spec) is not EstimatorSpec or spec.mode != mode:
+                        _check_spec(spec, mode)
+                metrics.mean(spec.loss, name="loss")
+                specs[0] = spec
+                return spec
+
+            stop = [_StopAfterNSteps(steps)] if steps is not None else []
+            all_hooks = stop + user_hooks + list(first.evaluation_hooks)
+            with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
+                while not session.should_stop():
+                    session.run(step)
+            strategy.extended._reduce_metrics(list(scope.metrics.values()))
+            results = {key: _python(metric.result())
+                       for key, metric in specs[0].eval_metric_ops.items()}
+            results["loss"] = _python(scope.metrics["loss"].result())
+            results["global_step"] = scope.global_step
+        logger.info("Saving dict for global step %d: %s", scope.global_step,
+                    ", ".join(f"{k} = {v}" for k, v in sorted(results.items())))
+        return results
+
+    # -- predict ---------------------------------------------------------------------
+    def predict(self, input_fn: Callable, predict_keys=None, hooks: Optional[Iterable] = None,
+                checkpoint_path: Optional[str] = None, yield_single_examples: bool = True):
+        """Yield predictions for every input batch (as dicts of numpy values, one
+        per example when `yield_single_examples`)."""
+        if checkpoint_path is not None:
+            path = checkpoint.resolve(checkpoint_path)
+        else:
+            path = self.latest_checkpoint()
+            if path is None:
+                logger.warning("Could not find trained model in model_dir: %s, running "
+                               "initialization to predict.", self._model_dir)
+        keys = [predict_keys] if isinstance(predict_keys, str) else predict_keys
+        user_hooks = _check_hooks(hooks, "hooks")
+        strategy = self._config.eval_distribute or distribute.get_strategy()
+        state = checkpoint.load(path) if path else None
+        scope = _scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state, restore_path=path)
+        with scope, strategy.scope(), torch.no_grad():
+            batches = self._batches(input_fn, ModeKeys.PREDICT, strategy)
+            first = self._first_spec(batches, scope, ModeKeys.PREDICT, strategy)
+            if first is None:
+                return
+            call, mode, pending = self._call_model_fn, ModeKeys.PREDICT, [first]
+
+            def step():
+                if pending:
+                    return pending.pop()
+                features, labels = next(batches)
+                spec = call(features, labels, mode)
+                if type(spec) is not EstimatorSpec or spec.mode != mode:
+                    _check_spec(spec, mode)
+                return spec
+
+            with hooks_lib.MonitoredSession(scope, user_hooks + list(first.prediction_hooks),
+                                            self._model_dir) as session:
+                while not session.should_stop():
+                    spec = session.run(step)
+                    if spec is None:
+                        break
+                    predictions = _select(spec.predictions, keys)
+                    if yield_single_examples:
+                        examples = _examples(predictions)
+                    else:
+                        examples = [predictions]
+                    if isinstance(spec.predictions, dict):
+                        yield from examples
+                    else:  # a single tensor: yield its values, as TF
+                        yield from (e["predictions"] for e in examples)
+
+    # -- shared -----------------------------------------------------------------------
+    def _is_chief(self, strategy) -> bool:
+        return bool(self._config.is_chief) and strategy.extended.should_checkpoint
+
+    def _batches(self, input_fn, mode: str, strategy):
+        """(features, labels) pairs on the strategy's device."""
+        dataset = _inputs.call_input_fn(input_fn, mode, self._params, self._config,
+                                        strategy.extended._input_context())
+        iterator = _inputs.iterate(dataset)
+        to_device = strategy.extended._to_device
+        predict = mode == ModeKeys.PREDICT
+        for batch in iterator:
+            yield _inputs.split_batch(to_device(batch), mode, predict)
+
+    def _first_spec(self, batches, scope, mode, strategy) -> Optional[EstimatorSpec]:
+        """Call model_fn on the first batch before the loop starts, so the
+        spec's hooks are known when the session begins (TF builds the graph
+        first). Summaries are due on the first step, as in TF."""
+        try:
+            features, labels = next(batches)
+        except StopIteration:
+            return None
+        scope.summaries_due = self._is_chief(strategy) and mode == ModeKeys.TRAIN
+        spec = self._call_model_fn(features, labels, mode)
+        _check_spec(spec, mode)
+        return spec
+
+
+class _StopAfterNSteps(hooks_lib.SessionRunHook):
+    """Stops evaluation after `num_steps` batches (TF's _StopAfterNEvalStepsHook)."""
+
+    def __init__(self, num_steps: int):
+        self._num_steps = num_steps
+        self._done = 0
+
+    def after_run(self, run_context, run_values):
+        self._done += 1
+        if self._done >= self._num_steps:
+            run_context.request_stop()
+
+
+def _check_spec(spec, mode: str) -> None:
+    if not isinstance(spec, EstimatorSpec):
+        raise TypeError(f"model_fn in mode {mode!r} must return an EstimatorSpec, got "
+                        f"{type(spec).__name__}")
+    if spec.mode != mode:
+        raise ValueError(f"model_fn was called in mode {mode!r} but returned an "
+                         f"EstimatorSpec for mode {spec.mode!r}")
+
+
+def _check_hooks(hooks, what: str) -> list:
+    hooks = list(hooks or ())
+    for hook in hooks:
+        if not isinstance(hook, hooks_lib.SessionRunHook):
+            raise TypeError(f"{what} must be SessionRunHook instances, got {hook!r}")
+    return hooks
+
+
+def _python(value):
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return value.item() if value.dim() == 0 else value.numpy()
+    return value
+
+
+def _select(predictions, keys):
+    if not isinstance(predictions, dict):
+        predictions = {"predictions": predictions}
+    if keys is not None:
+        missing = [k for k in keys if k not in predictions]
+        if missing:
+            raise ValueError(f"predict_keys {missing} are not in the predictions; available: "
+                             f"{sorted(predictions)}")
+        predictions = {k: predictions[k] for k in keys}
+    return {k: v.detach().cpu().numpy() for k, v in predictions.items()}
+
+
+def _examples(predictions: dict):
+    sizes = {k: v.shape[0] if v.ndim else None for k, v in predictions.items()}
+    batch = set(sizes.values())
+    if len(batch) != 1 or None in batch:
+        raise ValueError(f"Batch length of predictions should be same and at least 1 "
+                         f"dimension to yield single examples; got sizes {sizes}")
+    for i in range(batch.pop()):
+        yield {k: v[i] for k, v in predictions.items()}

@@ -1,0 +1,87 @@
+"""EstimatorSpec: what a model_fn returns (tf.estimator.EstimatorSpec).
+
+Validated at construction, as TF's namedtuple is, so a wrong spec fails at the
+line that built it, before the framework applies or writes anything.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import torch
+
+from .mode_keys import ModeKeys
+
+
+class EstimatorSpec:
+    """The ops and objects a `model_fn` returns.
+
+    - `predictions`: a tensor or dict of tensors (PREDICT needs it).
+    - `loss`: a scalar tensor (TRAIN and EVAL need it).
+    - `train_op`: an optimizer from `est.get_optimizer` (the framework
+      back-propagates `loss`, steps it and increments the global step) or a
+      callable doing a custom step (several optimizers, a GAN); TRAIN needs it.
+    - `eval_metric_ops`: {name: metric from `est.metrics`}.
+    - `training_hooks`, `training_chief_hooks`, `evaluation_hooks`,
+      `prediction_hooks`: SessionRunHooks for that mode.
+    - `export_outputs`, `scaffold`: accepted for source compatibility.
+    """
+
+    __slots__ = ("mode", "predictions", "loss", "train_op", "eval_metric_ops",
+                 "export_outputs", "training_chief_hooks", "training_hooks",
+                 "scaffold", "evaluation_hooks", "prediction_hooks")
+
+    def __init__(self, mode: str, predictions=None, loss: Optional[torch.Tensor] = None,
+                 train_op=None, eval_metric_ops: Optional[Dict[str, Any]] = None,
+                 export_outputs=None, training_chief_hooks: Sequence = (),
+                 training_hooks: Sequence = (), scaffold=None,
+                 evaluation_hooks: Sequence = (), prediction_hooks: Sequence = ()):
+        if mode not in ModeKeys.ALL:
+            raise ValueError(f"EstimatorSpec: mode must be one of {ModeKeys.ALL}, got {mode!r}")
+        if mode != ModeKeys.PREDICT:
+            if loss is None:
+                raise ValueError(f"EstimatorSpec(mode={mode!r}): missing field `loss`; "
+                                 "TRAIN and EVAL need a scalar loss tensor")
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+                        else type(loss).__name__)
+                raise ValueError(f"EstimatorSpec(mode={mode!r}): field `loss` must be a "
+                                 f"scalar tensor, got {what}")
+        if mode == ModeKeys.TRAIN and train_op is None:
+            raise ValueError("EstimatorSpec(mode='train'): missing field `train_op`; give "
+                             "est.get_optimizer(...) or a callable doing the step")
+        if train_op is not None and not (isinstance(train_op, torch.optim.Optimizer)
+                                         or callable(train_op)):
+            raise TypeError(f"EstimatorSpec(mode={mode!r}): field `train_op` must be an "
+                            f"optimizer or a callable, got {type(train_op).__name__}")
+        if mode == ModeKeys.PREDICT:
+            if predictions is None:
+                raise ValueError("EstimatorSpec(mode='infer'): missing field `predictions`; "
+                                 "PREDICT needs a tensor or a dict of tensors")
+            _check_predictions(predictions)
+        if eval_metric_ops is not None and not isinstance(eval_metric_ops, dict):
+            raise TypeError(f"EstimatorSpec(mode={mode!r}): field `eval_metric_ops` must be "
+                            f"a dict of metrics, got {type(eval_metric_ops).__name__}")
+        self.mode = mode
+        self.predictions = predictions
+        self.loss = loss
+        self.train_op = train_op
+        self.eval_metric_ops = eval_metric_ops or {}
+        self.export_outputs = export_outputs
+        self.training_chief_hooks = tuple(training_chief_hooks or ())
+        self.training_hooks = tuple(training_hooks or ())
+        self.scaffold = scaffold
+        self.evaluation_hooks = tuple(evaluation_hooks or ())
+        self.prediction_hooks = tuple(prediction_hooks or ())
+
+    def _replace(self, **kwargs) -> "EstimatorSpec":
+        fields = {k: getattr(self, k) for k in self.__slots__}
+        fields.update(kwargs)
+        return EstimatorSpec(**fields)
+
+
+def _check_predictions(predictions) -> None:
+    items = predictions.items() if isinstance(predictions, dict) else [("predictions", predictions)]
+    for key, value in items:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"EstimatorSpec(mode='infer'): predictions[{key!r}] must be a "
+                            f"tensor, got {type(value).__name__}")

@@ -1,0 +1,95 @@
+"""Warm starting: initialise a new model from another run's checkpoint
+(tf.estimator.WarmStartSettings).
+
+Distinct from resuming: resuming restores everything (optimizer, global step)
+from this `model_dir`; warm starting copies chosen module variables from
+elsewhere and only when `model_dir` has no checkpoint yet.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Dict, Optional, Sequence, Union
+
+import torch
+
+from . import checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+class WarmStartSettings:
+    """Which variables to warm-start from which checkpoint.
+
+    - `ckpt_to_initialize_from`: a checkpoint file or a model_dir (its latest).
+    - `vars_to_warm_start`: a regex (matched from the start, as TF) or a list of
+      variable names such as `"net/0/weight"`; default every module variable.
+    - `var_name_to_prev_var_name`: {new name: name in the old checkpoint}.
+    """
+
+    def __init__(self, ckpt_to_initialize_from: str,
+                 vars_to_warm_start: Union[str, Sequence[str], None] = ".*",
+                 var_name_to_vocab_info=None,
+                 var_name_to_prev_var_name: Optional[Dict[str, str]] = None):
+        if not ckpt_to_initialize_from:
+            raise ValueError("WarmStartSettings: ckpt_to_initialize_from must be a "
+                             "checkpoint path or directory")
+        if var_name_to_vocab_info:
+            raise ValueError("WarmStartSettings: var_name_to_vocab_info is not supported "
+                             "(no vocabulary variables in this framework)")
+        self.ckpt_to_initialize_from = ckpt_to_initialize_from
+        self.vars_to_warm_start = vars_to_warm_start
+        self.var_name_to_prev_var_name = dict(var_name_to_prev_var_name or {})
+
+    def __repr__(self):
+        return (f"WarmStartSettings(ckpt_to_initialize_from={self.ckpt_to_initialize_from!r}, "
+                f"vars_to_warm_start={self.vars_to_warm_start!r})")
+
+
+def _settings(warm_start_from) -> Optional[WarmStartSettings]:
+    if warm_start_from is None or isinstance(warm_start_from, WarmStartSettings):
+        return warm_start_from
+    if isinstance(warm_start_from, str):
+        return WarmStartSettings(warm_start_from)
+    raise TypeError("warm_start_from must be a checkpoint path, a model_dir or "
+                    f"WarmStartSettings, got {type(warm_start_from).__name__}")
+
+
+class _WarmStarter:
+    """Applies WarmStartSettings to each module as the model scope creates it."""
+
+    def __init__(self, settings: WarmStartSettings):
+        self.path = checkpoint.resolve(settings.ckpt_to_initialize_from)
+        self._variables = checkpoint._variables(checkpoint.load(self.path))
+        self._settings = settings
+        self._used = set()
+        logger.info("Warm-starting from %s", self.path)
+
+    def _wanted(self, name: str) -> bool:
+        patterns = self._settings.vars_to_warm_start
+        if patterns is None:
+            return False
+        if isinstance(patterns, str):
+            return re.match(patterns, name) is not None
+        return name in patterns
+
+    def apply(self, owner: str, module: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for key, tensor in module.state_dict(keep_vars=True).items():
+                name = owner + "/" + key.replace(".", "/")
+                if not self._wanted(name):
+                    continue
+                prev = self._settings.var_name_to_prev_var_name.get(name, name)
+                if prev not in self._variables:
+                    if isinstance(self._settings.vars_to_warm_start, str):
+                        logger.warning("Warm-start: %s is not in %s; left as initialised",
+                                       prev, self.path)
+                        continue
+                    raise ValueError(f"Warm-start: variable {prev!r} (for {name!r}) is not in "
+                                     f"checkpoint {self.path}")
+                value = self._variables[prev]
+                if tuple(value.shape) != tuple(tensor.shape):
+                    raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "
+                                     f"{prev!r} in {self.path} has shape {tuple(value.shape)}")
+                tensor.copy_(value)
+                logger.info("Warm-started %s from %s", name, prev)

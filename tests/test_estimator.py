@@ -1,0 +1,316 @@
+"""Estimator train/evaluate/predict semantics, specs, resume and warm start."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from models import regression_input_fn, regression_model_fn, regression_data
+
+
+def make(tmp_path, name="m", **config):
+    config.setdefault("save_checkpoints_steps", 10)
+    return est.Estimator(regression_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / name), **config), params={"lr": 0.1})
+
+
+# -- train --------------------------------------------------------------------
+def test_train_steps_relative_max_steps_absolute(tmp_path):
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=5)
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 5
+    e.train(regression_input_fn(), steps=5)
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 10
+    e.train(regression_input_fn(), max_steps=12)
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 12
+
+
+def test_max_steps_already_reached_is_a_noop(tmp_path, caplog):
+    e = make(tmp_path)
+    e.train(regression_input_fn(), max_steps=5)
+    before = os.path.getmtime(e.latest_checkpoint())
+    with caplog.at_level("INFO"):
+        e.train(regression_input_fn(), max_steps=5)
+    assert "max_steps has already saved" in caplog.text
+    assert os.path.getmtime(e.latest_checkpoint()) == before
+
+
+def test_training_stops_when_input_runs_out(tmp_path):
+    e = make(tmp_path)
+    e.train(regression_input_fn(batch_size=32, n=96, repeat=False), steps=100)
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": 1, "max_steps": 2}, "Can not provide both steps and max_steps"),
+    ({"steps": 0}, "Must specify steps > 0"),
+    ({"max_steps": -1}, "Must specify max_steps > 0"),
+])
+def test_bad_train_arguments(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make(tmp_path).train(regression_input_fn(), **kwargs)
+
+
+def test_training_learns_and_evaluate_is_exact(tmp_path):
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=300)
+    assert e.evaluate(regression_input_fn(repeat=False))["mae"] < 0.05
+    e = make(tmp_path, "short")
+    e.train(regression_input_fn(), steps=10)
+    x, y = regression_data(100, seed=1)
+    batches = [({"x": x[i:i + 30]}, y[i:i + 30]) for i in range(0, 100, 30)]  # uneven
+    result = e.evaluate(lambda: batches)
+    assert result["global_step"] == 10
+    with torch.no_grad():
+        w = torch.tensor(e.get_variable_value("linear/weight"))
+        b = torch.tensor(e.get_variable_value("linear/bias"))
+        pred = torch.tensor(x) @ w.T + b
+    assert result["mae"] == pytest.approx(float((pred - torch.tensor(y)).abs().mean()), rel=1e-5)
+    batch_losses = [float(((pred[i:i + 30] - torch.tensor(y[i:i + 30])) ** 2).mean())
+                    for i in range(0, 100, 30)]
+    assert result["loss"] == pytest.approx(np.mean(batch_losses), rel=1e-5)  # TF: mean of batches
+
+
+def test_evaluate_steps_limits_batches(tmp_path):
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=2)
+    seen = []
+
+    def input_fn():
+        for b in regression_input_fn(n=320, repeat=False)():
+            seen.append(1)
+            yield b
+    e.evaluate(input_fn, steps=3)
+    assert len(seen) <= 4
+
+
+def test_evaluate_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="Could not find a trained model"):
+        make(tmp_path).evaluate(regression_input_fn(repeat=False))
+
+
+def test_named_checkpoint_that_does_not_exist_is_an_error(tmp_path):
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=2)
+    with pytest.raises(ValueError, match="does not exist"):
+        e.evaluate(regression_input_fn(repeat=False), checkpoint_path=str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="does not exist"):
+        list(e.predict(lambda: [{"x": np.zeros((2, 3), np.float32)}],
+                       checkpoint_path=str(tmp_path / "nope")))
+
+
+# -- predict ------------------------------------------------------------------
+def test_predict_single_examples_keys_and_batches(tmp_path):
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=200)
+    x = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float32)
+    preds = list(e.predict(lambda: [{"x": x[:2]}, {"x": x[2:]}]))
+    assert len(preds) == 3 and set(preds[0]) == {"y"}
+    np.testing.assert_allclose([p["y"][0] for p in preds], [3.0, -2.0, 1.5], atol=0.1)
+    batches = list(e.predict(lambda: [{"x": x}], yield_single_examples=False))
+    assert batches[0]["y"].shape == (3, 1)
+    with pytest.raises(ValueError, match="predict_keys"):
+        list(e.predict(lambda: [{"x": x}], predict_keys=["nope"]))
+
+
+def test_predict_accepts_feature_label_pairs_and_tensors(tmp_path):
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=2)
+    x = torch.zeros(4, 3)
+    assert len(list(e.predict(lambda: [({"x": x}, torch.zeros(4, 1))]))) == 4
+
+
+# -- specs ----------------------------------------------------------------------
+def bad_model_fn(kind):
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        out = net(features["x"])
+        loss = torch.nn.functional.mse_loss(out, labels)
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+        if kind == "no_loss":
+            return est.EstimatorSpec(mode, train_op=opt)
+        if kind == "no_train_op":
+            return est.EstimatorSpec(mode, loss=loss)
+        if kind == "vector_loss":
+            return est.EstimatorSpec(mode, loss=(out - labels) ** 2, train_op=opt)
+        if kind == "not_a_spec":
+            return loss
+        if kind == "wrong_mode":
+            return est.EstimatorSpec(est.ModeKeys.EVAL, loss=loss)
+    return model_fn
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("no_loss", r"mode='train'.*missing field `loss`"),
+    ("no_train_op", r"mode='train'.*missing field `train_op`"),
+    ("vector_loss", r"mode='train'.*`loss` must be a scalar tensor, got a tensor of shape"),
+    ("not_a_spec", r"must return an EstimatorSpec, got Tensor"),
+    ("wrong_mode", r"called in mode 'train' but returned an EstimatorSpec for mode 'eval'"),
+])
+def test_bad_spec_is_an_error_before_anything_is_written(tmp_path, kind, message):
+    model_dir = tmp_path / "bad"
+    e = est.Estimator(bad_model_fn(kind), model_dir=str(model_dir))
+    with pytest.raises((ValueError, TypeError), match=message):
+        e.train(regression_input_fn(), steps=3)
+    assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+def test_predict_spec_needs_predictions():
+    with pytest.raises(ValueError, match=r"mode='infer'.*missing field `predictions`"):
+        est.EstimatorSpec(est.ModeKeys.PREDICT)
+    with pytest.raises(TypeError, match=r"predictions\['a'\] must be a tensor"):
+        est.EstimatorSpec(est.ModeKeys.PREDICT, predictions={"a": [1]})
+
+
+def test_model_fn_arguments_follow_its_signature(tmp_path):
+    seen = {}
+
+    def model_fn(features, labels, mode, config, params):
+        seen.update(config=config, params=params)
+        return regression_model_fn(features, labels, mode, params)
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "sig"), params={"lr": 0.01})
+    e.train(regression_input_fn(), steps=1)
+    assert seen["params"] == {"lr": 0.01} and seen["config"].model_dir == str(tmp_path / "sig")
+
+    def minimal(features):
+        return est.EstimatorSpec(est.ModeKeys.PREDICT, predictions=features["x"])
+    out = list(est.Estimator(minimal, model_dir=str(tmp_path / "min")).predict(
+        lambda: [{"x": torch.ones(2, 3)}]))
+    assert len(out) == 2 and out[0].shape == (3,)
+    with pytest.raises(ValueError, match="unexpected arguments"):
+        est.Estimator(lambda features, foo: None)
+
+
+def test_custom_train_op_callable(tmp_path):
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+
+        def step():
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return est.EstimatorSpec(mode, loss=loss, train_op=step)
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "c"))
+    e.train(regression_input_fn(), steps=50)
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 50
+    assert abs(e.get_variable_value("net/weight")[0, 0] - 2.0) < 0.5
+
+
+# -- resume and warm start ---------------------------------------------------------
+def test_resume_restores_weights_optimizer_and_step(tmp_path):
+    model_dir = tmp_path / "r"
+    cfg = est.RunConfig(model_dir=str(model_dir), save_checkpoints_steps=100, tf_random_seed=3)
+    a = est.Estimator(regression_model_fn, config=cfg, params={"lr": 0.05, "momentum": 0.9})
+    a.train(regression_input_fn(), steps=7)
+    a.train(regression_input_fn(), steps=7)   # resumes; its input starts again
+    first7 = [b for _, b in zip(range(7), regression_input_fn()())]
+    straight = est.Estimator(regression_model_fn, config=cfg.replace(
+        model_dir=str(tmp_path / "s")), params={"lr": 0.05, "momentum": 0.9})
+    straight.train(lambda: first7 + first7, steps=14)   # one run, same batches
+    for name in ("linear/weight", "linear/bias", "optimizer/linear/weight/momentum_buffer"):
+        np.testing.assert_array_equal(a.get_variable_value(name), straight.get_variable_value(name))
+    assert "global_step" in a.get_variable_names()
+    assert a.get_variable_value("global_step") == 14
+
+
+def test_resume_with_different_model_is_a_clear_error(tmp_path):
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=2)
+
+    def other(features, labels, mode):
+        net = est.get_module("other", lambda: torch.nn.Linear(3, 1))
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    with pytest.raises(ValueError, match="has no module 'other'"):
+        est.Estimator(other, model_dir=e.model_dir).train(regression_input_fn(), steps=1)
+
+
+def test_warm_start_from_path_and_settings(tmp_path, caplog):
+    src = make(tmp_path, "src")
+    src.train(regression_input_fn(), steps=100)
+    w = src.get_variable_value("linear/weight")
+    with caplog.at_level("INFO"):
+        dst = est.Estimator(regression_model_fn, model_dir=str(tmp_path / "dst"),
+                            params={"lr": 0.0}, warm_start_from=src.model_dir)
+        dst.train(regression_input_fn(), steps=1)
+    assert "Warm-starting from" in caplog.text
+    np.testing.assert_allclose(dst.get_variable_value("linear/weight"), w)
+    assert dst.get_variable_value("global_step") == 1   # the step is not warm-started
+
+    only_bias = est.WarmStartSettings(src.latest_checkpoint(), vars_to_warm_start=["linear/bias"])
+    part = est.Estimator(regression_model_fn, model_dir=str(tmp_path / "part"),
+                         params={"lr": 0.0}, warm_start_from=only_bias)
+    part.train(regression_input_fn(), steps=1)
+    np.testing.assert_allclose(part.get_variable_value("linear/bias"),
+                               src.get_variable_value("linear/bias"))
+    assert not np.allclose(part.get_variable_value("linear/weight"), w)
+
+
+def test_warm_start_renamed_variables(tmp_path):
+    src = make(tmp_path, "src")
+    src.train(regression_input_fn(), steps=20)
+
+    def renamed(features, labels, mode, params):
+        net = est.get_module("new", lambda: torch.nn.Linear(3, 1))
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.0)))
+    settings = est.WarmStartSettings(src.model_dir, vars_to_warm_start=["new/weight"],
+                                     var_name_to_prev_var_name={"new/weight": "linear/weight"})
+    dst = est.Estimator(renamed, model_dir=str(tmp_path / "dst"), warm_start_from=settings)
+    dst.train(regression_input_fn(), steps=1)
+    np.testing.assert_allclose(dst.get_variable_value("new/weight"),
+                               src.get_variable_value("linear/weight"))
+
+
+def test_warm_start_from_missing_checkpoint_is_an_error(tmp_path):
+    e = est.Estimator(regression_model_fn, model_dir=str(tmp_path / "d"),
+                      warm_start_from=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="does not exist"):
+        e.train(regression_input_fn(), steps=1)
+    assert not (tmp_path / "d").exists() or not os.listdir(tmp_path / "d")
+
+
+def test_resume_wins_over_warm_start(tmp_path, caplog):
+    src = make(tmp_path, "src")
+    src.train(regression_input_fn(), steps=3)
+    e = est.Estimator(regression_model_fn, model_dir=str(tmp_path / "d"), params={"lr": 0.1},
+                      warm_start_from=src.model_dir)
+    e.train(regression_input_fn(), steps=2)
+    with caplog.at_level("INFO"):
+        e.train(regression_input_fn(), steps=2)
+    assert "Resuming from" in caplog.text and "Warm-starting" not in caplog.text
+    assert e.get_variable_value("global_step") == 4
+
+
+# -- inputs -----------------------------------------------------------------------
+def test_input_fn_signatures_and_types(tmp_path):
+    e = make(tmp_path)
+    x, y = regression_data(64)
+    got = {}
+
+    def with_params(params):
+        got["params"] = params
+        return [({"x": torch.tensor(x[:32])}, torch.tensor(y[:32]))]
+
+    def with_context(input_context):
+        got["ctx"] = input_context
+        return [(x[:32], y[:32])] and [({"x": x[:32]}, y[:32])]
+    e.train(with_params, steps=1)
+    e.train(with_context, steps=1)
+    assert got["params"] == {"lr": 0.1}
+    assert got["ctx"].num_input_pipelines == 1 and got["ctx"].input_pipeline_id == 0
+    with pytest.raises(TypeError, match="must return an iterable"):
+        e.train(lambda: 3, steps=1)
+    with pytest.raises(ValueError, match=r"\(features, labels\) pair"):
+        e.train(lambda: [{"x": x}], steps=1)
+
+
+def test_no_model_dir_uses_a_temporary_one(caplog):
+    with caplog.at_level("WARNING"):
+        e = est.Estimator(regression_model_fn)
+    assert os.path.isdir(e.model_dir) and "temporary folder" in caplog.text
