@@ -45,17 +45,29 @@ class InputContext:
                 f"num_replicas_in_sync={self.num_replicas_in_sync})")
 
 
-def _move(obj, device: torch.device):
-    """Numpy arrays -> tensors (once), tensors -> `device` without a host sync."""
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.device == device else obj.to(device, non_blocking=True)
-    if isinstance(obj, dict):
-        return {k: _move(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move(v, device) for v in obj)
-    if type(obj).__module__ == "numpy":
-        return _move(torch.as_tensor(obj), device)
-    return obj
+def _mover(device: torch.device):
+    """A function moving a batch (tensors, numpy arrays, dicts/lists/tuples of
+    them) to `device`: numpy converted once, tensors copied without a host
+    sync, nothing done for what is already there."""
+    cpu = device.type == "cpu"
+
+    def move(obj):
+        if isinstance(obj, torch.Tensor):
+            if cpu:
+                return obj if obj.is_cpu else obj.cpu()
+            return obj.to(device, non_blocking=True)
+        if isinstance(obj, dict):
+            return {k: move(v) for k, v in obj.items()}
+        if type(obj) is tuple:
+            return tuple([move(v) for v in obj])
+        if isinstance(obj, list):
+            return [move(v) for v in obj]
+        if isinstance(obj, tuple):  # a namedtuple
+            return type(obj)(*[move(v) for v in obj])
+        if type(obj).__module__ == "numpy":
+            return move(torch.as_tensor(obj))
+        return obj
+    return move
 
 
 class StrategyExtended:
@@ -68,6 +80,7 @@ class StrategyExtended:
     def __init__(self, container_strategy: "Strategy", device):
         self._container_strategy = container_strategy
         self._device = torch.device(device)
+        self._move = _mover(self._device)
 
     # -- TF's public surface -------------------------------------------------
     @property
@@ -103,7 +116,8 @@ class StrategyExtended:
         return metric.to(self._device)
 
     def _to_device(self, batch):
-        return _move(batch, self._device)
+        """A batch on this replica's device (numpy converted, no host sync)."""
+        return self._move(batch)
 
     def _apply_gradients(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer):
         """One optimizer step on `loss` (TF: `optimizer.minimize(loss)`)."""

@@ -152,7 +152,7 @@ class Saver:
         self.model_dir = model_dir
         self.max_to_keep = max_to_keep
         self._keep_every_secs = keep_checkpoint_every_n_hours * 3600.0
-        self._next_keep_time = None
+        self._next_keep_time = time.time() + self._keep_every_secs  # as TF's Saver
         self._protected = lambda path: False
 
     def protect(self, predicate) -> None:
@@ -176,8 +176,6 @@ class Saver:
     def _retain(self, kept):
         if not self.max_to_keep or len(kept) <= self.max_to_keep:
             return kept
-        if self._next_keep_time is None:
-            self._next_keep_time = kept[0][1] + self._keep_every_secs
         excess, keep = kept[:-self.max_to_keep], kept[-self.max_to_keep:]
         preserved = []
         for name, stamp in excess:

@@ -1,0 +1,418 @@
+"""RunConfig: how an Estimator runs, and where it sits in the cluster
+(tf.estimator.RunConfig).
+
+The cluster comes from the TF_CONFIG environment variable, read with
+tf.estimator 2.15's rules (parsed by `distribute.cluster_resolver`).
+"""
+
+import copy
+import inspect
+import logging
+import numbers
+import os
+
+from distribute.cluster_resolver import ClusterSpec, _load_tf_config, _show
+
+logger = logging.getLogger(__name__)
+
+_USE_DEFAULT = object()
+
+_DEFAULT_REPLACEABLE_LIST = [
+    "model_dir", "tf_random_seed", "random_seed", "save_summary_steps",
+    "save_checkpoints_steps", "save_checkpoints_secs", "session_config",
+    "keep_checkpoint_max", "keep_checkpoint_every_n_hours",
+    "log_step_count_steps", "train_distribute", "device_fn", "protocol",
+    "eval_distribute", "experimental_distribute",
+    "experimental_max_worker_delay_secs", "session_creation_timeout_secs",
+    "checkpoint_save_graph_def",
+]
+
+_SAVE_CKPT_ERR = "`save_checkpoints_steps` and `save_checkpoints_secs` cannot be both set."
+_LOCAL_MASTER = ""
+_GRPC_SCHEME = "grpc://"
+
+
+class TaskType:
+    """Job names in a TF_CONFIG cluster (tf.estimator's TaskType)."""
+
+    MASTER = "master"
+    PS = "ps"
+    WORKER = "worker"
+    CHIEF = "chief"
+    EVALUATOR = "evaluator"
+
+
+# -- TF_CONFIG rules (tf.estimator 2.15's run_config.py helpers) --------------
+
+def _get_session_master(cluster_spec, task_type, task_id, tf_config):
+    """TF_CONFIG's "session_master", '' for a one-task cluster, else grpc://<task address>."""
+    if tf_config.session_master is not None:
+        return tf_config.session_master
+    jobs = cluster_spec.jobs
+    if len(jobs) == 1 and cluster_spec.num_tasks(jobs[0]) == 1:
+        return _LOCAL_MASTER
+    return _GRPC_SCHEME + cluster_spec.task_address(task_type, task_id)
+
+
+def _get_eval_session_master(task_type, tf_config):
+    if task_type == TaskType.EVALUATOR and tf_config.eval_session_master is not None:
+        return tf_config.eval_session_master
+    return _LOCAL_MASTER
+
+
+def _count_ps(cluster_spec):
+    return cluster_spec.num_tasks(TaskType.PS) if TaskType.PS in cluster_spec.jobs else 0
+
+
+def _count_worker(cluster_spec, chief_task_type):
+    """Workers plus the chief (or legacy master)."""
+    return sum(cluster_spec.num_tasks(job) for job in (TaskType.WORKER, chief_task_type)
+               if job in cluster_spec.jobs)
+
+
+def _job_size(cluster_spec, job):
+    """Number of index slots of a job (max index + 1), as TF's len(job_tasks(job))."""
+    return len(cluster_spec.job_tasks(job))
+
+
+def _validate_task_type_and_task_id(cluster_spec, tf_config, chief_task_type):
+    """Checks the one chief and the task's type and index; returns (type, index)."""
+    cluster = _show(cluster_spec.as_dict())
+    if chief_task_type not in cluster_spec.jobs:
+        raise ValueError('If "cluster" is set in TF_CONFIG, it must have one "%s" node; '
+                         "its jobs are %s: %s" % (chief_task_type, cluster_spec.jobs, cluster))
+    chiefs = cluster_spec.num_tasks(chief_task_type)
+    if chiefs != 1:
+        raise ValueError('The "cluster" in TF_CONFIG must have exactly one "%s" node, got %d: %s'
+                         % (chief_task_type, chiefs, cluster))
+    task = _show(tf_config.task if tf_config.task is not None else {})
+    if tf_config.task_type is None:
+        raise ValueError('If "cluster" is set in TF_CONFIG, task type must be set; '
+                         '"task" is %s' % task)
+    if tf_config.task_id is None:
+        raise ValueError('If "cluster" is set in TF_CONFIG, task index must be set; '
+                         '"task" is %s' % task)
+    # Index >= 0, type in the cluster and index in range were checked by the
+    # parser (an evaluator is not part of the training cluster).
+    return tf_config.task_type, tf_config.task_id
+
+
+def _get_global_id_in_cluster(cluster_spec, task_type, task_id, chief_task_type):
+    """Chief first, then the other jobs sorted by name, ps last."""
+    ordered = [chief_task_type]
+    ordered += [t for t in sorted(cluster_spec.jobs)
+                if t not in (chief_task_type, TaskType.PS)]
+    if TaskType.PS in cluster_spec.jobs:
+        ordered.append(TaskType.PS)
+    next_global_id = 0
+    for t in ordered:
+        if t == task_type:
+            return next_global_id + task_id
+        next_global_id += _job_size(cluster_spec, t)
+    raise RuntimeError("Internal error: task type %r is not in %r" % (task_type, cluster_spec))
+
+
+def _get_model_dir(tf_config, model_dir):
+    """The model_dir argument, or TF_CONFIG's "model_dir"; both must agree."""
+    if model_dir == "":
+        raise ValueError("model_dir should be non-empty.")
+    in_tf_config = tf_config.model_dir
+    if in_tf_config:
+        if model_dir and in_tf_config != model_dir:
+            raise ValueError(
+                "`model_dir` provided in RunConfig construct, if set, must have the same "
+                "value as the model_dir in TF_CONFIG. model_dir: %s\n"
+                'TF_CONFIG["model_dir"]: %s.\n' % (model_dir, in_tf_config))
+        logger.info("Using model_dir in TF_CONFIG: %s", in_tf_config)
+    return model_dir or in_tf_config
+
+
+# -- argument validation (tf.estimator's _validate_properties) ------------------
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check(name, value, kind, minimum=None, strict=False):
+    """Raises ValueError naming `name` unless `value` is None or of `kind` within bounds."""
+    if value is None:
+        return
+    ok_type = _is_int(value) if kind == "integer" else _is_number(value)
+    if not ok_type:
+        article = "an" if kind == "integer" else "a"
+        raise ValueError("%s must be %s %s, got %r" % (name, article, kind, value))
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        raise ValueError("%s should be %s %s, got %r"
+                         % (name, ">" if strict else ">=", minimum, value))
+
+
+def _validate_device_fn(device_fn):
+    if device_fn is None:
+        return
+    message = "device_fn must be callable with exactly one argument \"op\", got %r" % (device_fn,)
+    if not callable(device_fn):
+        raise ValueError(message)
+    try:
+        params = inspect.signature(device_fn).parameters.values()
+    except (TypeError, ValueError):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) != 1 or len(params) != 1:
+        raise ValueError(message)
+
+
+def _validate_properties(config):
+    if config._model_dir is not None and not isinstance(config._model_dir, str):
+        raise ValueError("model_dir must be a string or a path, got %r" % (config._model_dir,))
+    if config._model_dir == "":
+        raise ValueError("model_dir should be non-empty.")
+    _check("save_summary_steps", config._save_summary_steps, "integer", 0)
+    _check("save_checkpoints_steps", config._save_checkpoints_steps, "integer", 0)
+    _check("save_checkpoints_secs", config._save_checkpoints_secs, "number", 0)
+    _check("keep_checkpoint_max", config._keep_checkpoint_max, "integer", 0)
+    _check("keep_checkpoint_every_n_hours", config._keep_checkpoint_every_n_hours,
+           "number", 0, strict=True)
+    _check("log_step_count_steps", config._log_step_count_steps, "integer", 0, strict=True)
+    if config._tf_random_seed is not None and not isinstance(config._tf_random_seed,
+                                                              numbers.Integral):
+        raise ValueError("tf_random_seed must be integer, got %r" % (config._tf_random_seed,))
+    _check("experimental_max_worker_delay_secs", config._experimental_max_worker_delay_secs,
+           "integer")
+    _check("session_creation_timeout_secs", config._session_creation_timeout_secs,
+           "number", 0, strict=True)
+    _validate_device_fn(config._device_fn)
+    if config._protocol not in (None, "grpc", "grpc+verbs"):
+        raise ValueError("protocol should be grpc or grpc+verbs, got %r" % (config._protocol,))
+    if not isinstance(config._checkpoint_save_graph_def, bool):
+        raise ValueError("checkpoint_save_graph_def must be a bool, got %r"
+                         % (config._checkpoint_save_graph_def,))
+
+
+def _validate_save_ckpt_with_replaced_keys(config, replaced_keys):
+    """Exactly TF's: setting one of steps/secs clears the other; both set is an error."""
+    steps, secs = config._save_checkpoints_steps, config._save_checkpoints_secs
+    if "save_checkpoints_steps" in replaced_keys and "save_checkpoints_secs" in replaced_keys:
+        if steps is not None and secs is not None:
+            raise ValueError("%s Got save_checkpoints_steps=%r, save_checkpoints_secs=%r."
+                             % (_SAVE_CKPT_ERR, steps, secs))
+    elif "save_checkpoints_steps" in replaced_keys and steps is not None:
+        config._save_checkpoints_secs = None
+    elif "save_checkpoints_secs" in replaced_keys and secs is not None:
+        config._save_checkpoints_steps = None
+
+
+class RunConfig:
+    """Configuration of an Estimator run, as `tf.estimator.RunConfig`.
+
+    Cluster properties (`cluster_spec`, `task_type`, `task_id`, `is_chief`,
+    `master`, `num_worker_replicas`, `num_ps_replicas`,
+    `global_id_in_cluster`, ...) come from TF_CONFIG with tf.estimator 2.15's
+    rules, whether or not a strategy is given. `session_config`, `device_fn`,
+    `protocol`, `checkpoint_save_graph_def` and `experimental_max_worker_delay_secs`
+    are kept for API compatibility (there are no sessions or graphs here; the
+    transport is torch.distributed). `random_seed` is an alias of `tf_random_seed`.
+    """
+
+    def __init__(self, model_dir=None, tf_random_seed=None, save_summary_steps=100,
+                 save_checkpoints_steps=_USE_DEFAULT, save_checkpoints_secs=_USE_DEFAULT,
+                 session_config=None, keep_checkpoint_max=5,
+                 keep_checkpoint_every_n_hours=10000, log_step_count_steps=100,
+                 train_distribute=None, device_fn=None, protocol=None, eval_distribute=None,
+                 experimental_distribute=None, experimental_max_worker_delay_secs=None,
+                 session_creation_timeout_secs=7200, checkpoint_save_graph_def=True,
+                 random_seed=None):
+        if save_checkpoints_steps is _USE_DEFAULT and save_checkpoints_secs is _USE_DEFAULT:
+            save_checkpoints_steps, save_checkpoints_secs = None, 600
+        elif save_checkpoints_secs is _USE_DEFAULT:
+            save_checkpoints_secs = None
+        elif save_checkpoints_steps is _USE_DEFAULT:
+            save_checkpoints_steps = None
+        elif save_checkpoints_steps is not None and save_checkpoints_secs is not None:
+            raise ValueError("%s Got save_checkpoints_steps=%r, save_checkpoints_secs=%r."
+                             % (_SAVE_CKPT_ERR, save_checkpoints_steps, save_checkpoints_secs))
+        tf_random_seed = _merge_seed(tf_random_seed, random_seed)
+        train_distribute, eval_distribute = _merge_experimental_distribute(
+            experimental_distribute, train_distribute, eval_distribute)
+
+        tf_config = _load_tf_config()
+        if tf_config.raw:
+            logger.info("TF_CONFIG environment variable: %s", tf_config.raw)
+        if model_dir is not None and hasattr(model_dir, "__fspath__"):
+            model_dir = os.fspath(model_dir)
+        model_dir = _get_model_dir(tf_config, model_dir)
+
+        self._replace_in_place(
+            model_dir=model_dir, tf_random_seed=tf_random_seed,
+            save_summary_steps=save_summary_steps,
+            save_checkpoints_steps=save_checkpoints_steps,
+            save_checkpoints_secs=save_checkpoints_secs, session_config=session_config,
+            keep_checkpoint_max=keep_checkpoint_max,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            log_step_count_steps=log_step_count_steps, train_distribute=train_distribute,
+            device_fn=device_fn, protocol=protocol, eval_distribute=eval_distribute,
+            experimental_distribute=experimental_distribute,
+            experimental_max_worker_delay_secs=experimental_max_worker_delay_secs,
+            session_creation_timeout_secs=session_creation_timeout_secs,
+            checkpoint_save_graph_def=checkpoint_save_graph_def)
+        self._init_distributed_setting_from_environment_var(tf_config)
+
+    # -- TF_CONFIG ------------------------------------------------------------
+
+    def _init_distributed_setting_from_environment_var(self, tf_config):
+        self._service = tf_config.service
+        self._cluster_spec = tf_config.cluster
+        if self._cluster_spec and TaskType.MASTER in self._cluster_spec.jobs:
+            return self._init_distributed_setting_with_master(tf_config)
+
+        if self._cluster_spec:
+            self._task_type, self._task_id = _validate_task_type_and_task_id(
+                self._cluster_spec, tf_config, TaskType.CHIEF)
+            self._evaluation_master = _get_eval_session_master(self._task_type, tf_config)
+            if self._task_type != TaskType.EVALUATOR:
+                self._master = _get_session_master(
+                    self._cluster_spec, self._task_type, self._task_id, tf_config)
+                self._num_ps_replicas = _count_ps(self._cluster_spec)
+                self._num_worker_replicas = _count_worker(self._cluster_spec, TaskType.CHIEF)
+                self._global_id_in_cluster = _get_global_id_in_cluster(
+                    self._cluster_spec, self._task_type, self._task_id, TaskType.CHIEF)
+            else:
+                # The evaluator is not part of the training cluster.
+                self._cluster_spec = ClusterSpec({})
+                self._master = _LOCAL_MASTER
+                self._num_ps_replicas = 0
+                self._num_worker_replicas = 0
+                self._global_id_in_cluster = None
+            self._is_chief = self._task_type == TaskType.CHIEF
+            return
+
+        # Local mode.
+        self._task_type = tf_config.task_type or TaskType.WORKER
+        self._task_id = 0 if tf_config.task_id is None else tf_config.task_id
+        if self._task_type != TaskType.WORKER:
+            raise ValueError('If "cluster" is not set in TF_CONFIG, task type must be '
+                             '"worker", got %s in "task": %s'
+                             % (_show(self._task_type), _show(tf_config.task)))
+        if self._task_id != 0:
+            raise ValueError('If "cluster" is not set in TF_CONFIG, task index must be 0, '
+                             'got %d in "task": %s' % (self._task_id, _show(tf_config.task)))
+        self._global_id_in_cluster = 0
+        self._master = tf_config.session_master or _LOCAL_MASTER
+        self._evaluation_master = tf_config.eval_session_master or _LOCAL_MASTER
+        self._is_chief = True
+        self._num_ps_replicas = 0
+        self._num_worker_replicas = 1
+
+    def _init_distributed_setting_with_master(self, tf_config):
+        """Legacy cluster whose chief is a "master" job (no "chief", no evaluator)."""
+        if TaskType.CHIEF in self._cluster_spec.jobs:
+            raise ValueError('If "master" node exists in "cluster", job "chief" is not '
+                             "supported; jobs: %s" % self._cluster_spec.jobs)
+        self._task_type, self._task_id = _validate_task_type_and_task_id(
+            self._cluster_spec, tf_config, TaskType.MASTER)
+        if self._task_type == TaskType.EVALUATOR:
+            raise ValueError('If "master" node exists in "cluster", task type "evaluator" '
+                             'is not supported; "task": %s' % _show(tf_config.task))
+        self._global_id_in_cluster = _get_global_id_in_cluster(
+            self._cluster_spec, self._task_type, self._task_id, TaskType.MASTER)
+        self._master = _get_session_master(
+            self._cluster_spec, self._task_type, self._task_id, tf_config)
+        self._evaluation_master = _get_eval_session_master(self._task_type, tf_config)
+        self._num_ps_replicas = _count_ps(self._cluster_spec)
+        self._num_worker_replicas = _count_worker(self._cluster_spec, TaskType.MASTER)
+        self._is_chief = self._task_type == TaskType.MASTER
+
+    # -- replace ----------------------------------------------------------------
+
+    def replace(self, **kwargs):
+        """A copy with the given properties replaced (those of TF's list, plus `random_seed`).
+
+        Setting one of save_checkpoints_steps/secs clears the other, as in TF.
+        The copy is shallow: strategies are shared, not copied.
+        """
+        return copy.copy(self)._replace_in_place(**kwargs)
+
+    def _replace_in_place(self, **kwargs):
+        for key in kwargs:
+            if key not in _DEFAULT_REPLACEABLE_LIST:
+                raise ValueError("Replacing %s is not supported. Allowed properties are %s."
+                                 % (key, _DEFAULT_REPLACEABLE_LIST))
+        if "random_seed" in kwargs:
+            seed = kwargs.pop("random_seed")
+            kwargs["tf_random_seed"] = _merge_seed(kwargs.get("tf_random_seed"), seed)
+        if "model_dir" in kwargs and hasattr(kwargs["model_dir"], "__fspath__"):
+            kwargs["model_dir"] = os.fspath(kwargs["model_dir"])
+        for key, value in kwargs.items():
+            setattr(self, "_" + key, value)
+        _validate_save_ckpt_with_replaced_keys(self, kwargs.keys())
+        _validate_properties(self)
+        return self
+
+    def __repr__(self):
+        return ("RunConfig(model_dir=%r, task_type=%r, task_id=%r, is_chief=%r, "
+                "cluster_spec=%r)" % (self._model_dir, self._task_type, self._task_id,
+                                      self._is_chief, self._cluster_spec))
+
+    # -- properties -------------------------------------------------------------
+
+    cluster_spec = property(lambda self: self._cluster_spec)
+    task_type = property(lambda self: self._task_type)
+    task_id = property(lambda self: self._task_id)
+    is_chief = property(lambda self: self._is_chief)
+    master = property(lambda self: self._master, doc="grpc://<address> of this task, "
+                      "'' locally or in a one-task cluster (TF's session master).")
+    evaluation_master = property(lambda self: self._evaluation_master)
+    num_worker_replicas = property(lambda self: self._num_worker_replicas,
+                                   doc="Workers plus the chief (or legacy master).")
+    num_ps_replicas = property(lambda self: self._num_ps_replicas)
+    global_id_in_cluster = property(
+        lambda self: self._global_id_in_cluster,
+        doc="Unique id in the training cluster: chief 0, then the other jobs sorted "
+            "by name, ps last; None for the evaluator.")
+    service = property(lambda self: self._service, doc="TF_CONFIG's \"service\" dict.")
+    model_dir = property(lambda self: self._model_dir)
+    tf_random_seed = property(lambda self: self._tf_random_seed)
+    random_seed = property(lambda self: self._tf_random_seed, doc="Alias of tf_random_seed.")
+    save_summary_steps = property(lambda self: self._save_summary_steps)
+    save_checkpoints_steps = property(lambda self: self._save_checkpoints_steps)
+    save_checkpoints_secs = property(lambda self: self._save_checkpoints_secs)
+    session_config = property(lambda self: self._session_config)
+    keep_checkpoint_max = property(lambda self: self._keep_checkpoint_max)
+    keep_checkpoint_every_n_hours = property(lambda self: self._keep_checkpoint_every_n_hours)
+    log_step_count_steps = property(lambda self: self._log_step_count_steps)
+    train_distribute = property(lambda self: self._train_distribute)
+    eval_distribute = property(lambda self: self._eval_distribute)
+    device_fn = property(lambda self: self._device_fn)
+    protocol = property(lambda self: self._protocol)
+    session_creation_timeout_secs = property(lambda self: self._session_creation_timeout_secs)
+    experimental_max_worker_delay_secs = property(
+        lambda self: self._experimental_max_worker_delay_secs)
+    checkpoint_save_graph_def = property(lambda self: self._checkpoint_save_graph_def)
+
+
+def _merge_seed(tf_random_seed, random_seed):
+    if random_seed is not None and tf_random_seed is not None and random_seed != tf_random_seed:
+        raise ValueError("random_seed is an alias of tf_random_seed; got different values: "
+                         "random_seed=%r, tf_random_seed=%r" % (random_seed, tf_random_seed))
+    return tf_random_seed if tf_random_seed is not None else random_seed
+
+
+def _merge_experimental_distribute(experimental_distribute, train_distribute, eval_distribute):
+    """Takes the strategies of a DistributeConfig-like object, as TF does."""
+    if experimental_distribute is None:
+        return train_distribute, eval_distribute
+    for name in ("train_distribute", "eval_distribute"):
+        inner = getattr(experimental_distribute, name, None)
+        if inner is None:
+            continue
+        if (train_distribute if name == "train_distribute" else eval_distribute) is not None:
+            raise ValueError("Either `%s` or `experimental_distribute.%s` can be set."
+                             % (name, name))
+        if name == "train_distribute":
+            train_distribute = inner
+        else:
+            eval_distribute = inner
+    return train_distribute, eval_distribute

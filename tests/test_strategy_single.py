@@ -1,0 +1,65 @@
+"""The Strategy API on one device: default and OneDeviceStrategy."""
+import numpy as np
+import pytest
+import torch
+
+import distribute
+import estimator as est
+from models import regression_input_fn, regression_model_fn
+
+
+def test_default_strategy_and_scope():
+    default = distribute.get_strategy()
+    assert not distribute.has_strategy() and default.num_replicas_in_sync == 1
+    one = distribute.OneDeviceStrategy("cpu")
+    with one.scope():
+        assert distribute.get_strategy() is one and distribute.has_strategy()
+        assert distribute.in_cross_replica_context()
+        assert one.run(lambda: distribute.get_replica_context().replica_id_in_sync_group) == 0
+    assert distribute.get_strategy() is default
+    assert distribute.get_replica_context() is not None
+
+
+def test_run_reduce_and_local_results():
+    s = distribute.OneDeviceStrategy("cpu")
+    v = s.run(lambda x: x * 2, args=(torch.arange(4.0),))
+    assert torch.equal(s.reduce(distribute.ReduceOp.SUM, v, axis=None), v)
+    assert s.reduce("SUM", v, axis=0).item() == 12.0
+    assert s.reduce(distribute.ReduceOp.MEAN, v, axis=0).item() == 3.0
+    assert s.experimental_local_results(v) == (v,)
+    ctx = s.run(lambda: distribute.get_replica_context())
+    assert torch.equal(ctx.all_reduce("SUM", v), v)
+
+
+def test_distribute_datasets_convert_numpy_and_move():
+    s = distribute.OneDeviceStrategy("cpu")
+    out = list(s.experimental_distribute_dataset([(np.ones((2, 3), np.float32), np.zeros(2))]))
+    assert isinstance(out[0][0], torch.Tensor) and out[0][0].shape == (2, 3)
+    got = list(s.distribute_datasets_from_function(
+        lambda ctx: [{"p": np.array([ctx.input_pipeline_id])}]))
+    assert got[0]["p"].tolist() == [0]
+
+
+def test_input_context_batch_size():
+    ctx = distribute.InputContext(2, 1, 4)
+    assert ctx.get_per_replica_batch_size(64) == 16
+    with pytest.raises(ValueError, match="not divisible"):
+        ctx.get_per_replica_batch_size(30)
+
+
+def test_estimator_under_one_device_strategy(tmp_path):
+    config = est.RunConfig(model_dir=str(tmp_path), train_distribute=distribute.OneDeviceStrategy(
+        "cpu"), eval_distribute=distribute.OneDeviceStrategy("cpu"))
+    e = est.Estimator(regression_model_fn, config=config, params={"lr": 0.1})
+    e.train(regression_input_fn(), steps=50)
+    assert e.evaluate(regression_input_fn(repeat=False))["global_step"] == 50
+
+
+def test_set_strategy():
+    s = distribute.OneDeviceStrategy("cpu")
+    distribute.experimental_set_strategy(s)
+    try:
+        assert distribute.get_strategy() is s
+    finally:
+        distribute.experimental_set_strategy(None)
+    assert not distribute.has_strategy()
