@@ -268,6 +268,10 @@ class RunConfig:
         if self._cluster_spec and TaskType.MASTER in self._cluster_spec.jobs:
             return self._init_distributed_setting_with_master(tf_config)
 
+        if self._cluster_spec and TaskType.CHIEF not in self._cluster_spec.jobs and (
+                self._train_distribute or self._eval_distribute):
+            return self._init_distributed_setting_without_chief(tf_config)
+
         if self._cluster_spec:
             self._task_type, self._task_id = _validate_task_type_and_task_id(
                 self._cluster_spec, tf_config, TaskType.CHIEF)
@@ -305,6 +309,32 @@ class RunConfig:
         self._is_chief = True
         self._num_ps_replicas = 0
         self._num_worker_replicas = 1
+
+    def _init_distributed_setting_without_chief(self, tf_config):
+        """A cluster of workers (and maybe ps) with no chief, under a strategy:
+        worker 0 acts as chief, as TF's distribute coordinator does."""
+        if TaskType.WORKER not in self._cluster_spec.jobs:
+            raise ValueError('A "cluster" in TF_CONFIG without a "chief" must have '
+                             '"worker" tasks; its jobs are %s' % self._cluster_spec.jobs)
+        task = _show(tf_config.task if tf_config.task is not None else {})
+        if tf_config.task_type is None or tf_config.task_id is None:
+            raise ValueError('If "cluster" is set in TF_CONFIG, task type and index must be '
+                             'set; "task" is %s' % task)
+        self._task_type, self._task_id = tf_config.task_type, tf_config.task_id
+        self._evaluation_master = _get_eval_session_master(self._task_type, tf_config)
+        if self._task_type == TaskType.EVALUATOR:
+            self._cluster_spec = ClusterSpec({})
+            self._master, self._num_ps_replicas = _LOCAL_MASTER, 0
+            self._num_worker_replicas, self._global_id_in_cluster = 0, None
+            self._is_chief = False
+            return
+        self._master = _get_session_master(self._cluster_spec, self._task_type, self._task_id,
+                                           tf_config)
+        self._num_ps_replicas = _count_ps(self._cluster_spec)
+        self._num_worker_replicas = _count_worker(self._cluster_spec, TaskType.CHIEF)
+        self._global_id_in_cluster = _get_global_id_in_cluster(
+            self._cluster_spec, self._task_type, self._task_id, TaskType.WORKER)
+        self._is_chief = self._task_type == TaskType.WORKER and self._task_id == 0
 
     def _init_distributed_setting_with_master(self, tf_config):
         """Legacy cluster whose chief is a "master" job (no "chief", no evaluator)."""

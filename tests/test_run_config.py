@@ -444,3 +444,20 @@ def test_experimental_distribute():
 
 def test_use_default_sentinel_is_exported():
     assert RunConfig(save_checkpoints_steps=_USE_DEFAULT).save_checkpoints_secs == 600
+
+
+def test_cluster_without_chief_under_a_strategy_makes_worker_0_chief(monkeypatch):
+    """SPEC: the chief writes, worker 0 where the cluster has no chief (TF's
+    distribute coordinator accepts such a cluster when a strategy is set)."""
+    import json
+    import distribute
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    strategy = distribute.OneDeviceStrategy("cpu")
+    for index, chief in ((0, True), (1, False)):
+        monkeypatch.setenv("TF_CONFIG", json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        config = RunConfig(train_distribute=strategy)
+        assert (config.is_chief, config.num_worker_replicas, config.num_ps_replicas,
+                config.global_id_in_cluster) == (chief, 2, 1, index)
+    with pytest.raises(ValueError, match='must have one "chief" node'):
+        RunConfig()   # without a strategy: TF's rule, one chief required
