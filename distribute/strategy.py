@@ -52,6 +52,8 @@ def _mover(device: torch.device):
     cpu = device.type == "cpu"
 
     def move(obj):
+        if type(obj) is tuple and len(obj) == 2:  # (features, labels), the usual batch
+            return move(obj[0]), move(obj[1])
         if isinstance(obj, torch.Tensor):
             if cpu:
                 return obj if obj.is_cpu else obj.cpu()
@@ -138,6 +140,24 @@ class StrategyExtended:
 
     def _input_context(self) -> InputContext:
         return InputContext(1, 0, self._container_strategy.num_replicas_in_sync)
+
+    def _distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str):
+        """This replica's input for `mode`: `call_input_fn(input_context)`,
+        sharded by the strategy when `input_fn` ignores its context (TF's
+        AutoShardPolicy). One replica: what the input_fn returned."""
+        return call_input_fn(self._input_context())
+
+    def _run_train_op(self, train_op: Callable) -> None:
+        """Run a custom `train_op` callable (several optimizers, a GAN step)."""
+        train_op()
+
+    def _run_in_replicas(self, fn: Callable, *args) -> Optional[tuple]:
+        """Run `fn(*args)` once in each replica process this strategy starts,
+        returning their results in replica order; None when this process is
+        itself the (or a) replica, and the caller runs its body here. Lets
+        `Estimator.train/evaluate` hand a whole call to MirroredStrategy's
+        per-device processes."""
+        return None
 
 
 _state = threading.local()
@@ -281,6 +301,13 @@ def get_replica_context() -> Optional[ReplicaContext]:
 
 def in_cross_replica_context() -> bool:
     return get_replica_context() is None
+
+
+def get_loss_reduction() -> ReduceOp:
+    """How replicas' losses combine (tf.distribute.get_loss_reduction): MEAN,
+    since gradients are averaged over the replicas (DDP's rule), so a
+    model_fn returns its per-replica mean loss."""
+    return ReduceOp.MEAN
 
 
 def experimental_set_strategy(strategy: Optional[Strategy]) -> None:

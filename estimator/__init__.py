@@ -6,16 +6,20 @@
 
 See SPEC.md for the contract; names follow `tf.estimator`.
 """
-from . import checkpoint, metrics
+from . import checkpoint, export, metrics, summary
 from ._scope import get_global_step, get_module, get_optimizer, named_tensor
 from .estimator import Estimator
+from .exporter import BestExporter, Exporter, FinalExporter, LatestExporter
 from .mode_keys import ModeKeys
 from .model_fn import EstimatorSpec
 from .run_config import RunConfig
+from .training import EvalSpec, TrainSpec, train_and_evaluate
 from .warm_start import WarmStartSettings
 
 __all__ = [
     "Estimator", "EstimatorSpec", "ModeKeys", "RunConfig", "WarmStartSettings",
     "get_module", "get_optimizer", "get_global_step", "named_tensor",
-    "checkpoint", "metrics",
+    "checkpoint", "metrics", "summary",
+    "TrainSpec", "EvalSpec", "train_and_evaluate", "export",
+    "Exporter", "LatestExporter", "BestExporter", "FinalExporter",
 ]

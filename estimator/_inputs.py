@@ -68,6 +68,15 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
     if "config" in names:
         extra["config"] = config
     takes_labels, takes_mode = "labels" in names, "mode" in names
+    rest = declared[1:]
+    if rest == ["labels", "mode", "params", "config"][:len(rest)]:
+        # The usual signature: call positionally, no kwargs built per step.
+        statics = tuple(extra[n] for n in rest[2:])
+        if len(rest) >= 2:
+            return lambda features, labels, mode: model_fn(features, labels, mode, *statics)
+        if len(rest) == 1:
+            return lambda features, labels, mode: model_fn(features, labels)
+        return lambda features, labels, mode: model_fn(features)
 
     def call(features, labels, mode):
         if takes_labels:

@@ -48,6 +48,7 @@ class ModelScope:
         self.metrics: Dict[str, torch.nn.Module] = {}
         self.global_step = int(restore["global_step"]) if restore else 0
         self.named_tensors: Dict[str, torch.Tensor] = {}
+        self.feed_dict: Optional[dict] = None   # this step's feeds (hooks.FeedFnHook)
         self.summaries_due = False
         self.summaries: list = []
         self._restore = restore
@@ -202,8 +203,13 @@ def get_global_step() -> int:
 def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     """Expose `tensor` under `name` for hooks to fetch (TF: naming a graph tensor
     so `LoggingTensorHook(tensors=[name])` can find it). Costs a dict store; the
-    value is copied to the host only on steps where a hook asks for it."""
+    value is copied to the host only on steps where a hook asks for it. When a
+    hook feeds `name` for this step (`hooks.FeedFnHook`, TF's feed_dict), the
+    fed value is returned instead, with `tensor`'s dtype and device."""
     if _current is not None:
+        feed = _current.feed_dict
+        if feed is not None and name in feed:
+            tensor = torch.as_tensor(feed[name], dtype=tensor.dtype, device=tensor.device)
         _current.named_tensors[name] = tensor
     return tensor
 

@@ -190,6 +190,24 @@ class Saver:
         return preserved + keep
 
 
+def pin(path: str, directory: str) -> str:
+    """A hard link to checkpoint `path` in `directory` (same name), so that a
+    reader in another process keeps the file while the chief's Saver deletes
+    the original; `path` itself where the file system has no hard links.
+    FileNotFoundError if `path` is already gone. Remove the link when done."""
+    os.makedirs(directory, exist_ok=True)
+    link = os.path.join(directory, os.path.basename(path))
+    if os.path.lexists(link):
+        os.remove(link)
+    try:
+        os.link(path, link)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return path
+    return link
+
+
 def load(path: str) -> dict:
     """Load a checkpoint file safely (weights_only=True)."""
     if not os.path.isfile(path):

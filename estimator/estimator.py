@@ -18,6 +18,10 @@ import torch
 
 import distribute
 import hooks as hooks_lib
+from hooks.monitored_session import _training_hooks
+from hooks.session_run_hook import SessionRunHook
+from hooks.progress import _progress_hooks
+from hooks.summary_hooks import _write_dict_to_summary
 
 from . import _inputs, _scope, checkpoint, metrics
 from .mode_keys import ModeKeys
@@ -117,6 +121,9 @@ class Estimator:
             logger.info("Skipping training since max_steps has already saved.")
             return self
         strategy = self._config.train_distribute or distribute.get_strategy()
+        if strategy.extended._run_in_replicas(self.train, input_fn, hooks, steps, max_steps,
+                                              saving_listeners) is not None:
+            return self   # ran in the strategy's replica processes (MirroredStrategy)
         scope = self._training_scope(strategy, latest)
         user_hooks = _check_hooks(hooks, "hooks")
         listeners = list(saving_listeners or ())
@@ -129,16 +136,19 @@ class Estimator:
                 logger.warning("input_fn returned no data: nothing to train on")
                 return self
             is_chief = self._is_chief(strategy)
-            all_hooks = (stop + user_hooks + list(first.training_hooks)
+            all_hooks = (stop + user_hooks + self._default_worker_hooks()
+                         + list(first.training_hooks)
                          + self._default_training_hooks(is_chief, listeners)
-                         + (list(first.training_chief_hooks) if is_chief else []))
+                         + (list(first.training_chief_hooks) if is_chief else [])
+                         + _progress_hooks("train", num_steps=steps, last_step=max_steps))
             step = self._train_step_fn(batches, first, strategy)
             last = first
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir,
                                             is_chief) as session:
                 while not session.should_stop():
                     last = session.run(step) or last
-            logger.info("Loss for final step: %s.", _python(last.loss))
+            logger.info("Loss for final step: %s.",
+                        _python(strategy.extended._reduce_loss(last.loss)))
         return self
 
     def _training_scope(self, strategy, latest: Optional[str]) -> _scope.ModelScope:
@@ -158,36 +168,55 @@ class Estimator:
     def _train_step_fn(self, batches, first: EstimatorSpec, strategy) -> Callable:
         """The per-step function: next batch -> model_fn -> apply train_op."""
         call, extended, train = self._call_model_fn, strategy.extended, ModeKeys.TRAIN
-        apply_gradients = extended._apply_gradients
+        apply_gradients, run_train_op = extended._apply_gradients, extended._run_train_op
         pending = [first]
 
         def step():
             if pending:
                 spec = pending.pop()
             else:
-                features, labels = next(batches)
-                spec = call(features, labels, train)
+                spec = call(*next(batches), train)
                 if type(spec) is not EstimatorSpec or spec.mode != train:
                     _check_spec(spec, train)
             train_op = spec.train_op
             if isinstance(train_op, torch.optim.Optimizer):
                 apply_gradients(spec.loss, train_op)
             else:
-                train_op()
+                run_train_op(train_op)
             return spec
         return step
 
-    def _default_training_hooks(self, is_chief: bool, listeners) -> list:
-        """TF's defaults: checkpoints per RunConfig on the chief."""
-        config = self._config
-        out = []
-        if is_chief and (config.save_checkpoints_steps or config.save_checkpoints_secs):
-            saver = checkpoint.Saver(self._model_dir, config.keep_checkpoint_max,
-                                     config.keep_checkpoint_every_n_hours)
-            out.append(hooks_lib.CheckpointSaverHook(
-                self._model_dir, save_secs=config.save_checkpoints_secs,
-                save_steps=config.save_checkpoints_steps, saver=saver, listeners=listeners))
+    def _default_worker_hooks(self) -> list:
+        """TF's hooks on every worker (`_train_with_estimator_spec`): a
+        NanTensorHook on the loss and, every `log_step_count_steps`, a
+        LoggingTensorHook of loss and step. Unlike TF the NaN check runs only
+        on those logging steps (every 100 steps without logging), where the
+        loss is on the host anyway, so the steps between never wait on the
+        device; add `hooks.NanTensorHook()` to check every step."""
+        every_n = self._config.log_step_count_steps
+        out = [hooks_lib.NanTensorHook("loss", every_n_iter=every_n or 100)]
+        if every_n:
+            out.append(hooks_lib.LoggingTensorHook({"loss": "loss", "step": "global_step"},
+                                                   every_n_iter=every_n))
         return out
+
+    def _default_training_hooks(self, is_chief: bool, listeners) -> list:
+        """TF's defaults, from RunConfig (hooks.monitored_session._training_hooks);
+        summaries where the strategy also says `should_save_summary`."""
+        c = self._config
+        strategy = c.train_distribute or distribute.get_strategy()
+        return _training_hooks(
+            self._model_dir, is_chief, save_checkpoint_secs=c.save_checkpoints_secs,
+            save_checkpoint_steps=c.save_checkpoints_steps,
+            save_summaries_steps=c.save_summary_steps,
+            log_step_count_steps=c.log_step_count_steps,
+            keep_checkpoint_max=c.keep_checkpoint_max,
+            keep_checkpoint_every_n_hours=c.keep_checkpoint_every_n_hours, listeners=listeners,
+            save_summaries=is_chief and strategy.extended.should_save_summary)
+
+    def eval_dir(self, name: Optional[str] = None) -> str:
+        """Where evaluation summaries go: `model_dir/eval` or `model_dir/eval_<name>`."""
+        return os.path.join(self._model_dir, "eval" if not name else "eval_" + name)
 
     # -- evaluate -------------------------------------------------------------------
     def evaluate(self, input_fn: Callable, steps: Optional[int] = None,
@@ -199,6 +228,10 @@ class Estimator:
             raise ValueError(f"Must specify steps > 0, given: {steps}")
         path = self._require_checkpoint(checkpoint_path, "evaluate")
         strategy = self._config.eval_distribute or distribute.get_strategy()
+        results = strategy.extended._run_in_replicas(self.evaluate, input_fn, steps, hooks, path,
+                                                     name)
+        if results is not None:
+            return results[0]   # sharded over the strategy's replica processes; rank 0's
         scope = _scope.ModelScope(ModeKeys.EVAL, strategy, restore=checkpoint.load(path),
                                   restore_path=path)
         user_hooks = _check_hooks(hooks, "hooks")
@@ -224,7 +257,8 @@ class Estimator:
                 return spec
 
             stop = [_StopAfterNSteps(steps)] if steps is not None else []
-            all_hooks = stop + user_hooks + list(first.evaluation_hooks)
+            all_hooks = (stop + user_hooks + list(first.evaluation_hooks)
+                         + _progress_hooks("evaluate", num_steps=steps))
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
                 while not session.should_stop():
                     session.run(step)
@@ -233,6 +267,8 @@ class Estimator:
                        for key, metric in specs[0].eval_metric_ops.items()}
             results["loss"] = _python(scope.metrics["loss"].result())
             results["global_step"] = scope.global_step
+        if self._writes_eval_summaries(strategy):
+            _write_dict_to_summary(self.eval_dir(name), results, scope.global_step)
         logger.info("Saving dict for global step %d: %s", scope.global_step,
                     ", ".join(f"{k} = {v}" for k, v in sorted(results.items())))
         return results
@@ -270,8 +306,8 @@ class Estimator:
                     _check_spec(spec, mode)
                 return spec
 
-            with hooks_lib.MonitoredSession(scope, user_hooks + list(first.prediction_hooks),
-                                            self._model_dir) as session:
+            all_hooks = user_hooks + list(first.prediction_hooks) + _progress_hooks("predict")
+            with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
                 while not session.should_stop():
                     spec = session.run(step)
                     if spec is None:
@@ -286,19 +322,42 @@ class Estimator:
                     else:  # a single tensor: yield its values, as TF
                         yield from (e["predictions"] for e in examples)
 
+    # -- export -----------------------------------------------------------------------
+    def export_saved_model(self, export_dir_base: str, serving_input_receiver_fn: Callable,
+                           assets_extra: Optional[dict] = None, as_text: bool = False,
+                           checkpoint_path: Optional[str] = None) -> str:
+        """Export the PREDICT path as a torch.export program in a new
+        `export_dir_base/<timestamp>` directory; returns it (see estimator.export)."""
+        from .export import export_saved_model
+        return export_saved_model(self, export_dir_base, serving_input_receiver_fn,
+                                  assets_extra=assets_extra, as_text=as_text,
+                                  checkpoint_path=checkpoint_path)
+
     # -- shared -----------------------------------------------------------------------
+    def _writes_eval_summaries(self, strategy) -> bool:
+        """The chief writes evaluation summaries, and so does the evaluator task
+        (TF's evaluator is not the chief); never another worker."""
+        config = self._config
+        return ((bool(config.is_chief) or config.task_type == "evaluator")
+                and strategy.extended.should_save_summary)
+
     def _is_chief(self, strategy) -> bool:
         return bool(self._config.is_chief) and strategy.extended.should_checkpoint
 
     def _batches(self, input_fn, mode: str, strategy):
         """(features, labels) pairs on the strategy's device."""
-        dataset = _inputs.call_input_fn(input_fn, mode, self._params, self._config,
-                                        strategy.extended._input_context())
+        dataset = strategy.extended._distribute_input(
+            lambda context: _inputs.call_input_fn(input_fn, mode, self._params, self._config,
+                                                  context), input_fn, mode)
         iterator = _inputs.iterate(dataset)
         to_device = strategy.extended._to_device
         predict = mode == ModeKeys.PREDICT
         for batch in iterator:
-            yield _inputs.split_batch(to_device(batch), mode, predict)
+            batch = to_device(batch)
+            if type(batch) is tuple and len(batch) == 2:
+                yield batch
+            else:
+                yield _inputs.split_batch(batch, mode, predict)
 
     def _first_spec(self, batches, scope, mode, strategy) -> Optional[EstimatorSpec]:
         """Call model_fn on the first batch before the loop starts, so the
@@ -314,7 +373,7 @@ class Estimator:
         return spec
 
 
-class _StopAfterNSteps(hooks_lib.SessionRunHook):
+class _StopAfterNSteps(SessionRunHook):
     """Stops evaluation after `num_steps` batches (TF's _StopAfterNEvalStepsHook)."""
 
     def __init__(self, num_steps: int):

@@ -1,10 +1,14 @@
-"""Step control and checkpoint hooks (tf.estimator's basic_session_run_hooks):
-SecondOrStepTimer, StopAtStepHook, CheckpointSaverListener, CheckpointSaverHook."""
+"""The basic hooks (tf.estimator's basic_session_run_hooks): SecondOrStepTimer,
+StopAtStepHook, CheckpointSaverListener, CheckpointSaverHook, LoggingTensorHook,
+NanTensorHook, GlobalStepWaiterHook, FinalOpsHook, FeedFnHook."""
 from __future__ import annotations
 
 import logging
 import time
 from typing import Iterable, Optional
+
+import numpy as np
+import torch
 
 from estimator import checkpoint
 
@@ -136,6 +140,10 @@ class CheckpointSaverHook(SessionRunHook):
             listener.end(session, step)
 
     def _save(self, session, step: int) -> bool:
+        if session.diverged_at_step is not None:  # NanTensorHook(fail_on_nan_loss=False)
+            logger.warning("Not saving a checkpoint at step %d: the loss went NaN at step "
+                           "%d.", step, session.diverged_at_step)
+            return False
         for listener in self._listeners:
             listener.before_save(session, step)
         self._saver.save(session.scope.state(), step)
@@ -147,3 +155,348 @@ class CheckpointSaverHook(SessionRunHook):
                             "listener: %s", listener)
                 stop = True
         return stop
+
+
+# -- logging, NaN checks, waiting, final values, feeds --------------------------
+# (tf.estimator.LoggingTensorHook, NanTensorHook, GlobalStepWaiterHook,
+# FinalOpsHook, FeedFnHook)
+
+def _check_names(what: str, names) -> None:
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: tensors are named by strings (what a step exposes: "
+                            f"'loss', 'global_step', prediction keys, est.named_tensor "
+                            f"names), got {name!r}")
+
+
+def _format_value(value) -> str:
+    """Floats as the float32 TF would print when exact in float32 (`0.12`,
+    not `0.11999999731779099`); arrays without scientific noise."""
+    if isinstance(value, float) and float(np.float32(value)) == value:
+        return str(np.float32(value))
+    if isinstance(value, np.ndarray):
+        with np.printoptions(suppress=True):
+            return str(value)
+    return str(value)
+
+
+class _NeverTriggerTimer(SecondOrStepTimer):
+    """A timer that never triggers (TF's NeverTriggerTimer), for `at_end` only."""
+
+    def __init__(self):
+        self.reset()
+
+    def should_trigger_for_step(self, step: int) -> bool:
+        return False
+
+    def update_last_triggered_step(self, step: int):
+        return None, None
+
+
+class LoggingTensorHook(SessionRunHook):
+    """Logs named values every N steps, every N seconds and/or at the end
+    (tf.estimator.LoggingTensorHook), at INFO, as TF does:
+
+        loss = 0.12, step = 100 (0.250 sec)
+
+    `tensors` is a list of names or a dict `{tag: name}` (a dict's tags are
+    logged in sorted order); a name is what a step exposes: `"loss"`,
+    `"global_step"`, a prediction key or an `est.named_tensor` name. Only the
+    due steps copy the values to the host. `formatter(dict tag -> value)`
+    returns the line to log. `at_end` logs the values of the last step (no
+    extra step is run, unlike TF's `session.run` in `end`).
+    """
+
+    def __init__(self, tensors, every_n_iter: Optional[int] = None,
+                 every_n_secs: Optional[float] = None, at_end: bool = False,
+                 formatter=None):
+        only_log_at_end = at_end and every_n_iter is None and every_n_secs is None
+        if not only_log_at_end and (every_n_iter is None) == (every_n_secs is None):
+            raise ValueError("either at_end and/or exactly one of every_n_iter and "
+                             "every_n_secs must be provided.")
+        if every_n_iter is not None and (not isinstance(every_n_iter, int)
+                                         or isinstance(every_n_iter, bool) or every_n_iter <= 0):
+            raise ValueError(f"invalid every_n_iter={every_n_iter!r}.")
+        if every_n_secs is not None and not every_n_secs > 0:
+            raise ValueError(f"invalid every_n_secs={every_n_secs!r}.")
+        if formatter is not None and not callable(formatter):
+            raise TypeError(f"LoggingTensorHook: formatter must be callable, got {formatter!r}")
+        if isinstance(tensors, str):
+            tensors = [tensors]
+        if isinstance(tensors, dict):
+            _check_names("LoggingTensorHook", tensors.values())
+            self._tag_order = sorted(tensors)
+            self._tensors = dict(tensors)
+        else:
+            tensors = list(tensors)
+            _check_names("LoggingTensorHook", tensors)
+            self._tag_order = tensors
+            self._tensors = {name: name for name in tensors}
+        self._args = SessionRunArgs(self._tensors)
+        self._formatter = formatter
+        self._timer = (_NeverTriggerTimer() if only_log_at_end else
+                       SecondOrStepTimer(every_secs=every_n_secs, every_steps=every_n_iter))
+        self._log_at_end = at_end
+        self._iter_count = 0
+        self._should_trigger = False
+
+    def begin(self):
+        self._timer.reset()
+        self._iter_count = 0
+
+    def before_run(self, run_context):
+        self._should_trigger = self._timer.should_trigger_for_step(self._iter_count)
+        return self._args if self._should_trigger else None
+
+    def after_run(self, run_context, run_values):
+        if self._should_trigger:
+            self._log_tensors(run_values.results)
+        self._iter_count += 1
+
+    def end(self, session):
+        if self._log_at_end and self._iter_count:
+            self._log_tensors(session.run(self._tensors))
+
+    def _log_tensors(self, values: dict) -> None:
+        elapsed_secs, _ = self._timer.update_last_triggered_step(self._iter_count)
+        if self._formatter is not None:
+            logger.info(self._formatter(values))
+            return
+        stats = ", ".join(f"{tag} = {_format_value(values[tag])}" for tag in self._tag_order)
+        if elapsed_secs is not None:
+            logger.info("%s (%.3f sec)", stats, elapsed_secs)
+        else:
+            logger.info("%s", stats)
+
+
+class NanLossDuringTrainingError(RuntimeError):
+    """The loss went NaN (tf.estimator.NanLossDuringTrainingError)."""
+
+    def __init__(self, global_step: Optional[int] = None):
+        super().__init__(global_step)
+        self.global_step = global_step
+
+    def __str__(self):
+        where = "" if self.global_step is None else f" (global step {self.global_step})"
+        return f"NaN loss during training{where}."
+
+
+class NanTensorHook(SessionRunHook):
+    """Stops training when the loss is NaN (tf.estimator.NanTensorHook).
+
+    With `fail_on_nan_loss` it raises `NanLossDuringTrainingError`, which
+    propagates out of the session: no hook's `end` runs, so no checkpoint of
+    the diverged state is written. Otherwise it logs a warning, requests a stop
+    and marks the session diverged (`session.diverged_at_step`), so that
+    `CheckpointSaverHook` saves nothing from that step on while the other
+    hooks' `end` still run. Either way the latest checkpoint is the last one
+    before the NaN, provided this hook is listed before any checkpoint saver
+    (the Estimator's defaults are).
+
+    Checking needs the loss on the host: with `every_n_iter=1` (the default,
+    TF's behaviour) that is a device sync every step. `every_n_iter=N` checks
+    only every N-th step; the Estimator installs its default NanTensorHook
+    that way, on the steps where LoggingTensorHook fetches the loss anyway
+    (`RunConfig.log_step_count_steps`), so a NaN is caught up to N-1 steps
+    late and a checkpoint saved in between may hold the diverged state. Add
+    `NanTensorHook()` yourself to check every step.
+    """
+
+    def __init__(self, loss_tensor: str = "loss", fail_on_nan_loss: bool = True,
+                 every_n_iter: int = 1):
+        _check_names("NanTensorHook", [loss_tensor])
+        if not isinstance(every_n_iter, int) or isinstance(every_n_iter, bool) \
+                or every_n_iter <= 0:
+            raise ValueError(f"invalid every_n_iter={every_n_iter!r}.")
+        self._loss_tensor = loss_tensor
+        self._fail_on_nan_loss = fail_on_nan_loss
+        self._every_n_iter = every_n_iter
+        self._args = SessionRunArgs(loss_tensor)
+        self._iter_count = 0
+        self._due = False
+
+    def begin(self):
+        self._iter_count = 0
+
+    def before_run(self, run_context):
+        self._due = self._iter_count % self._every_n_iter == 0
+        return self._args if self._due else None
+
+    def after_run(self, run_context, run_values):
+        self._iter_count += 1
+        if not self._due or not np.isnan(run_values.results).any():
+            return
+        session = run_context.session
+        step = session.global_step
+        failure_message = f"Model diverged with loss = NaN (global step {step})."
+        if self._fail_on_nan_loss:
+            logger.error(failure_message)
+            raise NanLossDuringTrainingError(step)
+        logger.warning(failure_message)
+        session.diverged_at_step = step
+        run_context.request_stop()
+
+
+class GlobalStepWaiterHook(SessionRunHook):
+    """Delays this worker's first step until the global step reaches
+    `wait_until_step` (tf.estimator.GlobalStepWaiterHook), to start workers
+    gradually, e.g. `wait_until_step=int(K * math.log(task_id + 1))` (0 on
+    the chief).
+
+    There is no shared global step variable to poll: a worker reads the
+    global step from the chief's latest checkpoint in `model_dir` (a file
+    system every task sees, as in TF), so the wait resolves only as fast as
+    the chief saves checkpoints. Meant for asynchronous workers (TF's
+    parameter-server training): under a synchronous strategy a waiting
+    worker holds back the others. The chief writes those checkpoints itself,
+    so a chief that would have to wait is an error. After `timeout_secs`
+    (None: forever, as TF) it raises `TimeoutError`.
+    """
+
+    def __init__(self, wait_until_step: int, timeout_secs: Optional[float] = 7200.0,
+                 poll_secs: float = 0.5):
+        if not isinstance(wait_until_step, int) or isinstance(wait_until_step, bool):
+            raise TypeError(f"GlobalStepWaiterHook: wait_until_step must be an int, got "
+                            f"{wait_until_step!r}")
+        if timeout_secs is not None and not timeout_secs >= 0:
+            raise ValueError(f"GlobalStepWaiterHook: timeout_secs must be >= 0 or None, got "
+                             f"{timeout_secs!r}")
+        if not poll_secs > 0:
+            raise ValueError(f"GlobalStepWaiterHook: poll_secs must be > 0, got {poll_secs!r}")
+        self._wait_until_step = wait_until_step
+        self._timeout_secs = timeout_secs
+        self._poll_secs = poll_secs
+        self._worker_is_started = False
+
+    def begin(self):
+        self._worker_is_started = False
+
+    def _global_step(self, session) -> int:
+        latest = checkpoint.latest_checkpoint(session.model_dir) if session.model_dir else None
+        return max(session.global_step, checkpoint.step_of(latest) if latest else 0)
+
+    def before_run(self, run_context):
+        if self._worker_is_started:
+            return None
+        session = run_context.session
+        if self._wait_until_step <= 0 or session.global_step >= self._wait_until_step:
+            self._worker_is_started = True
+            return None
+        if session.is_chief or not session.model_dir:
+            reason = ("this is the chief, which writes the checkpoints it would wait for"
+                      if session.is_chief else "the session has no model_dir to read the "
+                      "chief's checkpoints from")
+            raise ValueError(f"GlobalStepWaiterHook(wait_until_step={self._wait_until_step}) "
+                             f"would wait forever at global step {session.global_step}: "
+                             f"{reason}. Give the chief wait_until_step=0 "
+                             "(e.g. int(K * math.log(task_id + 1))).")
+        logger.info("Waiting for global step %d before starting training.",
+                    self._wait_until_step)
+        start = time.monotonic()
+        last_logged_step = 0
+        while True:
+            current_step = self._global_step(session)
+            if current_step >= self._wait_until_step:
+                self._worker_is_started = True
+                return None
+            waited = time.monotonic() - start
+            if self._timeout_secs is not None and waited >= self._timeout_secs:
+                raise TimeoutError(
+                    f"GlobalStepWaiterHook: waited {waited:.1f} s (timeout_secs="
+                    f"{self._timeout_secs}) for global step {self._wait_until_step}, but the "
+                    f"latest checkpoint in {session.model_dir!r} is at step {current_step}; "
+                    "the global step is read from the chief's checkpoints, so it advances "
+                    "only as often as the chief saves (save_checkpoints_steps/secs)")
+            if current_step - last_logged_step > 1000:
+                logger.info("Waiting for global step %d before starting training. Current "
+                            "step is %d.", self._wait_until_step, current_step)
+                last_logged_step = current_step
+            time.sleep(self._poll_secs)
+
+
+def _host(value):
+    """Tensors (also in lists, tuples, dicts) as Python numbers / numpy arrays."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        return value.item() if value.dim() == 0 else value.cpu().numpy()
+    if isinstance(value, dict):
+        return {k: _host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host(v) for v in value)
+    return value
+
+
+class FinalOpsHook(SessionRunHook):
+    """Evaluates `final_ops` at the end of the session and keeps their values
+    in `final_ops_values` (tf.estimator.FinalOpsHook).
+
+    `final_ops` is a name, a list or a dict of names (the values the last
+    step exposed: `"loss"`, `"global_step"`, `est.named_tensor` names), or a
+    callable run at `end` inside the model scope, e.g.
+    `lambda: est.get_module("net").weight.norm()`; tensors in its result
+    are copied to the host. Names need a step to have run in the session. `final_ops_feed_dict` maps names to values that
+    replace them (TF's feed): a fed name is returned as fed, and inside the
+    callable `est.named_tensor(name, t)` returns the fed value.
+    """
+
+    def __init__(self, final_ops, final_ops_feed_dict: Optional[dict] = None):
+        if not callable(final_ops):
+            names = ([final_ops] if isinstance(final_ops, str) else
+                     list(final_ops.values()) if isinstance(final_ops, dict) else
+                     list(final_ops) if isinstance(final_ops, (list, tuple)) else None)
+            if names is None:
+                raise TypeError(f"FinalOpsHook: final_ops must be a name, a list or dict of "
+                                f"names, or a callable, got {final_ops!r}")
+            _check_names("FinalOpsHook", names)
+        if final_ops_feed_dict is not None and not isinstance(final_ops_feed_dict, dict):
+            raise TypeError(f"FinalOpsHook: final_ops_feed_dict must be a dict, got "
+                            f"{final_ops_feed_dict!r}")
+        self._final_ops = final_ops
+        self._final_ops_feed_dict = final_ops_feed_dict
+        self._final_ops_values = None
+
+    @property
+    def final_ops_values(self):
+        """The values of `final_ops` once the session has ended; None before."""
+        return self._final_ops_values
+
+    def end(self, session):
+        feed = self._final_ops_feed_dict
+        if not callable(self._final_ops):
+            self._final_ops_values = session.run(self._final_ops, feed_dict=feed)
+            return
+        scope = session.scope
+        previous, scope.feed_dict = scope.feed_dict, feed or None
+        try:
+            self._final_ops_values = _host(self._final_ops())
+        finally:
+            scope.feed_dict = previous
+
+
+class FeedFnHook(SessionRunHook):
+    """Calls `feed_fn()` before each step and feeds the dict it returns
+    (tf.estimator.FeedFnHook).
+
+    TF's feed replaces the value of graph tensors for one step; here a fed
+    name replaces the tensor the step names with `est.named_tensor(name,
+    tensor)`, which returns the fed value instead (converted to that tensor's
+    dtype and device), e.g. a learning-rate or dropout schedule computed on
+    the host. Two hooks feeding the same name is an error, as in TF.
+    Note: `Estimator.train/evaluate/predict` call `model_fn` on the first
+    batch before the session starts (as TF builds its graph first), so the
+    feed applies from the second batch on; in a `MonitoredSession` loop it
+    applies from the first step.
+    """
+
+    def __init__(self, feed_fn):
+        if not callable(feed_fn):
+            raise TypeError(f"FeedFnHook: feed_fn must be callable, got {feed_fn!r}")
+        self.feed_fn = feed_fn
+
+    def before_run(self, run_context):
+        feed_dict = self.feed_fn()
+        if not isinstance(feed_dict, dict):
+            raise TypeError(f"FeedFnHook: feed_fn must return a dict of name -> value, got "
+                            f"{type(feed_dict).__name__}")
+        _check_names("FeedFnHook", feed_dict)
+        return SessionRunArgs(fetches=None, feed_dict=feed_dict)

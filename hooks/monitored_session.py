@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 
 from estimator import _scope, checkpoint
+from estimator import summary as _summary
 from estimator.mode_keys import ModeKeys
 
 from .session_run_hook import SessionRunArgs, SessionRunContext, SessionRunHook, SessionRunValues
@@ -37,8 +38,15 @@ def _to_host(values: Dict[str, Any]) -> Dict[str, Any]:
         if isinstance(value, torch.Tensor):
             value = value.detach()
             value = value.item() if value.numel() == 1 and value.dim() == 0 else value.cpu().numpy()
+        elif name == "summaries":
+            value = _summary._to_host(value)
         out[name] = value
     return out
+
+
+_NO_ARGS = SessionRunArgs(None)
+_NO_STEP = object()
+_NO_VALUES = SessionRunValues(None)
 
 
 class _Coordinator:
@@ -58,10 +66,18 @@ class _Session:
     """What hooks receive as `session` (there is no tf.Session): the model scope,
     the global step, the strategy and where the chief writes."""
 
-    def __init__(self, scope, model_dir: Optional[str], is_chief: bool):
+    def __init__(self, scope, model_dir: Optional[str], is_chief: bool, fetch_last=None):
         self.scope = scope
         self.model_dir = model_dir
         self.is_chief = is_chief
+        self.diverged_at_step: Optional[int] = None  # set by NanTensorHook: save no checkpoint
+        self._fetch_last = fetch_last
+
+    def run(self, fetches, feed_dict: Optional[dict] = None):
+        """The host values of `fetches` (a name, a list or dict of names) as the
+        last step exposed them, for hooks' `end` (TF: `session.run(fetches)`;
+        no step is run here). A name in `feed_dict` is answered with its value."""
+        return self._fetch_last(fetches, feed_dict)
 
     @property
     def strategy(self):
@@ -94,8 +110,17 @@ class MonitoredSession:
                 raise TypeError(f"hooks must be SessionRunHook instances, got {hook!r}")
         if is_chief is None:
             is_chief = scope.strategy.extended.should_checkpoint
-        self._session = _Session(scope, model_dir, is_chief)
+        self._session = _Session(scope, model_dir, is_chief, self._fetch_last)
+        self._last_outputs = _NO_STEP  # the last step's outputs and named tensors,
+        self._last_named: dict = {}    # for session.run in hooks (`end`)
         self._train = scope.mode == ModeKeys.TRAIN
+        # Training replicas stop together (a one-replica strategy answers `stop` itself).
+        self._agree_to_stop = scope.strategy.extended._all_agree_to_stop if self._train else None
+        # Only hooks that override a method are called for it, every step.
+        self._before_run_hooks = [h for h in self._hooks
+                                  if type(h).before_run is not SessionRunHook.before_run]
+        self._after_run_hooks = [h for h in self._hooks
+                                 if type(h).after_run is not SessionRunHook.after_run]
         self._stop = False
         self._entered = False
 
@@ -150,48 +175,82 @@ class MonitoredSession:
         EstimatorSpec; those (and `est.named_tensor`s) are what fetches name.
         A step that raises StopIteration (input exhausted) ends the loop.
         """
-        context = SessionRunContext(SessionRunArgs(None), self._session)
-        requests = []
         scope = self._scope
-        for hook in self._hooks:
+        context = SessionRunContext(_NO_ARGS, self._session)
+        requests = feeds = None
+        for hook in self._before_run_hooks:
             request = hook.before_run(context)
-            if request is not None and request.fetches is not None:
-                requests.append((hook, request.fetches))
+            if request is not None:
+                if request.fetches is not None:
+                    requests = requests or []
+                    requests.append((hook, request.fetches))
+                if request.feed_dict:
+                    feeds = _merge_feeds(feeds, request.feed_dict)
+        if feeds:
+            scope.feed_dict = feeds
         if requests:
             scope.summaries_due = any("summaries" in _names(f) for _, f in requests)
+        elif scope.summaries_due:   # due before the loop (first step), but nobody fetches them
+            scope.summaries_due = False
+            scope.summaries.clear()
         try:
             outputs = step_fn(*args, **kwargs)
         except StopIteration:
             self._stop = True
             scope.summaries_due = False
             return None
+        finally:
+            if feeds:
+                scope.feed_dict = None
         if self._train:
             scope.global_step += 1
-        if requests:
-            names = {n for _, fetches in requests for n in _names(fetches)}
-            host = _to_host({n: self._resolve(n, outputs) for n in names})
-            for hook, fetches in requests:
-                hook.after_run(context, SessionRunValues(_structure(fetches, host)))
-            scope.summaries_due = False
-            scope.summaries.clear()
-        no_values = SessionRunValues(None)
-        asked = {id(h) for h, _ in requests}
-        for hook in self._hooks:
-            if id(hook) not in asked:
-                hook.after_run(context, no_values)
-        scope.named_tensors.clear()
-        if context.stop_requested:
+        self._last_outputs, self._last_named = outputs, scope.named_tensors
+        if requests is None:
+            for hook in self._after_run_hooks:
+                hook.after_run(context, _NO_VALUES)
+        else:
+            self._answer(context, requests, outputs)
+        if self._last_named:
+            scope.named_tensors = {}
+        stop = context._stop_requested
+        if self._agree_to_stop is not None:
+            stop = self._agree_to_stop(stop)
+        if stop:
             self._stop = True
         return outputs
 
-    def _resolve(self, name: str, outputs):
+    def _answer(self, context, requests, outputs) -> None:
+        """Copy every requested value to the host once, and call `after_run`."""
         scope = self._scope
+        names = {n for _, fetches in requests for n in _names(fetches)}
+        host = _to_host({n: self._resolve(n, outputs) for n in names})
+        answers = {id(hook): _structure(fetches, host) for hook, fetches in requests}
+        for hook in self._after_run_hooks:
+            results = answers.get(id(hook))
+            hook.after_run(context, _NO_VALUES if results is None
+                           else SessionRunValues(results))
+        scope.summaries_due = False
+        scope.summaries.clear()
+
+    def _fetch_last(self, fetches, feed_dict: Optional[dict] = None):
+        if self._last_outputs is _NO_STEP:
+            raise RuntimeError(f"session.run({fetches!r}): no step has run in this session, "
+                               "so there are no step values to fetch")
+        feed = feed_dict or {}
+        values = {n: feed[n] if n in feed else
+                  self._resolve(n, self._last_outputs, self._last_named)
+                  for n in _names(fetches)}
+        return _structure(fetches, _to_host(values))
+
+    def _resolve(self, name: str, outputs, named: Optional[dict] = None):
+        scope = self._scope
+        named = scope.named_tensors if named is None else named
         if name == "global_step":
             return scope.global_step
         if name == "summaries":
             return list(scope.summaries)
-        if name in scope.named_tensors:
-            return scope.named_tensors[name]
+        if name in named:
+            return named[name]
         if name == "loss":
             loss = getattr(outputs, "loss", outputs if isinstance(outputs, torch.Tensor) else None)
             if loss is None and isinstance(outputs, dict):
@@ -201,11 +260,103 @@ class MonitoredSession:
         exposed = getattr(outputs, "predictions", outputs)
         if isinstance(exposed, dict) and name in exposed:
             return exposed[name]
-        available = ["global_step", "summaries", "loss", *scope.named_tensors,
+        available = ["global_step", "summaries", "loss", *named,
                      *(exposed if isinstance(exposed, dict) else ())]
         raise KeyError(f"A hook fetches {name!r}, which this step does not expose; "
                        f"available: {sorted(set(available))}. Name a tensor in the "
                        "model_fn with est.named_tensor(name, tensor)")
+
+
+def _training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
+                    save_checkpoint_secs=None, save_checkpoint_steps=None,
+                    save_summaries_steps=None, save_summaries_secs=None,
+                    log_step_count_steps=None, keep_checkpoint_max=5,
+                    keep_checkpoint_every_n_hours=10000.0, listeners=(),
+                    summary_dir: Optional[str] = None,
+                    save_summaries: Optional[bool] = None) -> list:
+    """The hooks TF installs around training, in one place for the Estimator
+    and MonitoredTrainingSession: on the chief, checkpoints every N steps or
+    seconds (and at the end); where `save_summaries` (default `is_chief`),
+    `global_step/sec` every `log_step_count_steps` and the summaries every
+    `save_summaries_steps` or `save_summaries_secs` into `summary_dir`
+    (default `checkpoint_dir`)."""
+    from .basic_session_run_hooks import CheckpointSaverHook
+    from .summary_hooks import StepCounterHook, SummarySaverHook
+    out = []
+    summary_dir = summary_dir or checkpoint_dir
+    if (is_chief if save_summaries is None else save_summaries) and summary_dir:
+        if log_step_count_steps:
+            out.append(StepCounterHook(every_n_steps=log_step_count_steps,
+                                       output_dir=summary_dir))
+        if save_summaries_steps or save_summaries_secs:
+            out.append(SummarySaverHook(
+                save_steps=save_summaries_steps or None,
+                save_secs=None if save_summaries_steps else save_summaries_secs,
+                output_dir=summary_dir))
+    if is_chief and checkpoint_dir and (save_checkpoint_steps or save_checkpoint_secs):
+        saver = checkpoint.Saver(checkpoint_dir, keep_checkpoint_max,
+                                 keep_checkpoint_every_n_hours)
+        for listener in listeners:  # e.g. train_and_evaluate keeping unevaluated checkpoints
+            if callable(getattr(listener, "protect_checkpoint", None)):
+                saver.protect(listener.protect_checkpoint)
+        out.append(CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs,
+                                       save_steps=save_checkpoint_steps, saver=saver,
+                                       listeners=listeners))
+    return out
+
+
+_USE_DEFAULT = object()
+
+
+def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, is_chief: Optional[bool] = None,
+                             hooks: Iterable[SessionRunHook] = (),
+                             chief_only_hooks: Iterable[SessionRunHook] = (),
+                             save_checkpoint_secs=_USE_DEFAULT, save_summaries_steps=100,
+                             save_summaries_secs=None, log_step_count_steps=100,
+                             save_checkpoint_steps=None, summary_dir=None,
+                             keep_checkpoint_max=5, strategy=None, scaffold=None, config=None,
+                             stop_grace_period_secs=120, max_wait_secs=7200,
+                             save_graph_def=True) -> MonitoredSession:
+    """A training MonitoredSession for a custom loop
+    (tf.compat.v1.train.MonitoredTrainingSession).
+
+    Restores the latest checkpoint of `checkpoint_dir` (modules and optimizers
+    are restored as the loop creates them with `est.get_module` /
+    `est.get_optimizer`), and on the chief saves checkpoints every
+    `save_checkpoint_secs` (default 600) or `save_checkpoint_steps`. `strategy`
+    defaults to the current one; `is_chief` to its `should_checkpoint`.
+    """
+    import distribute
+    if save_checkpoint_secs is _USE_DEFAULT:
+        save_checkpoint_secs = None if save_checkpoint_steps else 600
+    strategy = strategy or distribute.get_strategy()
+    if is_chief is None:
+        is_chief = strategy.extended.should_checkpoint
+    latest = checkpoint.latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    state = None
+    if latest:
+        logger.info("Restoring from %s", latest)
+        state = checkpoint.load(latest)
+        checkpoint.restore_rng(state["rng"])
+    scope = _scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state, restore_path=latest)
+    all_hooks = list(hooks) + (list(chief_only_hooks) if is_chief else [])
+    all_hooks += _training_hooks(
+        checkpoint_dir, is_chief, save_checkpoint_secs=save_checkpoint_secs,
+        save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
+        save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
+        keep_checkpoint_max=keep_checkpoint_max, summary_dir=summary_dir)
+    return MonitoredSession(scope, all_hooks, checkpoint_dir, is_chief)
+
+
+def _merge_feeds(feeds: Optional[dict], feed_dict: dict) -> dict:
+    """The step's feeds, merged over hooks; a name fed twice is an error (as TF)."""
+    if feeds is None:
+        return dict(feed_dict)
+    twice = sorted(set(feeds) & set(feed_dict))
+    if twice:
+        raise RuntimeError(f"Same tensor is fed by two hooks: {twice}")
+    feeds.update(feed_dict)
+    return feeds
 
 
 def _names(fetches) -> List[str]:

@@ -1,0 +1,140 @@
+"""MirroredStrategy (2 CPU replicas, gloo) against a plain DDP loop.
+
+The same MLP (784-512-512-10, batch 128 per replica, SGD, cross-entropy) is
+trained for a fixed number of steps by
+
+- `plain`: two forked processes, `init_process_group("gloo")`,
+  `DistributedDataParallel`, `zero_grad / forward / backward / step`;
+- `ours`:  `Estimator.train` under `MirroredStrategy(["cpu:0", "cpu:1"])`
+  with the default RunConfig (checkpoint at the end, summaries, step counter,
+  loss logging and NaN check every 100 steps, the replicas' stop agreement
+  and the loss mean every step),
+
+alternating in one run. Each figure is steps/s of a whole call, started from
+the parent process (processes, rendezvous and model creation count on both
+sides); the median of the rounds is reported with the ratio.
+
+    python bench/ddp_bench.py [--rounds 5] [--steps 1000]
+
+Target (issue 4): ours >= 0.95 of plain DDP.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import distribute  # noqa: E402
+import estimator as est  # noqa: E402
+
+REPLICAS = 2
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 10))
+
+
+def _data(n=64, batch=128):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(batch, 784, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(n)]
+
+
+def _cycle(batches, steps):
+    for i in range(steps):
+        yield batches[i % len(batches)]
+
+
+def _threads() -> int:
+    return max(1, (os.cpu_count() or 1) // REPLICAS)   # as MirroredStrategy sets them
+
+
+def _plain_replica(rank, port, batches, steps):
+    torch.set_num_threads(_threads())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=REPLICAS, timeout=datetime.timedelta(seconds=300))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in _cycle(batches[rank::REPLICAS], steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+def plain_ddp(batches, steps) -> float:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    start = time.perf_counter()
+    procs = [ctx.Process(target=_plain_replica, args=(r, port, batches, steps))
+             for r in range(REPLICAS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(600)
+        if p.exitcode != 0:
+            raise RuntimeError(f"plain DDP replica failed with exit code {p.exitcode}")
+    return steps / (time.perf_counter() - start)
+
+
+def ours(batches, steps) -> float:
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", _mlp)
+        loss = torch.nn.functional.cross_entropy(net(features), labels)
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.01))
+        return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+
+    def input_fn(input_context):
+        mine = batches[input_context.input_pipeline_id::input_context.num_input_pipelines]
+        return _cycle(mine, steps)
+
+    strategy = distribute.MirroredStrategy([f"cpu:{i}" for i in range(REPLICAS)])
+    with tempfile.TemporaryDirectory() as model_dir:
+        torch.manual_seed(0)
+        e = est.Estimator(model_fn, config=est.RunConfig(model_dir=model_dir,
+                                                         train_distribute=strategy))
+        start = time.perf_counter()
+        e.train(input_fn, steps=steps)
+        return steps / (time.perf_counter() - start)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="MirroredStrategy vs a plain DDP loop")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    batches = _data()
+    plain_ddp(batches, 50)   # warm-up both paths
+    ours(batches, 50)
+    plain, mine = [], []
+    for _ in range(args.rounds):
+        plain.append(plain_ddp(batches, args.steps))
+        mine.append(ours(batches, args.steps))
+        print(f"round: plain {plain[-1]:7.1f} steps/s   ours {mine[-1]:7.1f} steps/s", flush=True)
+    p, o = statistics.median(plain), statistics.median(mine)
+    print(f"mlp 784-512-512-10, batch 128 x {REPLICAS} CPU replicas (gloo), {args.steps} steps: "
+          f"plain DDP {p:.1f} steps/s   MirroredStrategy {o:.1f} steps/s   ratio {o / p:.3f}",
+          flush=True)
+    return o / p
+
+
+if __name__ == "__main__":
+    main()

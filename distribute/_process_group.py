@@ -1,0 +1,162 @@
+"""Joining a torch.distributed process group, bounded and with names.
+
+TF analogue: the collective ops' group setup in a MultiWorkerMirroredStrategy
+cluster. Here the engine is torch.distributed: a `TCPStore` at the
+rendezvous address (the chief's, or one the launching process holds), then
+`init_process_group` over it. What this module adds is names: every replica
+registers itself in the store, so a rendezvous that times out says which
+task did not arrive and at which address, and a collective that fails
+(a peer died, or hung past the timeout) is explained by which replicas did not
+report the failure themselves.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+_GRACE_SECS = 5.0   # how long a failing replica waits for the others to report
+
+
+class ReplicaFailedError(RuntimeError):
+    """A collective failed because another replica died or hung (no TF
+    analogue: TF raises UnavailableError/DeadlineExceededError)."""
+
+
+def _is_communication_error(exc: BaseException) -> bool:
+    """Whether `exc` comes from the transport (a peer gone or a timeout), not
+    from the user's code. gloo raises plain RuntimeErrors naming itself."""
+    if isinstance(exc, dist.DistError):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    return any(s in text for s in ("gloo", "Gloo", "NCCL", "Connection reset", "Connection closed",
+                                   "Timed out", "timed out", "Socket Timeout", "Broken pipe"))
+
+
+def _timeout(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+def host_store(port: int, timeout: float) -> dist.TCPStore:
+    """A store server on this machine (`port` 0: a free one, read `.port`)."""
+    return dist.TCPStore("0.0.0.0", port, None, True, _timeout(timeout), wait_for_workers=False)
+
+
+class ProcessGroup:
+    """This replica's membership: rank, world size, backend, the store, and
+    `describe(rank)` naming any replica for error messages."""
+
+    def __init__(self, rank: int, world_size: int, backend: str, store, address: str,
+                 describe: Callable[[int], str], timeout: float, store_host: str = ""):
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.store = store
+        self.address = address
+        self.describe = describe
+        self.timeout = timeout
+        self.store_host = store_host or describe(0)
+        self.control = None  # a gloo group for host-side flags (the default one under gloo)
+
+    # -- joining ----------------------------------------------------------------
+    @classmethod
+    def join(cls, rank: int, world_size: int, backend: str, host: Optional[str], port: int,
+             describe: Callable[[int], str], timeout: float, store=None,
+             is_host: bool = False, store_host: str = "") -> "ProcessGroup":
+        """Rendezvous at `host:port` (hosting the store there if `is_host`,
+        or in `store`, already connected), wait for every rank within
+        `timeout` seconds, and initialize torch.distributed."""
+        address = f"{host}:{port}"
+        if store is None:
+            store = _connect(host, port, is_host, timeout, store_host or describe(0))
+        store.set(f"arrived/{rank}", describe(rank))
+        _wait_for_all(store, world_size, timeout, describe, address)
+        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
+                                world_size=world_size, timeout=_timeout(timeout))
+        group = cls(rank, world_size, backend, store, address, describe, timeout, store_host)
+        group.control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+        return group
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.store = None
+
+    # -- failures ------------------------------------------------------------------
+    def explain(self, exc: BaseException, what: str) -> BaseException:
+        """The error to raise for `exc`, raised by the collective `what`: the
+        same `exc` for a user error; for a transport failure, a
+        ReplicaFailedError naming the replicas that did not report failing
+        themselves (those that died or hung)."""
+        if not _is_communication_error(exc):
+            return exc
+        me = self.describe(self.rank)
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        try:
+            self.store.set(f"failed/{self.rank}", first_line)
+            missing = self._silent_ranks()
+        except Exception:  # the store is gone with its host
+            return ReplicaFailedError(
+                f"{what} failed on {me} ({first_line}), and the rendezvous store at "
+                f"{self.address} is unreachable: its host, {self.store_host}, died or hung")
+        if not missing:
+            return ReplicaFailedError(f"{what} failed on {me}: {first_line} (every replica "
+                                      "reported a failure: see their logs)")
+        names = ", ".join(self.describe(r) for r in missing)
+        return ReplicaFailedError(
+            f"{what} failed on {me}: {names} did not respond (died, or hung for more than "
+            f"{self.timeout:g} s). Underlying error: {first_line}")
+
+    def report_failure(self, exc: BaseException) -> None:
+        """Tell the other replicas why this one stops (best effort)."""
+        try:
+            self.store.set(f"failed/{self.rank}", f"{type(exc).__name__}: {exc}"[:500])
+        except Exception:
+            pass
+
+    def _silent_ranks(self) -> List[int]:
+        deadline = time.monotonic() + min(_GRACE_SECS, self.timeout)
+        while True:
+            missing = [r for r in range(self.world_size) if r != self.rank
+                       and not self.store.check([f"failed/{r}"])]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.1)
+
+
+def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str):
+    try:
+        return dist.TCPStore(host, port, None, is_host, _timeout(timeout),
+                             wait_for_workers=False)
+    except (RuntimeError, dist.DistError) as e:
+        if is_host:
+            raise RuntimeError(f"{host_name} cannot listen at {host}:{port} for the "
+                               f"rendezvous: {e}") from None
+        raise TimeoutError(f"Rendezvous failed: {host_name} at {host}:{port} could not be "
+                           f"reached within {timeout:g} s ({str(e).splitlines()[0]})") from None
+
+
+def _wait_for_all(store, world_size: int, timeout: float, describe, address: str) -> None:
+    keys = [f"arrived/{r}" for r in range(world_size)]
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(describe(r) for r in missing)
+            raise TimeoutError(f"Rendezvous at {address} timed out after {timeout:g} s: "
+                               f"{names} did not arrive")
+        time.sleep(0.05)
+
+
+def device_index(device: torch.device) -> Optional[int]:
+    return device.index if device.type == "cuda" else None

@@ -1,0 +1,208 @@
+"""Starting and supervising one process per local replica.
+
+TF's MirroredStrategy runs its replicas as threads of one process; PyTorch's
+data parallelism wants one process per device (as torchrun or
+`torch.multiprocessing.spawn` start them). `run_replicas` does that from
+inside a running program, so a plain `python train.py` works:
+
+- the replicas are **forked**, so `model_fn`/`input_fn` defined in the main
+  script, closures and lambdas included, need no pickling. CUDA cannot be
+  used across a fork: the parent must not have initialized CUDA (a strategy
+  never does it there); if it has, this raises and says what to do instead;
+- each child joins the process group (`setup`), runs `fn`, and sends its
+  result (or its exception and traceback) back through a pipe;
+- the parent waits; the first failure (an exception, or a child that dies
+  with no word) terminates the others and is raised here, naming the
+  replica; once one replica has finished, the others get `timeout` seconds
+  to finish too; Ctrl-C is forwarded; no child outlives the call, and a
+  child whose parent dies is killed by the kernel (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from typing import Callable, List, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class _RemoteTraceback(Exception):
+    """Carries a replica's traceback as the `__cause__` of the re-raised error."""
+
+    def __str__(self):
+        return self.args[0]
+
+
+class _BoundSelf:
+    """Stands for `fn.__self__` in a result (`Estimator.train` returns self):
+    the parent answers with its own object instead of a copy."""
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling, else a RuntimeError with its text."""
+    try:
+        clone = pickle.loads(pickle.dumps(exc))
+        if type(clone) is type(exc):
+            return exc
+    except Exception:
+        pass
+    return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _child(conn, index: int, setup: Callable, teardown: Callable, fn: Callable, args, kwargs):
+    _die_with_parent()
+    ok = False
+    try:
+        setup(index)
+        result = fn(*args, **kwargs)
+        if result is not None and result is getattr(fn, "__self__", None):
+            result = _BoundSelf()
+        payload = ("ok", result)
+        ok = True
+    except BaseException as e:  # noqa: B902 - everything goes back to the parent
+        payload = ("error", _portable(e), traceback.format_exc())
+    try:
+        conn.send(payload)
+    except Exception as e:  # an unpicklable result
+        ok = False
+        try:
+            conn.send(("error", RuntimeError(f"the result of replica {index} cannot be sent "
+                                             f"back: {e}"), traceback.format_exc()))
+        except Exception:
+            pass
+    if ok:
+        try:
+            teardown()
+        except Exception:
+            logger.debug("teardown of replica %d failed", index, exc_info=True)
+    conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if ok else 1)
+
+
+def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
+                 setup: Callable[[int], None], teardown: Callable[[], None],
+                 timeout: float) -> List:
+    """Run `fn(*args, **kwargs)` in one forked process per name in `names`
+    (after `setup(i)` there); return the results in replica order."""
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA is already initialized in this process, so the strategy cannot fork its "
+            "replica processes (CUDA does not survive a fork). Train and evaluate before "
+            "anything in this process uses the GPU (predict does), or start one process per "
+            "GPU with torchrun and use MultiWorkerMirroredStrategy")
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise RuntimeError("Several local replicas need the 'fork' start method, which this "
+                           "platform lacks; start one process per device with torchrun and "
+                           "use MultiWorkerMirroredStrategy")
+    ctx = multiprocessing.get_context("fork")
+    procs, conns = [], []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        for i in range(len(names)):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, name=f"replica-{i}",
+                            args=(send, i, setup, teardown, fn, args, kwargs), daemon=True)
+            p.start()
+            send.close()
+            procs.append(p)
+            conns.append(recv)
+        results = _supervise(procs, conns, names, timeout)
+        return [fn.__self__ if isinstance(r, _BoundSelf) else r for r in results]
+    except KeyboardInterrupt:
+        _stop(procs, signal.SIGINT)
+        raise
+    finally:
+        _stop(procs, signal.SIGKILL)
+        for c in conns:
+            c.close()
+
+
+def _supervise(procs, conns, names, timeout: float) -> List:
+    results, done = [None] * len(procs), set()
+    first_done_at = None
+    pending = {c: i for i, c in enumerate(conns)}
+    while len(done) < len(procs):
+        waitables = list(pending) + [p.sentinel for i, p in enumerate(procs) if i not in done]
+        ready = multiprocessing.connection.wait(waitables, timeout=1.0)
+        for conn in [c for c in ready if c in pending]:
+            i = pending.pop(conn)
+            try:
+                status, *rest = conn.recv()
+            except (EOFError, OSError):
+                continue  # closed without a word: dead, seen below
+            if status == "ok":
+                results[i] = rest[0]
+                done.add(i)
+                first_done_at = first_done_at or time.monotonic()
+                continue
+            _kill_others(procs, i)
+            exc, text = rest
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"(raised in {names[i]}, pid {procs[i].pid})")
+            raise exc from _RemoteTraceback(f"\n\nTraceback in {names[i]}:\n"
+                                            f"{text}")
+        for i, p in enumerate(procs):
+            if i in done or p.is_alive() or (conns[i] in pending and conns[i].poll()):
+                continue
+            _kill_others(procs, i)
+            code = p.exitcode
+            how = (f"was killed by signal {signal.Signals(-code).name}" if code and code < 0
+                   else f"exited with code {code}")
+            raise RuntimeError(f"{names[i][0].upper()}{names[i][1:]} (pid {p.pid}) {how} "
+                               "without reporting a result; the other replicas were stopped")
+        if first_done_at and time.monotonic() - first_done_at > timeout:
+            late = [f"{names[i]} (pid {procs[i].pid})"
+                    for i in range(len(procs)) if i not in done]
+            raise TimeoutError(f"{', '.join(late)} did not finish within {timeout:g} s of "
+                               "the first replica; stopped")
+    for p in procs:  # let them finish their teardown
+        p.join(min(timeout, 30.0))
+    return results
+
+
+def _kill_others(procs, failed: int) -> None:
+    for i, p in enumerate(procs):
+        if i != failed and p.is_alive():
+            p.kill()
+
+
+def _stop(procs, sig) -> None:
+    """Signal the live children, give them a moment (SIGINT only), then kill."""
+    alive = [p for p in procs if p.is_alive()]
+    if not alive:
+        return
+    if sig != signal.SIGKILL:
+        for p in alive:
+            try:
+                os.kill(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5.0
+        for p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+        p.join(5.0)

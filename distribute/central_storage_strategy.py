@@ -1,0 +1,115 @@
+"""CentralStorageStrategy: variables on one device, compute replicated on the
+local devices, synchronous (tf.distribute.experimental.CentralStorageStrategy).
+
+As MirroredStrategy, each compute device runs a replica process and takes
+its own batch. Unlike it, the variables and the optimizer's slots have one
+home: rank 0 holds the module's master copy on `parameter_device` (the CPU
+when there are several compute devices), and only it runs the optimizer.
+Each step the replicas' gradients are summed onto rank 0 (`dist.reduce`),
+averaged and applied there, and the updated weights are broadcast back
+(`dist.broadcast`): TF's "reduce to the parameter device, update, read from
+there". With the CPU as compute device the master copy is rank 0's module
+itself. One compute device: everything on it, no process started.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .cross_device_ops import CommunicationOptions, ReductionToOneDevice
+from .mirrored_strategy import (_CollectiveExtended, _CollectiveStrategy, _local_devices,
+                                _parse_device, _Topology)
+
+
+class _CentralStorageExtended(_CollectiveExtended):
+
+    def __init__(self, strategy, topology: _Topology, parameter_device: torch.device,
+                 timeout: Optional[float]):
+        super().__init__(strategy, topology, ReductionToOneDevice(), timeout)
+        self._parameter_device = parameter_device
+        self._working = {}   # id(master parameter) -> the replica's working parameter
+
+    @property
+    def parameter_devices(self):
+        return (str(self._parameter_device),)
+
+    def _create_module(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
+        if (self._group is None or not torch.is_grad_enabled()
+                or self._parameter_device == self._device):
+            return super()._create_module(name, module)
+        module.to(self._parameter_device)   # the master copy: saved, and what the optimizer updates
+        working = copy.deepcopy(module).to(self._device)
+        self._broadcast(list(working.parameters()) + list(working.buffers()))
+        for master, replica in zip(module.parameters(), working.parameters()):
+            self._working[id(master)] = replica
+        self._copy_to_master(module, working)
+        return working
+
+    def _copy_to_master(self, master: torch.nn.Module, working: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for m, w in zip(master.state_dict().values(), working.state_dict().values()):
+                m.copy_(w)
+
+    def _broadcast(self, tensors) -> None:
+        flat = torch._utils._flatten_dense_tensors([t.data for t in tensors])
+        dist.broadcast(flat, 0)
+        for t, r in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
+            t.data.copy_(r)
+
+    def _apply_gradients(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer):
+        if self._group is None:
+            return super()._apply_gradients(loss, optimizer)
+        self._await_agreement()
+        masters = [p for g in optimizer.param_groups for p in g["params"]]
+        working = [self._working.get(id(p), p) for p in masters]
+        for p in working:
+            p.grad = None
+        try:
+            loss.backward()
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in working]
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.reduce(flat, 0)
+            if self._group.rank == 0:
+                flat.div_(self._group.world_size)
+                for m, g in zip(masters, torch._utils._unflatten_dense_tensors(flat, grads)):
+                    m.grad = g.to(m.device)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                with torch.no_grad():
+                    for m, w in zip(masters, working):
+                        if w is not m:
+                            w.copy_(m)
+            self._broadcast(working)
+        except RuntimeError as e:
+            raise self._explain(e, "the gradient reduction to the parameter device") from e
+        self._start_loss_mean(loss)
+
+
+class CentralStorageStrategy(_CollectiveStrategy):
+    """Variables on one device, compute on several (tf.distribute.experimental.CentralStorageStrategy).
+
+        strategy = distribute.CentralStorageStrategy(["cpu:0", "cpu:1"])
+
+    `compute_devices` as MirroredStrategy's `devices` (default every GPU, else
+    the CPU); `parameter_device` default: the CPU when there are several
+    compute devices, else the compute device.
+    """
+
+    def __init__(self, compute_devices=None, parameter_device=None,
+                 communication_options: Optional[CommunicationOptions] = None):
+        devices, names = _local_devices(compute_devices)
+        if parameter_device is None:
+            parameter = torch.device("cpu") if len(devices) > 1 else devices[0]
+        else:
+            parameter = _parse_device(parameter_device)
+        options = communication_options or CommunicationOptions()
+        super().__init__(_CentralStorageExtended(self, _Topology(devices, names), parameter,
+                                                 options.timeout_seconds))
+
+    def __repr__(self):
+        e = self._extended
+        return (f"CentralStorageStrategy(compute_devices={list(e.worker_devices)}, "
+                f"parameter_device={e._parameter_device})")

@@ -1,0 +1,250 @@
+"""Input distribution across replicas (tf.distribute's input_lib and
+AutoShardPolicy).
+
+- `shard`: the input of one replica when `input_fn` did not take an
+  `input_context`. A `DataLoader` over a map-style dataset is rebuilt on a
+  sampler that keeps every n-th example of the (shuffled) order (TF's
+  AutoShardPolicy.FILE idea: read only your part); anything else is read
+  whole and every n-th batch kept, with a warning (AutoShardPolicy.DATA).
+  Nothing is padded, so no example is seen twice and evaluation is exact;
+  shards may differ in length by one batch.
+- `TrainBatches`: a replica's training input, one batch ahead, so the
+  replicas can agree to stop when any of them has no next batch (uneven
+  shards end training for all at the same step instead of hanging).
+- `EvalBatches`: checks once that every replica has something to evaluate.
+- `SplitBatches` / `AgreedBatches`: what `experimental_distribute_dataset`
+  and `distribute_datasets_from_function` return in a custom loop.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler,
+                              Sampler, SequentialSampler)
+
+logger = logging.getLogger(__name__)
+
+_END = object()
+
+
+def takes_input_context(input_fn: Callable) -> bool:
+    """Whether `input_fn` declares an `input_context` argument (then it shards itself)."""
+    try:
+        return "input_context" in inspect.signature(input_fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _iterate(dataset):
+    try:
+        return iter(dataset)
+    except TypeError:
+        raise TypeError(f"input_fn must return an iterable of batches (a DataLoader, a "
+                        f"generator, a list), got {type(dataset).__name__}") from None
+
+
+# -- sharding --------------------------------------------------------------------------
+class ShardSampler(Sampler):
+    """Every `num_shards`-th example of a (shuffled) order, from `index` on;
+    no padding. The order is the same on every replica (seeded with `seed`);
+    each pass (`__iter__`) is a new epoch, shuffled anew, and `set_epoch`
+    sets it as DistributedSampler's does."""
+
+    def __init__(self, num_examples: int, num_shards: int, index: int, shuffle: bool,
+                 seed: int = 0):
+        self.num_examples, self.num_shards, self.index = num_examples, num_shards, index
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_examples, generator=g)[self.index::self.num_shards]
+            self.epoch += 1
+            return iter(order.tolist())
+        self.epoch += 1
+        return iter(range(self.index, self.num_examples, self.num_shards))
+
+    def __len__(self):
+        return len(range(self.index, self.num_examples, self.num_shards))
+
+
+def _reshard_loader(loader: DataLoader, num_shards: int, index: int,
+                    seed: int) -> Optional[DataLoader]:
+    """`loader` rebuilt on a ShardSampler, or None if its sampling cannot be
+    sharded that way (iterable dataset, custom sampler or batch sampler)."""
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        return None
+    if type(loader.batch_sampler) is not BatchSampler:
+        return None
+    sampler = loader.sampler
+    if type(sampler) is RandomSampler and not sampler.replacement \
+            and sampler._num_samples is None:
+        shuffle = True
+    elif type(sampler) is SequentialSampler:
+        shuffle = False
+    else:
+        return None
+    kwargs = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
+                  num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                  pin_memory=loader.pin_memory, timeout=loader.timeout,
+                  worker_init_fn=loader.worker_init_fn,
+                  multiprocessing_context=loader.multiprocessing_context,
+                  persistent_workers=loader.persistent_workers)
+    if loader.num_workers:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(loader.dataset, sampler=ShardSampler(
+        len(loader.dataset), num_shards, index, shuffle, seed), **kwargs)
+
+
+def shard(dataset, num_shards: int, index: int, seed: int = 0) -> Iterable:
+    """Replica `index`'s part of what an `input_fn` without `input_context`
+    returned (TF's AutoShardPolicy.AUTO)."""
+    if isinstance(dataset, DataLoader):
+        loader = _reshard_loader(dataset, num_shards, index, seed)
+        if loader is not None:
+            logger.info("Sharding the DataLoader by sampler: replica %d of %d reads every "
+                        "%d-th example", index, num_shards, num_shards)
+            return loader
+    logger.warning(
+        "input_fn does not take an input_context: replica %d of %d reads the whole input "
+        "and keeps every %d-th batch (TF's AutoShardPolicy.DATA). Take `input_context` and "
+        "read only `input_context.input_pipeline_id`'s part to save the reading",
+        index, num_shards, num_shards)
+    return _every_nth(dataset, num_shards, index)
+
+
+def _every_nth(dataset, n: int, index: int):
+    for i, batch in enumerate(_iterate(dataset)):
+        if i % n == index:
+            yield batch
+
+
+def set_epoch(dataset, epoch: int) -> None:
+    """Start a new epoch on a DataLoader's sampler that shuffles by epoch
+    (DistributedSampler and the like), so every call shuffles anew."""
+    for sampler in (getattr(dataset, "sampler", None),
+                    getattr(getattr(dataset, "batch_sampler", None), "sampler", None)):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+            return
+
+
+# -- per-replica iterators ---------------------------------------------------------------
+class TrainBatches:
+    """A replica's training batches, read one ahead: `exhausted` tells,
+    before the step ends, whether this replica has a batch for the next one.
+
+    The first batch is agreed on at once (`all_have(flag)`, a collective):
+    if any replica has none, no replica trains.
+    """
+
+    def __init__(self, dataset, all_have: Callable[[bool], bool]):
+        self._dataset = dataset
+        self._all_have = all_have
+        self._it = None
+        self._next = _END
+        self.exhausted = False
+
+    def __iter__(self):
+        return self
+
+    def _fetch(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            return _END
+
+    def __next__(self):
+        if self._it is None:
+            self._it = _iterate(self._dataset)
+            self._next = self._fetch()
+            if not self._all_have(self._next is not _END):
+                if self._next is not _END:
+                    logger.warning("Another replica's input is empty: no replica trains")
+                self._next = _END
+        if self._next is _END:
+            self.exhausted = True
+            raise StopIteration
+        batch, self._next = self._next, self._fetch()
+        self.exhausted = self._next is _END
+        return batch
+
+
+class EvalBatches:
+    """A replica's evaluation batches; the first one is checked on every
+    replica at once (`gather(flag)` -> every replica's flag), so that a
+    replica with nothing to evaluate is named instead of hanging the others."""
+
+    def __init__(self, dataset, gather: Callable[[bool], list], describe: Callable[[int], str]):
+        self._dataset, self._gather, self._describe = dataset, gather, describe
+        self._it = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it is not None:
+            return next(self._it)
+        self._it = _iterate(self._dataset)
+        first = next(self._it, _END)
+        flags = self._gather(first is not _END)
+        if not any(flags):
+            raise StopIteration
+        if not all(flags):
+            empty = ", ".join(self._describe(r) for r, f in enumerate(flags) if not f)
+            raise ValueError(f"The evaluation input has no batch for {empty}: evaluation is "
+                             f"sharded over {len(flags)} replicas, so give it at least "
+                             f"{len(flags)} batches")
+        return first
+
+
+class AgreedBatches:
+    """Batches of one replica's own dataset that stop on every replica as
+    soon as any replica has none (one small collective per batch)."""
+
+    def __init__(self, dataset, all_have: Callable[[bool], bool], to_device: Callable):
+        self._dataset, self._all_have, self._to_device = dataset, all_have, to_device
+
+    def __iter__(self):
+        it = _iterate(self._dataset)
+        while True:
+            batch = next(it, _END)
+            if not self._all_have(batch is not _END):
+                return
+            yield self._to_device(batch)
+
+
+class SplitBatches:
+    """Each global batch of `dataset`, split along its first dimension
+    (`torch.tensor_split`), replica `index` keeping its part (TF2's
+    experimental_distribute_dataset). Every replica must read the same
+    global batches: seed any shuffling."""
+
+    def __init__(self, dataset, num_replicas: int, index: int, to_device: Callable):
+        self._dataset, self._n, self._index, self._to_device = (dataset, num_replicas, index,
+                                                                to_device)
+
+    def __iter__(self):
+        for batch in _iterate(self._dataset):
+            yield self._to_device(_split(batch, self._n, self._index))
+
+
+def _split(obj, n: int, index: int):
+    if isinstance(obj, np.ndarray):
+        obj = torch.as_tensor(obj)
+    if isinstance(obj, torch.Tensor):
+        if obj.dim() == 0:
+            return obj
+        return torch.tensor_split(obj, n)[index]
+    if isinstance(obj, dict):
+        return {k: _split(v, n, index) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_split(v, n, index) for v in obj)
+    return obj

@@ -1,0 +1,406 @@
+"""YAML with locations: loading an experiment file so that every value knows
+its file and line, `--set key.path=value` overrides, `${a.b}` interpolation,
+and dumping the resolved result back.
+
+The experiment schema lives in `estimator.experiment`; this module only knows
+about YAML trees. Every problem is an `ExperimentError` naming where it is
+(`file:line`, or the `--set` that introduced the value), the key path and the fix.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import yaml
+
+Path = Tuple[Any, ...]   # keys (str) and list indices (int) from the root
+
+
+class Location(NamedTuple):
+    """Where a value came from: `source` is a file path or `--set k=v`; `line` is 1-based."""
+
+    source: str
+    line: Optional[int] = None
+
+    def __str__(self):
+        return f"{self.source}:{self.line}" if self.line else self.source
+
+
+class Problem(NamedTuple):
+    location: Location
+    path: str          # e.g. "train_spec.hooks[0].LoggingTensorHook"
+    message: str       # what is wrong and the fix
+
+    def __str__(self):
+        return f"{self.location}: {self.path}: {self.message}" if self.path else \
+            f"{self.location}: {self.message}"
+
+
+class ExperimentError(ValueError):
+    """An experiment file (or an override) is wrong. `problems` lists each
+    mistake with its location, key path and fix; `str()` gives one per line."""
+
+    def __init__(self, problems: List[Problem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+def format_path(path: Path) -> str:
+    """("train_spec", "hooks", 0, "X") -> "train_spec.hooks[0].X"."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_path(text: str) -> Path:
+    """"train_spec.hooks[0].X" or "train_spec.hooks.0.X" -> ("train_spec", "hooks", 0, "X")."""
+    parts: List[Any] = []
+    for piece in text.split("."):
+        m = re.fullmatch(r"([^\[\]]*)((?:\[\d+\])*)", piece)
+        if not m or (not m.group(1) and not m.group(2)):
+            raise ValueError(f"malformed key path {text!r}")
+        if m.group(1):
+            parts.append(int(m.group(1)) if m.group(1).isdigit() else m.group(1))
+        parts += [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]
+    return tuple(parts)
+
+
+# -- loading -------------------------------------------------------------------------
+class _Loader(yaml.SafeLoader):
+    """SafeLoader (no Python objects) that also reads `1e-3` as a float, as YAML 1.2."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+class Tree:
+    """A plain YAML value (`data`) plus the location of every key path in it."""
+
+    def __init__(self, data: Any, marks: Dict[Path, Location], source: str):
+        self.data = data
+        self.marks = marks
+        self.source = source
+
+    def where(self, path: Path) -> Location:
+        """The location of `path`, or of its nearest ancestor that has one."""
+        path = tuple(path)
+        while path not in self.marks and path:
+            path = path[:-1]
+        return self.marks.get(path, Location(self.source, 1))
+
+    def get(self, path: Path, default=None):
+        node = self.data
+        for part in path:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                node = node[part]
+            else:
+                return default
+        return node
+
+
+def _syntax_error(source: str, error: yaml.MarkedYAMLError) -> ExperimentError:
+    mark = error.problem_mark or error.context_mark
+    what = error.problem or error.context or "cannot parse"
+    context = f" ({error.context})" if error.context and error.problem else ""
+    column = f" at column {mark.column + 1}" if mark else ""
+    return ExperimentError([Problem(Location(source, mark.line + 1 if mark else None), "",
+                                    f"malformed YAML: {what}{context}{column}; fix the YAML "
+                                    f"syntax on this line (indentation, ':' after each key, "
+                                    f"closed quotes and brackets)")])
+
+
+def load_text(text: str, source: str) -> Tree:
+    """Parse YAML text into a Tree; syntax errors, duplicate keys and unsafe tags
+    are ExperimentErrors located in `source`."""
+    loader = _Loader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except yaml.MarkedYAMLError as e:
+            raise _syntax_error(source, e) from None
+        marks: Dict[Path, Location] = {}
+        problems: List[Problem] = []
+        if node is None:
+            return Tree(None, {(): Location(source, 1)}, source)
+        data = _build(loader, node, (), marks, source, problems)
+    finally:
+        loader.dispose()
+    if problems:
+        raise ExperimentError(problems)
+    return Tree(data, marks, source)
+
+
+def load_file(path: str) -> Tree:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ExperimentError([Problem(Location(path), "", "no such experiment file; check the "
+                                       "path (relative to the current directory "
+                                       f"{os.getcwd()})")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExperimentError([Problem(Location(path), "", f"cannot read the experiment file: "
+                                       f"{e}")]) from None
+    return load_text(text, path)
+
+
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+
+
+def _build(loader, node, path: Path, marks, source, problems):
+    marks[path] = Location(source, node.start_mark.line + 1)
+    if not isinstance(node, yaml.ScalarNode) and node.tag not in _PLAIN_TAGS:
+        problems.append(Problem(marks[path], format_path(path),
+                                f"the tag {node.tag!r} is not allowed; experiment files hold "
+                                "plain YAML values only (no Python tags)"))
+        return None
+    if isinstance(node, yaml.MappingNode):
+        seen: Dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or \
+                    not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key, line = key_node.value, key_node.start_mark.line + 1
+            if key in seen:
+                problems.append(Problem(Location(source, line), format_path(path + (key,)),
+                                        f"duplicate key (first given on line {seen[key]}); "
+                                        "keep only one of them"))
+            seen.setdefault(key, line)
+        loader.flatten_mapping(node)   # YAML merge keys (<<: *anchor)
+        out = {}
+        for key_node, value_node in node.value:
+            key = _scalar(loader, key_node, path, source, problems)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                problems.append(Problem(Location(source, key_node.start_mark.line + 1),
+                                        format_path(path), "keys must be plain names"))
+                continue
+            if isinstance(key, bool) or key is None:
+                # YAML 1.1 reads `on:`/`yes:`/`null:` keys as booleans/None; keep their text
+                key = key_node.value
+            out[key] = _build(loader, value_node, path + (key,), marks, source, problems)
+            marks[path + (key,)] = Location(source, key_node.start_mark.line + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_build(loader, item, path + (i,), marks, source, problems)
+                for i, item in enumerate(node.value)]
+    return _scalar(loader, node, path, source, problems)
+
+
+def _scalar(loader, node, path, source, problems):
+    if not isinstance(node, yaml.ScalarNode):
+        problems.append(Problem(Location(source, node.start_mark.line + 1), format_path(path),
+                                "a key must be a plain name, not a list or mapping"))
+        return None
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.constructor.ConstructorError as e:
+        problems.append(Problem(Location(source, node.start_mark.line + 1), format_path(path),
+                                f"{e.problem}; experiment files hold plain YAML values only "
+                                "(no Python tags)"))
+        return None
+
+
+# -- overrides -----------------------------------------------------------------------
+def parse_scalar(text: str, source: str):
+    """A `--set` value read as YAML (`100` int, `1e-3` float, `true`, `[16, 16]`, `null`)."""
+    try:
+        return _Loader(text).get_single_data() if text.strip() else ""
+    except yaml.YAMLError as e:
+        raise ExperimentError([Problem(Location(source), "", f"the value is not valid YAML "
+                                       f"({getattr(e, 'problem', e)}); quote it, e.g. "
+                                       f"--set key='text'")]) from None
+
+
+def apply_override(tree: Tree, text: str) -> None:
+    """Apply one `key.path=value` to `tree` in place; the new values are located
+    at `--set key.path=value`."""
+    source = f"--set {text}"
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ExperimentError([Problem(Location(source), "", "expected --set key.path=value, "
+                                       "e.g. --set train_spec.max_steps=100")])
+    try:
+        path = parse_path(key)
+    except ValueError as e:
+        raise ExperimentError([Problem(Location(source), "", f"{e}; write the path as dotted "
+                                       "keys, e.g. train_spec.hooks[0].LoggingTensorHook")]) \
+            from None
+    value = parse_scalar(raw, source)
+    if tree.data is None:
+        tree.data = {}
+    node = tree.data
+    for i, part in enumerate(path[:-1]):
+        where = format_path(path[:i]) or "the top level"
+        if isinstance(node, dict):
+            if part not in node or node[part] is None:
+                node[part] = {}
+            node = node[part]
+        elif isinstance(node, list):
+            if not isinstance(part, int) or not 0 <= part < len(node):
+                raise ExperimentError([Problem(Location(source), format_path(path[:i + 1]),
+                                               f"{where} is a list of {len(node)} items; index "
+                                               f"it with 0..{len(node) - 1}")])
+            node = node[part]
+        else:
+            raise ExperimentError([Problem(Location(source), format_path(path[:i + 1]),
+                                           f"{where} is {_kind(node)}, not a mapping; set "
+                                           f"{where} itself instead")])
+    last = path[-1]
+    if isinstance(node, list):
+        if not isinstance(last, int) or not 0 <= last < len(node):
+            raise ExperimentError([Problem(Location(source), format_path(path),
+                                           f"{format_path(path[:-1])} is a list of {len(node)} "
+                                           f"items; index it with 0..{len(node) - 1}")])
+    elif not isinstance(node, dict):
+        raise ExperimentError([Problem(Location(source), format_path(path),
+                                       f"{format_path(path[:-1])} is {_kind(node)}, not a "
+                                       "mapping; set it as a whole instead")])
+    node[last] = value
+    for p in [p for p in tree.marks if p[:len(path)] == path]:
+        del tree.marks[p]
+    for i in range(1, len(path) + 1):
+        tree.marks.setdefault(path[:i], Location(source))
+    _mark_all(value, path, tree.marks, Location(source))
+
+
+def _mark_all(value, path, marks, location):
+    marks[path] = location
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _mark_all(v, path + (k,), marks, location)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _mark_all(v, path + (i,), marks, location)
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+# -- interpolation ---------------------------------------------------------------------
+_REF = re.compile(r"\$(\$?)\{([^{}]*)\}")
+
+
+def interpolate(tree: Tree, suggest) -> None:
+    """Replace `${a.b}` with the value at key path a.b (keeping its type when the
+    string is only the reference), `${env:NAME}` / `${env:NAME:-default}` with an
+    environment variable; `$${...}` is a literal `${...}`. In place."""
+    _Interpolator(tree, suggest).run()
+
+
+class _Interpolator:
+    def __init__(self, tree: Tree, suggest):
+        self.tree = tree
+        self.suggest = suggest          # (path, missing key) -> " did you mean ...?" text
+        self.done: Dict[Path, Any] = {}
+        self.active: List[Path] = []
+
+    def run(self):
+        self.tree.data = self.resolve(())
+
+    def resolve(self, path: Path):
+        if path in self.done:
+            return self.done[path]
+        if path in self.active:
+            cycle = " -> ".join(format_path(p) for p in self.active[self.active.index(path):]
+                                + [path])
+            raise ExperimentError([Problem(self.tree.where(path), format_path(path),
+                                           f"interpolation cycle: {cycle}; make one of these a "
+                                           "plain value")])
+        self.active.append(path)
+        try:
+            value = self.tree.get(path)
+            if isinstance(value, dict):
+                value = {k: self.resolve(path + (k,)) for k in value}
+            elif isinstance(value, list):
+                value = [self.resolve(path + (i,)) for i in range(len(value))]
+            elif isinstance(value, str) and "${" in value:
+                value = self.substitute(path, value)
+        finally:
+            self.active.pop()
+        self.done[path] = value
+        return value
+
+    def substitute(self, path: Path, text: str):
+        whole = _REF.fullmatch(text)
+        if whole and not whole.group(1):
+            ref = whole.group(2).strip()
+            value = self.lookup(path, ref)
+            if ref.startswith("env:") and isinstance(value, str):   # `${env:STEPS:-100}` -> 100
+                return parse_scalar(value, f"{self.tree.where(path)}: {format_path(path)}")
+            return copy.deepcopy(value)
+
+        def one(m):
+            if m.group(1):
+                return "${" + m.group(2) + "}"
+            value = self.lookup(path, m.group(2).strip())
+            if isinstance(value, (dict, list)):
+                raise ExperimentError([Problem(
+                    self.tree.where(path), format_path(path),
+                    f"${{{m.group(2)}}} is {_kind(value)} and cannot be part of a string; use "
+                    "it alone as the whole value")])
+            return "null" if value is None else str(value).lower() if isinstance(value, bool) \
+                else str(value)
+        return _REF.sub(one, text)
+
+    def lookup(self, path: Path, ref: str):
+        where, at = self.tree.where(path), format_path(path)
+        if ref.startswith("env:"):
+            name, _, default = ref[4:].partition(":-")
+            if name in os.environ:
+                return os.environ[name]
+            if ":-" in ref:
+                return default
+            raise ExperimentError([Problem(where, at, f"${{{ref}}}: environment variable "
+                                           f"{name!r} is not set; set it, or give a default "
+                                           f"as ${{env:{name}:-value}}")])
+        try:
+            target = parse_path(ref)
+        except ValueError:
+            raise ExperimentError([Problem(where, at, f"${{{ref}}} is not a key path; write "
+                                           "${section.key}, e.g. ${run_config.model_dir}")]) \
+                from None
+        node = self.tree.data
+        for i, part in enumerate(target):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                node = node[part]
+            else:
+                hint = self.suggest(target[:i], part, node)
+                raise ExperimentError([Problem(where, at, f"${{{ref}}} refers to "
+                                               f"{format_path(target[:i + 1])!s}, which is not "
+                                               f"in the experiment;{hint}")])
+        return self.resolve(target)
+
+
+# -- dumping ---------------------------------------------------------------------------
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_list(dumper, data):
+    flow = all(isinstance(x, (str, int, float, bool)) or x is None for x in data) \
+        and len(data) <= 8
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def dump(data) -> str:
+    """YAML text for a resolved experiment (key order kept, short lists inline)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True, width=100)

@@ -1,0 +1,248 @@
+"""Names in experiment files -> Python objects.
+
+Two ways to name a thing:
+- an import path, `package.module:function` or `path/to/file.py:function`
+  (a file path is relative to the experiment file's directory, else to the
+  current directory);
+- for strategies, hooks, exporters and saving listeners, a bare name
+  (`MirroredStrategy`, `LoggingTensorHook`, `BestExporter`), looked up when the
+  experiment is loaded in the `distribute`, `hooks` and `estimator` packages,
+  so a class added there works in YAML without touching this module.
+
+Failures raise `RefError` whose message says what is wrong and how to fix it.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+
+class RefError(Exception):
+    """A name or import path cannot be resolved; the message holds the fix."""
+
+
+class _Kind(NamedTuple):
+    noun: str                        # "strategy"
+    packages: Tuple[str, ...]        # where bare names are looked up
+    accepts: Callable[[str, object], bool]
+
+
+def _is_subclass(module: str, base: str):
+    def accepts(name, obj):
+        try:
+            base_cls = getattr(importlib.import_module(module), base)
+        except (ImportError, AttributeError):
+            return False
+        return inspect.isclass(obj) and issubclass(obj, base_cls) and obj is not base_cls
+    return accepts
+
+
+def _is_hook(name, obj):
+    if name.startswith("_"):
+        return False
+    if inspect.isfunction(obj):
+        return name.endswith("_hook")
+    return _is_subclass("hooks", "SessionRunHook")(name, obj)
+
+
+def _is_exporter(name, obj):
+    if not inspect.isclass(obj) or name.startswith("_"):
+        return False
+    try:
+        base = getattr(importlib.import_module("estimator"), "Exporter")
+    except AttributeError:
+        return name.endswith("Exporter") and name != "Exporter"
+    return issubclass(obj, base) and obj is not base
+
+
+def _is_listener(name, obj):
+    try:
+        base = importlib.import_module("hooks").CheckpointSaverListener
+    except (ImportError, AttributeError):
+        return False
+    return inspect.isclass(obj) and issubclass(obj, base) and not name.startswith("_")
+
+
+KINDS: Dict[str, _Kind] = {
+    "strategy": _Kind("strategy", ("distribute",), _is_subclass("distribute", "Strategy")),
+    "hook": _Kind("hook", ("hooks", "estimator", "estimator.experimental"), _is_hook),
+    "exporter": _Kind("exporter", ("estimator", "estimator.exporter"), _is_exporter),
+    "saving_listener": _Kind("saving listener", ("hooks",), _is_listener),
+    "cross_device_ops": _Kind("cross-device ops", ("distribute",),
+                              _is_subclass("distribute", "CrossDeviceOps")),
+}
+
+
+def _packages(kind: _Kind):
+    for name in kind.packages:
+        try:
+            yield importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:      # the package exists but something it imports does not
+                raise
+
+
+def names(kind: str) -> List[str]:
+    """Every bare name of this kind that the packages define now."""
+    k = KINDS[kind]
+    found = set()
+    for package in _packages(k):
+        for name in dir(package):
+            if not name.startswith("_") and k.accepts(name, getattr(package, name, None)):
+                found.add(name)
+    return sorted(found)
+
+
+def suggest(name: str, candidates: Sequence[str]) -> Optional[str]:
+    """The closest candidate (case-insensitive, difflib), or None."""
+    by_lower: Dict[str, str] = {}
+    for c in candidates:
+        by_lower.setdefault(str(c).lower(), str(c))
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
+
+
+def lookup(kind: str, name: str, base_dir: str):
+    """The class or factory called `name` (a bare name or an import path)."""
+    k = KINDS[kind]
+    if ":" in name:
+        obj = import_ref(name, base_dir)
+        if not callable(obj):
+            raise RefError(f"{name!r} is not a class or function; a {k.noun} is built by "
+                           f"calling it with the arguments given")
+        return obj
+    for package in _packages(k):
+        obj = getattr(package, name, None)
+        if obj is not None:
+            if k.accepts(name, obj):
+                return obj
+            raise RefError(f"{package.__name__}.{name} is not a {k.noun}; known {k.noun} names: "
+                           f"{', '.join(names(kind)) or 'none yet'}")
+    known = names(kind)
+    close = suggest(name, known)
+    if close:
+        raise RefError(f"unknown {k.noun} {name!r}; did you mean {close!r}?")
+    listing = f"known: {', '.join(known)}" if known else \
+        f"none is defined in {' or '.join(k.packages)} yet"
+    raise RefError(f"unknown {k.noun} {name!r}; {listing} (a class of your own is named "
+                   f"by import path, package.module:Class)")
+
+
+# -- import paths ------------------------------------------------------------------
+def import_ref(ref: str, base_dir: str):
+    """The object at `package.module:attr` or `path/to/file.py:attr`."""
+    if not isinstance(ref, str):
+        raise RefError(f"expected an import path string, got {type(ref).__name__}")
+    module_part, sep, attr = ref.rpartition(":")
+    if not sep or not module_part or not attr or any(not a.isidentifier()
+                                                     for a in attr.split(".")):
+        raise RefError(f"{ref!r} is not an import path; write package.module:function or "
+                       "path/to/file.py:function")
+    if module_part.endswith(".py") or "/" in module_part or os.sep in module_part:
+        module = _import_file(module_part, base_dir)
+        shown = module_part
+    else:
+        module = _import_module(module_part)
+        shown = f"module {module_part}"
+    obj = module
+    for i, a in enumerate(attr.split(".")):
+        if not hasattr(obj, a):
+            owner = shown if i == 0 else ".".join(attr.split(".")[:i])
+            candidates = [n for n in dir(obj) if not n.startswith("_")]
+            close = suggest(a, candidates)
+            hint = f"did you mean {close!r}?" if close else \
+                f"it defines: {', '.join(c for c in candidates if callable(getattr(obj, c)))[:300]}"
+            raise RefError(f"cannot import {ref!r}: {owner} has no {a!r}; {hint}")
+        obj = getattr(obj, a)
+    return obj
+
+
+def resolved_file(module_part: str, base_dir: str) -> Optional[str]:
+    """The absolute file a `path/to/file.py` reference means, or None."""
+    for path in _candidates(module_part, base_dir):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _candidates(module_part: str, base_dir: str) -> List[str]:
+    path = os.path.expanduser(module_part)
+    if os.path.isabs(path):
+        return [path]
+    out = []
+    for base in (base_dir, os.getcwd()):
+        p = os.path.abspath(os.path.join(base, path))
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _import_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            raise RefError(f"cannot import {name!r}: no module named {e.name!r}; install it or "
+                           "put its directory on PYTHONPATH, or name the file instead "
+                           "(path/to/file.py:function)") from None
+        raise RefError(f"importing {name!r} failed: {_describe(e)}") from None
+    except Exception as e:  # noqa: BLE001  (any error the user's module raises on import)
+        raise RefError(f"importing {name!r} failed: {_describe(e)}; fix that module") from None
+
+
+def _import_file(module_part: str, base_dir: str):
+    path = resolved_file(module_part, base_dir)
+    if path is None:
+        looked = " and ".join(_candidates(module_part, base_dir))
+        raise RefError(f"cannot import from {module_part!r}: no such file (looked for {looked}); "
+                       "a file path is relative to the experiment file's directory or the "
+                       "current directory")
+    name = _module_name(path)
+    if name in sys.modules:
+        return sys.modules[name]
+    directory = os.path.dirname(path)
+    if directory not in sys.path:
+        # so that processes a strategy starts can import the same module by name
+        sys.path.append(directory)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001
+        del sys.modules[name]
+        raise RefError(f"importing {module_part!r} ({path}) failed: {_describe(e)}; fix that "
+                       "file") from None
+    return module
+
+
+def _module_name(path: str) -> str:
+    """The file's stem, unless that name already means another module."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if stem.isidentifier():
+        loaded = sys.modules.get(stem)
+        if loaded is not None:
+            if os.path.abspath(getattr(loaded, "__file__", "") or "") == path:
+                return stem
+        else:
+            try:
+                spec = importlib.util.find_spec(stem)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is None or (spec.origin and os.path.abspath(spec.origin) == path):
+                return stem
+    digest = hashlib.sha1(path.encode()).hexdigest()[:8]
+    safe = "".join(c if c.isalnum() else "_" for c in stem)
+    return f"_experiment_{safe}_{digest}"
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} ({e.filename}, line {e.lineno})"
+    return f"{type(e).__name__}: {e}"

@@ -1,0 +1,41 @@
+"""The `estimator` command line: one program, subcommands.
+
+    estimator run configs/iris.yaml                       # a YAML experiment
+    estimator launch train.py --workers 2 --evaluator     # a local cluster
+
+Each subcommand module registers itself with `add_parser(subparsers)` and
+sets `handler(args) -> exit status`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from . import experiment_commands, launch
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="estimator", description="TensorFlow-1-Estimator-shaped training on PyTorch.",
+        epilog=experiment_commands.TOP_LEVEL_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    experiment_commands.add_parsers(subparsers)   # run, train, evaluate, predict, export, inspect
+    launch.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run `estimator COMMAND ...`; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

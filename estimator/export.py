@@ -1,0 +1,322 @@
+"""Serving inputs and `export_saved_model` (tf.estimator.export).
+
+TF writes a SavedModel: a graph from serving placeholders to predictions.
+Here an export is a `torch.export` program of the PREDICT path: the model_fn
+called in PREDICT mode on the modules restored from a checkpoint, traced from
+the receiver tensors to the predictions, batch dimension dynamic. It is a
+timestamped directory `export_dir_base/<timestamp>/` holding
+
+    model.pt2        torch.export.save() of the program
+    signature.json   inputs (name, dtype, shape; null = any batch size),
+                     outputs, global step, checkpoint
+    assets.extra/    the files of `assets_extra`, when given
+    model.txt        the program as text, when `as_text`
+
+and it serves with nothing but torch:
+
+    program = torch.export.load(export_dir + "/model.pt2").module()
+    predictions = program(x=torch.tensor(...))   # keyword per receiver tensor
+
+`ServingInputReceiver(features, receiver_tensors)`: `receiver_tensors` are
+example tensors (batch first) standing for TF's placeholders; they name the
+program's inputs. `features` is what model_fn receives: the receiver tensors
+themselves (or a dict of them), or a callable computing the features from the
+dict of receiver tensors (the preprocessing TF would build into the graph).
+"""
+from __future__ import annotations
+
+import json
+import keyword
+import logging
+import os
+import shutil
+import time
+from typing import Callable, Dict, Optional
+
+import torch
+
+import distribute
+
+from . import _inputs, _scope, checkpoint
+from .mode_keys import ModeKeys
+from .model_fn import EstimatorSpec
+
+logger = logging.getLogger(__name__)
+
+PROGRAM = "model.pt2"
+SIGNATURE = "signature.json"
+_SINGLE_FEATURE_DEFAULT_NAME = "feature"
+_SINGLE_RECEIVER_DEFAULT_NAME = "input"
+
+
+def _check_tensors(tensors, what: str, default_name: str) -> Dict[str, torch.Tensor]:
+    if isinstance(tensors, torch.Tensor):
+        tensors = {default_name: tensors}
+    if not isinstance(tensors, dict) or not tensors:
+        raise ValueError(f"{what} must be a tensor or a non-empty dict of tensors, got "
+                         f"{tensors!r:.200}")
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise ValueError(f"{what} keys must be strings, got {name!r}")
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{what}[{name!r}] must be a tensor, got {type(value).__name__}")
+    return dict(tensors)
+
+
+class ServingInputReceiver:
+    """What a `serving_input_receiver_fn` returns (tf.estimator.export.ServingInputReceiver).
+
+    `receiver_tensors`: a tensor or {name: tensor} of example inputs, batch
+    dimension first; each becomes a keyword input of the exported program
+    (names must be Python identifiers). `features`: a tensor or dict of the
+    receiver tensors (a single tensor is wrapped as {"feature": t}, as in TF),
+    or a callable `features(receiver_tensors) -> features` for preprocessing.
+    `dynamic_batch=False` keeps the example's batch size fixed in the program.
+    """
+
+    def __init__(self, features, receiver_tensors, receiver_tensors_alternatives=None,
+                 dynamic_batch: bool = True):
+        self.receiver_tensors = _check_tensors(receiver_tensors, "receiver_tensors",
+                                               _SINGLE_RECEIVER_DEFAULT_NAME)
+        for name in self.receiver_tensors:
+            if not name.isidentifier() or keyword.iskeyword(name):
+                raise ValueError(f"receiver_tensors name {name!r} must be a Python identifier: "
+                                 "it is a keyword argument of the exported program")
+        if not callable(features):
+            features = self._wrap_features(features)
+        self.features = features
+        if receiver_tensors_alternatives:
+            logger.warning("receiver_tensors_alternatives are not exported: an export has one "
+                           "program, whose inputs are receiver_tensors")
+        self.receiver_tensors_alternatives = receiver_tensors_alternatives
+        self.dynamic_batch = bool(dynamic_batch)
+
+    def _wrap_features(self, features):
+        return _check_tensors(features, "features", _SINGLE_FEATURE_DEFAULT_NAME)
+
+    def _features_fn(self) -> Callable:
+        """receiver tensors dict -> features, for tracing."""
+        if callable(self.features):
+            return self.features
+        by_id = {id(t): name for name, t in self.receiver_tensors.items()}
+        single = isinstance(self.features, torch.Tensor)
+        leaves = {"": self.features} if single else self.features
+        mapping = {}
+        for key, tensor in leaves.items():
+            if id(tensor) not in by_id:
+                raise ValueError(
+                    f"features[{key!r}] is not one of the receiver_tensors: in an export the "
+                    "features are the receiver tensors themselves, or give `features` as a "
+                    "callable computing them from the dict of receiver tensors")
+            mapping[key] = by_id[id(tensor)]
+        if single:
+            return lambda inputs: inputs[mapping[""]]
+        return lambda inputs: {key: inputs[name] for key, name in mapping.items()}
+
+
+class TensorServingInputReceiver(ServingInputReceiver):
+    """A receiver whose single feature tensor is passed to model_fn as is, not
+    wrapped in a dict (tf.estimator.export.TensorServingInputReceiver)."""
+
+    def _wrap_features(self, features):
+        if not isinstance(features, torch.Tensor):
+            raise ValueError(f"TensorServingInputReceiver: features must be a tensor, got "
+                             f"{type(features).__name__}")
+        return features
+
+
+def build_raw_serving_input_receiver_fn(features, default_batch_size: Optional[int] = None):
+    """A `serving_input_receiver_fn` taking the raw feature tensors
+    (tf.estimator.export.build_raw_serving_input_receiver_fn).
+
+    `features`: a tensor or {name: tensor} of example features (batch
+    first); only their dtypes and shapes past the batch dimension matter. The
+    program accepts any batch size, or exactly `default_batch_size` when given.
+    """
+    templates = _check_tensors(features, "features", _SINGLE_FEATURE_DEFAULT_NAME)
+    if default_batch_size is not None and (not isinstance(default_batch_size, int)
+                                           or default_batch_size <= 0):
+        raise ValueError(f"default_batch_size must be a positive int or None, got "
+                         f"{default_batch_size!r}")
+    single = isinstance(features, torch.Tensor)
+
+    def serving_input_receiver_fn():
+        receivers = {}
+        for name, t in templates.items():
+            if t.dim() == 0:
+                raise ValueError(f"features[{name!r}] must have a batch dimension, got a scalar")
+            batch = default_batch_size or max(t.shape[0], 2)
+            receivers[name] = _example(t, batch)
+        if single:
+            return TensorServingInputReceiver(receivers[_SINGLE_FEATURE_DEFAULT_NAME],
+                                              receivers, dynamic_batch=default_batch_size is None)
+        return ServingInputReceiver(receivers, receivers,
+                                    dynamic_batch=default_batch_size is None)
+    return serving_input_receiver_fn
+
+
+def _example(template: torch.Tensor, batch: int) -> torch.Tensor:
+    """`template` resized to `batch` rows (repeating rows), detached, on the CPU."""
+    t = template.detach().cpu()
+    if t.shape[0] == 0:
+        raise ValueError("an example serving input needs at least one row")
+    reps = -(-batch // t.shape[0])
+    return t.repeat(reps, *([1] * (t.dim() - 1)))[:batch].clone()
+
+
+# -- writing an export ---------------------------------------------------------------
+class _ServingModule(torch.nn.Module):
+    """The PREDICT path as one module: receiver tensors -> features -> model_fn
+    -> predictions, owning the modules of the model scope."""
+
+    def __init__(self, scope, call_model_fn, features_fn):
+        super().__init__()
+        self.scope_modules = torch.nn.ModuleList()   # filled once model_fn built them
+        self._scope = scope
+        self._call = call_model_fn
+        self._features_fn = features_fn
+
+    def _serve(self, inputs: dict):
+        scope = self._scope
+        with scope, scope.strategy.scope():
+            spec = self._call(self._features_fn(inputs), None, ModeKeys.PREDICT)
+        if not isinstance(spec, EstimatorSpec) or spec.mode != ModeKeys.PREDICT:
+            raise ValueError(f"model_fn in mode 'infer' must return an EstimatorSpec for "
+                             f"that mode, got {spec!r:.200}")
+        scope.named_tensors.clear()
+        return spec.predictions
+
+
+def _serving_class(names) -> type:
+    """A _ServingModule subclass whose forward takes the receiver tensors as
+    named arguments (torch.export records them as the program's inputs)."""
+    source = "def forward(self, {args}):\n    return self._serve({{{items}}})\n".format(
+        args=", ".join(names), items=", ".join(f"{n!r}: {n}" for n in names))
+    namespace: dict = {}
+    exec(source, namespace)  # names are checked identifiers
+    return type("ServingModule", (_ServingModule,), {"forward": namespace["forward"]})
+
+
+def _timestamped_dir(export_dir_base: str) -> str:
+    """`export_dir_base/<seconds since epoch>` (TF's get_timestamped_export_dir),
+    always after every export already there (exporters keep the largest
+    numbers), so two exports within a second still sort in order."""
+    stamp = int(time.time())
+    if os.path.isdir(export_dir_base):
+        existing = [int(n) for n in os.listdir(export_dir_base) if n.isdigit()]
+        stamp = max([stamp] + [n + 1 for n in existing])
+    return os.path.join(export_dir_base, str(stamp))
+
+
+def _describe(tensors: Dict[str, torch.Tensor], batch: Optional[int]) -> list:
+    out = []
+    for name, t in tensors.items():
+        shape = list(t.shape)
+        if batch is not None and shape and shape[0] == batch:
+            shape[0] = None
+        out.append({"name": name, "dtype": str(t.dtype).replace("torch.", ""), "shape": shape})
+    return out
+
+
+def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_fn: Callable,
+                       assets_extra: Optional[dict] = None, as_text: bool = False,
+                       checkpoint_path: Optional[str] = None) -> str:
+    """Export the PREDICT path of `estimator` at `checkpoint_path` (the latest by
+    default) to a new `export_dir_base/<timestamp>` directory; returns its path
+    (tf.estimator.Estimator.export_saved_model)."""
+    if not callable(serving_input_receiver_fn):
+        raise TypeError(f"serving_input_receiver_fn must be callable, got "
+                        f"{serving_input_receiver_fn!r}")
+    path = checkpoint.resolve(checkpoint_path) if checkpoint_path else estimator.latest_checkpoint()
+    if path is None:
+        raise ValueError(f"Couldn't find trained model at {estimator.model_dir}.")
+    receiver = serving_input_receiver_fn()
+    if not isinstance(receiver, ServingInputReceiver):
+        raise TypeError(f"serving_input_receiver_fn must return a ServingInputReceiver, got "
+                        f"{type(receiver).__name__}")
+    inputs = {n: t.detach().cpu() for n, t in receiver.receiver_tensors.items()}
+    batch_sizes = {t.shape[0] for t in inputs.values() if t.dim()}
+    dynamic = receiver.dynamic_batch and len(batch_sizes) == 1
+    if receiver.dynamic_batch and len(batch_sizes) != 1:
+        raise ValueError(f"receiver_tensors must share their first (batch) dimension to "
+                         f"export a dynamic batch size; got shapes "
+                         f"{ {n: tuple(t.shape) for n, t in inputs.items()} }")
+    batch = batch_sizes.pop() if dynamic else None
+    if dynamic and batch < 2:   # torch.export specializes sizes 0 and 1
+        inputs = {n: _example(t, 2) for n, t in inputs.items()}
+        batch = 2
+
+    strategy = distribute.OneDeviceStrategy("cpu")
+    scope = _scope.ModelScope(ModeKeys.PREDICT, strategy, restore=checkpoint.load(path),
+                              restore_path=path)
+    call = _inputs.model_fn_caller(estimator.model_fn, estimator.params, estimator.config)
+    features_fn = receiver._features_fn()
+    with torch.no_grad():
+        module = _serving_class(list(inputs))(scope, call, features_fn)
+        outputs = module._serve(inputs)   # builds and restores the modules
+        module.scope_modules.extend(scope.raw_modules.values())
+        for parameter in module.parameters():
+            parameter.requires_grad_(False)
+        dynamic_shapes = None
+        if dynamic:
+            dim = torch.export.Dim("batch")
+            dynamic_shapes = {n: ({0: dim} if t.dim() else None) for n, t in inputs.items()}
+        try:
+            program = torch.export.export(module, (), dict(inputs),
+                                          dynamic_shapes=dynamic_shapes)
+        except Exception as e:
+            hint = (" If model_fn depends on the batch size, export a fixed one with "
+                    "build_raw_serving_input_receiver_fn(..., default_batch_size=N) or "
+                    "ServingInputReceiver(..., dynamic_batch=False)." if dynamic else "")
+            raise ValueError(f"torch.export could not trace model_fn's PREDICT path from "
+                             f"{path}: {type(e).__name__}: {e}.{hint}") from e
+
+    predictions = outputs if isinstance(outputs, dict) else {"predictions": outputs}
+    signature = {
+        "format": "torch.export",
+        "program": PROGRAM,
+        "call": "torch.export.load(program).module()(**inputs)",
+        "inputs": _describe(inputs, batch if dynamic else None),
+        "outputs": _describe(predictions, batch if dynamic else None),
+        "outputs_are_dict": isinstance(outputs, dict),
+        "dynamic_batch": dynamic,
+        "global_step": scope.global_step,
+        "checkpoint": os.path.basename(path),
+        "torch_version": torch.__version__,
+    }
+    os.makedirs(export_dir_base, exist_ok=True)
+    final = _timestamped_dir(export_dir_base)
+    temp = os.path.join(export_dir_base, "temp-" + os.path.basename(final))
+    shutil.rmtree(temp, ignore_errors=True)
+    os.makedirs(temp)
+    try:
+        torch.export.save(program, os.path.join(temp, PROGRAM))
+        with open(os.path.join(temp, SIGNATURE), "w") as f:
+            json.dump(signature, f, indent=2)
+        if as_text:
+            with open(os.path.join(temp, "model.txt"), "w") as f:
+                f.write(str(program))
+        if assets_extra:
+            _copy_assets(assets_extra, os.path.join(temp, "assets.extra"))
+        os.rename(temp, final)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    logger.info("Exported %s (global step %d) to %s", os.path.basename(path),
+                scope.global_step, final)
+    return final
+
+
+def _copy_assets(assets_extra: dict, dest_dir: str) -> None:
+    """{destination relative path: source path}, as TF's assets_extra."""
+    if not isinstance(assets_extra, dict):
+        raise TypeError(f"assets_extra must be a dict {{destination: source}}, got "
+                        f"{type(assets_extra).__name__}")
+    for dest, source in assets_extra.items():
+        target = os.path.normpath(os.path.join(dest_dir, dest))
+        if not target.startswith(os.path.normpath(dest_dir) + os.sep):
+            raise ValueError(f"assets_extra destination {dest!r} leaves the export directory")
+        if not os.path.isfile(source):
+            raise ValueError(f"assets_extra[{dest!r}]: source file {source!r} does not exist")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source, target)

@@ -1,0 +1,728 @@
+"""train_and_evaluate, TrainSpec and EvalSpec (tf.estimator.training).
+
+`train_and_evaluate(estimator, train_spec, eval_spec)` is the one call every
+task of a cluster makes; what it does follows from the task's TF_CONFIG:
+
+- no cluster (local): train, and after a checkpoint is saved and at least
+  `throttle_secs` since the last evaluation, evaluate and export; once more
+  at the end. Returns `(eval_result, export_results)` as TF does.
+- `chief` (or legacy `master`, which also evaluates as local mode does) and
+  `worker`: train. The chief alone writes checkpoints and summaries, and at
+  the end a completion marker `model_dir/training_complete.json` with the
+  final step.
+- `evaluator`: never joins the training process group. Polls `model_dir` for
+  new checkpoints, evaluates each new one (with `eval_distribute`), runs the
+  exporters, and stops after the checkpoint at `max_steps` (or the final one
+  the completion marker names). Checkpoints it evaluated are recorded in a
+  ledger, `<eval dir>/evaluated_checkpoints.jsonl`, so a restarted evaluator
+  neither repeats nor skips one.
+- `ps`: parameter servers come with ParameterServerStrategy; under any other
+  strategy a cluster with ps tasks is an error.
+
+Early stopping across processes: when the evaluator's evaluation makes one of
+TrainSpec's early-stopping hooks (hooks.stop_if_no_decrease_hook, ...) decide
+to stop, it writes `model_dir/stop_training.json`; every trainer polls for it
+(a file check every few seconds, or every few steps with the strategy's stop
+agreement when replicas must stop together) and stops.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import Optional
+
+import numpy as np
+
+import hooks as hooks_lib
+# Base classes come from the submodules: `hooks` may be half-imported here.
+from hooks.basic_session_run_hooks import CheckpointSaverListener
+from hooks.session_run_hook import SessionRunHook
+
+from . import checkpoint
+from .exporter import Exporter
+
+logger = logging.getLogger(__name__)
+
+_MAX_DELAY_SECS = 60
+_DELAY_SECS_PER_WORKER = 5
+COMPLETION_MARKER = "training_complete.json"
+STOP_MARKER = "stop_training.json"
+LEDGER = "evaluated_checkpoints.jsonl"
+_PIN_DIR = ".checkpoints_in_evaluation"   # in the eval dir: hard links held while evaluating
+_POLL_SECS = 0.5            # evaluator / waiting worker: how often to look at model_dir
+_STOP_POLL_SECS = 2.0       # trainers: how often to look for the stop marker
+_STOP_POLL_STEPS = 50       # ... in steps, where replicas must agree on the stop step
+_CHECKPOINT_POLICIES = ("latest", "every")
+
+
+# -- specs ------------------------------------------------------------------------
+def _validate_input_fn(input_fn) -> None:
+    if not callable(input_fn):
+        raise TypeError(f"`input_fn` must be callable, given: {input_fn!r}")
+
+
+def _validate_hooks(hooks) -> tuple:
+    hooks = tuple(hooks or ())
+    for hook in hooks:
+        if not isinstance(hook, hooks_lib.SessionRunHook):
+            raise TypeError(f"All hooks must be `SessionRunHook` instances, given: {hook!r}")
+    return hooks
+
+
+def _validate_saving_listeners(listeners) -> tuple:
+    listeners = tuple(listeners or ())
+    for listener in listeners:
+        if not isinstance(listener, hooks_lib.CheckpointSaverListener):
+            raise TypeError("All saving_listeners must be `CheckpointSaverListener` "
+                            f"instances, given: {listener!r}")
+    return listeners
+
+
+def _validate_exporters(exporters) -> tuple:
+    if not exporters:
+        return ()
+    if isinstance(exporters, Exporter):
+        exporters = [exporters]
+    try:
+        exporters = list(exporters)
+    except TypeError:
+        raise TypeError(f"`exporters` must be an Exporter, an iterable of Exporter, or "
+                        f"`None`, found {exporters!r}.") from None
+    names = []
+    for exporter in exporters:
+        if not isinstance(exporter, Exporter):
+            raise TypeError(f"`exporters` must be an Exporter, an iterable of Exporter, or "
+                            f"`None`, found {exporters!r}.")
+        if not exporter.name:
+            raise ValueError("An Exporter cannot have a name that is `None` or empty. All "
+                             f"exporter names: {[e.name for e in exporters]}")
+        if not isinstance(exporter.name, str):
+            raise ValueError(f"An Exporter must have a string name. Given: "
+                             f"{type(exporter.name)}")
+        if exporter.name in names:
+            raise ValueError("`exporters` must have unique names. Such a name cannot be "
+                             f"`None`. All exporter names: {[e.name for e in exporters]}")
+        names.append(exporter.name)
+    return tuple(exporters)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+class TrainSpec(collections.namedtuple("TrainSpec",
+                                       ["input_fn", "max_steps", "hooks", "saving_listeners"])):
+    """The training part of `train_and_evaluate` (tf.estimator.TrainSpec):
+    `input_fn`, `max_steps` (None trains forever), `hooks` (every trainer),
+    `saving_listeners` (the chief)."""
+
+    def __new__(cls, input_fn, max_steps=None, hooks=None, saving_listeners=None):
+        _validate_input_fn(input_fn)
+        if max_steps is not None:
+            if not _is_int(max_steps):
+                raise TypeError(f"`max_steps` must be an int or None, given: {max_steps!r}")
+            if max_steps <= 0:
+                raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
+            max_steps = int(max_steps)
+        return super().__new__(cls, input_fn=input_fn, max_steps=max_steps,
+                               hooks=_validate_hooks(hooks),
+                               saving_listeners=_validate_saving_listeners(saving_listeners))
+
+
+class EvalSpec(collections.namedtuple("EvalSpec", [
+        "input_fn", "steps", "name", "hooks", "exporters", "start_delay_secs",
+        "throttle_secs", "checkpoint_policy"])):
+    """The evaluation and export part of `train_and_evaluate` (tf.estimator.EvalSpec).
+
+    `steps` batches per evaluation (None: the whole input); `name` picks the
+    eval directory (`eval_<name>`); `exporters` run after each evaluation;
+    the evaluator task waits `start_delay_secs` before its first evaluation
+    and starts one no more often than every `throttle_secs`.
+
+    `checkpoint_policy` (not in TF) says what a separate evaluator does when
+    it falls behind: "latest" evaluates only the newest checkpoint (TF's way;
+    the final one is never skipped), "every" evaluates each checkpoint in
+    order, and the chief then keeps every checkpoint the evaluator has not
+    yet recorded in its ledger beyond `keep_checkpoint_max` (so with "every",
+    run an evaluator).
+    """
+
+    def __new__(cls, input_fn, steps=100, name=None, hooks=None, exporters=None,
+                start_delay_secs=120, throttle_secs=600, checkpoint_policy="latest"):
+        _validate_input_fn(input_fn)
+        if steps is not None:
+            if not _is_int(steps):
+                raise TypeError(f"`steps` must be an int or None, given: {steps!r}")
+            if steps <= 0:
+                raise ValueError(f"Must specify steps > 0, given: {steps}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"`name` must be string, given: {name!r}")
+        hooks = _validate_hooks(hooks)
+        exporters = _validate_exporters(exporters)
+        if not _is_number(start_delay_secs):
+            raise TypeError(f"`start_delay_secs` must be a number, given: {start_delay_secs!r}")
+        if start_delay_secs < 0:
+            raise ValueError(f"Must specify start_delay_secs >= 0, given: {start_delay_secs}")
+        if not _is_number(throttle_secs):
+            raise TypeError(f"`throttle_secs` must be a number, given: {throttle_secs!r}")
+        if throttle_secs < 0:
+            raise ValueError(f"Must specify throttle_secs >= 0, given: {throttle_secs}")
+        if checkpoint_policy not in _CHECKPOINT_POLICIES:
+            raise ValueError(f"`checkpoint_policy` must be one of {_CHECKPOINT_POLICIES}, "
+                             f"given: {checkpoint_policy!r}")
+        return super().__new__(cls, input_fn=input_fn, steps=steps, name=name, hooks=hooks,
+                               exporters=exporters, start_delay_secs=start_delay_secs,
+                               throttle_secs=throttle_secs, checkpoint_policy=checkpoint_policy)
+
+
+# -- the entry point -----------------------------------------------------------------
+def train_and_evaluate(estimator, train_spec: TrainSpec, eval_spec: EvalSpec):
+    """Train and evaluate `estimator` as this task's role says
+    (tf.estimator.train_and_evaluate).
+
+    Returns `(eval_result, export_results)` locally (the last evaluation and
+    what its exporters returned; `(None, None)` when nothing was trained), the
+    same for the evaluator task, and None for the training tasks.
+    """
+    from .estimator import Estimator
+    if not isinstance(estimator, Estimator):
+        raise TypeError(f"`estimator` must have type `estimator.Estimator`. Got: "
+                        f"{type(estimator)}")
+    if not isinstance(train_spec, TrainSpec):
+        raise TypeError(f"`train_spec` must have type `estimator.TrainSpec`. Got: "
+                        f"{type(train_spec)}")
+    if not isinstance(eval_spec, EvalSpec):
+        raise TypeError(f"`eval_spec` must have type `estimator.EvalSpec`. Got: "
+                        f"{type(eval_spec)}")
+    config = estimator.config
+    if not config.cluster_spec and config.task_type != "evaluator":
+        logger.info("Running training and evaluation locally (non-distributed).")
+        return _run_local(estimator, train_spec, eval_spec)
+    task_type = config.task_type
+    if not task_type:
+        raise ValueError("`estimator.config` must have task_type set. This usually means "
+                         "TF_CONFIG environment is not set correctly.")
+    if task_type == "local":
+        raise ValueError("`task.type` in TF_CONFIG cannot be `local`. Leaving `cluster` and "
+                         "`task` properties in TF_CONFIG absent triggers train and evaluate "
+                         "`Estimator` locally (non-distributed).")
+    if task_type == "evaluator" and config.task_id:
+        raise ValueError("For distributed training, there can only be one `evaluator` task "
+                         f"(with task id 0).  Given task id {config.task_id}")
+    role = _ROLES.get(task_type)
+    if role is None:
+        raise ValueError(f"Task type {task_type!r} (TF_CONFIG task {task_type}:"
+                         f"{config.task_id}) is not supported. Supported task types are "
+                         f"{sorted(_ROLES)}")
+    logger.info("train_and_evaluate: running as %s %s", task_type, config.task_id)
+    return role(estimator, train_spec, eval_spec)
+
+
+# -- local mode ------------------------------------------------------------------------
+def _run_local(estimator, train_spec, eval_spec):
+    """Train, evaluating after checkpoints (TF's _TrainingExecutor.run_local)."""
+    c = estimator.config
+    logger.info("Start train and evaluate loop. The evaluate will happen after every "
+                "checkpoint. Checkpoint frequency is determined based on RunConfig "
+                "arguments: save_checkpoints_steps %s or save_checkpoints_secs %s.",
+                c.save_checkpoints_steps, c.save_checkpoints_secs)
+    evaluator = _Evaluator(estimator, eval_spec, train_spec.max_steps)
+    listener = _NewCheckpointListenerForEvaluate(evaluator, eval_spec.throttle_secs)
+    estimator.train(train_spec.input_fn, hooks=list(train_spec.hooks),
+                    max_steps=train_spec.max_steps,
+                    saving_listeners=list(train_spec.saving_listeners) + [listener])
+    metrics = listener.eval_result.metrics if listener.eval_result else None
+    return metrics, listener.export_results
+
+
+class _NewCheckpointListenerForEvaluate(CheckpointSaverListener):
+    """Evaluates (and exports) after a save, at most once every `throttle_secs`,
+    and at the end of training if the last step was not evaluated (TF's
+    _NewCheckpointListenerForEvaluate). Our CheckpointSaverHook writes no
+    step-0 checkpoint, so the first save is evaluated too."""
+
+    def __init__(self, evaluator: "_Evaluator", eval_throttle_secs: float):
+        self._evaluator = evaluator
+        self._eval_throttle_secs = eval_throttle_secs
+        self.eval_result, self.export_results = None, None
+
+    def begin(self):
+        self._timer = hooks_lib.SecondOrStepTimer(every_secs=self._eval_throttle_secs)
+
+    def after_save(self, session, global_step_value):
+        if self._timer.should_trigger_for_step(global_step_value):
+            self._timer.update_last_triggered_step(global_step_value)
+            self._evaluate(final=False)
+            return self._evaluator.stop_requested
+        logger.info("Skip the current checkpoint eval due to throttle secs (%s secs).",
+                    self._eval_throttle_secs)
+
+    def end(self, session, global_step_value):
+        latest = self._evaluator.estimator.latest_checkpoint()
+        evaluated = self.eval_result.checkpoint_path if self.eval_result else None
+        if latest is not None and latest != evaluated:
+            self._timer.update_last_triggered_step(global_step_value)
+            self._evaluate(final=True)
+        elif self.eval_result is not None and not self._evaluator.is_final_export_triggered:
+            self.export_results = self._evaluator.export(self.eval_result, final=True)
+
+    def _evaluate(self, final):
+        path = self._evaluator.estimator.latest_checkpoint()
+        if path is None:
+            raise RuntimeError("There was no new checkpoint after the training.")
+        self.eval_result, self.export_results = self._evaluator.evaluate_and_export(path, final)
+
+
+# -- evaluation shared by every mode -----------------------------------------------------
+_EvalResult = collections.namedtuple("_EvalResult", ["metrics", "checkpoint_path"])
+
+
+class _Ledger:
+    """The checkpoints evaluated so far: one JSON line per checkpoint in
+    `<eval dir>/evaluated_checkpoints.jsonl` (checkpoint name, global step,
+    metrics), appended and fsynced after the evaluation and its exports."""
+
+    def __init__(self, eval_dir: str):
+        self.path = os.path.join(eval_dir, LEDGER)
+
+    def entries(self) -> list:
+        if not os.path.exists(self.path):
+            return []
+        out = []
+        with open(self.path) as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                    int(entry["global_step"])
+                except (ValueError, KeyError, TypeError):
+                    logger.warning("%s:%d: ignoring an unreadable ledger line (a crash "
+                                   "mid-write?): %.80s", self.path, lineno, line)
+                    continue
+                out.append(entry)
+        return out
+
+    def steps(self) -> set:
+        return {int(e["global_step"]) for e in self.entries()}
+
+    def last_step(self) -> int:
+        return max(self.steps(), default=-1)
+
+    def record(self, checkpoint_path: str, metrics: dict) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        entry = {"checkpoint": os.path.basename(checkpoint_path),
+                 "global_step": checkpoint.step_of(checkpoint_path),
+                 "metrics": {k: _jsonable(v) for k, v in metrics.items()},
+                 "time": time.time()}
+        line = json.dumps(entry) + "\n"
+        with open(self.path, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":      # a torn last line: start a fresh one
+                    line = "\n" + line
+            f.write(line.encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _jsonable(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _eval_dir(estimator, name: Optional[str]) -> str:
+    return os.path.join(estimator.model_dir, "eval" if not name else "eval_" + name)
+
+
+class _Evaluator:
+    """Calls `Estimator.evaluate` on a checkpoint, runs the exporters, records
+    the ledger and asks TrainSpec's early-stopping predicates (TF's
+    _TrainingExecutor._Evaluator)."""
+
+    def __init__(self, estimator, eval_spec: EvalSpec, max_training_steps: Optional[int],
+                 should_stop_fns=(), pin_dir: Optional[str] = None):
+        self.estimator = estimator
+        self._pin_dir = pin_dir   # another process's checkpoints: hold them while in use
+        self._eval_spec = eval_spec
+        self._max_training_steps = max_training_steps
+        self._should_stop_fns = list(should_stop_fns)
+        self.ledger = _Ledger(_eval_dir(estimator, eval_spec.name))
+        self.is_final_export_triggered = False
+        self.stop_requested = False
+
+    def evaluate_and_export(self, checkpoint_path: str, final: bool = False):
+        """Evaluate `checkpoint_path`, export, record; FileNotFoundError if the
+        checkpoint was deleted before it could be held."""
+        spec = self._eval_spec
+        held = checkpoint.pin(checkpoint_path, self._pin_dir) if self._pin_dir else checkpoint_path
+        try:
+            metrics = self.estimator.evaluate(spec.input_fn, steps=spec.steps, name=spec.name,
+                                              checkpoint_path=held, hooks=list(spec.hooks))
+            if not isinstance(metrics, dict) or "global_step" not in metrics:
+                raise ValueError(f"Internal error: `Estimator.evaluate` result should have "
+                                 f"`global_step` in result. Given {metrics!r}")
+            final = final or bool(self._max_training_steps
+                                  and metrics["global_step"] >= self._max_training_steps)
+            export_results = self.export(_EvalResult(metrics, held), final)
+        finally:
+            if held != checkpoint_path:
+                os.remove(held)
+        result = _EvalResult(metrics, checkpoint_path)
+        self.ledger.record(checkpoint_path, metrics)
+        self.stop_requested = any(fn() for fn in self._should_stop_fns)
+        return result, export_results
+
+    def export(self, result: _EvalResult, final: bool) -> list:
+        export_dir_base = os.path.join(self.estimator.model_dir, "export")
+        results = [exporter.export(self.estimator, os.path.join(export_dir_base, exporter.name),
+                                   result.checkpoint_path, result.metrics, final)
+                   for exporter in self._eval_spec.exporters]
+        if final:
+            self.is_final_export_triggered = True
+        return results
+
+
+# -- markers in model_dir -------------------------------------------------------------
+def _write_json(path: str, data: dict) -> None:
+    """Atomically (temp file + rename) write `data` as JSON to `path`."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _read_marker(model_dir: str, name: str, max_steps: Optional[int]) -> Optional[dict]:
+    """The marker `name` if it belongs to a run with these `max_steps` (a
+    marker left by a run with other max_steps is stale), else None."""
+    path = os.path.join(model_dir, name)
+    try:
+        with open(path) as f:
+            marker = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        logger.warning("Ignoring unreadable marker %s: %s", path, e)
+        return None
+    if marker.get("max_steps") != max_steps:
+        return None
+    return marker
+
+
+def _completion(model_dir: str, max_steps: Optional[int]) -> Optional[dict]:
+    """The chief's completion marker for this run: {"global_step": final step, ...}."""
+    return _read_marker(model_dir, COMPLETION_MARKER, max_steps)
+
+
+class _StopMarkerHook(SessionRunHook):
+    """Stops a trainer when the evaluator has written the stop marker. Looks
+    for the file every `_STOP_POLL_SECS` seconds, or, where replicas must stop
+    on the same step (a synchronous strategy with several replicas), every
+    `_STOP_POLL_STEPS` steps with the strategy's stop agreement."""
+
+    def __init__(self, model_dir: str, max_steps: Optional[int], agree: bool):
+        self._model_dir = model_dir
+        self._max_steps = max_steps
+        self._agree = agree
+        self._next = 0.0
+        self._steps = 0
+
+    def after_create_session(self, session, coord):
+        if not self._agree and self._found():
+            coord.request_stop()
+
+    def after_run(self, run_context, run_values):
+        if self._agree:
+            self._steps += 1
+            if self._steps % _STOP_POLL_STEPS:
+                return
+            stop = run_context.session.strategy.extended._all_agree_to_stop(self._found())
+        else:
+            now = time.monotonic()
+            if now < self._next:
+                return
+            self._next = now + _STOP_POLL_SECS
+            stop = self._found()
+        if stop:
+            logger.info("Stopping: the evaluator requested early stopping (%s)",
+                        os.path.join(self._model_dir, STOP_MARKER))
+            run_context.request_stop()
+
+    def _found(self) -> bool:
+        return _read_marker(self._model_dir, STOP_MARKER, self._max_steps) is not None
+
+
+class _ProtectUnevaluated(CheckpointSaverListener):
+    """Makes the chief's checkpoint clean-up keep every checkpoint newer than
+    the last one in the evaluator's ledger (EvalSpec checkpoint_policy="every").
+    hooks' _training_hooks hands `protect_checkpoint` to the Saver."""
+
+    def __init__(self, ledger: _Ledger):
+        self._ledger = ledger
+
+    def protect_checkpoint(self, path: str) -> bool:
+        return checkpoint.step_of(path) > self._ledger.last_step()
+
+
+class _SaveInitialState(SessionRunHook):
+    """On the chief, writes a checkpoint of the initial state when model_dir
+    has none, for workers that start from the chief's state (TF's chief saves
+    one at session creation)."""
+
+    def __init__(self, config):
+        self._config = config
+
+    def after_create_session(self, session, coord):
+        model_dir = self._config.model_dir
+        if checkpoint.latest_checkpoint(model_dir) is None:
+            checkpoint.Saver(model_dir, self._config.keep_checkpoint_max,
+                             self._config.keep_checkpoint_every_n_hours).save(
+                session.scope.state(), session.global_step)
+
+
+# -- distributed roles ----------------------------------------------------------------
+def _train_strategy(config):
+    import distribute
+    return config.train_distribute or distribute.get_strategy()
+
+
+def _uses_parameter_servers(strategy) -> bool:
+    """Whether `strategy` places variables on the cluster's ps tasks."""
+    return bool(getattr(strategy.extended, "_uses_parameter_servers", False)) or \
+        type(strategy).__name__ in ("ParameterServerStrategy", "ParameterServerStrategyV1")
+
+
+def _synchronises_state(strategy) -> bool:
+    """Whether `strategy` gives every trainer the chief's state itself (a
+    process group broadcast, parameter servers) rather than through a checkpoint."""
+    in_multi_worker = getattr(strategy.extended, "_in_multi_worker_mode", None)
+    return strategy.cluster_resolver is not None or bool(in_multi_worker and in_multi_worker())
+
+
+def _check_cluster_strategy(config):
+    strategy = _train_strategy(config)
+    if config.num_ps_replicas and not _uses_parameter_servers(strategy):
+        raise ValueError(
+            f"The cluster in TF_CONFIG has {config.num_ps_replicas} 'ps' task(s), but "
+            f"train_distribute is {strategy!r}, which does not use parameter servers. Use "
+            "ParameterServerStrategy, or remove the 'ps' job from the cluster.")
+    return strategy
+
+
+def _trainer_hooks(estimator, train_spec, strategy) -> list:
+    agree = strategy.num_replicas_in_sync > 1 and not _uses_parameter_servers(strategy)
+    return list(train_spec.hooks) + [_StopMarkerHook(estimator.model_dir,
+                                                     train_spec.max_steps, agree)]
+
+
+def _worker_start_delay(config) -> float:
+    """TF's (task_id + 1) * 5 s worker delay, capped, when
+    RunConfig(experimental_max_worker_delay_secs=cap) asks for it (off by default)."""
+    cap = config.experimental_max_worker_delay_secs
+    if cap is None or config.task_type != "worker":
+        return 0
+    return min(int(cap), (config.task_id + 1) * _DELAY_SECS_PER_WORKER)
+
+
+def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
+    """Train as the chief; write the completion marker at the end."""
+    config = estimator.config
+    strategy = _check_cluster_strategy(config)
+    model_dir = estimator.model_dir
+    os.makedirs(model_dir, exist_ok=True)
+    stale = os.path.join(model_dir, COMPLETION_MARKER)
+    if os.path.exists(stale):
+        os.remove(stale)
+    listeners = list(train_spec.saving_listeners) + list(extra_listeners)
+    if eval_spec.checkpoint_policy == "every":
+        listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name))))
+    train_hooks = _trainer_hooks(estimator, train_spec, strategy)
+    if config.num_worker_replicas > 1 and not _synchronises_state(strategy):
+        train_hooks.append(_SaveInitialState(config))
+    estimator.train(train_spec.input_fn, hooks=train_hooks, max_steps=train_spec.max_steps,
+                    saving_listeners=listeners)
+    latest = estimator.latest_checkpoint()
+    final_step = checkpoint.step_of(latest) if latest else 0
+    _write_json(os.path.join(model_dir, COMPLETION_MARKER),
+                {"global_step": final_step, "max_steps": train_spec.max_steps,
+                 "time": time.time()})
+    logger.info("Training complete at global step %d; wrote %s", final_step,
+                os.path.join(model_dir, COMPLETION_MARKER))
+
+
+def _run_master(estimator, train_spec, eval_spec):
+    """Legacy `master`: the chief, also evaluating after checkpoints in-process
+    (TF's run_master)."""
+    evaluator = _Evaluator(estimator, eval_spec, train_spec.max_steps)
+    listener = _NewCheckpointListenerForEvaluate(evaluator, eval_spec.throttle_secs)
+    _run_chief(estimator, train_spec, eval_spec, extra_listeners=[listener])
+
+
+def _run_worker(estimator, train_spec, eval_spec):
+    """Train as a non-chief worker: no checkpoints, no summaries."""
+    config = estimator.config
+    strategy = _check_cluster_strategy(config)
+    delay = _worker_start_delay(config)
+    if delay:
+        logger.info("Waiting %d secs before starting training.", delay)
+        time.sleep(delay)
+    if not _synchronises_state(strategy):
+        _wait_for_chief_state(estimator, train_spec, config.session_creation_timeout_secs)
+    estimator.train(train_spec.input_fn, hooks=_trainer_hooks(estimator, train_spec, strategy),
+                    max_steps=train_spec.max_steps)
+
+
+def _wait_for_chief_state(estimator, train_spec, timeout: float) -> None:
+    """Wait until the chief has written a checkpoint (or finished), at most
+    `timeout` seconds (RunConfig.session_creation_timeout_secs, TF's wait for
+    the chief's session)."""
+    config = estimator.config
+    deadline = time.monotonic() + timeout
+    logged = False
+    while estimator.latest_checkpoint() is None:
+        if _completion(estimator.model_dir, train_spec.max_steps) is not None:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"{config.task_type} {config.task_id}: the chief wrote no initial state (a "
+                f"checkpoint in {estimator.model_dir}) within {timeout:g} s. Is the chief "
+                "running, and do all tasks share model_dir? "
+                "(RunConfig.session_creation_timeout_secs sets this wait.)")
+        if not logged:
+            logger.info("Waiting for the chief's initial state in %s", estimator.model_dir)
+            logged = True
+        time.sleep(min(_POLL_SECS, max(0.0, deadline - time.monotonic())))
+
+
+def _run_ps(estimator, train_spec, eval_spec):
+    """Serve parameters until training ends (ParameterServerStrategy)."""
+    strategy = _train_strategy(estimator.config)
+    if not _uses_parameter_servers(strategy):
+        raise ValueError(
+            f"This task is 'ps' {estimator.config.task_id}, but train_distribute is "
+            f"{strategy!r}, which does not use parameter servers. Use "
+            "ParameterServerStrategy, or remove the 'ps' job from the cluster.")
+    raise NotImplementedError("The ps role comes with ParameterServerStrategy.")
+
+
+def _early_stopping_fns(train_spec) -> list:
+    """The predicates of TrainSpec's early-stopping hooks (hooks.early_stopping)."""
+    fns = []
+    for hook in train_spec.hooks:
+        fn = getattr(hook, "_should_stop_fn", None)
+        if callable(fn):
+            fns.append(fn)
+    return fns
+
+
+def _run_evaluator(estimator, train_spec, eval_spec):
+    """Evaluate new checkpoints until the one at max_steps (or the final one)
+    has been evaluated (TF's run_evaluator / _start_continuous_evaluation)."""
+    model_dir, max_steps = estimator.model_dir, train_spec.max_steps
+    pin_dir = os.path.join(_eval_dir(estimator, eval_spec.name), _PIN_DIR)
+    shutil.rmtree(pin_dir, ignore_errors=True)   # links left by a killed evaluator
+    evaluator = _Evaluator(estimator, eval_spec, max_steps, _early_stopping_fns(train_spec),
+                           pin_dir=pin_dir)
+    ledger = evaluator.ledger
+    done = ledger.steps()
+    if done:
+        logger.info("Evaluator resuming: %d checkpoint(s) already evaluated (last: step %d) "
+                    "per %s", len(done), max(done), ledger.path)
+    if eval_spec.start_delay_secs:
+        logger.info("Waiting %f secs before starting eval.", eval_spec.start_delay_secs)
+        time.sleep(eval_spec.start_delay_secs)
+    last = (None, None)
+    last_start = None
+    last_warning = 0.0
+    while True:
+        complete = _completion(model_dir, max_steps)
+        final_step = complete["global_step"] if complete else None
+        if _finished(done, max_steps, final_step):
+            logger.info("Exiting evaluation, global_step=%s, train max_steps=%s",
+                        max(done, default=None), max_steps)
+            return last
+        pending = _pending_checkpoints(model_dir, done, eval_spec.checkpoint_policy)
+        is_final = [final_step is not None and checkpoint.step_of(p) >= final_step
+                    or bool(max_steps and checkpoint.step_of(p) >= max_steps) for p in pending]
+        throttled = (last_start is not None
+                     and time.monotonic() < last_start + eval_spec.throttle_secs)
+        if not pending or (throttled and not any(is_final)):
+            if not pending and time.monotonic() - last_warning > 600:
+                logger.info("No new checkpoint ready for evaluation in %s%s.", model_dir,
+                            "" if done else " (the estimator is not trained yet)")
+                last_warning = time.monotonic()
+            time.sleep(_POLL_SECS)
+            continue
+        last_start = time.monotonic()
+        for path, final in zip(pending, is_final):
+            try:
+                result, exports = evaluator.evaluate_and_export(path, final)
+            except FileNotFoundError:
+                logger.warning("Checkpoint %s was deleted before it could be evaluated "
+                               "(keep_checkpoint_max on the chief; use EvalSpec("
+                               "checkpoint_policy='every') to keep unseen ones)", path)
+                continue
+            done.add(result.metrics["global_step"])
+            last = (result.metrics, exports)
+            if evaluator.stop_requested:
+                _write_json(os.path.join(model_dir, STOP_MARKER),
+                            {"global_step": result.metrics["global_step"],
+                             "max_steps": max_steps, "time": time.time(),
+                             "reason": "an early-stopping hook decided on this evaluation"})
+                logger.info("Early stopping requested at global step %d; trainers stop "
+                            "on %s", result.metrics["global_step"], STOP_MARKER)
+
+
+def _finished(done: set, max_steps: Optional[int], final_step: Optional[int]) -> bool:
+    last = max(done, default=None)
+    if last is None:
+        return False
+    if max_steps and last >= max_steps:
+        return True
+    return final_step is not None and last >= final_step
+
+
+def _pending_checkpoints(model_dir: str, done: set, policy: str) -> list:
+    """Checkpoints to evaluate now, oldest first: the latest one if not yet
+    evaluated ("latest"), or every one newer than the last evaluated ("every")."""
+    last = max(done, default=-1)
+    if policy == "latest":
+        latest = checkpoint.latest_checkpoint(model_dir)
+        return [latest] if latest and checkpoint.step_of(latest) > last else []
+    paths = checkpoint.all_checkpoints(model_dir)
+    latest = checkpoint.latest_checkpoint(model_dir)
+    if latest and latest not in paths:
+        paths.append(latest)
+    return sorted((p for p in paths if checkpoint.step_of(p) > last), key=checkpoint.step_of)
+
+
+_ROLES = {
+    "chief": _run_chief,
+    "master": _run_master,
+    "worker": _run_worker,
+    "ps": _run_ps,
+    "evaluator": _run_evaluator,
+}

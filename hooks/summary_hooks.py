@@ -1,0 +1,248 @@
+"""TensorBoard summary hooks (tf.estimator's SummarySaverHook, StepCounterHook)
+and the writer cache they share with evaluation (tf.compat.v1.summary.FileWriterCache).
+
+Event files are written with `torch.utils.tensorboard.SummaryWriter`. A hook
+opens its writer at its first write (so a run that writes nothing leaves no
+event file) and flushes it at `end`; the last user of a cached writer closes it.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import numbers
+import os
+import threading
+from typing import Dict, Optional, Set
+
+import numpy as np
+
+from estimator import summary as _summary
+
+from .basic_session_run_hooks import SecondOrStepTimer
+from .session_run_hook import SessionRunArgs, SessionRunHook
+
+logger = logging.getLogger(__name__)
+
+
+class SummaryWriterCache:
+    """One `SummaryWriter` per log directory (tf.compat.v1.summary.FileWriterCache).
+
+    `get(logdir)` returns the shared writer, kept open until `clear()` (or
+    exit). Hooks and evaluation take a writer for the length of a run and
+    close it when no one else holds it, so event files are complete on disk
+    when `train`/`evaluate` returns.
+    """
+
+    _lock = threading.Lock()
+    _writers: Dict[str, object] = {}
+    _users: Dict[str, int] = {}       # runs holding each writer
+    _pinned: Set[str] = set()         # opened by get(): kept until clear()
+
+    @classmethod
+    def get(cls, logdir: str):
+        """The SummaryWriter for `logdir`, created (with the directory) on first use."""
+        with cls._lock:
+            key = os.path.abspath(logdir)
+            cls._pinned.add(key)
+            return cls._open(key)
+
+    @classmethod
+    def clear(cls) -> None:
+        """Flush and close every cached writer."""
+        with cls._lock:
+            writers = list(cls._writers.values())
+            cls._writers.clear()
+            cls._users.clear()
+            cls._pinned.clear()
+        for writer in writers:
+            writer.close()
+
+    # -- for hooks and evaluation -------------------------------------------------
+    @classmethod
+    def _acquire(cls, logdir: str):
+        with cls._lock:
+            key = os.path.abspath(logdir)
+            writer = cls._open(key)
+            cls._users[key] += 1
+            return writer
+
+    @classmethod
+    def _release(cls, logdir: str) -> None:
+        """Flush; close when this was the last run holding it and `get` did not pin it."""
+        with cls._lock:
+            key = os.path.abspath(logdir)
+            writer = cls._writers.get(key)
+            if writer is None:
+                return
+            cls._users[key] -= 1
+            last = cls._users[key] <= 0 and key not in cls._pinned
+            if last:
+                del cls._writers[key], cls._users[key]
+        if last:
+            writer.close()
+        else:
+            writer.flush()
+
+    @classmethod
+    def _open(cls, key: str):
+        writer = cls._writers.get(key)
+        if writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+            writer = cls._writers[key] = SummaryWriter(log_dir=key)
+            cls._users[key] = 0
+        return writer
+
+
+atexit.register(SummaryWriterCache.clear)
+
+
+class _WritesSummaries(SessionRunHook):
+    """A hook that writes to `summary_writer`, or to the cached writer of
+    `output_dir` opened at its first write and released at `end`."""
+
+    def __init__(self, what: str, output_dir: Optional[str], summary_writer):
+        if summary_writer is not None and not hasattr(summary_writer, "_get_file_writer"):
+            raise TypeError(f"{what}: summary_writer must be a "
+                            "torch.utils.tensorboard.SummaryWriter, got "
+                            f"{type(summary_writer).__name__}")
+        if output_dir is not None and not isinstance(output_dir, (str, os.PathLike)):
+            raise TypeError(f"{what}: output_dir must be a path, got {output_dir!r}")
+        self._output_dir = None if output_dir is None else os.fspath(output_dir)
+        self._given_writer = summary_writer
+        self._held = None
+
+    def _writer(self):
+        if self._given_writer is not None:
+            return self._given_writer
+        if self._held is None and self._output_dir:
+            self._held = SummaryWriterCache._acquire(self._output_dir)
+        return self._held
+
+    def _has_writer(self) -> bool:
+        return self._given_writer is not None or bool(self._output_dir)
+
+    def end(self, session):
+        if self._held is not None:
+            self._held = None
+            SummaryWriterCache._release(self._output_dir)
+        elif self._given_writer is not None:
+            self._given_writer.flush()
+
+
+class SummarySaverHook(_WritesSummaries):
+    """Writes the summaries every N steps or seconds (tf.estimator.SummarySaverHook).
+
+    On a due step it fetches "summaries" (what `est.summary.*` recorded in
+    the model_fn on that step), "loss" and "global_step", and writes the
+    scalar `loss` and every record at the global step after the step (1, 1 +
+    N, 1 + 2N, ... from a fresh start). `summary_op` (TF: the summary tensor
+    to run) here names the tags to write, a string or a list; default all,
+    `loss` included (the step must then expose a loss, as the Estimator's
+    does). `scaffold` is accepted for compatibility and unused. The
+    Estimator adds this hook on the chief only.
+    """
+
+    def __init__(self, save_steps: Optional[int] = None, save_secs: Optional[float] = None,
+                 output_dir: Optional[str] = None, summary_writer=None, scaffold=None,
+                 summary_op=None):
+        if (save_steps is None) == (save_secs is None):
+            raise ValueError("SummarySaverHook: exactly one of save_steps and save_secs must "
+                             f"be given, got save_steps={save_steps}, save_secs={save_secs}")
+        if scaffold is not None and summary_op is not None:
+            raise ValueError("SummarySaverHook: give at most one of scaffold or summary_op")
+        super().__init__("SummarySaverHook", output_dir, summary_writer)
+        if not self._has_writer():
+            raise ValueError("SummarySaverHook: one of output_dir or summary_writer "
+                             "must be given")
+        self._tags = _tag_set(summary_op)
+        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
+        wants_loss = self._tags is None or "loss" in self._tags
+        self._fetches = {"global_step": "global_step", "summaries": "summaries"}
+        if wants_loss:
+            self._fetches["loss"] = "loss"
+        self._due = False
+
+    def begin(self):
+        self._timer.reset()
+
+    def before_run(self, run_context):
+        self._due = self._timer.should_trigger_for_step(run_context.session.global_step + 1)
+        return SessionRunArgs(self._fetches) if self._due else None
+
+    def after_run(self, run_context, run_values):
+        if not self._due:
+            return
+        self._due = False
+        results = run_values.results
+        step = results["global_step"]
+        self._timer.update_last_triggered_step(step)
+        writer = self._writer()
+        if "loss" in results:
+            writer.add_scalar("loss", results["loss"], step)
+        tags = self._tags
+        for record in results["summaries"]:
+            if tags is None or record.tag in tags:
+                _summary._write(writer, record, step)
+
+
+class StepCounterHook(_WritesSummaries):
+    """Logs and writes training speed, `global_step/sec`, every N steps or
+    seconds (tf.estimator.StepCounterHook). It fetches nothing: the global
+    step is known on the host, so it never waits on the device (the rate
+    counts steps issued, which the device queue keeps in step with the
+    device). Written only when `output_dir` or `summary_writer` is given."""
+
+    def __init__(self, every_n_steps: Optional[int] = 100, every_n_secs: Optional[float] = None,
+                 output_dir: Optional[str] = None, summary_writer=None):
+        if (every_n_steps is None) == (every_n_secs is None):
+            raise ValueError("StepCounterHook: exactly one of every_n_steps and every_n_secs "
+                             f"should be provided, got every_n_steps={every_n_steps}, "
+                             f"every_n_secs={every_n_secs}")
+        super().__init__("StepCounterHook", output_dir, summary_writer)
+        self._timer = SecondOrStepTimer(every_steps=every_n_steps, every_secs=every_n_secs)
+        self._summary_tag = "global_step/sec"
+
+    def begin(self):
+        self._timer.reset()
+
+    def after_run(self, run_context, run_values):
+        step = run_context.session.global_step
+        if self._timer.should_trigger_for_step(step):
+            elapsed_secs, elapsed_steps = self._timer.update_last_triggered_step(step)
+            if elapsed_secs is not None and elapsed_secs > 0 and elapsed_steps > 0:
+                self._log_and_record(elapsed_steps, elapsed_secs, step)
+
+    def _log_and_record(self, elapsed_steps: int, elapsed_time: float, global_step: int):
+        steps_per_sec = elapsed_steps / elapsed_time
+        if self._has_writer():
+            self._writer().add_scalar(self._summary_tag, steps_per_sec, global_step)
+        logger.info("%s: %g", self._summary_tag, steps_per_sec)
+
+
+def _tag_set(summary_op):
+    if summary_op is None:
+        return None
+    tags = [summary_op] if isinstance(summary_op, str) else summary_op
+    if not isinstance(tags, (list, tuple, set)) or not tags \
+            or not all(isinstance(t, str) and t for t in tags):
+        raise TypeError("SummarySaverHook: summary_op names the tags to write, a string or a "
+                        f"non-empty list of strings; got {summary_op!r}")
+    return frozenset(tags)
+
+
+def _write_dict_to_summary(output_dir: str, dictionary: dict, current_global_step: int) -> None:
+    """Write the numeric entries of `dictionary` (evaluation results) as
+    scalars at `current_global_step` into `output_dir`, tags = keys, skipping
+    `global_step` (tf.estimator's _write_dict_to_summary)."""
+    writer = SummaryWriterCache._acquire(output_dir)
+    try:
+        for key, value in sorted(dictionary.items()):
+            if key == "global_step":
+                continue
+            if isinstance(value, (numbers.Real, np.number)) and not isinstance(value, np.ndarray):
+                writer.add_scalar(key, float(value), current_global_step)
+            else:
+                logger.warning("Skipping summary for %s, must be a number (int or float, "
+                               "numpy included), got %s.", key, type(value).__name__)
+    finally:
+        SummaryWriterCache._release(output_dir)

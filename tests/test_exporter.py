@@ -1,0 +1,224 @@
+"""export_saved_model (a torch.export program of the PREDICT path) and the
+Latest/Best/Final exporters."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from estimator import export as export_lib
+from models import regression_data, regression_input_fn, regression_model_fn
+
+
+def trained(tmp_path, steps=30, name="m", **params):
+    e = est.Estimator(regression_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / name), save_checkpoints_steps=10),
+        params=dict({"lr": 0.1}, **params))
+    e.train(regression_input_fn(), max_steps=steps)
+    return e
+
+
+SERVING = export_lib.build_raw_serving_input_receiver_fn({"x": torch.zeros(1, 3)})
+
+# Runs in a fresh interpreter: isolated mode (-I: no PYTHONPATH, no script or
+# working directory on sys.path), only torch and numpy imported.
+_SERVE = r"""
+import importlib.util, json, sys
+import numpy as np, torch
+assert importlib.util.find_spec("estimator") is None, "our package is importable"
+assert importlib.util.find_spec("distribute") is None and importlib.util.find_spec("hooks") is None
+export_dir, x_path, out_path = sys.argv[1:]
+signature = json.load(open(export_dir + "/signature.json"))
+program = torch.export.load(export_dir + "/" + signature["program"]).module()
+x = torch.from_numpy(np.load(x_path))
+with torch.no_grad():
+    outputs = {"all": program(x=x)["y"], "one": program(x=x[:1])["y"], "five": program(x=x[:5])["y"]}
+np.savez(out_path, **{k: v.numpy() for k, v in outputs.items()})
+"""
+
+
+def serve_in_fresh_process(tmp_path, export_dir, x):
+    np.save(tmp_path / "x.npy", x)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    run = subprocess.run([sys.executable, "-I", "-c", _SERVE, export_dir,
+                          str(tmp_path / "x.npy"), str(tmp_path / "out.npz")],
+                         cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return np.load(tmp_path / "out.npz")
+
+
+@pytest.mark.slow
+def test_export_serves_in_a_fresh_process_without_our_packages(tmp_path):
+    e = trained(tmp_path)
+    export_dir = e.export_saved_model(str(tmp_path / "export"), SERVING)
+    assert os.path.dirname(export_dir) == str(tmp_path / "export")
+    assert os.path.basename(export_dir).isdigit()
+    assert sorted(os.listdir(export_dir)) == ["model.pt2", "signature.json"]
+    signature = json.load(open(os.path.join(export_dir, "signature.json")))
+    assert signature["inputs"] == [{"name": "x", "dtype": "float32", "shape": [None, 3]}]
+    assert signature["outputs"] == [{"name": "y", "dtype": "float32", "shape": [None, 1]}]
+    assert signature["dynamic_batch"] and signature["global_step"] == 30
+    assert signature["checkpoint"] == "model.ckpt-30"
+
+    x, _ = regression_data(17, seed=3)
+    expected = np.stack([p["y"] for p in e.predict(lambda: [{"x": x}])])
+    served = serve_in_fresh_process(tmp_path, export_dir, x)
+    np.testing.assert_allclose(served["all"], expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(served["one"], expected[:1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(served["five"], expected[:5], rtol=1e-6, atol=1e-6)
+
+
+def test_export_of_a_given_checkpoint_with_assets_and_text(tmp_path):
+    e = trained(tmp_path)
+    asset = tmp_path / "vocab.txt"
+    asset.write_text("a\nb\n")
+    path = e.export_saved_model(str(tmp_path / "export"), SERVING, as_text=True,
+                                assets_extra={"dict/vocab.txt": str(asset)},
+                                checkpoint_path=str(tmp_path / "m" / "model.ckpt-10"))
+    assert json.load(open(os.path.join(path, "signature.json")))["global_step"] == 10
+    assert open(os.path.join(path, "assets.extra", "dict", "vocab.txt")).read() == "a\nb\n"
+    assert "linear" in open(os.path.join(path, "model.txt")).read()
+    program = torch.export.load(os.path.join(path, "model.pt2")).module()
+    w = torch.tensor(e.get_variable_value("linear/weight"))
+    x = torch.randn(4, 3)
+    assert not torch.allclose(program(x=x)["y"], x @ w.T + torch.tensor(
+        e.get_variable_value("linear/bias")))  # step 10's weights, not the latest
+    again = e.export_saved_model(str(tmp_path / "export"), SERVING)
+    assert int(os.path.basename(again)) > int(os.path.basename(path))  # ordered even in 1 s
+
+
+def test_export_with_preprocessing_features_and_a_single_tensor(tmp_path):
+    e = trained(tmp_path)
+
+    def receiver_fn():   # serving takes raw values scaled by 10; model_fn sees features["x"]
+        raw = torch.zeros(3, 3)
+        return export_lib.ServingInputReceiver(lambda r: {"x": r["raw"] / 10.0}, {"raw": raw})
+    path = e.export_saved_model(str(tmp_path / "export"), receiver_fn)
+    program = torch.export.load(os.path.join(path, "model.pt2")).module()
+    x, _ = regression_data(6, seed=1)
+    expected = np.stack([p["y"] for p in e.predict(lambda: [{"x": x}])])
+    np.testing.assert_allclose(program(raw=torch.tensor(x) * 10.0)["y"].numpy(), expected,
+                               rtol=1e-5, atol=1e-5)
+
+    def tensor_model_fn(features, labels, mode):   # features is a tensor, predictions too
+        net = est.get_module("linear", lambda: torch.nn.Linear(3, 1))
+        return est.EstimatorSpec(mode, predictions=net(features))
+    single = est.Estimator(tensor_model_fn, model_dir=str(tmp_path / "m"))
+    path = single.export_saved_model(
+        str(tmp_path / "single"),
+        export_lib.build_raw_serving_input_receiver_fn(torch.zeros(2, 3), default_batch_size=4))
+    signature = json.load(open(os.path.join(path, "signature.json")))
+    assert signature["inputs"] == [{"name": "feature", "dtype": "float32", "shape": [4, 3]}]
+    assert not signature["dynamic_batch"] and not signature["outputs_are_dict"]
+    out = torch.export.load(os.path.join(path, "model.pt2")).module()(feature=torch.ones(4, 3))
+    assert out.shape == (4, 1)
+
+
+def test_export_errors(tmp_path):
+    untrained = est.Estimator(regression_model_fn, model_dir=str(tmp_path / "none"))
+    with pytest.raises(ValueError, match="Couldn't find trained model at"):
+        untrained.export_saved_model(str(tmp_path / "x"), SERVING)
+    e = trained(tmp_path, steps=10)
+    with pytest.raises(TypeError, match="must return a ServingInputReceiver"):
+        e.export_saved_model(str(tmp_path / "x"), lambda: {"x": torch.zeros(2, 3)})
+    with pytest.raises(ValueError, match=r"features\['x'\] is not one of the receiver_tensors"):
+        e.export_saved_model(str(tmp_path / "x"), lambda: export_lib.ServingInputReceiver(
+            {"x": torch.zeros(2, 3)}, {"x": torch.zeros(2, 3)}))
+    with pytest.raises(ValueError, match="must be a Python identifier"):
+        export_lib.ServingInputReceiver({"x": torch.zeros(2)}, {"my-input": torch.zeros(2)})
+    with pytest.raises(ValueError, match="share their first"):
+        a, b = torch.zeros(2, 3), torch.zeros(3, 3)
+        e.export_saved_model(str(tmp_path / "x"), lambda: export_lib.ServingInputReceiver(
+            {"x": a}, {"a": a, "b": b}))
+    with pytest.raises(ValueError, match="default_batch_size must be a positive int"):
+        export_lib.build_raw_serving_input_receiver_fn({"x": torch.zeros(1, 3)}, 0)
+    with pytest.raises(ValueError, match="leaves the export directory"):
+        e.export_saved_model(str(tmp_path / "x"), SERVING,
+                             assets_extra={"../evil": str(tmp_path / "m" / "checkpoint")})
+    assert not [n for n in os.listdir(tmp_path / "x") if n.startswith("temp-")]
+
+
+# -- exporters -----------------------------------------------------------------------
+def test_latest_exporter_keeps_the_newest(tmp_path):
+    e = trained(tmp_path)
+    exporter = est.LatestExporter("latest", SERVING, exports_to_keep=2)
+    base = str(tmp_path / "m" / "export" / "latest")
+    made = [exporter.export(e, base, str(tmp_path / "m" / f"model.ckpt-{s}"), {"loss": 1.0,
+                            "global_step": s}, False) for s in (10, 20, 30)]
+    assert sorted(os.listdir(base)) == [os.path.basename(p) for p in made[1:]]
+    steps = [json.load(open(os.path.join(p, "signature.json")))["global_step"] for p in made[1:]]
+    assert steps == [20, 30]
+    with pytest.raises(ValueError, match="must be a positive number"):
+        est.LatestExporter("latest", SERVING, exports_to_keep=0)
+
+
+def test_final_exporter_exports_only_the_final(tmp_path):
+    e = trained(tmp_path, steps=10)
+    exporter = est.FinalExporter("final", SERVING)
+    base = str(tmp_path / "export")
+    ckpt = e.latest_checkpoint()
+    assert exporter.export(e, base, ckpt, {"loss": 1.0, "global_step": 10}, False) is None
+    assert not os.path.exists(base)
+    path = exporter.export(e, base, ckpt, {"loss": 1.0, "global_step": 10}, True)
+    assert os.listdir(base) == [os.path.basename(path)]
+
+
+def test_best_exporter_exports_improvements_only(tmp_path):
+    e = trained(tmp_path)
+    exporter = est.BestExporter(serving_input_receiver_fn=SERVING, exports_to_keep=5)
+    base = str(tmp_path / "m" / "export" / "best")
+    ckpt = lambda s: str(tmp_path / "m" / f"model.ckpt-{s}")  # noqa: E731
+    assert exporter.name == "best_exporter"
+    assert exporter.export(e, base, ckpt(10), {"loss": 0.5, "global_step": 10}, False)
+    assert exporter.export(e, base, ckpt(20), {"loss": 0.7, "global_step": 20}, False) is None
+    best = exporter.export(e, base, ckpt(30), {"loss": 0.2, "global_step": 30}, False)
+    assert best and len(os.listdir(base)) == 2
+    assert json.load(open(os.path.join(best, "signature.json")))["global_step"] == 30
+
+
+def test_best_exporter_survives_a_restart_by_reading_earlier_eval_results(tmp_path):
+    """A fresh BestExporter (a restarted evaluator) reads the evaluations
+    Estimator.evaluate wrote to model_dir/eval and does not export a model
+    worse than those."""
+    e = trained(tmp_path)
+    eval_input = regression_input_fn(repeat=False)
+    results = {s: e.evaluate(eval_input, checkpoint_path=str(tmp_path / "m" / f"model.ckpt-{s}"))
+               for s in (10, 20)}
+    results[30] = e.evaluate(eval_input)
+    assert results[10]["loss"] > results[20]["loss"] > results[30]["loss"]  # training helps
+
+    def higher_loss_is_better(best_eval_result, current_eval_result):   # like an accuracy
+        return current_eval_result["loss"] > best_eval_result["loss"]
+    base = str(tmp_path / "m" / "export" / "best")
+    restarted = est.BestExporter("best", SERVING, compare_fn=higher_loss_is_better)
+    assert restarted.export(e, base, e.latest_checkpoint(), results[30], False) is None
+    assert not os.path.exists(base)
+    # Without the event files it would have exported: the reading is what stopped it.
+    forgetful = est.BestExporter("best", SERVING, compare_fn=higher_loss_is_better,
+                                 event_file_pattern=None)
+    assert forgetful.export(e, base, e.latest_checkpoint(), results[30], False)
+    # With the default compare_fn the step-30 result is the best: exported.
+    default = est.BestExporter("best2", SERVING)
+    assert default.export(e, str(tmp_path / "b2"), e.latest_checkpoint(), results[30], False)
+
+
+def test_best_exporter_validation(tmp_path):
+    with pytest.raises(ValueError, match="`compare_fn` must not be None"):
+        est.BestExporter(serving_input_receiver_fn=SERVING, compare_fn=None)
+    with pytest.raises(ValueError, match="must include best_eval_result argument"):
+        est.BestExporter(serving_input_receiver_fn=SERVING, compare_fn=lambda a, b: True)
+    with pytest.raises(ValueError, match="not expected args"):
+        est.BestExporter(serving_input_receiver_fn=SERVING,
+                         compare_fn=lambda best_eval_result, current_eval_result, x: True)
+    with pytest.raises(ValueError, match="must be a positive number"):
+        est.BestExporter(serving_input_receiver_fn=SERVING, exports_to_keep=-1)
+    e = trained(tmp_path, steps=10)
+    exporter = est.BestExporter(serving_input_receiver_fn=SERVING, event_file_pattern=None)
+    exporter.export(e, str(tmp_path / "b"), e.latest_checkpoint(), {"loss": 1.0,
+                                                                    "global_step": 10}, False)
+    with pytest.raises(ValueError, match="current_eval_result cannot be empty or no loss"):
+        exporter.export(e, str(tmp_path / "b"), e.latest_checkpoint(), {"mae": 1.0}, False)

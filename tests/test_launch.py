@@ -1,0 +1,303 @@
+"""The local cluster launcher (`estimator launch`, `launch()`): TF_CONFIG per
+task, prefixed output, failure handling, restarts, Ctrl-C; and whole
+train_and_evaluate jobs launched with it."""
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import distribute
+import estimator as est
+import hooks
+from estimator import launch as launch_lib
+from estimator.launch import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "train_and_evaluate.py")
+
+# One task of a test job: records its pid and TF_CONFIG, says hello, then does
+# what `behaviours[<type><index>]` says.
+TASK = r"""
+import json, os, signal, subprocess, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+name = "%s%d" % (config["task"]["type"], config["task"]["index"])
+out, behaviours = sys.argv[1], json.loads(sys.argv[2])
+action = behaviours.get(name, "exit0")
+def record(suffix, text):
+    with open(os.path.join(out, name + suffix), "a") as f:
+        f.write(text + "\n")
+if action == "sigint":
+    signal.signal(signal.SIGINT, lambda *a: (record(".sigint", "got it"), sys.exit(0)))
+record(".pid", str(os.getpid()))
+record(".tf_config", json.dumps(config))
+print("hello from %s %d" % (config["task"]["type"], config["task"]["index"]), flush=True)
+print("no newline at the end", end="", flush=True)
+if action.startswith("exit"):
+    sys.exit(int(action[4:]))
+if action.startswith("late"):   # exit with this code once two other tasks have started
+    deadline = time.time() + 30
+    while len([n for n in os.listdir(out) if n.endswith(".child")]) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    sys.exit(int(action[4:]))
+if action == "fail_once":
+    marker = os.path.join(out, name + ".failed")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        sys.exit(5)
+    sys.exit(0)
+if action.startswith("wait"):
+    time.sleep(float(action[4:]))
+    sys.exit(0)
+if action == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if action in ("sleep", "sigint"):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    record(".child", str(child.pid))
+    time.sleep(600)
+"""
+
+
+@pytest.fixture
+def task(tmp_path):
+    path = tmp_path / "task.py"
+    path.write_text(TASK)
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def command(**behaviours):
+        return [str(path), str(out), json.dumps(behaviours)]
+    command.out = out
+    return command
+
+
+def pids(out, name, suffix=".pid"):
+    path = out / (name + suffix)
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def alive(pid) -> bool:
+    """Running (a zombie waiting for a reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def run(command, **kwargs):
+    output = io.StringIO()
+    kwargs.setdefault("stop_grace_secs", 2)
+    kwargs.setdefault("timeout", 120)
+    start = time.monotonic()
+    status = launch(command, output=output, **kwargs)
+    return status, output.getvalue(), time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_each_task_gets_its_tf_config_and_prefixed_output(task):
+    status, output, _ = run(task(), workers=2, evaluator=True)
+    assert status == 0, output
+    for name in ("chief", "worker 0", "worker 1", "evaluator"):
+        index = name.split()[-1] if " " in name else "0"
+        assert f"[{name}] hello from {name.split()[0]} {index}\n" in output
+        assert f"[{name}] no newline at the end\n" in output
+    assert output.rstrip().endswith("[launch] job succeeded")
+    configs = {n: json.loads((task.out / f"{n}.tf_config").read_text())
+               for n in ("chief0", "worker0", "worker1", "evaluator0")}
+    cluster = configs["chief0"]["cluster"]
+    assert all(c["cluster"] == cluster for c in configs.values())
+    assert sorted(cluster) == ["chief", "worker"]   # the evaluator is not in the cluster
+    addresses = cluster["chief"] + cluster["worker"]
+    assert len(addresses) == 3 and len(set(addresses)) == 3
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    assert configs["worker1"]["task"] == {"type": "worker", "index": 1}
+    assert configs["evaluator0"]["task"] == {"type": "evaluator", "index": 0}
+
+
+@pytest.mark.slow
+def test_a_failing_task_stops_the_job_naming_it_and_leaves_no_process(task):
+    status, output, took = run(task(chief0="sleep", worker0="late3", evaluator0="sleep"),
+                               workers=2, evaluator=True)
+    assert status == 3, output
+    worker_pid = pids(task.out, "worker0")[0]
+    assert (f"[launch] worker 0 (pid {worker_pid}) exited with code 3; stopping the other "
+            "tasks") in output
+    assert "[launch] job failed: worker 0 exited with code 3" in output
+    assert took < 30
+    started = (pids(task.out, "chief0") + pids(task.out, "chief0", ".child")
+               + pids(task.out, "evaluator0") + pids(task.out, "evaluator0", ".child"))
+    assert len(started) == 4
+    assert not [pid for pid in started if alive(pid)]   # tasks and what they started
+
+
+@pytest.mark.slow
+def test_a_task_killed_by_a_signal(task):
+    status, output, _ = run(task(worker0="sigkill", chief0="sleep"), workers=1)
+    assert status == 128 + signal.SIGKILL
+    assert "worker 0 (pid" in output and "was killed by SIGKILL" in output
+
+
+@pytest.mark.slow
+def test_restarts_the_training_group_up_to_max_restarts(task):
+    status, output, _ = run(task(worker0="fail_once"), workers=2, max_restarts=1)
+    assert status == 0, output
+    assert "worker 0 (pid" in output and "exited with code 5; restart 1/1: restarting chief, " \
+        "worker 0, worker 1" in output
+    assert len(pids(task.out, "chief0")) == 2 and len(pids(task.out, "worker1")) == 2
+    first, second = [json.loads(line) for line in
+                     (task.out / "chief0.tf_config").read_text().splitlines()]
+    assert first["cluster"] != second["cluster"]   # fresh ports for the new group
+    (task.out / "worker0.failed").unlink()
+    status, output, _ = run(task(worker0="fail_once"), workers=1, max_restarts=0)
+    assert status == 5 and "job failed: worker 0 exited with code 5" in output
+
+
+@pytest.mark.slow
+def test_a_failed_evaluator_restarts_alone(task):
+    status, output, _ = run(task(chief0="wait3", evaluator0="fail_once"), evaluator=True,
+                            max_restarts=1)
+    assert status == 0, output
+    assert "restarting evaluator" in output
+    assert len(pids(task.out, "chief0")) == 1 and len(pids(task.out, "evaluator0")) == 2
+
+
+@pytest.mark.slow
+def test_ps_tasks_are_stopped_once_training_is_done(task):
+    status, output, _ = run(task(ps0="sleep"), workers=1, ps=1, stop_grace_secs=0.5)
+    assert status == 0, output
+    assert "stopping the ps tasks still serving" in output
+    assert not alive(pids(task.out, "ps0")[0]) and not alive(pids(task.out, "ps0", ".child")[0])
+
+
+@pytest.mark.slow
+def test_timeout_stops_everything(task):
+    status, output, took = run(task(chief0="sleep"), timeout=2)
+    assert status == 124 and "timeout" in output and took < 20
+    assert not alive(pids(task.out, "chief0")[0])
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_forwarded_to_every_task(task, tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "estimator", "launch", "--workers", "1", "--stop-grace-secs", "5",
+         *task(chief0="sigint", worker0="sigint")],
+        cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids(task.out, "chief0", ".child") and pids(task.out, "worker0", ".child")):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGINT)
+        output, _ = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130, output
+    assert "[launch] SIGINT: forwarding to every task" in output
+    assert (task.out / "chief0.sigint").exists() and (task.out / "worker0.sigint").exists()
+    started = [pids(task.out, n, s)[0] for n in ("chief0", "worker0") for s in (".pid", ".child")]
+    assert not [pid for pid in started if alive(pid)]
+
+
+def test_arguments_and_commands(tmp_path, capsys):
+    with pytest.raises(ValueError, match="workers must be an int >= 0, got -1"):
+        launch(["x.py"], workers=-1)
+    with pytest.raises(ValueError, match="needs a chief or at least one worker"):
+        launch(["x.py"], chief=False)
+    with pytest.raises(ValueError, match="no program to run"):
+        launch([])
+    assert launch_lib.main(["--no-chief", "x.py"]) == 2
+    assert "needs a chief or at least one worker" in capsys.readouterr().err
+    assert launch_lib._command("train.py --steps 3") == [sys.executable, "train.py",
+                                                          "--steps", "3"]
+    assert launch_lib._command(["configs/a.yaml", "--set", "x=1"]) == [
+        sys.executable, "-m", "estimator", "run", "configs/a.yaml", "--set", "x=1"]
+    assert launch_lib._command(["bash", "-c", "true"]) == ["bash", "-c", "true"]
+    from estimator import cli
+    assert cli.main([]) == 2
+
+
+# -- whole jobs ---------------------------------------------------------------------------
+STRATEGY = ("multi_worker_mirrored" if hasattr(distribute, "MultiWorkerMirroredStrategy")
+            else "default")
+
+_SERVE = r"""
+import importlib.util, json, sys
+import numpy as np, torch
+assert importlib.util.find_spec("estimator") is None
+program = torch.export.load(sys.argv[1] + "/model.pt2").module()
+with torch.no_grad():
+    np.save(sys.argv[3], program(x=torch.from_numpy(np.load(sys.argv[2])))["y"].numpy())
+"""
+
+
+@pytest.mark.slow
+def test_launched_cluster_with_an_evaluator_trains_evaluates_and_exports(tmp_path):
+    model_dir = str(tmp_path / "job")
+    status, output, _ = run([EXAMPLE, "--model_dir", model_dir, "--max_steps", "120",
+                             "--save_checkpoints_steps", "20", "--strategy", STRATEGY,
+                             "--step_sleep", "0.02"],
+                            workers=2, evaluator=True, timeout=240)
+    assert status == 0, output[-4000:]
+    final = json.loads(output.split("[evaluator] FINAL_EVAL ", 1)[1].splitlines()[0])
+    assert final["global_step"] == 120
+    evaluations = hooks.read_eval_metrics(os.path.join(model_dir, "eval"))
+    assert max(evaluations) == 120 and all("loss" in m for m in evaluations.values())
+    # Only the chief wrote to model_dir (plus the evaluator's eval/ and export/).
+    names = os.listdir(model_dir)
+    assert len([n for n in names if n.startswith("events.out.tfevents")]) == 1
+    assert not [n for n in names if not n.startswith(("model.ckpt-", "events.out.tfevents"))
+                and n not in ("checkpoint", "training_complete.json", "eval", "export")]
+    ledger = [json.loads(line) for line in open(os.path.join(model_dir, "eval",
+                                                            "evaluated_checkpoints.jsonl"))]
+    assert [e["global_step"] for e in ledger] == sorted(evaluations)
+    # BestExporter kept the best: its newest export is the evaluation with the least loss.
+    best_dir = os.path.join(model_dir, "export", "best")
+    newest = os.path.join(best_dir, max(os.listdir(best_dir), key=int))
+    best_step = json.load(open(os.path.join(newest, "signature.json")))["global_step"]
+    assert best_step == min(ledger, key=lambda e: e["metrics"]["loss"])["global_step"]
+    # The export serves, without our packages, what Estimator.predict predicts.
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    try:
+        import train_and_evaluate as example
+    finally:
+        sys.path.remove(os.path.dirname(EXAMPLE))
+    x, _ = example.data(9, seed=11)
+    np.save(tmp_path / "x.npy", x)
+    predictor = est.Estimator(example.model_fn, model_dir=model_dir,
+                              params={"learning_rate": 0.1})
+    expected = np.stack([p["y"] for p in predictor.predict(
+        lambda: [{"x": x}], checkpoint_path=os.path.join(model_dir, f"model.ckpt-{best_step}"))])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    served = subprocess.run([sys.executable, "-I", "-c", _SERVE, newest, str(tmp_path / "x.npy"),
+                             str(tmp_path / "y.npy")], cwd=str(tmp_path), env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert served.returncode == 0, served.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_early_stopping_decided_by_the_evaluator_reaches_every_trainer(tmp_path):
+    model_dir = str(tmp_path / "job")
+    status, output, took = run([EXAMPLE, "--model_dir", model_dir, "--max_steps", "100000",
+                                "--save_checkpoints_steps", "20", "--strategy", STRATEGY,
+                                "--step_sleep", "0.01", "--stop_if_loss_below", "1.0"],
+                               workers=1, evaluator=True, timeout=240)
+    assert status == 0, output[-4000:]
+    stop = json.load(open(os.path.join(model_dir, "stop_training.json")))
+    done = json.load(open(os.path.join(model_dir, "training_complete.json")))
+    assert stop["max_steps"] == done["max_steps"] == 100000
+    assert stop["global_step"] <= done["global_step"] < 100000
+    assert "requested early stopping" in output
+    if STRATEGY == "default":   # the worker has no other way to learn of it
+        assert "[worker 0] INFO estimator.training: Stopping: the evaluator requested" in output
+    final = json.loads(output.split("[evaluator] FINAL_EVAL ", 1)[1].splitlines()[0])
+    assert final["global_step"] == done["global_step"]   # the final checkpoint, evaluated

@@ -1,0 +1,411 @@
+"""train_and_evaluate: specs, local mode, role dispatch, the evaluator (ledger,
+checkpoint policy, completion and stop markers) and real multi-process runs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import estimator as est
+import hooks
+from estimator import training
+from models import regression_data, regression_input_fn, regression_model_fn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "train_and_evaluate.py")
+SERVING = est.export.build_raw_serving_input_receiver_fn({"x": torch.zeros(1, 3)})
+
+
+def input_fn():
+    return regression_input_fn()()
+
+
+def eval_input_fn():
+    x, y = regression_data(64, seed=5)
+    return [({"x": x[i:i + 32]}, y[i:i + 32]) for i in range(0, 64, 32)]
+
+
+class _RecordSteps(hooks.SessionRunHook):
+    """An evaluation hook noting the global step of each evaluated checkpoint."""
+
+    def __init__(self):
+        self.steps = []
+
+    def after_create_session(self, session, coord):
+        self.steps.append(session.global_step)
+
+
+def make(tmp_path, name="m", **config):
+    config.setdefault("save_checkpoints_steps", 10)
+    return est.Estimator(regression_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / name), **config), params={"lr": 0.1})
+
+
+def set_cluster(monkeypatch, task_type, index=0, cluster=None):
+    cluster = cluster or {"chief": ["127.0.0.1:1111"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                                "task": {"type": task_type, "index": index}}))
+
+
+def ledger_steps(model_dir, name="eval"):
+    return [e["global_step"] for e in training._Ledger(os.path.join(model_dir, name)).entries()]
+
+
+# -- specs ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"input_fn": None}, TypeError, "`input_fn` must be callable"),
+    ({"max_steps": 0}, ValueError, r"Must specify max_steps > 0, given: 0"),
+    ({"max_steps": 1.5}, TypeError, "`max_steps` must be an int"),
+    ({"hooks": [object()]}, TypeError, "All hooks must be `SessionRunHook` instances"),
+    ({"saving_listeners": [hooks.StopAtStepHook(1)]}, TypeError,
+     "All saving_listeners must be `CheckpointSaverListener`"),
+])
+def test_train_spec_validation(kwargs, error, message):
+    kwargs = dict({"input_fn": input_fn}, **kwargs)
+    with pytest.raises(error, match=message):
+        est.TrainSpec(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"input_fn": 3}, TypeError, "`input_fn` must be callable"),
+    ({"steps": 0}, ValueError, "Must specify steps > 0, given: 0"),
+    ({"name": 1}, TypeError, "`name` must be string"),
+    ({"hooks": ["x"]}, TypeError, "All hooks must be `SessionRunHook` instances"),
+    ({"start_delay_secs": -1}, ValueError, "Must specify start_delay_secs >= 0, given: -1"),
+    ({"throttle_secs": -1}, ValueError, "Must specify throttle_secs >= 0, given: -1"),
+    ({"throttle_secs": "10"}, TypeError, "`throttle_secs` must be a number"),
+    ({"exporters": [SERVING]}, TypeError, "`exporters` must be an Exporter, an iterable"),
+    ({"exporters": 5}, TypeError, "`exporters` must be an Exporter, an iterable"),
+    ({"exporters": [est.LatestExporter("a", SERVING), est.FinalExporter("a", SERVING)]},
+     ValueError, "`exporters` must have unique names"),
+    ({"exporters": [est.LatestExporter("", SERVING)]}, ValueError, "cannot have a name"),
+    ({"checkpoint_policy": "all"}, ValueError, "`checkpoint_policy` must be one of"),
+])
+def test_eval_spec_validation(kwargs, error, message):
+    kwargs = dict({"input_fn": input_fn}, **kwargs)
+    with pytest.raises(error, match=message):
+        est.EvalSpec(**kwargs)
+
+
+def test_spec_defaults_are_tf_s():
+    spec = est.EvalSpec(input_fn, exporters=est.LatestExporter("latest", SERVING))
+    assert (spec.steps, spec.start_delay_secs, spec.throttle_secs) == (100, 120, 600)
+    assert len(spec.exporters) == 1 and spec.checkpoint_policy == "latest"
+    assert est.TrainSpec(input_fn).max_steps is None
+
+
+def test_train_and_evaluate_argument_types(tmp_path):
+    e = make(tmp_path)
+    with pytest.raises(TypeError, match="`estimator` must have type"):
+        est.train_and_evaluate(object(), est.TrainSpec(input_fn), est.EvalSpec(input_fn))
+    with pytest.raises(TypeError, match="`train_spec` must have type"):
+        est.train_and_evaluate(e, est.EvalSpec(input_fn), est.EvalSpec(input_fn))
+    with pytest.raises(TypeError, match="`eval_spec` must have type"):
+        est.train_and_evaluate(e, est.TrainSpec(input_fn), None)
+
+
+# -- local mode ---------------------------------------------------------------------------
+def run_local(tmp_path, max_steps=35, throttle_secs=0, train_input=input_fn, **config):
+    e = make(tmp_path, **config)
+    recorder = _RecordSteps()
+    final = est.FinalExporter("final", SERVING)
+    result = est.train_and_evaluate(
+        e, est.TrainSpec(train_input, max_steps=max_steps),
+        est.EvalSpec(eval_input_fn, steps=None, throttle_secs=throttle_secs, hooks=[recorder],
+                     exporters=[final, est.LatestExporter("latest", SERVING)]))
+    return e, recorder.steps, result
+
+
+def test_local_evaluates_after_every_checkpoint_and_at_the_end(tmp_path):
+    e, steps, (metrics, exports) = run_local(tmp_path, max_steps=35, throttle_secs=0)
+    assert steps == [10, 20, 30, 35]
+    assert ledger_steps(e.model_dir) == steps
+    assert metrics["global_step"] == 35 and set(metrics) == {"loss", "mae", "global_step"}
+    final, latest = exports
+    assert json.load(open(os.path.join(final, "signature.json")))["global_step"] == 35
+    assert os.listdir(os.path.dirname(final)) == [os.path.basename(final)]   # final: once
+    assert len(os.listdir(os.path.dirname(latest))) == 4
+    assert sorted(hooks.read_eval_metrics(e.eval_dir())) == [10, 20, 30, 35]
+
+
+def test_local_does_not_evaluate_the_last_checkpoint_twice(tmp_path):
+    e, steps, (metrics, exports) = run_local(tmp_path, max_steps=30)
+    assert steps == [10, 20, 30] and metrics["global_step"] == 30
+    assert exports[0] is not None   # the final export happened, at step 30
+
+
+def test_local_throttle_skips_checkpoints_but_not_the_end(tmp_path):
+    _, steps, (metrics, _) = run_local(tmp_path, max_steps=35, throttle_secs=3600)
+    assert steps == [10, 35] and metrics["global_step"] == 35
+
+
+def test_local_final_export_when_the_input_runs_out(tmp_path):
+    short = regression_input_fn(batch_size=32, n=32 * 25, repeat=False)
+    _, steps, (metrics, exports) = run_local(tmp_path, max_steps=100, train_input=short)
+    assert steps == [10, 20, 25] and metrics["global_step"] == 25
+    assert exports[0] is not None   # FinalExporter: the end of training is final
+
+
+def test_local_returns_none_when_already_trained(tmp_path):
+    run_local(tmp_path, max_steps=20)
+    _, steps, result = run_local(tmp_path, max_steps=20)
+    assert steps == [] and result == (None, None)
+
+
+def test_local_early_stopping_from_eval_results(tmp_path):
+    e = make(tmp_path)
+    stop = hooks.stop_if_lower_hook(e, "loss", 1e9, run_every_secs=None, run_every_steps=1)
+    est.train_and_evaluate(e, est.TrainSpec(input_fn, max_steps=1000, hooks=[stop]),
+                           est.EvalSpec(eval_input_fn, steps=None, throttle_secs=0))
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 11
+
+
+# -- roles ------------------------------------------------------------------------------
+def test_unknown_task_type_is_a_clear_error(tmp_path, monkeypatch):
+    set_cluster(monkeypatch, "trainer", 0, {"chief": ["a:1"], "trainer": ["a:2"]})
+    with pytest.raises(ValueError, match=r"Task type 'trainer' .* is not supported. Supported "
+                                         r"task types are \['chief', 'evaluator', 'master', "
+                                         r"'ps', 'worker'\]"):
+        est.train_and_evaluate(make(tmp_path), est.TrainSpec(input_fn, 10),
+                               est.EvalSpec(input_fn))
+
+
+def test_only_one_evaluator(tmp_path, monkeypatch):
+    set_cluster(monkeypatch, "evaluator", 1, {"chief": ["a:1"], "evaluator": ["a:2", "a:3"]})
+    with pytest.raises(ValueError, match="there can only be one `evaluator` task"):
+        est.train_and_evaluate(make(tmp_path), est.TrainSpec(input_fn, 10),
+                               est.EvalSpec(input_fn))
+
+
+@pytest.mark.parametrize("task_type", ["ps", "chief", "worker"])
+def test_ps_tasks_need_a_parameter_server_strategy(tmp_path, monkeypatch, task_type):
+    set_cluster(monkeypatch, task_type, 0,
+                {"chief": ["a:1"], "worker": ["a:2"], "ps": ["a:3"]})
+    with pytest.raises(ValueError, match="does not use parameter servers. Use "
+                                         "ParameterServerStrategy"):
+        est.train_and_evaluate(make(tmp_path), est.TrainSpec(input_fn, 10),
+                               est.EvalSpec(input_fn))
+
+
+def test_chief_writes_initial_state_and_completion_marker(tmp_path, monkeypatch):
+    set_cluster(monkeypatch, "chief", 0, {"chief": ["a:1"], "worker": ["a:2"]})
+    e = make(tmp_path)
+    assert est.train_and_evaluate(e, est.TrainSpec(input_fn, 25), est.EvalSpec(input_fn)) is None
+    steps = [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(e.model_dir)]
+    assert steps == [0, 10, 20, 25]   # step 0: the state workers start from
+    marker = json.load(open(os.path.join(e.model_dir, training.COMPLETION_MARKER)))
+    assert marker["global_step"] == 25 and marker["max_steps"] == 25
+
+
+def test_worker_trains_from_the_chief_state_without_writing(tmp_path, monkeypatch):
+    e = make(tmp_path)
+    e.train(input_fn, max_steps=10)
+    before = {n: os.path.getmtime(os.path.join(e.model_dir, n)) for n in os.listdir(e.model_dir)}
+    set_cluster(monkeypatch, "worker", 0, {"chief": ["a:1"], "worker": ["a:2"]})
+    worker = make(tmp_path)
+    assert worker.config.task_type == "worker" and not worker.config.is_chief
+    recorder = hooks.FinalOpsHook("global_step")
+    est.train_and_evaluate(worker, est.TrainSpec(input_fn, 30, hooks=[recorder]),
+                           est.EvalSpec(input_fn))
+    assert recorder.final_ops_values == 30   # trained from the chief's step 10
+    after = {n: os.path.getmtime(os.path.join(e.model_dir, n)) for n in os.listdir(e.model_dir)}
+    assert after == before
+
+
+def test_worker_waiting_for_the_chief_times_out_clearly(tmp_path, monkeypatch):
+    set_cluster(monkeypatch, "worker", 1, {"chief": ["a:1"], "worker": ["a:2", "a:3"]})
+    e = make(tmp_path, session_creation_timeout_secs=0.6)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"worker 1: the chief wrote no initial state \(a "
+                                           r"checkpoint in .*\) within 0.6 s"):
+        est.train_and_evaluate(e, est.TrainSpec(input_fn, 10), est.EvalSpec(input_fn))
+    assert time.monotonic() - start < 5
+
+
+def test_worker_start_delay_is_tf_s_when_asked(monkeypatch, tmp_path):
+    set_cluster(monkeypatch, "worker", 3, {"chief": ["a:1"], "worker": ["a:2"] * 4})
+    assert training._worker_start_delay(make(tmp_path).config) == 0   # off by default
+    assert training._worker_start_delay(make(tmp_path, experimental_max_worker_delay_secs=60)
+                                        .config) == 20   # (3 + 1) * 5 s
+    assert training._worker_start_delay(make(tmp_path, experimental_max_worker_delay_secs=7)
+                                        .config) == 7
+
+
+def test_trainer_stops_on_the_evaluator_s_stop_marker(tmp_path, monkeypatch):
+    e = make(tmp_path)
+    e.train(input_fn, max_steps=20)
+    os.makedirs(e.model_dir, exist_ok=True)
+    training._write_json(os.path.join(e.model_dir, training.STOP_MARKER),
+                         {"global_step": 20, "max_steps": 99})   # another run's: stale
+    set_cluster(monkeypatch, "chief")
+    chief = make(tmp_path)
+    est.train_and_evaluate(chief, est.TrainSpec(input_fn, 30), est.EvalSpec(input_fn))
+    assert est.checkpoint.step_of(chief.latest_checkpoint()) == 30
+    training._write_json(os.path.join(e.model_dir, training.STOP_MARKER),
+                         {"global_step": 30, "max_steps": 1000})
+    est.train_and_evaluate(chief, est.TrainSpec(input_fn, 1000), est.EvalSpec(input_fn))
+    marker = json.load(open(os.path.join(e.model_dir, training.COMPLETION_MARKER)))
+    assert marker == dict(marker, global_step=30, max_steps=1000)   # stopped at once
+
+
+# -- the evaluator, in-process on a finished model_dir --------------------------------------
+def evaluator(tmp_path, monkeypatch, max_steps=40, policy="every", train_hooks=(), **eval_kw):
+    set_cluster(monkeypatch, "evaluator")
+    e = make(tmp_path)
+    assert e.config.task_type == "evaluator"
+    recorder = _RecordSteps()
+    metrics, exports = est.train_and_evaluate(
+        e, est.TrainSpec(input_fn, max_steps, hooks=list(train_hooks)),
+        est.EvalSpec(eval_input_fn, steps=None, throttle_secs=0, start_delay_secs=0,
+                     checkpoint_policy=policy, hooks=[recorder],
+                     exporters=[est.FinalExporter("final", SERVING)], **eval_kw))
+    return recorder.steps, metrics, exports
+
+
+def test_evaluator_ledger_neither_repeats_nor_skips(tmp_path, monkeypatch):
+    make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
+    steps, metrics, exports = evaluator(tmp_path, monkeypatch)
+    assert steps == [10, 20, 30, 40] and metrics["global_step"] == 40 and exports[0]
+    model_dir = str(tmp_path / "m")
+    assert ledger_steps(model_dir) == [10, 20, 30, 40]
+    steps, *_ = evaluator(tmp_path, monkeypatch)   # restarted when done: nothing to do
+    assert steps == []
+    # Restarted after a crash that lost the last two records, and a torn line.
+    path = os.path.join(model_dir, "eval", training.LEDGER)
+    lines = open(path).read().splitlines(True)
+    open(path, "w").write("".join(lines[:2]) + lines[2][:17])
+    steps, *_ = evaluator(tmp_path, monkeypatch)
+    assert steps == [30, 40]
+    assert ledger_steps(model_dir) == [10, 20, 30, 40]
+
+
+def test_evaluator_latest_policy_evaluates_the_newest_only(tmp_path, monkeypatch):
+    make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
+    steps, metrics, _ = evaluator(tmp_path, monkeypatch, policy="latest")
+    assert steps == [40] and metrics["global_step"] == 40
+
+
+def test_evaluator_stops_at_the_chief_s_final_step(tmp_path, monkeypatch):
+    """Training ended before max_steps (input ran out, early stop): the
+    completion marker names the final step; it is evaluated and exported as final."""
+    make(tmp_path).train(input_fn, max_steps=25)
+    training._write_json(str(tmp_path / "m" / training.COMPLETION_MARKER),
+                         {"global_step": 25, "max_steps": 1000})
+    steps, metrics, exports = evaluator(tmp_path, monkeypatch, max_steps=1000, policy="latest")
+    assert steps == [25] and exports[0] is not None
+
+
+def test_evaluator_early_stopping_writes_the_stop_marker(tmp_path, monkeypatch):
+    make(tmp_path).train(input_fn, max_steps=20)
+    model_dir = str(tmp_path / "m")
+    training._write_json(os.path.join(model_dir, training.COMPLETION_MARKER),
+                         {"global_step": 20, "max_steps": 1000})
+    estimator_for_hook = make(tmp_path)
+    hook = hooks.stop_if_lower_hook(estimator_for_hook, "loss", 1e9)
+    evaluator(tmp_path, monkeypatch, max_steps=1000, policy="latest", train_hooks=[hook])
+    marker = json.load(open(os.path.join(model_dir, training.STOP_MARKER)))
+    assert marker["global_step"] == 20 and marker["max_steps"] == 1000
+
+
+def test_chief_keeps_checkpoints_the_evaluator_has_not_seen(tmp_path, monkeypatch):
+    set_cluster(monkeypatch, "chief")
+    model_dir = str(tmp_path / "m")
+    training._Ledger(os.path.join(model_dir, "eval")).record(
+        os.path.join(model_dir, "model.ckpt-10"), {"loss": 1.0, "global_step": 10})
+    e = make(tmp_path, keep_checkpoint_max=2)
+    est.train_and_evaluate(e, est.TrainSpec(input_fn, 50),
+                           est.EvalSpec(input_fn, checkpoint_policy="every"))
+    kept = sorted(est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(model_dir))
+    assert kept == [20, 30, 40, 50]   # 10 was evaluated; the rest are protected
+    files = sorted(n for n in os.listdir(model_dir) if n.startswith("model.ckpt-"))
+    assert files == ["model.ckpt-20", "model.ckpt-30", "model.ckpt-40", "model.ckpt-50"]
+    latest = make(tmp_path, "latest_policy", keep_checkpoint_max=2)
+    est.train_and_evaluate(latest, est.TrainSpec(input_fn, 50), est.EvalSpec(input_fn))
+    assert sorted(n for n in os.listdir(latest.model_dir) if n.startswith("model.ckpt-")) == [
+        "model.ckpt-40", "model.ckpt-50"]
+
+
+# -- real processes ----------------------------------------------------------------------
+def start_task(tmp_path, task_type, args, cluster, name=None):
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {
+        "type": task_type, "index": 0}}), PYTHONUNBUFFERED="1")
+    log = open(tmp_path / f"{name or task_type}.log", "w")
+    proc = subprocess.Popen([sys.executable, EXAMPLE, *args], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = str(tmp_path / f"{name or task_type}.log")
+    return proc
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def finish(procs, timeout=120):
+    try:
+        for proc in procs:
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for proc in procs:
+        assert proc.returncode == 0, open(proc.log_path).read()[-3000:]
+
+
+def final_eval(proc) -> dict:
+    lines = [line for line in open(proc.log_path) if line.startswith("FINAL_EVAL ")]
+    assert lines, open(proc.log_path).read()[-3000:]
+    return json.loads(lines[-1][len("FINAL_EVAL "):])
+
+
+@pytest.mark.slow
+def test_evaluator_started_first_and_faster_than_the_chief(tmp_path):
+    model_dir = str(tmp_path / "job")
+    cluster = {"chief": ["127.0.0.1:1"]}
+    args = ["--model_dir", model_dir, "--max_steps", "80", "--save_checkpoints_steps", "20"]
+    evaluator_proc = start_task(tmp_path, "evaluator", args, cluster)
+    procs = [evaluator_proc]
+    try:
+        wait_for(lambda: "not trained yet" in open(evaluator_proc.log_path).read(), 60,
+                 "the evaluator to poll an empty model_dir")
+        assert not os.path.exists(model_dir) or not os.listdir(model_dir)
+        procs.append(start_task(tmp_path, "chief", args + ["--step_sleep", "0.05"], cluster))
+    finally:
+        finish(procs)
+    steps = ledger_steps(model_dir)
+    assert steps[-1] == 80 and steps == sorted(set(steps)) and set(steps) <= {20, 40, 60, 80}
+    assert len(steps) >= 2, steps   # it evaluated while the (slower) chief trained
+    assert final_eval(evaluator_proc)["global_step"] == 80
+    assert sorted(hooks.read_eval_metrics(os.path.join(model_dir, "eval"))) == steps
+
+
+@pytest.mark.slow
+def test_evaluator_restarted_mid_job_resumes_from_its_ledger(tmp_path):
+    model_dir = str(tmp_path / "job")
+    cluster = {"chief": ["127.0.0.1:1"]}
+    args = ["--model_dir", model_dir, "--max_steps", "100", "--save_checkpoints_steps", "10",
+            "--keep_checkpoint_max", "1", "--checkpoint_policy", "every"]
+    chief = start_task(tmp_path, "chief", args + ["--step_sleep", "0.08"], cluster)
+    first = start_task(tmp_path, "evaluator", args, cluster, name="evaluator1")
+    procs = [chief, first]
+    try:
+        wait_for(lambda: len(ledger_steps(model_dir)) >= 1, 90, "a first evaluation")
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        time.sleep(1.5)    # the chief saves more checkpoints meanwhile; none is lost
+        second = start_task(tmp_path, "evaluator", args, cluster, name="evaluator2")
+        procs = [chief, second]
+    finally:
+        finish(procs)
+    assert ledger_steps(model_dir) == list(range(10, 101, 10))
+    assert "Evaluator resuming" in open(second.log_path).read()
+    assert final_eval(second)["global_step"] == 100
