@@ -13,6 +13,10 @@ from .cross_device_ops import (CollectiveCommunication, CommunicationImplementat
                                NcclAllReduce, ReductionToOneDevice)
 from ._process_group import ReplicaFailedError
 from .mirrored_strategy import MirroredStrategy
+from . import partitioners
+from ._ps_rpc import ParameterServerError
+from .parameter_server_strategy import ParameterServerStrategy
+from .server import Server
 from .strategy import (InputContext, OneDeviceStrategy, ReduceOp, ReplicaContext, Strategy,
                        StrategyExtended, experimental_set_strategy, get_loss_reduction,
                        get_replica_context, get_strategy, has_strategy, in_cross_replica_context)
@@ -25,5 +29,5 @@ __all__ = [
     "CollectiveAllReduceStrategy", "CentralStorageStrategy", "CrossDeviceOps", "NcclAllReduce",
     "HierarchicalCopyAllReduce", "ReductionToOneDevice", "CommunicationImplementation",
     "CollectiveCommunication", "CommunicationOptions", "ReplicaFailedError", "cross_device_ops",
-    "input_lib",
+    "input_lib", "ParameterServerStrategy", "Server", "ParameterServerError", "partitioners",
 ]

@@ -30,6 +30,7 @@ the first device. On GPUs the forking process must not have initialized CUDA.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import logging
@@ -150,6 +151,7 @@ class _CollectiveExtended(StrategyExtended):
         self._reset_step_state()
 
     def _reset_step_state(self):
+        self._training = False       # between the start of a training input and its end
         self._train_input = None     # input_lib.TrainBatches of the current training
         self._stop_flag = torch.zeros(1)
         self._pending_stop = None    # async all-reduce of _stop_flag
@@ -199,6 +201,8 @@ class _CollectiveExtended(StrategyExtended):
     def _run_in_replicas(self, fn: Callable, *args) -> Optional[tuple]:
         if self._group is not None or self._num_replicas == 1:
             return None
+        if _processes.in_replica_process():   # a nested call (a listener evaluating,
+            return None                       # say): here, on this replica's device
         topo = self._topology
         if len(topo.devices) == 1:   # this process is its task's only replica
             self._join(0)
@@ -212,6 +216,7 @@ class _CollectiveExtended(StrategyExtended):
         port = store.port if store is not None else topo.port
         logger.info("%s: starting %d replica processes on %s", type(self._container_strategy)
                     .__name__, len(names), ", ".join(topo.device_names))
+        import torch._dynamo  # noqa: F401  (DDP imports it: once here, not in every replica)
         try:
             return tuple(_processes.run_replicas(
                 fn, args, {}, names, setup=lambda i: self._join(i, port, forked=True),
@@ -242,6 +247,8 @@ class _CollectiveExtended(StrategyExtended):
                                         topo.describe, self._timeout, store=store,
                                         is_host=rank == 0 and not forked, store_host=store_host)
         self._reset_step_state()
+        if not forked:   # the group lives as long as this process
+            atexit.register(self._group.leave)
         logger.info("%s: %s, rank %d of %d, device %s, backend %s, rendezvous %s:%s",
                     type(self._container_strategy).__name__,
                     topo.role or ("chief" if rank == 0 else "replica"), rank, topo.world_size,
@@ -249,6 +256,7 @@ class _CollectiveExtended(StrategyExtended):
 
     def _leave(self) -> None:
         if self._group is not None:
+            self._drain()
             self._group.leave()
             self._group = None
             self._device = self._topology.devices[0]
@@ -380,6 +388,11 @@ class _CollectiveExtended(StrategyExtended):
         self._stop_flag.fill_(1.0 if local else 0.0)
         self._pending_stop = dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MAX,
                                              group=self._group.control, async_op=True)
+        if local:   # complete the vote before leaving: the others are waiting for it
+            try:
+                self._drain()
+            except RuntimeError as e:
+                raise self._explain(e, "the stop agreement") from e
         return local
 
     def _await_agreement(self) -> None:
@@ -401,6 +414,18 @@ class _CollectiveExtended(StrategyExtended):
                 work.wait()
         self._pending_stop = self._pending_loss = None
         self._loss_src = self._loss_mean = None
+
+    def _end_training(self) -> None:
+        """Every replica returns from training once all have closed their
+        session, so the chief's final checkpoint exists when they go on."""
+        if self._group is None:
+            return
+        self._training = False
+        try:
+            self._drain()
+            dist.barrier(group=self._group.control)
+        except RuntimeError as e:
+            raise self._explain(e, "the end of training") from e
 
     def _flags(self, flag: bool) -> List[bool]:
         """Every replica's `flag` (a blocking all-gather on the control group)."""
@@ -429,7 +454,9 @@ class _CollectiveExtended(StrategyExtended):
         return InputContext(n, self._group.rank, n)
 
     def _distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str):
-        if self._group is None or mode == _PREDICT:
+        if self._group is None or mode == _PREDICT or self._training:
+            # alone; or an evaluation inside training (a saving listener on the
+            # chief), while the other replicas wait in training: unsharded, here
             return call_input_fn(InputContext(1, 0, 1))
         self._drain()
         context = self._input_context()
@@ -441,6 +468,7 @@ class _CollectiveExtended(StrategyExtended):
             dataset = input_lib.shard(dataset, context.num_input_pipelines,
                                       context.input_pipeline_id, seed)
         if mode == _TRAIN:
+            self._training = True
             self._train_input = input_lib.TrainBatches(dataset, self._all_have)
             return self._train_input
         return input_lib.EvalBatches(dataset, self._flags, self._topology.describe)
@@ -448,7 +476,7 @@ class _CollectiveExtended(StrategyExtended):
     def _reduce_metrics(self, metrics) -> None:
         """Sum every metric's state (all float64 sums) over the replicas, in one
         all-reduce."""
-        if self._group is None or not metrics:
+        if self._group is None or self._training or not metrics:
             return
         buffers = [b for m in metrics for b in m.buffers()]
         if not buffers:

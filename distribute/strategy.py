@@ -147,6 +147,14 @@ class StrategyExtended:
         AutoShardPolicy). One replica: what the input_fn returned."""
         return call_input_fn(self._input_context())
 
+    def _end_training(self) -> None:
+        """After the training session has closed (the chief's last checkpoint
+        is written): replicas wait here for each other."""
+
+    def _set_last_step(self, last_step: Optional[int]) -> None:
+        """The global step training stops at (StopAtStepHook tells it), for
+        strategies whose trainers share one global step (parameter servers)."""
+
     def _run_train_op(self, train_op: Callable) -> None:
         """Run a custom `train_op` callable (several optimizers, a GAN step)."""
         train_op()

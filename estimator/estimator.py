@@ -147,6 +147,7 @@ class Estimator:
                                             is_chief) as session:
                 while not session.should_stop():
                     last = session.run(step) or last
+            strategy.extended._end_training()   # replicas return once the chief has saved
             logger.info("Loss for final step: %s.",
                         _python(strategy.extended._reduce_loss(last.loss)))
         return self

@@ -181,7 +181,9 @@ def _run(args) -> int:
     train_spec, eval_spec = exp.train_spec(estimator), exp.eval_spec(estimator)
     exp.save(estimator, "run")
     outcome = est.train_and_evaluate(estimator, train_spec, eval_spec)
-    if outcome is None:          # a training task of a cluster: the evaluator reports
+    if outcome is None or (outcome[0] is None and not _is_chief(estimator)):
+        # a training task of a cluster, or a replica other than the chief
+        # (torchrun, SLURM): the evaluator or the chief reports
         print(f"{_task(estimator)}: training finished")
         return 0
     result, exports = outcome
@@ -210,6 +212,9 @@ def _train(args) -> int:
     else:
         estimator.train(spec.input_fn, hooks=list(spec.hooks), max_steps=spec.max_steps,
                         saving_listeners=list(spec.saving_listeners))
+    if not _is_chief(estimator):
+        print(f"{_task(estimator)}: training finished")
+        return 0
     latest = estimator.latest_checkpoint()
     step = checkpoint.step_of(latest) if latest else 0
     print(f"Trained to global step {step}; latest checkpoint: {latest}")
@@ -234,7 +239,14 @@ def _evaluate(args) -> int:
 
 def _task(estimator) -> str:
     c = estimator.config
-    return f"{c.task_type} {c.task_id}" if c.task_type else "this task"
+    return f"{c.task_type} {c.task_id}" if c.cluster_spec else "this replica"
+
+
+def _is_chief(estimator) -> bool:
+    """The task that writes checkpoints (TF's chief; rank 0 under torchrun or SLURM)."""
+    c = estimator.config
+    strategy = c.train_distribute
+    return bool(c.is_chief) and (strategy is None or strategy.extended.should_checkpoint)
 
 
 def _format_result(title: str, result: dict, name: Optional[str]) -> str:
@@ -248,7 +260,8 @@ def _format_result(title: str, result: dict, name: Optional[str]) -> str:
 def _number(value) -> str:
     value = _jsonable(value)
     if isinstance(value, float):
-        return f"{value:.6g}"
+        text = f"{value:.6g}"
+        return text + ".0" if text.lstrip("-").isdigit() else text   # 1.0, not 1
     return str(value)
 
 
@@ -266,7 +279,7 @@ def _predict(args) -> int:
         if section == "predict_spec" else None
     if isinstance(keys, str):
         keys = [keys]
-    hooks = exp.hooks(section, estimator)
+    hooks = exp.hooks(section, estimator) if section == "predict_spec" else []
     ckpt = args.checkpoint or (spec.get("checkpoint_path") if section == "predict_spec" else None)
     fmt = args.format or ("csv" if args.output.lower().endswith(".csv") else "jsonl")
     predictions = estimator.predict(exp.function(section, "input_fn"), predict_keys=keys,

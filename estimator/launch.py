@@ -36,7 +36,7 @@ import threading
 import time
 from typing import List, Optional, Sequence, Union
 
-_TRAINERS = ("chief", "worker")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # holds `estimator/`
 
 
 class _Task:
@@ -163,6 +163,8 @@ class _Job:
         env = dict(os.environ)
         env.update(self.env)
         env["TF_CONFIG"] = self.tf_config(task)
+        # Tasks import the same `estimator` as the launcher (`python -m estimator run`).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
         task.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
@@ -256,7 +258,10 @@ class _Job:
             return None
         self.say(f"{task.name} (pid {pid}) {_describe(code)}; stopping the other tasks")
         self.stop(self.tasks)
-        self.say(f"job failed: {task.name} {_describe(code)}")
+        others = [f"{t.name} {_describe(t.returncode)}" for t in self.tasks
+                  if t is not task and t.returncode and not t.stopping]
+        self.say(f"job failed: {task.name} {_describe(code)}"
+                 + (f" (also failed on their own: {', '.join(others)})" if others else ""))
         return _status(code)
 
     def _succeeded(self) -> bool:
@@ -333,6 +338,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_options(parser)
+    parser.add_argument("program", help="a .py script, a .yaml experiment, or a command")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the program")
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chief", action=argparse.BooleanOptionalAction, default=True,
                         help="start a chief task (default: yes)")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
@@ -348,12 +359,19 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop the job after this many seconds (exit status 124)")
     parser.add_argument("--stop-grace-secs", type=float, default=10.0, metavar="SECS",
                         help="how long stopped tasks get before SIGKILL (default: 10)")
-    parser.add_argument("program", help="a .py script, a .yaml experiment, or a command")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the program")
 
 
 def _run_from_args(args) -> int:
     program_args = args.args[1:] if args.args[:1] == ["--"] else args.args
+    if args.program.endswith((".yaml", ".yml")) and args.args[:1] != ["--"]:
+        # SPEC's order, `estimator launch configs/X.yaml --workers N --ps M`: the
+        # launcher's flags may follow an experiment file; the rest is for `run`.
+        own = argparse.ArgumentParser(prog="estimator launch", add_help=False)
+        _add_options(own)
+        own.set_defaults(**{k: v for k, v in vars(args).items() if k not in ("program", "args")})
+        program = args.program
+        args, program_args = own.parse_known_args(program_args)
+        args.program = program
     try:
         return launch([args.program, *program_args], chief=args.chief, workers=args.workers,
                       ps=args.ps, evaluator=args.evaluator, max_restarts=args.max_restarts,

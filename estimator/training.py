@@ -22,8 +22,10 @@ task of a cluster makes; what it does follows from the task's TF_CONFIG:
 Early stopping across processes: when the evaluator's evaluation makes one of
 TrainSpec's early-stopping hooks (hooks.stop_if_no_decrease_hook, ...) decide
 to stop, it writes `model_dir/stop_training.json`; every trainer polls for it
-(a file check every few seconds, or every few steps with the strategy's stop
-agreement when replicas must stop together) and stops.
+(a file check every few seconds; a synchronous strategy's stop agreement
+makes its replicas stop on the same step) and stops. Markers name the run's
+`max_steps`; one from a run with other max_steps is ignored. To train on
+after an early stop with the same max_steps, delete `stop_training.json`.
 """
 from __future__ import annotations
 
@@ -56,7 +58,6 @@ LEDGER = "evaluated_checkpoints.jsonl"
 _PIN_DIR = ".checkpoints_in_evaluation"   # in the eval dir: hard links held while evaluating
 _POLL_SECS = 0.5            # evaluator / waiting worker: how often to look at model_dir
 _STOP_POLL_SECS = 2.0       # trainers: how often to look for the stop marker
-_STOP_POLL_STEPS = 50       # ... in steps, where replicas must agree on the stop step
 _CHECKPOINT_POLICIES = ("latest", "every")
 
 
@@ -219,11 +220,14 @@ def train_and_evaluate(estimator, train_spec: TrainSpec, eval_spec: EvalSpec):
         raise ValueError("For distributed training, there can only be one `evaluator` task "
                          f"(with task id 0).  Given task id {config.task_id}")
     role = _ROLES.get(task_type)
+    if task_type == "worker" and config.is_chief:   # worker 0 of a chief-less cluster
+        role = _run_chief
     if role is None:
         raise ValueError(f"Task type {task_type!r} (TF_CONFIG task {task_type}:"
                          f"{config.task_id}) is not supported. Supported task types are "
                          f"{sorted(_ROLES)}")
-    logger.info("train_and_evaluate: running as %s %s", task_type, config.task_id)
+    logger.info("train_and_evaluate: running as %s %s%s", task_type, config.task_id,
+                " (the chief)" if role is _run_chief and task_type != "chief" else "")
     return role(estimator, train_spec, eval_spec)
 
 
@@ -438,41 +442,34 @@ def _completion(model_dir: str, max_steps: Optional[int]) -> Optional[dict]:
 
 
 class _StopMarkerHook(SessionRunHook):
-    """Stops a trainer when the evaluator has written the stop marker. Looks
-    for the file every `_STOP_POLL_SECS` seconds, or, where replicas must stop
-    on the same step (a synchronous strategy with several replicas), every
-    `_STOP_POLL_STEPS` steps with the strategy's stop agreement."""
+    """Stops a trainer when the evaluator has written the stop marker: one
+    file check every `_STOP_POLL_SECS` seconds. Under a synchronous strategy
+    the session's stop agreement makes every replica stop on the step where
+    the first one saw it."""
 
-    def __init__(self, model_dir: str, max_steps: Optional[int], agree: bool):
+    def __init__(self, model_dir: str, max_steps: Optional[int]):
         self._model_dir = model_dir
         self._max_steps = max_steps
-        self._agree = agree
         self._next = 0.0
-        self._steps = 0
 
     def after_create_session(self, session, coord):
-        if not self._agree and self._found():
+        self._next = time.monotonic() + _STOP_POLL_SECS
+        if self._found():
             coord.request_stop()
 
     def after_run(self, run_context, run_values):
-        if self._agree:
-            self._steps += 1
-            if self._steps % _STOP_POLL_STEPS:
-                return
-            stop = run_context.session.strategy.extended._all_agree_to_stop(self._found())
-        else:
-            now = time.monotonic()
-            if now < self._next:
-                return
+        now = time.monotonic()
+        if now >= self._next:
             self._next = now + _STOP_POLL_SECS
-            stop = self._found()
-        if stop:
-            logger.info("Stopping: the evaluator requested early stopping (%s)",
-                        os.path.join(self._model_dir, STOP_MARKER))
-            run_context.request_stop()
+            if self._found():
+                run_context.request_stop()
 
     def _found(self) -> bool:
-        return _read_marker(self._model_dir, STOP_MARKER, self._max_steps) is not None
+        if _read_marker(self._model_dir, STOP_MARKER, self._max_steps) is None:
+            return False
+        logger.info("Stopping: the evaluator requested early stopping (%s)",
+                    os.path.join(self._model_dir, STOP_MARKER))
+        return True
 
 
 class _ProtectUnevaluated(CheckpointSaverListener):
@@ -532,10 +529,8 @@ def _check_cluster_strategy(config):
     return strategy
 
 
-def _trainer_hooks(estimator, train_spec, strategy) -> list:
-    agree = strategy.num_replicas_in_sync > 1 and not _uses_parameter_servers(strategy)
-    return list(train_spec.hooks) + [_StopMarkerHook(estimator.model_dir,
-                                                     train_spec.max_steps, agree)]
+def _trainer_hooks(estimator, train_spec) -> list:
+    return list(train_spec.hooks) + [_StopMarkerHook(estimator.model_dir, train_spec.max_steps)]
 
 
 def _worker_start_delay(config) -> float:
@@ -559,7 +554,7 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
     listeners = list(train_spec.saving_listeners) + list(extra_listeners)
     if eval_spec.checkpoint_policy == "every":
         listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name))))
-    train_hooks = _trainer_hooks(estimator, train_spec, strategy)
+    train_hooks = _trainer_hooks(estimator, train_spec)
     if config.num_worker_replicas > 1 and not _synchronises_state(strategy):
         train_hooks.append(_SaveInitialState(config))
     estimator.train(train_spec.input_fn, hooks=train_hooks, max_steps=train_spec.max_steps,
@@ -591,7 +586,7 @@ def _run_worker(estimator, train_spec, eval_spec):
         time.sleep(delay)
     if not _synchronises_state(strategy):
         _wait_for_chief_state(estimator, train_spec, config.session_creation_timeout_secs)
-    estimator.train(train_spec.input_fn, hooks=_trainer_hooks(estimator, train_spec, strategy),
+    estimator.train(train_spec.input_fn, hooks=_trainer_hooks(estimator, train_spec),
                     max_steps=train_spec.max_steps)
 
 
@@ -625,7 +620,8 @@ def _run_ps(estimator, train_spec, eval_spec):
             f"This task is 'ps' {estimator.config.task_id}, but train_distribute is "
             f"{strategy!r}, which does not use parameter servers. Use "
             "ParameterServerStrategy, or remove the 'ps' job from the cluster.")
-    raise NotImplementedError("The ps role comes with ParameterServerStrategy.")
+    model_dir, max_steps = estimator.model_dir, train_spec.max_steps
+    strategy.extended._serve(stop_when=lambda: _completion(model_dir, max_steps) is not None)
 
 
 def _early_stopping_fns(train_spec) -> list:
@@ -687,7 +683,7 @@ def _run_evaluator(estimator, train_spec, eval_spec):
                 continue
             done.add(result.metrics["global_step"])
             last = (result.metrics, exports)
-            if evaluator.stop_requested:
+            if evaluator.stop_requested and not _read_marker(model_dir, STOP_MARKER, max_steps):
                 _write_json(os.path.join(model_dir, STOP_MARKER),
                             {"global_step": result.metrics["global_step"],
                              "max_steps": max_steps, "time": time.time(),

@@ -83,14 +83,10 @@ class _SlowSteps(hooks.SessionRunHook):
 
 
 def _strategy(name: str):
-    if name == "default":
-        return None
-    if name == "multi_worker_mirrored":
-        return distribute.MultiWorkerMirroredStrategy()
-    raise ValueError(f"--strategy must be default or multi_worker_mirrored, got {name!r}")
+    return distribute.MultiWorkerMirroredStrategy() if name == "multi_worker_mirrored" else None
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", default=None)
     parser.add_argument("--max_steps", type=int, default=200)
@@ -99,14 +95,21 @@ def main(argv=None):
     parser.add_argument("--throttle_secs", type=float, default=0)
     parser.add_argument("--start_delay_secs", type=float, default=0)
     parser.add_argument("--checkpoint_policy", default="latest", choices=["latest", "every"])
-    parser.add_argument("--strategy", default="default")
+    parser.add_argument("--strategy", default="default",
+                        choices=["default", "multi_worker_mirrored"])
     parser.add_argument("--step_sleep", type=float, default=0.0,
                         help="seconds each training step sleeps (a slow trainer)")
     parser.add_argument("--learning_rate", type=float, default=0.1)
     parser.add_argument("--stop_if_loss_below", type=float, default=None,
                         help="early stopping on the evaluation loss (even when the "
                              "evaluator is a task of its own)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--early_stopping_every_steps", type=int, default=100,
+                        help="how often the chief's early-stopping hook reads eval results")
+    return parser
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     strategy = _strategy(args.strategy)
@@ -118,8 +121,9 @@ def main(argv=None):
                               params={"learning_rate": args.learning_rate})
     train_hooks = [_SlowSteps(args.step_sleep)] if args.step_sleep else []
     if args.stop_if_loss_below is not None:
-        train_hooks.append(hooks.stop_if_lower_hook(estimator, "loss", args.stop_if_loss_below,
-                                                    run_every_secs=None, run_every_steps=100))
+        train_hooks.append(hooks.stop_if_lower_hook(
+            estimator, "loss", args.stop_if_loss_below, run_every_secs=None,
+            run_every_steps=args.early_stopping_every_steps))
     train_spec = est.TrainSpec(train_input_fn, max_steps=args.max_steps, hooks=train_hooks)
     eval_spec = est.EvalSpec(
         eval_input_fn, steps=None, start_delay_secs=args.start_delay_secs,

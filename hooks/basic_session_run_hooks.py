@@ -75,6 +75,7 @@ class StopAtStepHook(SessionRunHook):
     def after_create_session(self, session, coord):
         if self._last_step is None:
             self._last_step = session.global_step + self._num_steps
+        session.strategy.extended._set_last_step(self._last_step)   # a shared global step
         if session.global_step >= self._last_step:
             coord.request_stop()
 

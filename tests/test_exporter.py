@@ -36,7 +36,8 @@ signature = json.load(open(export_dir + "/signature.json"))
 program = torch.export.load(export_dir + "/" + signature["program"]).module()
 x = torch.from_numpy(np.load(x_path))
 with torch.no_grad():
-    outputs = {"all": program(x=x)["y"], "one": program(x=x[:1])["y"], "five": program(x=x[:5])["y"]}
+    outputs = {"all": program(x=x)["y"], "one": program(x=x[:1])["y"],
+               "five": program(x=x[:5])["y"]}
 np.savez(out_path, **{k: v.numpy() for k, v in outputs.items()})
 """
 

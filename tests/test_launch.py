@@ -289,15 +289,55 @@ def test_early_stopping_decided_by_the_evaluator_reaches_every_trainer(tmp_path)
     model_dir = str(tmp_path / "job")
     status, output, took = run([EXAMPLE, "--model_dir", model_dir, "--max_steps", "100000",
                                 "--save_checkpoints_steps", "20", "--strategy", STRATEGY,
-                                "--step_sleep", "0.01", "--stop_if_loss_below", "1.0"],
+                                "--step_sleep", "0.01", "--stop_if_loss_below", "1.0",
+                                # the chief's own hook reads eval results at step 1 only:
+                                # the decision has to come from the evaluator
+                                "--early_stopping_every_steps", "1000000"],
                                workers=1, evaluator=True, timeout=240)
     assert status == 0, output[-4000:]
     stop = json.load(open(os.path.join(model_dir, "stop_training.json")))
     done = json.load(open(os.path.join(model_dir, "training_complete.json")))
     assert stop["max_steps"] == done["max_steps"] == 100000
     assert stop["global_step"] <= done["global_step"] < 100000
-    assert "requested early stopping" in output
-    if STRATEGY == "default":   # the worker has no other way to learn of it
-        assert "[worker 0] INFO estimator.training: Stopping: the evaluator requested" in output
+    saw = [task for task in ("chief", "worker 0")
+           if f"[{task}] INFO estimator.training: Stopping: the evaluator requested" in output]
+    # Each task polls the marker; under a synchronous strategy the first to see
+    # it stops them all on the same step (the session's stop agreement).
+    assert saw == ["chief", "worker 0"] if STRATEGY == "default" else saw
     final = json.loads(output.split("[evaluator] FINAL_EVAL ", 1)[1].splitlines()[0])
     assert final["global_step"] == done["global_step"]   # the final checkpoint, evaluated
+
+
+def test_tfjob_manifest_runs_the_example_with_arguments_it_accepts():
+    import yaml
+    manifest = yaml.safe_load(open(os.path.join(ROOT, "examples", "tfjob.yaml")))
+    assert manifest["kind"] == "TFJob"
+    specs = manifest["spec"]["tfReplicaSpecs"]
+    assert sorted(specs) == ["Chief", "Evaluator", "Worker"]
+    assert specs["Chief"]["replicas"] == 1 and specs["Evaluator"]["replicas"] == 1
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    try:
+        import train_and_evaluate as example
+    finally:
+        sys.path.remove(os.path.dirname(EXAMPLE))
+    for spec in specs.values():
+        command = spec["template"]["spec"]["containers"][0]["command"]
+        assert command[:2] == ["python", "examples/train_and_evaluate.py"]
+        args = example._parser().parse_args(command[2:])   # SystemExit if it did not parse
+        assert args.strategy == "multi_worker_mirrored" and args.model_dir.startswith("/mnt/")
+
+
+def test_launcher_flags_may_follow_an_experiment_file(monkeypatch):
+    """SPEC: `estimator launch configs/X.yaml --workers N --ps M --evaluator`."""
+    import argparse
+    from estimator import launch as launch_mod
+    captured = {}
+    monkeypatch.setattr(launch_mod, "launch", lambda cmd, **kw: captured.update(cmd=cmd, **kw) or 0)
+    parser = argparse.ArgumentParser()
+    launch_mod._add_arguments(parser)
+    launch_mod._run_from_args(parser.parse_args(
+        ["configs/cluster.yaml", "--workers", "2", "--ps", "1", "--evaluator", "--set", "a=1"]))
+    assert (captured["workers"], captured["ps"], captured["evaluator"]) == (2, 1, True)
+    assert captured["cmd"] == ["configs/cluster.yaml", "--set", "a=1"]
+    launch_mod._run_from_args(parser.parse_args(["train.py", "--workers", "3"]))
+    assert captured["workers"] == 0 and captured["cmd"] == ["train.py", "--workers", "3"]

@@ -182,13 +182,21 @@ def test_only_one_evaluator(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("task_type", ["ps", "chief", "worker"])
-def test_ps_tasks_need_a_parameter_server_strategy(tmp_path, monkeypatch, task_type):
+@pytest.mark.parametrize("sync", [False, True])
+def test_ps_tasks_need_a_parameter_server_strategy(tmp_path, monkeypatch, task_type, sync):
+    import distribute
     set_cluster(monkeypatch, task_type, 0,
                 {"chief": ["a:1"], "worker": ["a:2"], "ps": ["a:3"]})
+    if sync and task_type == "ps":   # the strategy itself refuses to run on a ps task
+        with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy has no parameter "
+                                             "servers: this task is ps:0"):
+            distribute.MultiWorkerMirroredStrategy()
+        return
+    strategy = distribute.MultiWorkerMirroredStrategy() if sync else None
     with pytest.raises(ValueError, match="does not use parameter servers. Use "
                                          "ParameterServerStrategy"):
-        est.train_and_evaluate(make(tmp_path), est.TrainSpec(input_fn, 10),
-                               est.EvalSpec(input_fn))
+        est.train_and_evaluate(make(tmp_path, train_distribute=strategy),
+                               est.TrainSpec(input_fn, 10), est.EvalSpec(input_fn))
 
 
 def test_chief_writes_initial_state_and_completion_marker(tmp_path, monkeypatch):
@@ -401,7 +409,7 @@ def test_evaluator_restarted_mid_job_resumes_from_its_ledger(tmp_path):
         wait_for(lambda: len(ledger_steps(model_dir)) >= 1, 90, "a first evaluation")
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-        time.sleep(1.5)    # the chief saves more checkpoints meanwhile; none is lost
+        time.sleep(0.5)    # the chief saves more checkpoints meanwhile; none is lost
         second = start_task(tmp_path, "evaluator", args, cluster, name="evaluator2")
         procs = [chief, second]
     finally:
@@ -409,3 +417,42 @@ def test_evaluator_restarted_mid_job_resumes_from_its_ledger(tmp_path):
     assert ledger_steps(model_dir) == list(range(10, 101, 10))
     assert "Evaluator resuming" in open(second.log_path).read()
     assert final_eval(second)["global_step"] == 100
+
+
+def test_the_example_program_in_local_mode(tmp_path, capsys):
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    try:
+        import train_and_evaluate as example
+    finally:
+        sys.path.remove(os.path.dirname(EXAMPLE))
+    metrics, exports = example.main(["--model_dir", str(tmp_path / "ex"), "--max_steps", "40"])
+    assert metrics["global_step"] == 40 and metrics["loss"] < 1e-3
+    assert [os.path.basename(os.path.dirname(p)) for p in exports] == ["best", "latest", "final"]
+    printed = json.loads(capsys.readouterr().out.split("FINAL_EVAL ", 1)[1])
+    assert printed["global_step"] == 40
+
+
+@pytest.mark.slow
+def test_local_mode_under_mirrored_strategy_evaluates_on_the_chief_replica(tmp_path):
+    """MirroredStrategy forks a process per device; the evaluation after each
+    checkpoint runs on the chief's while the other replica waits."""
+    import distribute
+    e = est.Estimator(regression_model_fn, params={"lr": 0.1}, config=est.RunConfig(
+        model_dir=str(tmp_path / "m"), save_checkpoints_steps=10,
+        train_distribute=distribute.MirroredStrategy(["cpu:0", "cpu:1"])))
+    metrics, exports = est.train_and_evaluate(
+        e, est.TrainSpec(input_fn, max_steps=25),
+        est.EvalSpec(eval_input_fn, steps=None, throttle_secs=0,
+                     exporters=[est.FinalExporter("final", SERVING)]))
+    assert metrics["global_step"] == 25 and exports[0] is not None
+    assert ledger_steps(e.model_dir) == [10, 20, 25]
+
+
+def test_worker_0_of_a_chief_less_cluster_is_the_chief(tmp_path, monkeypatch):
+    set_cluster(monkeypatch, "worker", 0, {"worker": ["127.0.0.1:1"]})
+    import distribute
+    e = make(tmp_path, train_distribute=distribute.MultiWorkerMirroredStrategy())
+    assert e.config.is_chief and e.config.task_type == "worker"
+    est.train_and_evaluate(e, est.TrainSpec(input_fn, 10), est.EvalSpec(input_fn))
+    marker = json.load(open(os.path.join(e.model_dir, training.COMPLETION_MARKER)))
+    assert marker["global_step"] == 10   # it trained as the chief and said it finished

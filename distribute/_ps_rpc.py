@@ -1,0 +1,576 @@
+"""The parameter-server protocol, on `torch.distributed.rpc` (TensorPipe).
+
+TF analogue: the gRPC runtime between TF1's workers and `ps` tasks, and the
+variables, optimizer slots and global step living on the ps tasks.
+
+Who is who. Every ps task and every trainer (chief, workers) is an RPC agent
+(PyTorch's `TensorPipeAgent`). ps 0 hosts the rendezvous store at its
+TF_CONFIG address. The group is dynamic: ps tasks join first, each trainer
+joins when it starts, and a trainer that dies and is restarted joins again
+under a new rank. PyTorch's stock dynamic-group join calls every member,
+which fails for good once one member died; so the agent is built by a
+backend registered here (`torch.distributed.rpc.backend_registry`) that
+skips that handshake: trainers only ever call the ps tasks, and a ps only
+answers on the connection a call came in on, so no member needs to know the
+others beyond the ps tasks each trainer finds in the store at start.
+
+What a ps holds (`ParameterStore`): its shards (whole parameters and
+buffers, or row slices of partitioned ones), one optimizer per trainer
+optimizer over the shards it has, and a clock: every update ticks it and
+stamps the shards it changed, so a trainer asks for "what changed since
+clock c" and gets only that. ps 0 also coordinates: the module layouts the
+chief published, whether the chief has initialized the parameters
+(`ready`), the global step, and the end of training.
+
+The global step: before pushing a step's gradients a trainer takes a ticket
+from ps 0 (`next_ticket`), the new global step, and none once `max_steps`
+is reached, so the last step is exactly `max_steps` and every trainer stops
+there. Each ticket request also reports the trainer's previous ticket as
+done, so the chief can wait for every ticket handed out before a checkpoint
+to be applied (`wait_completed`, bounded: a dead trainer's ticket is
+abandoned after the wait).
+
+Every RPC function here runs on a ps, called by a trainer or the chief;
+`Client` is the trainer side, translating a failed call into a
+`ParameterServerError` that names the ps task and its address.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed.rpc as rpc
+from torch.distributed.rpc import backend_registry
+
+logger = logging.getLogger(__name__)
+
+_BACKEND = "PARAMETER_SERVER_TENSORPIPE"
+_POLL_SECS = 0.05
+
+
+class ParameterServerError(RuntimeError):
+    """A ps task died or did not answer within the RPC timeout (TF raises
+    UnavailableError / DeadlineExceededError)."""
+
+
+# -- the RPC backend ----------------------------------------------------------------
+def _construct_options(rpc_timeout, init_method, **kwargs):
+    return rpc.TensorPipeRpcBackendOptions(rpc_timeout=rpc_timeout, init_method=init_method,
+                                           **kwargs)
+
+
+def _init_agent(store, name, rank, world_size, rpc_backend_options):
+    """TensorPipe's own agent in a dynamic group, minus the join handshake
+    with every member (see the module docstring)."""
+    return rpc.TensorPipeAgent(store, name, rank, world_size, rpc_backend_options, {}, [])
+
+
+def _backend():
+    if not backend_registry.backend_registered(_BACKEND):
+        return backend_registry.register_backend(_BACKEND, _construct_options, _init_agent)
+    return backend_registry.BackendType[_BACKEND]
+
+
+def _split_address(address: str, what: str) -> Tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"The address {address!r} of {what} must be host:port")
+    return host.strip("[]"), int(port)
+
+
+def _options(host: str, port: int, timeout: float) -> rpc.TensorPipeRpcBackendOptions:
+    return rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://{host}:{port}", rpc_timeout=timeout, num_worker_threads=16,
+        _transports=["uv"], _channels=["basic"])
+
+
+def _connect_store(host: str, port: int, timeout: float, what: str) -> dist.TCPStore:
+    try:
+        return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout),
+                             wait_for_workers=False)
+    except (RuntimeError, dist.DistError) as e:
+        raise TimeoutError(f"{what}: ps 0 at {host}:{port} (it hosts the rendezvous) could "
+                           f"not be reached within {timeout:g} s: "
+                           f"{str(e).strip().splitlines()[0]}") from None
+
+
+def _start_agent(name: str, rank: int, host: str, port: int, timeout: float) -> None:
+    rpc.init_rpc(name, backend=_backend(), rank=rank,
+                 rpc_backend_options=_options(host, port, timeout))
+
+
+# -- packing tensors (one flat tensor per dtype per message) ---------------------------
+def pack(ids: Sequence[int], tensors: Sequence[torch.Tensor]) -> list:
+    """[(ids, shapes, flat CPU tensor)] per dtype: few contiguous RPC payloads
+    (a view would send its whole storage), copied (safe to send after a lock
+    is released)."""
+    groups: Dict[torch.dtype, Tuple[list, list, list]] = {}
+    for i, t in zip(ids, tensors):
+        g = groups.get(t.dtype)
+        if g is None:
+            g = groups[t.dtype] = ([], [], [])
+        g[0].append(i)
+        g[1].append(tuple(t.shape))
+        g[2].append(t.reshape(-1))
+    out = []
+    for gids, shapes, ts in groups.values():
+        flat = torch.cat(ts) if len(ts) > 1 else ts[0].clone()
+        out.append((gids, shapes, flat if flat.is_cpu else flat.cpu()))
+    return out
+
+
+def unpack(packed: list) -> list:
+    """[(id, view)] of what `pack` made."""
+    out = []
+    for ids, shapes, flat in packed:
+        offset = 0
+        for i, shape in zip(ids, shapes):
+            n = 1
+            for s in shape:
+                n *= s
+            out.append((i, flat[offset:offset + n].view(shape)))
+            offset += n
+    return out
+
+
+# -- the ps side --------------------------------------------------------------------------
+class _Shard:
+    __slots__ = ("key", "value", "clock")
+
+    def __init__(self, key: str, value: torch.Tensor, clock: int):
+        self.key, self.value, self.clock = key, value, clock
+
+
+class ParameterStore:
+    """What one ps task holds and does (the ps's variables, slots and the
+    update ops TF ran there). RPC calls run on several threads; one lock
+    serializes updates on this ps (TF's `use_locking=True`)."""
+
+    def __init__(self, task_index: int, trainers: Sequence[str]):
+        self.task_index = task_index
+        self._lock = threading.Condition()
+        self._shards: List[_Shard] = []
+        self._ids: Dict[str, int] = {}
+        self._clock = 0
+        self._optimizers: Dict[str, torch.optim.Optimizer] = {}
+        self._groups: Dict[str, List[int]] = {}   # optimizer -> trainer group index per group
+        self.pushes = 0
+        self.push_secs = 0.0
+        # coordination (ps 0)
+        self._modules: Dict[str, list] = {}
+        self._ready = False
+        self._global_step = 0
+        self._issued: Dict[str, int] = {}
+        self._completed: Dict[str, int] = {}
+        self._trainers = list(trainers)
+        self._seen: Dict[str, float] = {}
+        self._left: set = set()
+        self._ended_at: Optional[float] = None
+        self.end_requested = threading.Event()
+
+    # -- shards ---------------------------------------------------------------------
+    def create_shards(self, entries) -> List[int]:
+        """(key, tensor) -> shard ids; an existing key is overwritten in place
+        (a chief re-initializing after a restart)."""
+        ids = []
+        with self._lock:
+            self._clock += 1
+            for key, value in entries:
+                i = self._ids.get(key)
+                if i is None:
+                    i = len(self._shards)
+                    self._ids[key] = i
+                    self._shards.append(_Shard(key, value.detach().contiguous(), self._clock))
+                else:
+                    shard = self._shards[i]
+                    if shard.value.shape != value.shape or shard.value.dtype != value.dtype:
+                        raise ValueError(
+                            f"ps {self.task_index}: {key} has shape {list(shard.value.shape)} "
+                            f"({shard.value.dtype}) here, {list(value.shape)} ({value.dtype}) "
+                            "in the chief's model")
+                    shard.value.copy_(value)
+                    shard.clock = self._clock
+                ids.append(i)
+        return ids
+
+    def _changed_since(self, since: int, only=None) -> list:
+        ids = range(len(self._shards)) if only is None else only
+        ids = [i for i in ids if self._shards[i].clock > since]
+        return pack(ids, [self._shards[i].value for i in ids]) if ids else []
+
+    def pull(self, ids: Optional[Sequence[int]], since: int):
+        with self._lock:
+            return self._clock, self._changed_since(since, ids)
+
+    def push(self, optimizer: Optional[str], packed_grads, packed_deltas, hparams, since: int):
+        """Apply one trainer step: the gradients through this ps's optimizer,
+        the buffer deltas by addition; return (clock, what changed since `since`)."""
+        start = time.perf_counter()
+        grads = unpack(packed_grads)
+        deltas = unpack(packed_deltas)
+        with self._lock:
+            self._clock += 1
+            clock = self._clock
+            if grads:
+                opt = self._optimizers.get(optimizer)
+                if opt is None:
+                    raise ValueError(f"ps {self.task_index} has no optimizer {optimizer!r}: "
+                                     "the chief did not create it (same model_fn everywhere?)")
+                if hparams is not None:
+                    for group, index in zip(opt.param_groups, self._groups[optimizer]):
+                        group.update(hparams[index])
+                for i, g in grads:
+                    self._shards[i].value.grad = g
+                opt.step()
+                for i, _ in grads:
+                    shard = self._shards[i]
+                    shard.value.grad = None
+                    shard.clock = clock
+            for i, d in deltas:
+                shard = self._shards[i]
+                shard.value.add_(d)
+                shard.clock = clock
+            out = self._changed_since(since)
+            self.pushes += 1
+            self.push_secs += time.perf_counter() - start
+        return clock, out
+
+    # -- optimizers ---------------------------------------------------------------------
+    def ensure_optimizer(self, name: str, cls, defaults: dict, groups) -> None:
+        """Build optimizer `name` (the trainers' class and hyperparameters) over
+        this ps's shards, once. `groups`: [(trainer group index, hparams, ids)]."""
+        with self._lock:
+            if name in self._optimizers:
+                return
+            param_groups = [dict(hparams, params=[self._shards[i].value for i in ids])
+                            for _, hparams, ids in groups]
+            try:
+                try:
+                    opt = cls(param_groups, **defaults)
+                except TypeError:
+                    opt = cls(param_groups)
+            except Exception as e:
+                raise ValueError(f"ps {self.task_index}: cannot build optimizer {name!r} "
+                                 f"({cls.__name__}) over its shards: {e}") from None
+            self._optimizers[name] = opt
+            self._groups[name] = [index for index, _, _ in groups]
+
+    def set_optimizer_state(self, name: str, states: Dict[int, dict]) -> None:
+        with self._lock:
+            opt = self._optimizers[name]
+            for i, slots in states.items():
+                opt.state[self._shards[i].value] = slots
+
+    def gather(self, ids: Sequence[int], optimizers: Sequence[str]):
+        """The values of shards `ids` and the optimizer slots, copied under the lock."""
+        with self._lock:
+            values = pack(ids, [self._shards[i].value for i in ids]) if ids else []
+            index = {id(s.value): i for i, s in enumerate(self._shards)}
+            slots = {}
+            for name in optimizers:
+                opt = self._optimizers.get(name)
+                if opt is None:
+                    continue
+                slots[name] = {index[id(p)]: {k: v.clone() if isinstance(v, torch.Tensor)
+                                              else v for k, v in state.items()}
+                               for p, state in opt.state.items()}
+            return values, slots
+
+    # -- coordination (ps 0) -----------------------------------------------------------------
+    def status(self) -> dict:
+        with self._lock:
+            return {"ready": self._ready, "global_step": self._global_step,
+                    "ended": self._ended_at is not None}
+
+    def publish(self, module: str, layout: list) -> None:
+        with self._lock:
+            self._modules[module] = layout
+
+    def lookup(self, module: str) -> Optional[list]:
+        with self._lock:
+            return self._modules.get(module)
+
+    def set_ready(self, global_step: int) -> None:
+        with self._lock:
+            self._ready = True
+            self._global_step = global_step
+            logger.info("ps %d: the chief initialized the parameters; global step %d",
+                        self.task_index, global_step)
+
+    def register(self, task: str) -> dict:
+        """A trainer (re)starts: a ticket its previous incarnation held is void."""
+        with self._lock:
+            if self._issued.get(task, 0) > self._completed.get(task, 0):
+                logger.info("ps %d: %s rejoined; its unfinished step %d is abandoned",
+                            self.task_index, task, self._issued[task])
+            self._completed[task] = self._issued.get(task, 0)
+            self._seen[task] = time.monotonic()
+            self._left.discard(task)
+            self._lock.notify_all()
+        return self.status()
+
+    def next_ticket(self, task: str, limit: Optional[int], done: int):
+        """(ticket, global step): the next global step for `task`, or None
+        once training ended or reached `limit`; `done` is its previous ticket."""
+        with self._lock:
+            self._seen[task] = time.monotonic()
+            if done > self._completed.get(task, 0):
+                self._completed[task] = done
+                self._lock.notify_all()
+            if self._ended_at is not None or (limit is not None and self._global_step >= limit):
+                return None, self._global_step
+            self._global_step += 1
+            self._issued[task] = self._global_step
+            return self._global_step, self._global_step
+
+    def wait_completed(self, caller: str, timeout: float) -> Tuple[int, List[str]]:
+        """Wait until every ticket handed out so far (but the caller's) is
+        done; (global step, [trainers whose ticket was abandoned after `timeout`])."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            snapshot = {t: n for t, n in self._issued.items()
+                        if t != caller and n > self._completed.get(t, 0)}
+            while True:
+                missing = [t for t, n in snapshot.items() if self._completed.get(t, 0) < n]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    break
+                self._lock.wait(min(left, 0.5))
+            for t in missing:
+                self._completed[t] = max(self._completed.get(t, 0), snapshot[t])
+            return self._global_step, missing
+
+    def complete(self, task: str, done: int) -> None:
+        with self._lock:
+            if done > self._completed.get(task, 0):
+                self._completed[task] = done
+                self._lock.notify_all()
+
+    def end_training(self) -> None:
+        with self._lock:
+            if self._ended_at is None:
+                self._ended_at = time.monotonic()
+                logger.info("ps %d: the chief ended training at global step %d",
+                            self.task_index, self._global_step)
+        self.end_requested.set()
+
+    def leave(self, task: str, done: int) -> None:
+        with self._lock:
+            self._left.add(task)
+            if done > self._completed.get(task, 0):
+                self._completed[task] = done
+            self._lock.notify_all()
+
+    def finished(self, grace_secs: float) -> bool:
+        """Training ended and every trainer has left (or has been silent,
+        or never came, for `grace_secs` since)."""
+        with self._lock:
+            if self._ended_at is None:
+                return False
+            now = time.monotonic()
+            for task in self._trainers:
+                if task in self._left:
+                    continue
+                last = max(self._seen.get(task, self._ended_at), self._ended_at)
+                if now - last < grace_secs:
+                    return False
+            return True
+
+
+_store: Optional[ParameterStore] = None   # the one this ps process serves
+
+
+def _local() -> ParameterStore:
+    if _store is None:
+        raise RuntimeError("This process serves no parameters: it is not a running ps task")
+    return _store
+
+
+# Module-level functions: what trainers call on a ps (pickled by reference).
+def _create_shards(entries):
+    return _local().create_shards(entries)
+
+
+def _pull(ids, since):
+    return _local().pull(ids, since)
+
+
+def _push(optimizer, packed_grads, packed_deltas, hparams, since):
+    return _local().push(optimizer, packed_grads, packed_deltas, hparams, since)
+
+
+def _ensure_optimizer(name, cls, defaults, groups):
+    return _local().ensure_optimizer(name, cls, defaults, groups)
+
+
+def _set_optimizer_state(name, states):
+    return _local().set_optimizer_state(name, states)
+
+
+def _gather(ids, optimizers):
+    return _local().gather(ids, optimizers)
+
+
+def _status():
+    return _local().status()
+
+
+def _publish(module, layout):
+    return _local().publish(module, layout)
+
+
+def _lookup(module):
+    return _local().lookup(module)
+
+
+def _set_ready(global_step):
+    return _local().set_ready(global_step)
+
+
+def _register(task):
+    return _local().register(task)
+
+
+def _next_ticket(task, limit, done):
+    return _local().next_ticket(task, limit, done)
+
+
+def _wait_completed(caller, timeout):
+    return _local().wait_completed(caller, timeout)
+
+
+def _complete(task, done):
+    return _local().complete(task, done)
+
+
+def _end_training():
+    return _local().end_training()
+
+
+def _leave(task, done):
+    return _local().leave(task, done)
+
+
+def _stats():
+    s = _local()
+    return {"pushes": s.pushes, "push_secs": s.push_secs}
+
+
+# -- serving (a ps task) -------------------------------------------------------------------
+def trainers_of(cluster_spec) -> List[str]:
+    """"chief:0", "worker:1", ... : the trainers of a cluster."""
+    out = []
+    for job in ("chief", "master", "worker"):
+        if job in cluster_spec.jobs:
+            out += [f"{job}:{i}" for i in cluster_spec.task_indices(job)]
+    return out
+
+
+def serve(cluster_spec, task_index: int, timeout: float, init_timeout: float):
+    """Start serving as ps `task_index`: the RPC agent (ps 0 hosts the
+    rendezvous store), then the `ps/ready/<i>` flag trainers wait for.
+    Returns (ParameterStore, a client of the rendezvous store)."""
+    global _store
+    num_ps = cluster_spec.num_tasks("ps")
+    host, port = _split_address(cluster_spec.task_address("ps", 0), "ps 0")
+    if _store is not None:
+        raise RuntimeError("This process already serves as a ps task")
+    _store = ParameterStore(task_index, trainers_of(cluster_spec))
+    what = f"ps {task_index}"
+    if task_index != 0:
+        _connect_store(host, port, init_timeout, what)   # bounded wait for ps 0
+    _start_agent(f"ps:{task_index}", task_index, host, port, timeout)
+    store = _connect_store(host, port, init_timeout, what)
+    store.set(f"ps/ready/{task_index}", "1")
+    logger.info("ps %d of %d: serving parameters (RPC rendezvous at ps 0, %s:%d)",
+                task_index, num_ps, host, port)
+    return _store, store
+
+
+def stop_serving(grace_secs: float = 1.0) -> None:
+    """Shut the RPC agent down after the last answers have left."""
+    global _store
+    time.sleep(grace_secs)
+    try:
+        rpc.shutdown(graceful=False)
+    finally:
+        _store = None
+
+
+# -- the trainer side -----------------------------------------------------------------------
+class Client:
+    """A trainer's connection to the ps tasks: `call`/`call_async` a
+    function of this module on ps `i`; failures name the ps task."""
+
+    def __init__(self, cluster_spec, task_type: str, task_id: int, timeout: float,
+                 init_timeout: float):
+        self.task = f"{task_type}:{task_id}"
+        self.timeout = timeout
+        self.num_ps = cluster_spec.num_tasks("ps")
+        self.addresses = [cluster_spec.task_address("ps", i) for i in range(self.num_ps)]
+        host, port = _split_address(self.addresses[0], "ps 0")
+        store = _connect_store(host, port, init_timeout, self.task)
+        deadline = time.monotonic() + init_timeout
+        while True:
+            missing = [i for i in range(self.num_ps) if not store.check([f"ps/ready/{i}"])]
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                names = ", ".join(f"ps {i} at {self.addresses[i]}" for i in missing)
+                raise TimeoutError(f"{self.task}: {names} did not start serving within "
+                                   f"{init_timeout:g} s")
+            time.sleep(_POLL_SECS)
+        rank = self.num_ps - 1 + int(store.add("ps/rank", 1))
+        self.name = f"{task_type}:{task_id}:{rank}"
+        _start_agent(self.name, rank, host, port, timeout)
+        self._store = store
+        self._closed = False
+        logger.info("%s: connected to %d ps task(s) (%s) over torch.distributed.rpc as %s",
+                    self.task, self.num_ps, ", ".join(self.addresses), self.name)
+
+    def call_async(self, ps: int, fn, *args, timeout: Optional[float] = None):
+        return rpc.rpc_async(f"ps:{ps}", fn, args=args,
+                             timeout=self.timeout if timeout is None else timeout)
+
+    def result(self, future, ps: int, what: str):
+        try:
+            return future.wait()
+        except RuntimeError as e:
+            raise self.explain(e, ps, what) from None
+
+    def call(self, ps: int, fn, *args, what: str, timeout: Optional[float] = None):
+        try:
+            future = self.call_async(ps, fn, *args, timeout=timeout)
+        except RuntimeError as e:
+            raise self.explain(e, ps, what) from None
+        return self.result(future, ps, what)
+
+    def explain(self, exc: BaseException, ps: int, what: str) -> BaseException:
+        """A ParameterServerError naming ps `ps` for a transport failure;
+        `exc` itself for an error the ps raised."""
+        text = str(exc).strip()
+        if text.startswith("On WorkerInfo(") or "\nOn WorkerInfo(" in text[:200]:
+            return exc
+        first = text.splitlines()[0] if text else type(exc).__name__
+        return ParameterServerError(
+            f"{self.task}: ps {ps} at {self.addresses[ps]} failed while {what}: it died, or "
+            f"did not answer within {self.timeout:g} s ({first})")
+
+    def close(self, done: int = 0) -> None:
+        """Tell ps 0 this trainer leaves, and shut the agent down."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.call(0, _leave, self.task, done, what="leaving", timeout=5.0)
+        except Exception as e:   # ps 0 gone: nothing to tell
+            logger.debug("%s: could not say goodbye to ps 0: %s", self.task, e)
+        try:
+            rpc.shutdown(graceful=False)
+        except Exception as e:
+            logger.debug("%s: RPC shutdown: %s", self.task, e)

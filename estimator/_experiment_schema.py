@@ -1,0 +1,646 @@
+"""The schema of an experiment file and the checker that walks it
+(`estimator.experiment` loads, builds and runs; this module only judges).
+
+Every mistake becomes a `Problem` with the file, the line, the key path and
+the fix; `check()` collects them all before raising, so one run shows every
+mistake in the file. Nothing here builds a strategy or runs user code beyond
+importing the modules the file names.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional
+
+from . import _config_yaml, _registry
+from ._config_yaml import ExperimentError, Location, Problem, format_path
+
+_REQUIRED = object()
+_NOT_SET = object()
+
+
+# -- helpers ----------------------------------------------------------------------------
+def _describe(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        return f"{_config_yaml._kind(value)} {_short(value)}"
+    return f"{_config_yaml._kind(value)} {value!r}"
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _show_key(path) -> str:
+    for part in reversed(path):
+        if isinstance(part, str):
+            return part
+    return "-"
+
+
+def _plural(name: str) -> str:
+    for article in ("an ", "a "):
+        if name.startswith(article):
+            name = name[len(article):]
+            break
+    return name if name.endswith("s") else name + "s"
+
+
+
+# -- value types ------------------------------------------------------------------------
+class _Type:
+    """A schema type: `check(value, ctx, path) -> value or _INVALID` (recording problems)."""
+
+    name = "a value"
+    example = "..."
+
+    def check(self, value, ctx: "_Checker", path) -> Any:
+        return value
+
+
+_INVALID = object()
+
+
+class _Scalar(_Type):
+    def __init__(self, kinds, name, example, minimum=None, strict=False):
+        self.kinds, self.name, self.example = kinds, name, example
+        self.minimum, self.strict = minimum, strict
+
+    def check(self, value, ctx, path):
+        if isinstance(value, bool) and bool not in self.kinds or not isinstance(value, self.kinds):
+            ctx.wrong_type(path, value, self)
+            return _INVALID
+        if self.minimum is not None and (value <= self.minimum if self.strict
+                                         else value < self.minimum):
+            op = ">" if self.strict else ">="
+            ctx.problem(path, f"must be {op} {self.minimum}, got {value!r}; e.g. "
+                              f"{_show_key(path)}: {self.example}")
+            return _INVALID
+        return value
+
+
+class _Optional(_Type):
+    def __init__(self, inner: _Type):
+        self.inner = inner
+        self.name = f"{inner.name} or null"
+        self.example = inner.example
+
+    def check(self, value, ctx, path):
+        return None if value is None else self.inner.check(value, ctx, path)
+
+
+class _ListOf(_Type):
+    def __init__(self, inner: _Type, allow_single=False):
+        self.inner = inner
+        self.allow_single = allow_single
+        self.name = f"a list of {getattr(inner, 'plural', None) or _plural(inner.name)}"
+        self.example = f"[{inner.example}]"
+
+    def check(self, value, ctx, path):
+        if self.allow_single and not isinstance(value, list):
+            return self.inner.check(value, ctx, path)
+        if not isinstance(value, list):
+            ctx.wrong_type(path, value, self)
+            return _INVALID
+        out = [self.inner.check(v, ctx, path + (i,)) for i, v in enumerate(value)]
+        return _INVALID if any(v is _INVALID for v in out) else out
+
+
+class _Mapping(_Type):
+    name, example = "a mapping", "{key: value}"
+
+    def check(self, value, ctx, path):
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            ctx.wrong_type(path, value, self)
+            return _INVALID
+        return value
+
+
+INT = _Scalar((int,), "an integer", "100")
+POSITIVE_INT = _Scalar((int,), "a positive integer", "100", minimum=0, strict=True)
+NON_NEGATIVE_INT = _Scalar((int,), "an integer >= 0", "2", minimum=0)
+NUMBER = _Scalar((int, float), "a number", "0.5")
+NON_NEGATIVE = _Scalar((int, float), "a number >= 0", "60", minimum=0)
+STR = _Scalar((str,), "a string", "text")
+BOOL = _Scalar((bool,), "true or false", "true")
+MAPPING = _Mapping()
+ANY = _Type()
+
+
+class _Ref(_Type):
+    """An import path to a function; `role` decides the signature check."""
+
+    name, example = "an import path", "package.module:function"
+
+    def __init__(self, role: str):
+        self.role = role
+
+    def check(self, value, ctx, path):
+        if not isinstance(value, str):
+            ctx.wrong_type(path, value, self)
+            return _INVALID
+        return ctx.resolve_ref(path, value, self.role)
+
+
+class _Component(_Type):
+    """`Name`, `Name: null` or `Name: {argument: value}` of a registry kind."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.noun = _registry.KINDS[kind].noun
+        self.name = f"a {self.noun} (Name or Name: {{argument: value}})"
+        self.plural = f"{self.noun}s, each Name or Name: {{argument: value}}"
+        self.example = {"strategy": "{MirroredStrategy: {devices: [cpu:0, cpu:1]}}",
+                        "hook": "{LoggingTensorHook: {tensors: [loss], every_n_iter: 100}}",
+                        "exporter": "{LatestExporter: {name: latest, serving_input_receiver_fn:"
+                                    " pkg.mod:serving_fn}}",
+                        "saving_listener": "{package.module:MyListener: {}}",
+                        "cross_device_ops": "NcclAllReduce"}.get(kind, "Name")
+
+    def check(self, value, ctx, path):
+        return ctx.component(path, value, self)
+
+
+# -- the schema ----------------------------------------------------------------------------
+class _Field(NamedTuple):
+    type: _Type
+    default: Any = _NOT_SET      # _REQUIRED, _NOT_SET (omitted when absent) or a value
+
+
+_HOOKS = _ListOf(_Component("hook"))
+_STRATEGY = _Optional(_Component("strategy"))
+
+# RunConfig arguments with a meaningful YAML form; others in its signature are
+# accepted as they are (`ANY`), TF-only ones (session_config, ...) are refused.
+_RUN_CONFIG_TYPES = {
+    "model_dir": _Optional(STR), "tf_random_seed": _Optional(INT), "random_seed": _Optional(INT),
+    "save_summary_steps": _Optional(NON_NEGATIVE_INT),
+    "save_checkpoints_steps": _Optional(POSITIVE_INT),
+    "save_checkpoints_secs": _Optional(NON_NEGATIVE),
+    "keep_checkpoint_max": _Optional(NON_NEGATIVE_INT),
+    "keep_checkpoint_every_n_hours": NUMBER,
+    "log_step_count_steps": _Optional(POSITIVE_INT),
+    "train_distribute": _STRATEGY, "eval_distribute": _STRATEGY,
+    "session_creation_timeout_secs": NUMBER,
+    "experimental_max_worker_delay_secs": _Optional(INT),
+    "protocol": _Optional(STR), "checkpoint_save_graph_def": BOOL,
+    "device_fn": _Optional(_Ref("device_fn")),
+}
+_RUN_CONFIG_REFUSED = {
+    "session_config": "a tf.compat.v1.ConfigProto has no PyTorch meaning; remove it",
+    "experimental_distribute": "set train_distribute and eval_distribute instead",
+}
+_RUN_CONFIG_SHOWN = ("model_dir", "tf_random_seed", "save_summary_steps",
+                     "save_checkpoints_steps", "save_checkpoints_secs", "keep_checkpoint_max",
+                     "keep_checkpoint_every_n_hours", "log_step_count_steps",
+                     "train_distribute", "eval_distribute")
+
+_SPEC_TYPES = {
+    "input_fn": _Ref("input_fn"), "max_steps": _Optional(POSITIVE_INT), "hooks": _HOOKS,
+    "saving_listeners": _ListOf(_Component("saving_listener")),
+    "steps": _Optional(POSITIVE_INT), "name": _Optional(STR),
+    "exporters": _ListOf(_Component("exporter")),
+    "start_delay_secs": NON_NEGATIVE, "throttle_secs": NON_NEGATIVE,
+    "checkpoint_policy": STR,
+}
+_TF_TRAIN_SPEC = {"input_fn": _REQUIRED, "max_steps": None, "hooks": [], "saving_listeners": []}
+_TF_EVAL_SPEC = {"input_fn": _REQUIRED, "steps": 100, "name": None, "hooks": [],
+                 "exporters": [], "start_delay_secs": 120, "throttle_secs": 600}
+
+
+def _spec_fields(class_name: str, fallback: Dict[str, Any]) -> Dict[str, _Field]:
+    """TrainSpec/EvalSpec fields from their signatures (TF's list when absent)."""
+    import estimator as est
+    spec = getattr(est, class_name, None)
+    defaults = dict(fallback)
+    if spec is not None:
+        defaults = {}
+        for name, p in inspect.signature(spec).parameters.items():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or name in ("cls", "self"):
+                continue
+            default = _REQUIRED if p.default is p.empty else p.default
+            defaults[name] = [] if name in ("hooks", "exporters", "saving_listeners") \
+                and default is None else default
+    return {name: _Field(_SPEC_TYPES.get(name, ANY), default) for name, default in defaults.items()}
+
+
+def _run_config_fields() -> Dict[str, _Field]:
+    from .run_config import RunConfig
+    fields = {}
+    for name, p in inspect.signature(RunConfig).parameters.items():
+        if name in _RUN_CONFIG_REFUSED or name == "self":
+            continue
+        default = p.default if isinstance(p.default, (int, float, str, bool, type(None))) \
+            else None    # save_checkpoints_steps/secs: TF's rule fills them in (_check_run_config)
+        fields[name] = _Field(_RUN_CONFIG_TYPES.get(name, ANY),
+                              default if name in _RUN_CONFIG_SHOWN else _NOT_SET)
+    return fields
+
+
+def _warm_start_fields() -> Dict[str, _Field]:
+    return {"ckpt_to_initialize_from": _Field(STR, _REQUIRED),
+            "vars_to_warm_start": _Field(_Optional(_ListOf(STR, allow_single=True)), ".*"),
+            "var_name_to_prev_var_name": _Field(MAPPING, {})}
+
+
+def _schema() -> Dict[str, Any]:
+    """The top level: {key: _Field or (section fields, required?)}."""
+    return {
+        "model_fn": _Field(_Ref("model_fn"), _REQUIRED),
+        "params": _Field(MAPPING, {}),
+        "run_config": (_run_config_fields(), False),
+        "train_spec": (_spec_fields("TrainSpec", _TF_TRAIN_SPEC), False),
+        "eval_spec": (_spec_fields("EvalSpec", _TF_EVAL_SPEC), False),
+        "predict_spec": ({"input_fn": _Field(_Ref("input_fn"), _REQUIRED),
+                          "predict_keys": _Field(_Optional(_ListOf(STR, allow_single=True)), None),
+                          "checkpoint_path": _Field(_Optional(STR), None),
+                          "hooks": _Field(_HOOKS, [])}, False),
+        "export": ({"serving_input_receiver_fn": _Field(_Ref("serving_input_receiver_fn"),
+                                                        _REQUIRED),
+                    "export_dir_base": _Field(_Optional(STR), None),
+                    "checkpoint_path": _Field(_Optional(STR), None)}, False),
+        "warm_start": "warm_start",
+    }
+
+
+# Arguments that name devices; their strings are checked and TF's spellings
+# (/gpu:0, GPU:1, /device:CPU:0) turned into torch's (cuda:0, cpu:0).
+_DEVICE_ARGS = ("device", "devices", "compute_devices", "parameter_device")
+_TF_DEVICE = re.compile(r"^/?(?:job:\w+/)?(?:replica:\d+/)?(?:task:\d+/)?(?:device:)?"
+                        r"(cpu|gpu|cuda)(?::(\d+))?$", re.IGNORECASE)
+# Arguments filled in from the run when a hook takes them and the file does not set them.
+_INJECTED = ("estimator", "checkpoint_dir", "output_dir")
+
+
+class _Built(NamedTuple):
+    """A component ready to build: `factory(**kwargs)` plus the injected names."""
+
+    factory: Callable
+    name: str
+    kwargs: Dict[str, Any]
+    inject: tuple
+    path: tuple
+
+
+# -- checking ------------------------------------------------------------------------
+class _Checker:
+    """Walks a Tree against the schema, collecting every problem."""
+
+    def __init__(self, tree: _config_yaml.Tree, base_dir: str):
+        self.tree = tree
+        self.base_dir = base_dir
+        self.problems: List[Problem] = []
+        self.objects: Dict[tuple, Any] = {}      # path -> resolved function / _Built
+
+    # reporting
+    def problem(self, path, message):
+        self.problems.append(Problem(self.tree.where(path), format_path(path), message))
+
+    def wrong_type(self, path, value, expected: _Type):
+        fix = f"e.g. {_show_key(path)}: {expected.example}"
+        if isinstance(value, float) and value.is_integer() and \
+                expected.check(int(value), _Checker(self.tree, self.base_dir), path) \
+                is not _INVALID:
+            fix = f"write it as an integer: {_show_key(path)}: {int(value)}"
+        if isinstance(value, str) and not isinstance(expected, (_Ref, _Component)):
+            try:
+                parsed = _config_yaml.parse_scalar(value, "")
+            except ExperimentError:
+                parsed = value
+            if not isinstance(parsed, str) and \
+                    expected.check(parsed, _Checker(self.tree, self.base_dir), path) \
+                    is not _INVALID:
+                fix = f"remove the quotes: {_show_key(path)}: {value}"
+        self.problem(path, f"expected {expected.name}, got {_describe(value)}; {fix}")
+
+    # sections
+    def section(self, path, value, fields: Dict[str, _Field], required_by: str = ""):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            self.problem(path, f"expected a mapping of keys ({', '.join(fields)}), got "
+                               f"{_describe(value)}; indent its keys under {_show_key(path)}:")
+            return None
+        for key in value:
+            if path == ("run_config",) and key in _RUN_CONFIG_REFUSED:
+                self.problem(path + (key,), _RUN_CONFIG_REFUSED[key])
+            elif key not in fields:
+                self.unknown_key(path, key, fields)
+        out = {}
+        for key, field in fields.items():
+            if key in value:
+                checked = field.type.check(value[key], self, path + (key,))
+                if checked is not _INVALID:
+                    out[key] = checked
+            elif field.default is _REQUIRED:
+                self.problem(path + (key,), f"missing required key {key!r}; add "
+                                            f"{key}: {field.type.example} under "
+                                            f"{_show_key(path) or 'the top level'}")
+            elif field.default is not _NOT_SET:
+                out[key] = field.default
+        return out
+
+    def unknown_key(self, path, key, valid: Iterable[str]):
+        valid = list(valid)
+        close = _registry.suggest(key, valid)
+        where = f"under {_show_key(path)}" if path else "at the top level"
+        if close:
+            self.problem(path + (key,), f"unknown key {key!r}; did you mean {close!r}?")
+        else:
+            self.problem(path + (key,), f"unknown key {key!r}; valid keys {where}: "
+                                        f"{', '.join(valid)}")
+
+    # import paths
+    def resolve_ref(self, path, ref: str, role: str):
+        try:
+            obj = _registry.import_ref(ref, self.base_dir)
+        except _registry.RefError as e:
+            self.problem(path, str(e))
+            return _INVALID
+        if not callable(obj):
+            self.problem(path, f"{ref!r} is {type(obj).__name__}, not a function; name the "
+                               f"{role} function itself")
+            return _INVALID
+        message = _signature_problem(obj, role)
+        if message:
+            self.problem(path, f"{ref}: {message}")
+            return _INVALID
+        self.objects[path] = obj
+        return _absolute_ref(ref, self.base_dir)
+
+    # strategies, hooks, exporters
+    def component(self, path, value, ctype: _Component):
+        if isinstance(value, str):
+            name, args, at = value, None, path
+        elif isinstance(value, dict) and len(value) == 1:
+            name, args = next(iter(value.items()))
+            at = path + (name,)
+        else:
+            if isinstance(value, dict):
+                why = (f"it has {len(value)} keys ({', '.join(map(str, value))}); give each "
+                       f"{ctype.noun} as its own list item") if value else "it is empty"
+            else:
+                why = f"got {_describe(value)}"
+            self.problem(path, f"expected one {ctype.noun} written as Name or Name: "
+                               f"{{argument: value}}; {why}; e.g. {ctype.example}")
+            return _INVALID
+        if not isinstance(name, str):
+            self.problem(path, f"a {ctype.noun} name must be a string, got {_describe(name)}")
+            return _INVALID
+        try:
+            factory = _registry.lookup(ctype.kind, name, self.base_dir)
+        except _registry.RefError as e:
+            self.problem(at, str(e))
+            return _INVALID
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            self.problem(at, f"the arguments of {name} must be a mapping of argument: value, "
+                             f"got {_describe(args)}; e.g. {ctype.example}")
+            return _INVALID
+        try:
+            sig = inspect.signature(factory)
+        except (TypeError, ValueError):
+            sig = None
+        kwargs, ok = {}, True
+        out_args = {}
+        for arg, val in args.items():
+            apath = at + (arg,)
+            shown = val
+            if isinstance(arg, str) and arg.endswith("_fn") and isinstance(val, str):
+                shown = self.resolve_ref(apath, val, arg)
+                val = self.objects.get(apath, _INVALID)
+            elif arg in _DEVICE_ARGS and val is not None:
+                val = shown = self.devices(apath, val)
+            elif arg == "cross_device_ops" and val is not None and "cross_device_ops" in \
+                    _registry.KINDS:
+                shown = self.component(apath, val, _Component("cross_device_ops"))
+                val = self.objects.get(apath, _INVALID)
+            if val is _INVALID or shown is _INVALID:
+                ok = False
+            kwargs[arg] = val
+            out_args[arg] = shown
+        inject = ()
+        if sig is not None:
+            params = sig.parameters
+            var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
+            names = [n for n, p in params.items()
+                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            for arg in args:
+                if arg not in names and not var_kw:
+                    close = _registry.suggest(arg, names)
+                    hint = f"did you mean {close!r}?" if close else \
+                        f"it takes: {', '.join(n for n in names if n not in _INJECTED)}"
+                    self.problem(at + (arg,), f"{name} has no argument {arg!r}; {hint}")
+                    ok = False
+            if ctype.kind == "hook":
+                inject = tuple(n for n in _INJECTED if n in names and n not in args)
+            for n, p in params.items():
+                if (p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                        and n not in args and n not in inject):
+                    self.problem(at, f"{name} needs argument {n!r}; add it: "
+                                     f"{name}: {{{n}: ...}}")
+                    ok = False
+        if not ok:
+            return _INVALID
+        self.objects[path] = _Built(factory, name, kwargs, inject, at)
+        return {_absolute_ref(name, self.base_dir): out_args} if args or \
+            isinstance(value, dict) else _absolute_ref(name, self.base_dir)
+
+    def devices(self, path, value):
+        if isinstance(value, list):
+            out = [self.devices(path + (i,), v) for i, v in enumerate(value)]
+            return _INVALID if _INVALID in out else out
+        if not isinstance(value, str):
+            self.problem(path, f"expected a device string, got {_describe(value)}; e.g. "
+                               "cpu:0, cuda:0")
+            return _INVALID
+        device, message = _normalize_device(value)
+        if message:
+            self.problem(path, message)
+            return _INVALID
+        return device
+
+
+def _signature_problem(fn, role: str) -> Optional[str]:
+    """Why `fn` cannot serve as `role` (model_fn, input_fn, ...), or None."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    required = [n for n, p in params.items() if p.default is p.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY, p.KEYWORD_ONLY)]
+    if role == "model_fn":
+        from ._inputs import model_fn_caller
+        try:
+            model_fn_caller(fn, {}, None)
+        except (TypeError, ValueError) as e:
+            return str(e)
+        return None
+    if role == "input_fn":
+        passed = ("params", "mode", "config", "input_context")
+        extra = [n for n in required if n not in passed]
+        if extra:
+            return (f"input_fn takes {', '.join(map(repr, extra))}, which the Estimator cannot "
+                    f"pass (it passes {', '.join(passed)} by name); give it a default or read "
+                    f"it from params")
+        return None
+    if required and role in ("serving_input_receiver_fn",):
+        return (f"{role} is called with no arguments but takes "
+                f"{', '.join(map(repr, required))}; give them defaults")
+    return None
+
+
+def _normalize_device(text: str):
+    """(torch device string, None) or (None, error message with the fix)."""
+    m = _TF_DEVICE.match(text.strip())
+    if m:
+        kind = "cpu" if m.group(1).lower() == "cpu" else "cuda"
+        device = f"{kind}:{m.group(2)}" if m.group(2) else kind
+    else:
+        device = text.strip()
+    import torch
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        return None, (f"{text!r} is not a device; write cpu, cpu:N or cuda:N (TF's /cpu:0 and "
+                      f"/gpu:N are accepted too)")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count or count == 0:
+            have = f"use cuda:0..cuda:{count - 1}" if count else "use cpu or cpu:N replicas"
+            return None, f"{text!r}: this machine has {count} CUDA device(s); {have}"
+    elif parsed.type not in ("cpu", "cuda", "mps", "xpu", "meta"):
+        return None, f"{text!r} is not a device a strategy can use; write cpu, cpu:N or cuda:N"
+    return device, None
+
+
+def _absolute_ref(ref: str, base_dir: str) -> str:
+    """A `path/file.py:fn` reference with the file made absolute (so the saved
+    experiment runs from anywhere); others unchanged."""
+    module_part, sep, attr = ref.rpartition(":")
+    if sep and (module_part.endswith(".py") or "/" in module_part or os.sep in module_part):
+        path = _registry.resolved_file(module_part, base_dir)
+        if path:
+            return f"{path}:{attr}"
+    return ref
+
+
+def _located(build: Callable, tree, path, what: str, keys=()):
+    """Run `build()`; a ValueError/TypeError it raises becomes an ExperimentError at
+    the key its message names (else at `path`)."""
+    try:
+        return build()
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        at = tuple(path)
+        for key in keys or ():
+            if isinstance(key, str) and re.search(rf"\b{re.escape(key)}\b", message):
+                at = tuple(path) + (key,)
+                break
+        if "TF_CONFIG" in message:
+            raise ExperimentError([Problem(Location("TF_CONFIG (environment variable)"), "",
+                                           message)]) from e
+        raise ExperimentError([Problem(tree.where(at), format_path(at),
+                                       f"{what} rejected it: {message}")]) from e
+
+
+# -- the whole file ---------------------------------------------------------------------------
+def check(tree: _config_yaml.Tree, base_dir: str):
+    """(resolved config, {key path: imported function or _Built}) for an
+    overridden tree; interpolates it first. Raises ExperimentError with every
+    problem found."""
+    if not isinstance(tree.data, dict):
+        what = "empty" if tree.data is None else f"{_describe(tree.data)}"
+        raise ExperimentError([Problem(tree.where(()), "", f"an experiment is a mapping of "
+                                       f"keys (model_fn, params, run_config, train_spec, "
+                                       f"eval_spec, ...), but this file is {what}; start "
+                                       f"with model_fn: package.module:model_fn")])
+    _config_yaml.interpolate(tree, _suggest_path)
+    checker = _Checker(tree, base_dir)
+    config = _check(checker, tree.data)
+    if checker.problems:
+        raise ExperimentError(checker.problems)
+    return config, checker.objects
+
+
+def _check(checker: _Checker, data: dict) -> dict:
+    schema = _schema()
+    out: Dict[str, Any] = {}
+    for key in data:
+        if key not in schema and not str(key).startswith("x-"):
+            checker.unknown_key((), key, schema)
+    for key, entry in schema.items():
+        path = (key,)
+        if entry == "warm_start":
+            if data.get(key) is not None:
+                value = data[key]
+                if isinstance(value, str):
+                    value = {"ckpt_to_initialize_from": value}
+                checked = checker.section(path, value, _warm_start_fields())
+                if checked is not None:
+                    out[key] = checked
+            continue
+        if isinstance(entry, _Field):
+            if key in data:
+                checked = entry.type.check(data[key], checker, path)
+                if checked is not _INVALID:
+                    out[key] = checked
+            elif entry.default is _REQUIRED:
+                checker.problem(path, f"missing required key {key!r}; add "
+                                      f"{key}: {entry.type.example} at the top level")
+            else:
+                out[key] = entry.default
+            continue
+        fields, _required = entry
+        if key in data or key == "run_config":
+            checked = checker.section(path, data.get(key), fields)
+            if checked is not None:
+                out[key] = checked
+    run_config = out.get("run_config")
+    if run_config is not None:
+        _check_run_config(checker, run_config, data.get("run_config") or {})
+    return out
+
+
+def _check_run_config(checker: _Checker, resolved: dict, given: dict) -> None:
+    """TF's save_checkpoints_steps/secs rule and RunConfig's own value checks,
+    before any strategy is built."""
+    from .run_config import RunConfig
+    steps, secs = given.get("save_checkpoints_steps"), given.get("save_checkpoints_secs")
+    if steps is not None and secs is not None:
+        checker.problem(("run_config", "save_checkpoints_secs"),
+                        "save_checkpoints_steps and save_checkpoints_secs cannot both be set; "
+                        "keep one (set the other to null)")
+        return
+    if "save_checkpoints_steps" in given and steps is not None:
+        resolved["save_checkpoints_secs"] = None
+    elif "save_checkpoints_secs" in given and secs is not None:
+        resolved["save_checkpoints_steps"] = None
+    elif "save_checkpoints_steps" not in given and "save_checkpoints_secs" not in given:
+        resolved["save_checkpoints_steps"], resolved["save_checkpoints_secs"] = None, 600
+    plain = {k: v for k, v in given.items()
+             if k in resolved and k not in ("train_distribute", "eval_distribute")
+             and ("run_config", k) not in checker.objects}
+    if checker.problems:
+        return
+    try:
+        _located(lambda: RunConfig(**plain), checker.tree, ("run_config",), "RunConfig",
+                 keys=plain)
+    except ExperimentError as e:
+        checker.problems.extend(e.problems)
+
+
+def _suggest_path(prefix, missing, node) -> str:
+    """' did you mean X?' for a `${...}` that names a key that is not there."""
+    if isinstance(node, dict):
+        close = _registry.suggest(str(missing), [str(k) for k in node])
+        if close:
+            return f" did you mean ${{{format_path(tuple(prefix) + (close,))}}}?"
+        return f" {format_path(prefix) or 'the top level'} has: {', '.join(map(str, node))}"
+    return " check the key path"

@@ -1,0 +1,54 @@
+"""One task of a MultiWorkerMirroredStrategy cluster, for tests/test_multi_worker.py.
+
+Run with TF_CONFIG (or torchrun's environment) set:
+
+    python tests/cluster_task.py MODEL_DIR OUT_DIR --steps 5 [--evaluate] [--fail die|hang]
+
+Trains the regression model on batches of 16 (the input_fn ignores its
+input_context, so each task keeps every n-th batch), writes this replica's
+weights to OUT_DIR/weights-<rank>.pt and, with --evaluate, the evaluation of
+a 7-batch set to OUT_DIR/eval-<rank>.json.
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import distribute  # noqa: E402
+import estimator as est  # noqa: E402
+from models import regression_model_fn  # noqa: E402
+from replica_helpers import OnReplica, SaveWeights, batches, rank  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--evaluate", action="store_true")
+    parser.add_argument("--fail", choices=["die", "hang"])
+    parser.add_argument("--timeout", type=float, default=30)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    strategy = distribute.MultiWorkerMirroredStrategy(
+        communication_options=distribute.CommunicationOptions(timeout_seconds=args.timeout))
+    e = est.Estimator(regression_model_fn, config=est.RunConfig(
+        model_dir=args.model_dir, train_distribute=strategy, eval_distribute=strategy,
+        tf_random_seed=3, save_checkpoints_steps=100),
+        params={"lr": 0.05, "momentum": 0.9})
+    train_hooks = [SaveWeights(args.out_dir)]
+    if args.fail:
+        train_hooks.append(OnReplica(1, 2, args.fail))
+    e.train(lambda: batches(batch_size=16), steps=args.steps, hooks=train_hooks)
+    if args.evaluate:
+        result = e.evaluate(lambda: batches(n=210, batch_size=30, seed=1))
+        with open(os.path.join(args.out_dir, f"eval-{rank()}.json"), "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""One task of a ParameterServerStrategy cluster, for tests/test_parameter_server.py
+and bench/ps_bench.py.
+
+Run by the launcher (estimator.launch) with TF_CONFIG set:
+
+    python tests/ps_task.py MODEL_DIR --steps 200 [--legacy] [--die-at STEP]
+        [--partition] [--placement by_size] [--out OUT_DIR]
+
+Trains a small MLP classifier (est.get_module "mlp") with Adam under
+train_and_evaluate. `--legacy` gives no train_distribute (TF_CONFIG's ps
+tasks alone make it a parameter-server job); `--die-at N` makes worker 0's
+first incarnation kill itself (SIGKILL) at global step N; the chief writes
+the parameter placement to OUT_DIR/placement.json.
+"""
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import distribute  # noqa: E402
+import estimator as est  # noqa: E402
+import hooks  # noqa: E402
+
+FEATURES, CLASSES = 8, 3
+
+
+def dataset(n, seed):
+    """A fixed nonlinear 3-class problem (labels from a random 2-layer teacher)."""
+    g = np.random.RandomState(1234)
+    w1, w2 = g.randn(FEATURES, 16), g.randn(16, CLASSES)
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, FEATURES).astype(np.float32)
+    y = np.argmax(np.tanh(x @ w1) @ w2, axis=1).astype(np.int64)
+    return x, y
+
+
+def train_input_fn(input_context=None, batch_size=32):
+    x, y = dataset(4096, seed=0)
+    shards = input_context.num_input_pipelines if input_context else 1
+    index = input_context.input_pipeline_id if input_context else 0
+    x, y = x[index::shards], y[index::shards]
+    rng = np.random.RandomState(index)
+
+    def gen():
+        while True:
+            order = rng.permutation(len(x))
+            for i in range(0, len(order) - batch_size + 1, batch_size):
+                j = order[i:i + batch_size]
+                yield {"x": x[j]}, y[j]
+    return gen()
+
+
+def eval_input_fn():
+    x, y = dataset(1024, seed=1)
+    return [({"x": x[i:i + 256]}, y[i:i + 256]) for i in range(0, 1024, 256)]
+
+
+def model_fn(features, labels, mode, params):
+    net = est.get_module("mlp", lambda: torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+        torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)))
+    logits = net(torch.as_tensor(features["x"]))
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)})
+    loss = torch.nn.functional.cross_entropy(logits, torch.as_tensor(labels))
+    if mode == est.ModeKeys.EVAL:
+        return est.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+            "accuracy": est.metrics.accuracy(labels, logits.argmax(-1))})
+    opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=params.get("lr", 3e-3)))
+    return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+
+
+class _DieAt(hooks.SessionRunHook):
+    """Kills this process (SIGKILL) at global step `step`, once (a marker file)."""
+
+    def __init__(self, step, marker):
+        self._step, self._marker = step, marker
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step >= self._step and not os.path.exists(self._marker):
+            open(self._marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _WritePlacement(hooks.SessionRunHook):
+    def __init__(self, path):
+        self._path = path
+
+    def end(self, session):
+        extended = session.strategy.extended
+        with open(self._path, "w") as f:
+            json.dump({"placement": extended.parameter_placement,
+                       "parameter_devices": list(extended.parameter_devices),
+                       "rpc": extended.rpc_stats()}, f)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--legacy", action="store_true")
+    parser.add_argument("--die-at", type=int)
+    parser.add_argument("--partition", action="store_true")
+    parser.add_argument("--placement", default="round_robin")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    strategy = None
+    if not args.legacy:
+        strategy = distribute.ParameterServerStrategy(
+            variable_partitioner=(distribute.partitioners.FixedShardsPartitioner(2)
+                                  if args.partition else None),
+            placement=args.placement, timeout_secs=20, init_timeout_secs=60)
+    config = est.RunConfig(model_dir=args.model_dir, train_distribute=strategy,
+                           tf_random_seed=7, save_checkpoints_steps=50,
+                           log_step_count_steps=50)
+    estimator = est.Estimator(model_fn, config=config, params={"lr": 3e-3})
+    train_hooks = []
+    if args.die_at and config.task_type == "worker" and config.task_id == 0:
+        train_hooks.append(_DieAt(args.die_at, os.path.join(args.model_dir, "died")))
+    if args.out and config.task_type == "chief":
+        train_hooks.append(_WritePlacement(os.path.join(args.out, "placement.json")))
+    est.train_and_evaluate(
+        estimator, est.TrainSpec(train_input_fn, max_steps=args.steps, hooks=train_hooks),
+        est.EvalSpec(eval_input_fn, steps=None, start_delay_secs=0, throttle_secs=0))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The examples of issue 7 run (short settings) and do what they say:
+conv_net, linear_regression (one device and 2 CPU replicas), export_and_serve,
+multi_worker."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+
+def test_conv_net_learns_the_generated_shapes(tmp_path, capsys):
+    import conv_net
+    model_dir = str(tmp_path / "conv")
+    result = conv_net.main(["--model_dir", model_dir, "--max_steps", "150"])
+    assert result["global_step"] == 150 and result["accuracy"] >= 0.9
+    out = capsys.readouterr().out
+    assert "Test accuracy" in out and out.count("predicted ") == 3
+    events = EventAccumulator(model_dir, size_guidance={"images": 0, "histograms": 0})
+    events.Reload()
+    assert "inputs/image/0" in events.Tags()["images"]
+    assert "logits" in events.Tags()["histograms"]
+
+
+def test_conv_net_data_is_what_the_labels_say():
+    import conv_net
+    images, labels = conv_net.make_images(60, seed=5)
+    for img, label in zip(images[:, 0], labels):
+        rows, cols = np.nonzero(img == 1.0)
+        if label == 0:
+            assert len(set(rows)) == 1 and len(set(cols)) > 1
+        elif label == 1:
+            assert len(set(cols)) == 1 and len(set(rows)) > 1
+        else:
+            assert (np.diff(rows) == 1).all() and (np.diff(cols) == 1).all()
+
+
+def test_linear_regression_recovers_the_line(tmp_path):
+    import linear_regression
+    result, w, b = linear_regression.main(["--model_dir", str(tmp_path / "lr"),
+                                           "--max_steps", "200"])
+    assert result["global_step"] == 200
+    assert w == pytest.approx(2.0, abs=0.05) and b == pytest.approx(-1.0, abs=0.05)
+    assert result["label/mean"] == pytest.approx(result["prediction/mean"], abs=0.05)
+
+
+@pytest.mark.slow
+def test_linear_regression_on_two_cpu_replicas(tmp_path):
+    import linear_regression
+    result, w, b = linear_regression.main(["--model_dir", str(tmp_path / "lr2"),
+                                           "--max_steps", "100", "--devices", "cpu:0,cpu:1"])
+    assert result["global_step"] == 100
+    assert w == pytest.approx(2.0, abs=0.1) and b == pytest.approx(-1.0, abs=0.1)
+
+
+def test_export_and_serve_round_trip(tmp_path, capsys):
+    import export_and_serve
+    export_dir, served, expected, same_classes = export_and_serve.main(
+        ["--model_dir", str(tmp_path / "es"), "--max_steps", "150"])
+    assert os.path.isfile(os.path.join(export_dir, "model.pt2"))
+    assert same_classes
+    np.testing.assert_allclose(served["probabilities"], expected, atol=1e-5)
+    assert served["probabilities"].shape == (len(export_and_serve.SAMPLES), 3)
+    assert "same classes: True" in capsys.readouterr().out
+
+
+def test_export_and_serve_server_really_runs_without_our_packages(tmp_path):
+    """The serving process blocks our packages: a program that imports one fails there."""
+    import export_and_serve
+    with pytest.raises(RuntimeError, match="serving process failed"):
+        export_and_serve.serve(str(tmp_path / "no-export"), export_and_serve.SAMPLES)
+
+
+@pytest.mark.slow
+def test_multi_worker_with_hand_written_tf_config(tmp_path):
+    import multi_worker
+    model_dir = str(tmp_path / "mw")
+    result = multi_worker.main(["--local_workers", "1", "--model_dir", model_dir,
+                                "--max_steps", "60"])
+    assert result["global_step"] == 60 and result["rmse"] < 0.5
+    assert sorted(f for f in os.listdir(model_dir) if f.startswith("model.ckpt")) == \
+        ["model.ckpt-60"]

@@ -1,0 +1,639 @@
+"""YAML experiments (estimator.experiment) and the experiment subcommands of
+the `estimator` CLI: the bad-file table (exact error text: file, line, key
+path, fix), overrides, interpolation, the registry, saving, every config in
+configs/, and run/train/evaluate/predict/export/inspect."""
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import yaml
+
+import estimator as est
+import hooks
+from estimator import cli, experiment
+from estimator.experiment import ExperimentError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "configs")
+
+MODULE = '''
+import numpy as np
+import torch
+import estimator as est
+import hooks
+
+
+def model_fn(features, labels, mode, params):
+    net = est.get_module("linear", lambda: torch.nn.Linear(2, 1))
+    pred = net(features["x"])
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"y": pred})
+    loss = torch.nn.functional.mse_loss(pred, labels)
+    if mode == est.ModeKeys.EVAL:
+        return est.EstimatorSpec(mode, loss=loss)
+    opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=params.get("lr", 0.1)))
+    return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+
+
+def input_fn(params, mode):
+    rng = np.random.RandomState(0)
+    x = rng.randn(64, 2).astype(np.float32)
+    y = x @ np.array([[1.0], [-1.0]], dtype=np.float32)
+    batches = [({"x": x[i:i + 16]}, y[i:i + 16]) for i in range(0, 64, 16)]
+    return batches * 100 if mode == est.ModeKeys.TRAIN else batches
+
+
+def bad_model_fn(features, labels, mode, hparams):
+    pass
+
+
+def file_input_fn(path):
+    return []
+
+
+class CountingHook(hooks.SessionRunHook):
+    """Counts steps; a hook class of the user's, named by file path."""
+    instances = []
+
+    def __init__(self, every=1):
+        self.every, self.steps = every, 0
+        CountingHook.instances.append(self)
+
+    def after_run(self, run_context, run_values):
+        self.steps += 1
+'''
+
+HEAD = """\
+model_fn: mod.py:model_fn
+train_spec:
+  input_fn: mod.py:input_fn
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A directory with mod.py (model_fn, input_fn, ...) and broken.py; the
+    experiment files go there too."""
+    (tmp_path / "mod.py").write_text(MODULE)
+    (tmp_path / "broken.py").write_text("def input_fn(:\n")
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.modules.pop("mod", None)
+
+
+def write(workdir, text, name="exp.yaml"):
+    path = workdir / name
+    path.write_text(text)
+    return str(path)
+
+
+# -- the bad-file table: the exact error, with file, line, key path and fix ------------
+_NO_CUDA = (f"this machine has {torch.cuda.device_count()} CUDA device(s); "
+            + (f"use cuda:0..cuda:{torch.cuda.device_count() - 1}"
+               if torch.cuda.device_count() else "use cpu or cpu:N replicas"))
+
+BAD = [
+    ("unknown key, closest suggested", HEAD + "run_config:\n  save_checkpoint_steps: 10\n",
+     "{f}:5: run_config.save_checkpoint_steps: unknown key 'save_checkpoint_steps'; did you "
+     "mean 'save_checkpoints_steps'?"),
+    ("unknown top-level key, valid ones listed", HEAD + "colour: blue\n",
+     "{f}:4: colour: unknown key 'colour'; valid keys at the top level: model_fn, params, "
+     "run_config, train_spec, eval_spec, predict_spec, export, warm_start"),
+    ("quoted number", HEAD + "  max_steps: '100'\n",
+     "{f}:4: train_spec.max_steps: expected a positive integer, got a string '100'; "
+     "remove the quotes: max_steps: 100"),
+    ("wrong type", HEAD + "  max_steps: lots\n",
+     "{f}:4: train_spec.max_steps: expected a positive integer, got a string 'lots'; "
+     "e.g. max_steps: 100"),
+    ("float for an integer", HEAD + "eval_spec: {input_fn: mod.py:input_fn, steps: 1e3}\n",
+     "{f}:4: eval_spec.steps: expected a positive integer, got a number 1000.0; write "
+     "it as an integer: steps: 1000"),
+    ("negative value", HEAD + "run_config:\n  save_summary_steps: -1\n",
+     "{f}:5: run_config.save_summary_steps: must be >= 0, got -1; e.g. save_summary_steps: 2"),
+    ("missing model_fn", "params: {lr: 0.1}\ntrain_spec:\n  input_fn: mod.py:input_fn\n",
+     "{f}:1: model_fn: missing required key 'model_fn'; add model_fn: package.module:function "
+     "at the top level"),
+    ("missing input_fn", "model_fn: mod.py:model_fn\ntrain_spec:\n  max_steps: 10\n",
+     "{f}:2: train_spec.input_fn: missing required key 'input_fn'; add input_fn: "
+     "package.module:function under train_spec"),
+    ("import error: no module", "model_fn: nosuchpkg.models:model_fn\n",
+     "{f}:1: model_fn: cannot import 'nosuchpkg.models': no module named 'nosuchpkg'; install it "
+     "or put its directory on PYTHONPATH, or name the file instead (path/to/file.py:function)"),
+    ("import error: misspelt function", "model_fn: mod.py:modle_fn\n",
+     "{f}:1: model_fn: cannot import 'mod.py:modle_fn': mod.py has no 'modle_fn'; did you mean "
+     "'model_fn'?"),
+    ("import error: no file", "model_fn: nothere.py:model_fn\n",
+     "{f}:1: model_fn: cannot import from 'nothere.py': no such file (looked for {d}/nothere.py); "
+     "a file path is relative to the experiment file's directory or the current directory"),
+    ("import error: the module fails", "model_fn: broken.py:input_fn\n",
+     "{f}:1: model_fn: importing 'broken.py' ({d}/broken.py) failed: SyntaxError: invalid syntax "
+     "({d}/broken.py, line 1); fix that file"),
+    ("model_fn signature", "model_fn: mod.py:bad_model_fn\n",
+     "{f}:1: model_fn: mod.py:bad_model_fn: model_fn has unexpected arguments ['hparams']; it "
+     "may take features, labels, mode, params, config"),
+    ("input_fn signature", "model_fn: mod.py:model_fn\ntrain_spec:\n  input_fn: "
+     "mod.py:file_input_fn\n",
+     "{f}:3: train_spec.input_fn: mod.py:file_input_fn: input_fn takes 'path', which the "
+     "Estimator cannot pass (it passes params, mode, config, input_context by name); give it a "
+     "default or read it from params"),
+    ("bad strategy name", HEAD + "run_config:\n  train_distribute: {OneDeviceStrategi: "
+     "{device: cpu}}\n",
+     "{f}:5: run_config.train_distribute.OneDeviceStrategi: unknown strategy "
+     "'OneDeviceStrategi'; did you mean 'OneDeviceStrategy'?"),
+    ("bad device string", HEAD + "run_config:\n  train_distribute:\n    OneDeviceStrategy: "
+     "{device: gpu0}\n",
+     "{f}:6: run_config.train_distribute.OneDeviceStrategy.device: 'gpu0' is not a device; "
+     "write cpu, cpu:N or cuda:N (TF's /cpu:0 and /gpu:N are accepted too)"),
+    ("device this machine lacks", HEAD + "run_config:\n  train_distribute:\n    "
+     "MirroredStrategy:\n      devices: [cpu:0, cuda:99]\n",
+     "{f}:7: run_config.train_distribute.MirroredStrategy.devices[1]: 'cuda:99': " + _NO_CUDA),
+    ("strategy missing an argument", HEAD + "run_config:\n  train_distribute: "
+     "OneDeviceStrategy\n",
+     "{f}:5: run_config.train_distribute: OneDeviceStrategy needs argument 'device'; add it: "
+     "OneDeviceStrategy: {{device: ...}}"),
+    ("bad hook argument", HEAD + "  hooks:\n    - LoggingTensorHook: {tensors: [loss], "
+     "every_n_iters: 10}\n",
+     "{f}:5: train_spec.hooks[0].LoggingTensorHook.every_n_iters: LoggingTensorHook has no "
+     "argument 'every_n_iters'; did you mean 'every_n_iter'?"),
+    ("hook missing an argument", HEAD + "  hooks:\n    - LoggingTensorHook: {every_n_iter: 10}\n",
+     "{f}:5: train_spec.hooks[0].LoggingTensorHook: LoggingTensorHook needs argument 'tensors'; "
+     "add it: LoggingTensorHook: {{tensors: ...}}"),
+    ("unknown hook", HEAD + "  hooks:\n    - LogingTensorHook: {tensors: [loss]}\n",
+     "{f}:5: train_spec.hooks[0].LogingTensorHook: unknown hook 'LogingTensorHook'; did you "
+     "mean 'LoggingTensorHook'?"),
+    ("two hooks in one item", HEAD + "  hooks:\n    - StopAtStepHook: {last_step: 5}\n"
+     "      NanTensorHook: {}\n",
+     "{f}:5: train_spec.hooks[0]: expected one hook written as Name or Name: {{argument: "
+     "value}}; it has 2 keys (StopAtStepHook, NanTensorHook); give each hook as its own list "
+     "item; e.g. {{LoggingTensorHook: {{tensors: [loss], every_n_iter: 100}}}}"),
+    ("hooks not a list", HEAD + "  hooks: {StopAtStepHook: {last_step: 5}}\n",
+     "{f}:4: train_spec.hooks: expected a list of hooks, each Name or Name: {{argument: value}}, "
+     "got a mapping {{'StopAtStepHook': {{'last_step': 5}}}}; e.g. hooks: [{{LoggingTensorHook: "
+     "{{tensors: [loss], every_n_iter: 100}}}}]"),
+    ("unknown exporter", HEAD + "eval_spec:\n  input_fn: mod.py:input_fn\n  exporters:\n"
+     "    - LatestExport: {name: x}\n",
+     "{f}:7: eval_spec.exporters[0].LatestExport: unknown exporter 'LatestExport'; did you mean "
+     "'LatestExporter'?"),
+    ("exporter's function import", HEAD + "eval_spec:\n  input_fn: mod.py:input_fn\n"
+     "  exporters:\n    - LatestExporter: {name: x, serving_input_receiver_fn: mod.py:serve}\n",
+     "{f}:7: eval_spec.exporters[0].LatestExporter.serving_input_receiver_fn: cannot import "
+     "'mod.py:serve': mod.py has no 'serve'; it defines: CountingHook, bad_model_fn, "
+     "file_input_fn, input_fn, model_fn"),
+    ("malformed YAML", "model_fn: mod.py:model_fn\ntrain_spec:\n  input_fn: mod.py:input_fn\n"
+     "   max_steps: 5\n",
+     "{f}:4: malformed YAML: mapping values are not allowed here at column 13; fix the YAML "
+     "syntax on this line (indentation, ':' after each key, closed quotes and brackets)"),
+    ("unclosed bracket", HEAD + "params: {lr: 0.1\n",
+     "{f}:5: malformed YAML: expected ',' or '}}', but got '<stream end>' (while parsing a flow "
+     "mapping) at column 1; fix the YAML syntax on this line (indentation, ':' after each key, "
+     "closed quotes and brackets)"),
+    ("duplicate key", HEAD + "run_config:\n  model_dir: a\n  model_dir: b\n",
+     "{f}:6: run_config.model_dir: duplicate key (first given on line 5); keep only one of "
+     "them"),
+    ("both checkpoint triggers", HEAD + "run_config:\n  save_checkpoints_steps: 10\n"
+     "  save_checkpoints_secs: 60\n",
+     "{f}:6: run_config.save_checkpoints_secs: save_checkpoints_steps and save_checkpoints_secs "
+     "cannot both be set; keep one (set the other to null)"),
+    ("RunConfig rejects a value", HEAD + "run_config:\n  keep_checkpoint_every_n_hours: 0\n",
+     "{f}:5: run_config.keep_checkpoint_every_n_hours: RunConfig rejected it: "
+     "keep_checkpoint_every_n_hours should be > 0, got 0"),
+    ("TF-only RunConfig key", HEAD + "run_config:\n  session_config: {}\n",
+     "{f}:5: run_config.session_config: a tf.compat.v1.ConfigProto has no PyTorch meaning; "
+     "remove it"),
+    ("interpolation of a missing key", HEAD + "run_config: {model_dir: /tmp/x}\n"
+     "eval_spec: {input_fn: mod.py:input_fn, name: '${run_config.modeldir}'}\n",
+     "{f}:5: eval_spec.name: ${{run_config.modeldir}} refers to run_config.modeldir, which is "
+     "not in the experiment; did you mean ${{run_config.model_dir}}?"),
+    ("interpolation cycle", HEAD + "params: {a: '${params.b}', b: '${params.a}'}\n",
+     "{f}:4: params.a: interpolation cycle: params.a -> params.b -> params.a; make one of these "
+     "a plain value"),
+    ("unset environment variable", HEAD + "params: {a: '${env:NO_SUCH_VAR_X}'}\n",
+     "{f}:4: params.a: ${{env:NO_SUCH_VAR_X}}: environment variable 'NO_SUCH_VAR_X' is not set; "
+     "set it, or give a default as ${{env:NO_SUCH_VAR_X:-value}}"),
+    ("Python tag", HEAD + "params: !!python/object/apply:os.system ['echo hi']\n",
+     "{f}:4: params: the tag 'tag:yaml.org,2002:python/object/apply:os.system' is not allowed; "
+     "experiment files hold plain YAML values only (no Python tags)"),
+    ("not a mapping", "- model_fn: mod.py:model_fn\n",
+     "{f}:1: an experiment is a mapping of keys (model_fn, params, run_config, train_spec, "
+     "eval_spec, ...), but this file is a list [{{'model_fn': 'mod.py:model_fn'}}]; start with "
+     "model_fn: package.module:model_fn"),
+]
+
+
+@pytest.mark.parametrize("text, expected", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_experiment_file_gives_the_exact_error(workdir, text, expected):
+    path = write(workdir, text)
+    with pytest.raises(ExperimentError) as info:
+        experiment.load(path)
+    assert str(info.value) == expected.format(f=path, d=workdir)
+    assert len(info.value.problems) == 1
+
+
+def test_the_table_is_long_enough():
+    assert len(BAD) >= 15
+
+
+def test_every_problem_is_reported_at_once(workdir):
+    path = write(workdir, HEAD + "  max_stepz: 5\nrun_config:\n  model_dir: 3\n"
+                                 "eval_spec:\n  input_fn: mod.py:nope\n")
+    with pytest.raises(ExperimentError) as info:
+        experiment.load(path)
+    lines = str(info.value).splitlines()
+    assert [line.split(": ")[0:2] for line in lines] == [
+        [f"{path}:6", "run_config.model_dir"], [f"{path}:4", "train_spec.max_stepz"],
+        [f"{path}:8", "eval_spec.input_fn"]]
+
+
+def test_missing_file(workdir):
+    with pytest.raises(ExperimentError, match=r"^nope\.yaml: no such experiment file; check "
+                                               r"the path"):
+        experiment.load("nope.yaml")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train_spec.max_stepz=5", "--set train_spec.max_stepz=5: train_spec.max_stepz: unknown key "
+                               "'max_stepz'; did you mean 'max_steps'?"),
+    ("train_spec.max_steps", "--set train_spec.max_steps: expected --set key.path=value, e.g. "
+                             "--set train_spec.max_steps=100"),
+    ("train_spec.input_fn.x=1", "--set train_spec.input_fn.x=1: train_spec.input_fn.x: "
+                                "train_spec.input_fn is a string, not a mapping; set it as a "
+                                "whole instead"),
+    ("train_spec.max_steps=[1", "--set train_spec.max_steps=[1: the value is not valid YAML "
+                                "(expected ',' or ']', but got '<stream end>'); quote it, e.g. "
+                                "--set key='text'"),
+    ("train_spec.max_steps=-3", "--set train_spec.max_steps=-3: train_spec.max_steps: must be > "
+                                "0, got -3; e.g. max_steps: 100"),
+])
+def test_bad_override_names_the_override(workdir, override, expected):
+    with pytest.raises(ExperimentError) as info:
+        experiment.load(write(workdir, HEAD), [override])
+    assert str(info.value) == expected
+
+
+# -- overrides, interpolation, anchors -----------------------------------------------------
+def test_overrides_are_yaml_scalars_and_reach_into_lists(workdir):
+    path = write(workdir, HEAD + "  hooks:\n    - LoggingTensorHook: {tensors: [loss], "
+                                 "every_n_iter: 100}\n")
+    exp = experiment.load(path, ["params.lr=1e-3", "params.layers=[8, 8]", "params.name=abc",
+                                 "params.flag=true", "params.none=null",
+                                 "train_spec.hooks[0].LoggingTensorHook.every_n_iter=7",
+                                 "train_spec.max_steps=12"])
+    assert exp.params == {"lr": 0.001, "layers": [8, 8], "name": "abc", "flag": True,
+                          "none": None}
+    assert exp.config["train_spec"]["max_steps"] == 12
+    estimator = exp.estimator()
+    (hook,) = exp.train_spec(estimator).hooks
+    assert isinstance(hook, hooks.LoggingTensorHook)
+    assert exp.config["train_spec"]["hooks"] == [
+        {"LoggingTensorHook": {"tensors": ["loss"], "every_n_iter": 7}}]
+
+
+def test_interpolation_keeps_types_reads_the_environment_and_escapes(workdir, monkeypatch):
+    monkeypatch.setenv("STEPS_X", "25")
+    path = write(workdir, HEAD + (
+        "  max_steps: ${env:STEPS_X}\n"
+        "params: {units: 8, layers: ['${params.units}', 4], tag: 'u${params.units}-$${literal}',\n"
+        "         default: '${env:NO_SUCH_VAR_X:-0.5}'}\n"
+        "run_config: {model_dir: '${env:NO_SUCH_VAR_X:-runs}/m${params.units}'}\n"
+        "x-shared: {steps: 3}\n"
+        "eval_spec: {input_fn: mod.py:input_fn, steps: '${x-shared.steps}'}\n"))
+    exp = experiment.load(path)
+    assert exp.config["train_spec"]["max_steps"] == 25
+    assert exp.params == {"units": 8, "layers": [8, 4], "tag": "u8-${literal}", "default": 0.5}
+    assert exp.model_dir == "runs/m8"
+    assert exp.config["eval_spec"]["steps"] == 3
+
+
+def test_yaml_anchors_and_merge_keys(workdir):
+    path = write(workdir, textwrap.dedent("""\
+        model_fn: mod.py:model_fn
+        x-input: &input {input_fn: mod.py:input_fn}
+        train_spec: {<<: *input, max_steps: 7}
+        eval_spec: {<<: *input, steps: 2}
+        """))
+    exp = experiment.load(path)
+    assert exp.config["train_spec"]["max_steps"] == 7
+    assert exp.function("eval_spec", "input_fn") is exp.function("train_spec", "input_fn")
+
+
+def test_print_config_round_trips(workdir):
+    path = write(workdir, HEAD + "  max_steps: 5\nrun_config:\n  model_dir: runs/x\n")
+    exp = experiment.load(path)
+    again = write(workdir, exp.to_yaml(), "again.yaml")
+    assert experiment.load(again).config == exp.config
+    resolved = yaml.safe_load(exp.to_yaml())
+    assert resolved["model_fn"] == f"{workdir}/mod.py:model_fn"     # absolute: runs anywhere
+    assert (resolved["run_config"]["save_checkpoints_steps"],       # TF's rule, spelt out
+            resolved["run_config"]["save_checkpoints_secs"]) == (None, 600)
+
+
+# -- the registry ----------------------------------------------------------------------------
+def test_names_are_looked_up_when_loading_so_new_hooks_need_no_edit(workdir, monkeypatch):
+    class BrandNewHook(hooks.SessionRunHook):
+        def __init__(self, level: int):
+            self.level = level
+
+    path = write(workdir, HEAD + "  hooks: [{BrandNewHook: {level: 3}}]\n")
+    with pytest.raises(ExperimentError, match="unknown hook 'BrandNewHook'"):
+        experiment.load(path)
+    monkeypatch.setattr(hooks, "BrandNewHook", BrandNewHook, raising=False)
+    exp = experiment.load(path)
+    (hook,) = exp.train_spec(exp.estimator()).hooks
+    assert isinstance(hook, BrandNewHook) and hook.level == 3
+
+
+def test_user_classes_by_file_path_and_injected_estimator(workdir):
+    path = write(workdir, HEAD + (
+        "  max_steps: 6\n"
+        "  hooks:\n"
+        "    - mod.py:CountingHook: {every: 2}\n"
+        "    - stop_if_no_decrease_hook: {metric_name: loss, max_steps_without_decrease: 100}\n"
+        "run_config: {model_dir: run, save_checkpoints_steps: 3}\n"))
+    exp = experiment.load(path)
+    estimator = exp.estimator()
+    spec = exp.train_spec(estimator)
+    counting, early = spec.hooks
+    assert type(counting).__name__ == "CountingHook" and counting.every == 2
+    assert isinstance(early, hooks.SessionRunHook)      # built with the Estimator injected
+    estimator.train(spec.input_fn, hooks=list(spec.hooks), max_steps=spec.max_steps)
+    assert counting.steps == 6
+
+
+def test_tf_device_names_are_normalised(workdir):
+    path = write(workdir, HEAD + "run_config:\n  train_distribute: {OneDeviceStrategy: "
+                                 "{device: /cpu:0}}\n")
+    exp = experiment.load(path)
+    assert exp.config["run_config"]["train_distribute"] == {
+        "OneDeviceStrategy": {"device": "cpu:0"}}
+    strategy = exp.run_config().train_distribute
+    assert str(strategy.extended._device) == "cpu:0"
+
+
+def test_constructor_errors_are_located(workdir):
+    path = write(workdir, HEAD + "  hooks:\n    - StopAtStepHook: {}\n")
+    exp = experiment.load(path)
+    with pytest.raises(ExperimentError) as info:
+        exp.train_spec(exp.estimator())
+    assert str(info.value) == (
+        f"{path}:5: train_spec.hooks[0].StopAtStepHook: StopAtStepHook rejected it: "
+        "StopAtStepHook: one of num_steps or last_step must be specified.")
+
+
+# -- saving the resolved experiment ----------------------------------------------------------
+def test_saved_experiment_reruns_from_anywhere(workdir, tmp_path_factory):
+    path = write(workdir, HEAD + "  max_steps: 4\nrun_config: {model_dir: rel/run}\n")
+    exp = experiment.load(path, ["params.lr=0.2"])
+    estimator = exp.estimator()
+    saved = exp.save(estimator, "run")
+    assert saved == os.path.join("rel/run", "experiment.yaml")
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    os.chdir(elsewhere)
+    again = experiment.load(os.path.join(workdir, saved))
+    assert again.params == {"lr": 0.2}
+    assert again.model_dir == os.path.join(str(workdir), "rel/run")
+    assert again.config["train_spec"] == exp.config["train_spec"]
+
+
+def test_only_the_chief_saves_the_experiment(workdir, monkeypatch):
+    path = write(workdir, HEAD + "run_config: {model_dir: shared}\n")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 0}}))
+    exp = experiment.load(path)
+    assert exp.save(exp.estimator()) is None
+    assert not os.path.exists(workdir / "shared" / "experiment.yaml")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+        "task": {"type": "chief", "index": 0}}))
+    exp = experiment.load(path)
+    assert exp.save(exp.estimator()) == os.path.join("shared", "experiment.yaml")
+
+
+# -- every config in configs/ runs ------------------------------------------------------------
+def _final_evaluation(out: str) -> dict:
+    lines = [l for l in out.splitlines() if l.startswith("Final evaluation at global step")]
+    assert len(lines) == 1, out
+    line = lines[0]
+    head, _, values = line.partition(": ")
+    result = {"global_step": int(head.rsplit(" ", 1)[1])}
+    for item in values.split(", "):
+        key, _, value = item.partition(" = ")
+        result[key] = float(value)
+    return result
+
+
+def _run_config(name, tmp_path, capsys, *sets):
+    model_dir = str(tmp_path / name)
+    code = cli.main(["run", os.path.join(CONFIGS, name), "-q",
+                     "--set", f"run_config.model_dir={model_dir}", *sets])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return _final_evaluation(out), out, model_dir
+
+
+def test_config_iris(tmp_path, capsys):
+    result, out, model_dir = _run_config("iris.yaml", tmp_path, capsys,
+                                         "--set", "train_spec.max_steps=200")
+    assert result["global_step"] == 200 and result["accuracy"] >= 0.9
+    assert f"Exported: {model_dir}/export/final/" in out
+    assert experiment.load(os.path.join(model_dir, "experiment.yaml")).config[
+        "train_spec"]["max_steps"] == 200
+
+
+def test_config_linear_regression(tmp_path, capsys):
+    result, _, model_dir = _run_config("linear_regression.yaml", tmp_path, capsys,
+                                       "--set", "train_spec.max_steps=60")
+    assert result["global_step"] == 60 and result["average_loss"] < 0.05
+    assert os.path.isfile(os.path.join(model_dir, "experiment.yaml"))
+
+
+@pytest.mark.slow
+def test_config_mirrored_cpu_train_then_evaluate(tmp_path, capsys):
+    model_dir = str(tmp_path / "mirrored")
+    args = [os.path.join(CONFIGS, "mirrored_cpu.yaml"), "-q", "--set",
+            f"run_config.model_dir={model_dir}", "--set", "train_spec.max_steps=40"]
+    assert cli.main(["train", *args]) == 0
+    assert capsys.readouterr().out.startswith("Trained to global step 40; ")
+    assert cli.main(["evaluate", *args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["global_step"] == 40 and result["average_loss"] < 0.1
+    assert os.path.isfile(os.path.join(model_dir, "experiment.yaml"))
+
+
+@pytest.mark.slow
+def test_config_mirrored_cpu(tmp_path, capsys):
+    result, _, model_dir = _run_config("mirrored_cpu.yaml", tmp_path, capsys,
+                                       "--set", "train_spec.max_steps=40")
+    assert result["global_step"] == 40 and result["average_loss"] < 0.1
+    assert os.path.isfile(os.path.join(model_dir, "experiment.yaml"))
+
+
+@pytest.mark.slow
+def test_config_cluster_under_launch(tmp_path, capsys):
+    model_dir = str(tmp_path / "cluster")
+    code = cli.main(["launch", "--workers", "1", "--evaluator", "--timeout", "240",
+                     os.path.join(CONFIGS, "cluster.yaml"), "--", "-q",
+                     "--set", f"run_config.model_dir={model_dir}",
+                     "--set", "train_spec.max_steps=40"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    evaluator = "\n".join(l[len("[evaluator] "):] for l in out.splitlines()
+                          if l.startswith("[evaluator] "))
+    assert _final_evaluation(evaluator)["global_step"] == 40, out
+    assert "[chief] chief 0: training finished" in out, out
+    assert "[worker 0] worker 0: training finished" in out, out
+    assert os.path.isfile(os.path.join(model_dir, "experiment.yaml")), out
+    assert glob.glob(os.path.join(model_dir, "export", "best", "*", "model.pt2")), out
+
+
+CONFIG_TESTS = {"iris.yaml": test_config_iris,
+                "linear_regression.yaml": test_config_linear_regression,
+                "mirrored_cpu.yaml": (test_config_mirrored_cpu,
+                                      test_config_mirrored_cpu_train_then_evaluate),
+                "cluster.yaml": test_config_cluster_under_launch}
+
+
+def test_every_config_has_a_run_test_and_loads():
+    configs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFIGS, "*.yaml")))
+    assert configs == sorted(CONFIG_TESTS), "a config in configs/ has no test that runs it"
+    for name in configs:
+        experiment.load(os.path.join(CONFIGS, name))
+
+
+# -- the CLI subcommands ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """configs/iris.yaml trained 100 steps by `estimator train`."""
+    model_dir = str(tmp_path_factory.mktemp("cli") / "iris")
+    sets = ["--set", f"run_config.model_dir={model_dir}", "--set", "train_spec.max_steps=100",
+            "--set", "run_config.save_checkpoints_steps=50"]
+    assert cli.main(["train", os.path.join(CONFIGS, "iris.yaml"), "-q", *sets]) == 0
+    return model_dir, [os.path.join(CONFIGS, "iris.yaml"), "-q", *sets]
+
+
+def test_cli_train_max_steps_then_relative_steps(tmp_path, capsys):
+    args = [os.path.join(CONFIGS, "linear_regression.yaml"), "-q",
+            "--set", f"run_config.model_dir={tmp_path / 'lr'}", "--set", "train_spec.max_steps=30"]
+    assert cli.main(["train", *args]) == 0
+    assert cli.main(["train", *args]) == 0          # max_steps reached: nothing to do
+    assert cli.main(["train", *args, "--steps", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(";")[0] for line in lines] == ["Trained to global step 30"] * 2 + [
+        "Trained to global step 50"]
+    saved = yaml.safe_load((tmp_path / "lr" / "experiment.yaml").read_text())
+    assert saved["train_spec"]["max_steps"] == 30
+
+
+def test_cli_inspect_errors(tmp_path, workdir, capsys):
+    assert cli.main(["inspect", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == (f"estimator inspect: error: {tmp_path / 'nope'} is not a "
+                                       "directory (a model_dir or an experiment file)\n")
+    path = write(workdir, HEAD)
+    assert cli.main(["inspect", path]) == 2
+    assert capsys.readouterr().err == f"estimator inspect: error: {path} sets no " \
+                                      "run_config.model_dir\n"
+
+
+def test_cli_evaluate_json_and_text(trained, capsys):
+    _, args = trained
+    assert cli.main(["evaluate", *args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["global_step"] == 100 and 0 <= result["accuracy"] <= 1
+    assert cli.main(["evaluate", *args, "--checkpoint", os.path.join(trained[0],
+                                                                      "model.ckpt-50")]) == 0
+    assert capsys.readouterr().out.startswith("Evaluation at global step 50: accuracy = ")
+
+
+def test_cli_predict_jsonl_and_csv(trained, tmp_path, capsys):
+    _, args = trained
+    assert cli.main(["predict", *args]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 30 and set(rows[0]) == {"class_ids", "probabilities", "logits"}
+    assert sum(rows[0]["probabilities"]) == pytest.approx(1, abs=1e-5)
+    out = tmp_path / "p.csv"
+    assert cli.main(["predict", *args, "--output", str(out), "--keys", "class_ids,probabilities"]) == 0
+    with open(out) as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == ["class_ids", "probabilities_0", "probabilities_1",
+                              "probabilities_2"]
+    assert [int(r["class_ids"]) for r in table] == [r["class_ids"] for r in rows]
+    assert "Wrote 30 predictions (csv)" in capsys.readouterr().err
+
+
+def test_cli_export_loads_with_torch_alone(trained, tmp_path, capsys):
+    _, args = trained
+    assert cli.main(["export", *args, "--export-dir", str(tmp_path / "exp")]) == 0
+    export_dir = capsys.readouterr().out.strip()
+    assert os.path.dirname(export_dir) == str(tmp_path / "exp")
+    program = torch.export.load(os.path.join(export_dir, "model.pt2")).module()
+    out = program(x=torch.tensor([[5.1, 3.3, 1.7, 0.5], [6.9, 3.1, 5.4, 2.1]]))
+    assert out["probabilities"].shape == (2, 3)
+
+
+def test_cli_inspect(trained, capsys):
+    model_dir, args = trained
+    assert cli.main(["evaluate", *args]) == 0
+    capsys.readouterr()
+    assert cli.main(["inspect", model_dir, "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "checkpoints (2 kept, latest model.ckpt-100):" in text
+    assert "  dnn/0/weight" in text and "[16, 4]" in text
+    assert "eval results (eval):" in text and "step      100: accuracy = " in text
+    assert cli.main(["inspect", os.path.join(CONFIGS, "iris.yaml"), *args[1:], "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [c["step"] for c in report["checkpoints"]] == [50, 100]
+    assert {"name": "dnn/0/weight", "shape": [16, 4], "dtype": "float32"} in report["variables"]
+    assert report["experiment"] == os.path.join(model_dir, "experiment.yaml")
+    assert report["eval"]["eval"]["100"]["accuracy"] >= 0
+
+
+def test_cli_print_config_runs_nothing(tmp_path, capsys):
+    model_dir = tmp_path / "never"
+    assert cli.main(["run", os.path.join(CONFIGS, "iris.yaml"), "--print-config",
+                     "--set", f"run_config.model_dir={model_dir}",
+                     "--set", "train_spec.max_steps=7"]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["train_spec"]["max_steps"] == 7
+    assert resolved["eval_spec"]["exporters"][0]["FinalExporter"][
+        "serving_input_receiver_fn"].endswith("examples/export_and_serve.py:"
+                                              "serving_input_receiver_fn")
+    assert not model_dir.exists()
+
+
+def test_cli_bad_experiment_is_exit_2_with_the_error(workdir, capsys):
+    path = write(workdir, HEAD + "run_config:\n  save_checkpoint_steps: 10\n")
+    assert cli.main(["run", path]) == 2
+    assert capsys.readouterr().err == (
+        f"estimator run: error: {path}:5: run_config.save_checkpoint_steps: unknown key "
+        "'save_checkpoint_steps'; did you mean 'save_checkpoints_steps'?\n")
+
+
+def test_cli_command_needs_its_section(workdir, capsys):
+    path = write(workdir, HEAD)
+    assert cli.main(["run", path]) == 2
+    assert capsys.readouterr().err == (
+        f"estimator run: error: {path}:1: eval_spec: missing; estimator run needs it: add "
+        "eval_spec: {input_fn: package.module:input_fn}\n")
+
+
+def test_cli_help_shows_real_examples(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert "estimator run configs/iris.yaml --set train_spec.max_steps=200" in text
+    assert "--print-config" in text
+
+
+def test_python_dash_m_estimator_help():
+    done = subprocess.run([sys.executable, "-m", "estimator", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for command in ("run", "train", "evaluate", "predict", "export", "inspect", "launch"):
+        assert f"\n    {command} " in done.stdout
+    assert "estimator run configs/iris.yaml" in done.stdout

@@ -1,0 +1,291 @@
+"""MirroredStrategy and CentralStorageStrategy on 2 CPU replicas (gloo),
+started by the Estimator from this (pytest) process: equivalence with one
+process, chief-only files, restart, agreement to stop, failures."""
+import glob
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import distribute
+import estimator as est
+import hooks
+from models import regression_model_fn
+from replica_helpers import OnReplica, SaveWeights, WritePid, batches, concatenated
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEVICES = ["cpu:0", "cpu:1"]
+
+
+def options(timeout=30):
+    return distribute.CommunicationOptions(timeout_seconds=timeout)
+
+
+STRATEGIES = {
+    "mirrored": lambda: distribute.MirroredStrategy(DEVICES, communication_options=options()),
+    "reduction_to_one_device": lambda: distribute.MirroredStrategy(
+        DEVICES, cross_device_ops=distribute.ReductionToOneDevice(),
+        communication_options=options()),
+    "central_storage": lambda: distribute.CentralStorageStrategy(
+        DEVICES, communication_options=options()),
+}
+
+
+def make(model_dir, strategy=None, **config):
+    config.setdefault("save_checkpoints_steps", 100)
+    return est.Estimator(regression_model_fn, config=est.RunConfig(
+        model_dir=str(model_dir), train_distribute=strategy, eval_distribute=strategy,
+        tf_random_seed=3, **config), params={"lr": 0.05, "momentum": 0.9})
+
+
+def variables(e):
+    return {n: e.get_variable_value(n) for n in e.get_variable_names()}
+
+
+def assert_same_variables(a, b, atol=1e-6):
+    va, vb = variables(a), variables(b)
+    assert sorted(va) == sorted(vb)
+    for name in va:
+        np.testing.assert_allclose(va[name], vb[name], atol=atol, rtol=0, err_msg=name)
+
+
+def test_ordinal_cpu_devices_and_process_free_properties():
+    s = distribute.MirroredStrategy(DEVICES)
+    assert s.num_replicas_in_sync == 2
+    assert s.extended.worker_devices == ("cpu:0", "cpu:1")
+    assert s.extended.should_checkpoint and s.extended.should_save_summary
+    one = distribute.MirroredStrategy(["cpu:0"])
+    assert one.num_replicas_in_sync == 1 and one.run(lambda: 5) == 5
+
+
+@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+def test_two_replicas_equal_one_process_on_concatenated_batches(tmp_path, kind):
+    """Weights after N steps (and momentum slots) equal one process trained on
+    the concatenated batches; both replicas hold the same weights; sharded
+    evaluation equals one process's; only the chief wrote to model_dir."""
+    out = tmp_path / "out"
+    out.mkdir()
+    two = make(tmp_path / "two", STRATEGIES[kind]())
+    two.train(lambda: batches(batch_size=16), steps=5, hooks=[SaveWeights(str(out))])
+    one = make(tmp_path / "one")
+    one.train(lambda: concatenated(batches(batch_size=16), 2), steps=5)
+    assert est.checkpoint.step_of(two.latest_checkpoint()) == 5
+    assert_same_variables(two, one)
+    w0, w1 = torch.load(out / "weights-0.pt"), torch.load(out / "weights-1.pt")
+    assert w0["global_step"] == w1["global_step"] == 5
+    for key in w0["linear"]:
+        assert torch.equal(w0["linear"][key], w1["linear"][key])
+
+    eval_batches = batches(n=210, batch_size=30, seed=1)       # 7 batches: 4 + 3 per replica
+    got, want = two.evaluate(lambda: eval_batches), one.evaluate(lambda: eval_batches)
+    assert got["global_step"] == want["global_step"] == 5
+    for key in ("loss", "mae"):
+        assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), key
+
+    names = os.listdir(two.model_dir)
+    assert len([n for n in names if n.startswith("events.out.tfevents")]) == 1
+    assert sorted(n for n in names if not n.startswith("events")) == \
+        sorted(n for n in os.listdir(one.model_dir) if not n.startswith("events"))
+    assert len(glob.glob(os.path.join(two.eval_dir(), "events.out.tfevents*"))) == 1
+
+
+def test_restart_resumes_from_the_chiefs_checkpoint(tmp_path):
+    two = make(tmp_path / "two", STRATEGIES["mirrored"]())
+    one = make(tmp_path / "one")
+    for e, data in ((two, lambda: batches(batch_size=16)),
+                    (one, lambda: concatenated(batches(batch_size=16), 2))):
+        e.train(data, steps=3)
+        e.train(data, steps=3)      # a new set of replica processes, from the checkpoint
+    assert est.checkpoint.step_of(two.latest_checkpoint()) == 6
+    assert_same_variables(two, one)
+
+
+class _Examples(torch.utils.data.Dataset):
+    """The regression data, one ({"x": x}, y) example at a time."""
+
+    def __init__(self, n):
+        (self.x, self.y), = [(f["x"], y) for f, y in batches(n=n, batch_size=n)]
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i]}, self.y[i]
+
+
+def test_a_dataloader_is_sharded_by_sampler_and_matches_one_process(tmp_path):
+    """Replica r reads examples r, r + 2, ...: step k covers the same examples as
+    one process's k-th batch of twice the size."""
+    data = _Examples(192)
+    two = make(tmp_path / "two", STRATEGIES["mirrored"]())
+    two.train(lambda: torch.utils.data.DataLoader(data, batch_size=16), steps=4)
+    one = make(tmp_path / "one")
+    one.train(lambda: torch.utils.data.DataLoader(data, batch_size=32), steps=4)
+    assert_same_variables(two, one)
+
+
+def test_uneven_shards_and_one_replicas_stop_end_training_on_the_same_step(tmp_path):
+    s = STRATEGIES["mirrored"]()
+    e = make(tmp_path / "uneven", s)
+    e.train(lambda: batches(n=80, batch_size=16), steps=100)   # 5 batches: 3 + 2
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 2
+    e = make(tmp_path / "stop", s)
+    out = tmp_path / "out"
+    out.mkdir()
+    e.train(lambda: batches(), steps=100, hooks=[OnReplica(1, 3, "stop"), SaveWeights(str(out))])
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 3
+    assert torch.load(out / "weights-0.pt")["global_step"] == 3
+
+
+def test_train_and_evaluate_locally_with_hooks_gathering_in_the_replicas(tmp_path):
+    """The chief's saving listener evaluates inside training (alone, unsharded,
+    while the other replica waits); what hooks and listeners gathered in
+    replica 0 comes back to the caller's objects."""
+    s = STRATEGIES["mirrored"]()
+    e = make(tmp_path / "tae", s, save_checkpoints_steps=4)
+
+    class Losses(hooks.SessionRunHook):
+        def __init__(self):
+            self.seen = []
+
+        def before_run(self, run_context):
+            return hooks.SessionRunArgs("loss")
+
+        def after_run(self, run_context, run_values):
+            self.seen.append(run_values.results)
+
+    losses = Losses()
+    eval_data = batches(n=64, batch_size=32, seed=1)
+    metrics, _ = est.train_and_evaluate(
+        e, est.TrainSpec(lambda: batches(batch_size=16), max_steps=8, hooks=[losses]),
+        est.EvalSpec(lambda: eval_data, steps=None, throttle_secs=0))
+    assert metrics["global_step"] == 8
+    assert metrics["mae"] == pytest.approx(e.evaluate(lambda: eval_data)["mae"], rel=1e-6)
+    assert len(losses.seen) == 8 and all(np.isfinite(losses.seen))
+
+
+def test_too_little_input_for_the_replicas(tmp_path):
+    e = make(tmp_path / "little", STRATEGIES["mirrored"]())
+    e.train(lambda: batches(n=16, batch_size=16), steps=5)   # one batch: replica 1 has none
+    assert e.latest_checkpoint() is None                     # so no replica trains
+    e.train(lambda: batches(), steps=1)
+    with pytest.raises(ValueError, match=r"no batch for replica 1 \(cpu:1\)"):
+        e.evaluate(lambda: batches(n=30, batch_size=30))
+    with pytest.raises(ValueError, match="no data to evaluate"):
+        e.evaluate(lambda: [])
+
+
+def test_nan_loss_fails_every_replica_on_the_same_step(tmp_path):
+    data = batches(batch_size=16)
+    data[3][0]["x"][0, 0] = np.nan      # replica 1's second batch: step 2
+    e = make(tmp_path / "nan", STRATEGIES["mirrored"]())
+    with pytest.raises(hooks.NanLossDuringTrainingError) as info:
+        e.train(lambda: data, steps=10, hooks=[hooks.NanTensorHook()])
+    assert info.value.global_step == 2
+
+
+def test_an_error_in_one_replica_is_raised_naming_it(tmp_path):
+    e = make(tmp_path / "err", STRATEGIES["mirrored"]())
+    with pytest.raises(ValueError, match="boom on replica 1") as info:
+        e.train(lambda: batches(), steps=10, hooks=[OnReplica(1, 2, "raise")])
+    assert any("replica 1 (cpu:1)" in n for n in info.value.__notes__)
+    assert not multiprocessing.active_children()
+
+
+def test_a_dead_replica_fails_the_run_at_once(tmp_path):
+    e = make(tmp_path / "dead", STRATEGIES["mirrored"]())
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"Replica 1 \(cpu:1\) .*exited with code 3"):
+        e.train(lambda: batches(), steps=10, hooks=[OnReplica(1, 2, "die")])
+    assert time.monotonic() - start < 20
+    assert not multiprocessing.active_children()
+
+
+def test_a_hung_replica_fails_the_others_within_the_timeout(tmp_path):
+    s = distribute.MirroredStrategy(DEVICES, communication_options=options(timeout=2))
+    e = make(tmp_path / "hung", s)
+    start = time.monotonic()
+    with pytest.raises(distribute.ReplicaFailedError,
+                       match=r"replica 1 \(cpu:1\) did not respond"):
+        e.train(lambda: batches(), steps=10, hooks=[OnReplica(1, 2, "hang")])
+    assert time.monotonic() - start < 30
+    assert not multiprocessing.active_children()
+
+
+def test_custom_train_op_and_predict_in_the_calling_process(tmp_path):
+    def model_fn(features, labels, mode):
+        spec = regression_model_fn(features, labels, mode, {"lr": 0.05})
+        if mode != est.ModeKeys.TRAIN:
+            return spec
+        opt = spec.train_op
+
+        def train_op():   # a custom step: the framework does not apply gradients
+            opt.zero_grad()
+            spec.loss.backward()
+            opt.step()
+        return est.EstimatorSpec(mode, loss=spec.loss, train_op=train_op)
+
+    def build(name, strategy):
+        return est.Estimator(model_fn, config=est.RunConfig(
+            model_dir=str(tmp_path / name), train_distribute=strategy, eval_distribute=strategy,
+            tf_random_seed=3))
+
+    two, one = build("two", STRATEGIES["mirrored"]()), build("one", None)
+    two.train(lambda: batches(batch_size=16), steps=4)
+    one.train(lambda: concatenated(batches(batch_size=16), 2), steps=4)
+    assert_same_variables(two, one)
+    x = batches(n=8, batch_size=8)[0][0]
+    got = [p["y"] for p in two.predict(lambda: [x])]
+    want = [p["y"] for p in one.predict(lambda: [x])]
+    assert len(got) == 8
+    np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-6)
+
+
+_CTRL_C_SCRIPT = r"""
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import distribute, estimator as est
+from models import regression_model_fn
+from replica_helpers import WritePid, batches
+s = distribute.MirroredStrategy(["cpu:0", "cpu:1"])
+e = est.Estimator(regression_model_fn, config=est.RunConfig(model_dir={model_dir!r},
+                  train_distribute=s), params={{}})
+e.train(lambda: batches(), steps=100000, hooks=[WritePid({out!r})])
+"""
+
+
+def test_ctrl_c_stops_the_replicas_and_leaves_no_process(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_CTRL_C_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"),
+                                            model_dir=str(tmp_path / "m"), out=str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(glob.glob(str(tmp_path / "pid-*"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "replicas did not start"
+            time.sleep(0.1)
+        pids = [int(open(p).read()) for p in glob.glob(str(tmp_path / "pid-*"))]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    time.sleep(0.5)
+    for pid in pids:
+        assert not _alive(pid), f"replica process {pid} survived"
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

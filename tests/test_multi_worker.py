@@ -1,0 +1,239 @@
+"""MultiWorkerMirroredStrategy: a chief and a worker started as two processes
+with their own TF_CONFIG (and under torchrun), plus the cluster plumbing
+without processes."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import distribute
+import estimator as est
+from models import regression_model_fn
+from replica_helpers import batches, concatenated
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TASK = os.path.join(HERE, "cluster_task.py")
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def tf_config(cluster, task_type, index=0):
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def run_cluster(tmp_path, args, tasks=("chief", "worker"), timeout=90, wait=None):
+    """Start one process per task with its TF_CONFIG; wait for those in `wait`
+    (default all), then kill every one left; return [(returncode, output)]
+    in task order."""
+    ports = free_ports(2)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
+    procs = []
+    for task in tasks:
+        env = dict(os.environ, TF_CONFIG=tf_config(cluster, task), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, TASK, *args], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout
+    try:
+        for task, p in zip(tasks, procs):
+            if wait is None or task in wait:
+                p.wait(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            p.kill()
+    outputs = [p.communicate()[0] for p in procs]
+    return [(p.returncode, out) for p, out in zip(procs, outputs)], cluster
+
+
+def single_process(model_dir, steps):
+    e = est.Estimator(regression_model_fn, config=est.RunConfig(
+        model_dir=str(model_dir), tf_random_seed=3, save_checkpoints_steps=100),
+        params={"lr": 0.05, "momentum": 0.9})
+    e.train(lambda: concatenated(batches(batch_size=16), 2), steps=steps)
+    return e
+
+
+def load_estimator(model_dir):
+    return est.Estimator(regression_model_fn, model_dir=str(model_dir))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_chief_and_worker_equal_one_process_and_restart_from_the_chiefs_checkpoint(tmp_path):
+    model_dir, out = tmp_path / "cluster", tmp_path / "out"
+    out.mkdir()
+    results, cluster = run_cluster(tmp_path, [str(model_dir), str(out), "--steps", "5",
+                                              "--evaluate"])
+    for code, output in results:
+        assert code == 0, output[-3000:]
+    chief_log, worker_log = results[0][1], results[1][1]
+    assert "MultiWorkerMirroredStrategy: chief:0, rank 0 of 2" in chief_log
+    assert "MultiWorkerMirroredStrategy: worker:0, rank 1 of 2" in worker_log
+    assert f"rendezvous {cluster['chief'][0]}" in worker_log and "backend gloo" in worker_log
+
+    one = single_process(tmp_path / "one", 5)
+    two = load_estimator(model_dir)
+    assert est.checkpoint.step_of(two.latest_checkpoint()) == 5
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(two.get_variable_value(name), one.get_variable_value(name),
+                                   atol=1e-6, rtol=0, err_msg=name)
+    w0, w1 = torch.load(out / "weights-0.pt"), torch.load(out / "weights-1.pt")
+    for key in w0["linear"]:
+        assert torch.equal(w0["linear"][key], w1["linear"][key])
+
+    want = one.evaluate(lambda: batches(n=210, batch_size=30, seed=1))
+    for r in (0, 1):
+        got = json.load(open(out / f"eval-{r}.json"))
+        assert got["global_step"] == 5
+        for key in ("loss", "mae"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), key
+    names = os.listdir(model_dir)   # the chief's files only
+    assert len([n for n in names if n.startswith("events.out.tfevents")]) == 1
+    assert sorted(n for n in names if not n.startswith("events") and n != "eval") == \
+        sorted(n for n in os.listdir(one.model_dir) if not n.startswith("events") and n != "eval")
+    assert len(os.listdir(model_dir / "eval")) == 1
+
+    # The whole cluster restarts: both tasks resume from the chief's checkpoint.
+    results, _ = run_cluster(tmp_path, [str(model_dir), str(out), "--steps", "3"])
+    for code, output in results:
+        assert code == 0, output[-3000:]
+        assert "Resuming from" in output and "model.ckpt-5" in output
+    one.train(lambda: concatenated(batches(batch_size=16), 2), steps=3)
+    two = load_estimator(model_dir)
+    assert est.checkpoint.step_of(two.latest_checkpoint()) == 8
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(two.get_variable_value(name), one.get_variable_value(name),
+                                   atol=1e-6, rtol=0, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_task_that_does_not_arrive_is_named_with_its_address(tmp_path):
+    results, cluster = run_cluster(tmp_path, [str(tmp_path / "m"), str(tmp_path),
+                                              "--timeout", "3"], tasks=("chief",), timeout=60)
+    code, output = results[0]
+    assert code != 0
+    assert f"worker:0 at {cluster['worker'][0]} (rank 1) did not arrive" in output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fail", ["die", "hang"])
+def test_a_dead_or_hung_worker_fails_the_chief_naming_it(tmp_path, fail):
+    start = time.monotonic()
+    results, cluster = run_cluster(tmp_path, [str(tmp_path / "m"), str(tmp_path), "--steps",
+                                              "10", "--fail", fail, "--timeout", "3"],
+                                   timeout=60, wait=("chief",))
+    (chief_code, chief_log), (worker_code, _) = results
+    assert chief_code != 0 and worker_code != 0   # the hung worker is killed by this test
+    assert "ReplicaFailedError" in chief_log
+    assert f"worker:0 at {cluster['worker'][0]} (rank 1) did not respond" in chief_log
+    assert time.monotonic() - start < 50
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_under_torchrun(tmp_path):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed")
+    out = tmp_path / "out"
+    out.mkdir()
+    port, = free_ports(1)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    proc = subprocess.run([torchrun, "--nproc_per_node=2", f"--master_port={port}", TASK,
+                           str(tmp_path / "m"), str(out), "--steps", "4"], env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "rank 1 of 2" in proc.stdout
+    one = single_process(tmp_path / "one", 4)
+    two = load_estimator(tmp_path / "m")
+    np.testing.assert_allclose(two.get_variable_value("linear/weight"),
+                               one.get_variable_value("linear/weight"), atol=1e-6, rtol=0)
+
+
+# -- without processes --------------------------------------------------------------------
+CLUSTER = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"],
+           "ps": ["10.0.0.4:2222"]}
+
+
+@pytest.mark.parametrize("task, index, rank, chief", [
+    ("chief", 0, 0, True), ("worker", 0, 1, False), ("worker", 1, 2, False)])
+def test_ranks_and_roles_from_tf_config(monkeypatch, task, index, rank, chief):
+    cluster = {k: v for k, v in CLUSTER.items() if k != "ps"}
+    monkeypatch.setenv("TF_CONFIG", tf_config(cluster, task, index))
+    s = distribute.MultiWorkerMirroredStrategy()
+    assert s.num_replicas_in_sync == 3
+    assert s.extended._rank() == rank
+    assert s.extended.should_checkpoint is chief and s.extended.should_save_summary is chief
+    assert isinstance(s.cluster_resolver, distribute.cluster_resolver.TFConfigClusterResolver)
+    topo = s.extended._topology
+    assert (topo.host, topo.port) == ("10.0.0.1", 2222)
+    assert topo.describe(2) == "worker:1 at 10.0.0.3:2222 (rank 2)"
+    assert distribute.CollectiveAllReduceStrategy is distribute.MultiWorkerMirroredStrategy
+
+
+def test_a_cluster_without_chief_makes_worker_0_rank_0(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", tf_config({"worker": CLUSTER["worker"]}, "worker", 0))
+    s = distribute.MultiWorkerMirroredStrategy()
+    assert s.extended._rank() == 0 and s.num_replicas_in_sync == 2
+
+
+def test_ps_and_evaluator_tasks(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", tf_config(CLUSTER, "ps", 0))
+    with pytest.raises(ValueError, match="no parameter servers: this task is ps:0"):
+        distribute.MultiWorkerMirroredStrategy()
+    monkeypatch.setenv("TF_CONFIG", tf_config(CLUSTER, "evaluator", 0))
+    s = distribute.MultiWorkerMirroredStrategy()
+    assert s.num_replicas_in_sync == 1 and s.extended.should_checkpoint
+
+
+def test_torchrun_and_slurm_environments(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[01-02]")
+    s = distribute.MultiWorkerMirroredStrategy()
+    assert isinstance(s.cluster_resolver, distribute.cluster_resolver.SlurmClusterResolver)
+    assert s.extended._rank() == 2 and s.num_replicas_in_sync == 4
+    assert (s.extended._topology.host, s.extended._topology.port) == ("node01", 8888)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    s = distribute.MultiWorkerMirroredStrategy()   # torchrun's environment comes first
+    assert isinstance(s.cluster_resolver, distribute.cluster_resolver.TorchrunClusterResolver)
+    assert s.extended._rank() == 1 and not s.extended.should_checkpoint
+    assert s.extended._topology.env_rendezvous
+
+
+def test_communication_choices():
+    ring = distribute.CollectiveAllReduceStrategy(distribute.CollectiveCommunication.RING)
+    assert ring.extended._backend == "gloo"
+    auto = distribute.MultiWorkerMirroredStrategy(
+        communication_options=distribute.CommunicationOptions(timeout_seconds=5))
+    assert auto.extended._timeout == 5 and auto.num_replicas_in_sync == 1
+    if not torch.cuda.device_count():
+        with pytest.raises(ValueError, match="needs GPU devices"):
+            distribute.MultiWorkerMirroredStrategy(
+                communication=distribute.CommunicationImplementation.NCCL)
+    with pytest.raises(TypeError, match="must be a ClusterResolver"):
+        distribute.MultiWorkerMirroredStrategy(cluster_resolver={"chief": ["a:1"]})
+    with pytest.raises(ValueError, match="timeout_seconds must be positive"):
+        distribute.CommunicationOptions(timeout_seconds=0)

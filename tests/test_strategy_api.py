@@ -1,0 +1,169 @@
+"""The Strategy API for custom loops under MirroredStrategy (inside the replica
+processes), the custom-loop example, input sharding and argument errors."""
+import logging
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import distribute
+from distribute import input_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+DEVICES = ["cpu:0", "cpu:1"]
+
+
+def _observe(strategy):
+    """Runs in each replica: what the Strategy API answers there."""
+    rank = strategy.run(lambda: distribute.get_replica_context().replica_id_in_sync_group)
+    with strategy.scope():
+        cross = distribute.in_cross_replica_context()
+    ctx_sum = strategy.run(lambda: distribute.get_replica_context().all_reduce(
+        distribute.ReduceOp.SUM, torch.tensor(float(rank + 1))))
+    value = torch.tensor([float(rank), 10.0])
+    split = [b.tolist() for b in strategy.experimental_distribute_dataset(
+        [torch.arange(5.0), torch.arange(4.0)])]
+    contexts = []
+
+    def dataset_fn(context):
+        contexts.append((context.num_input_pipelines, context.input_pipeline_id,
+                         context.num_replicas_in_sync))
+        return [torch.tensor([i]) for i in range(3 + context.input_pipeline_id)]
+
+    from_function = [b.item() for b in strategy.distribute_datasets_from_function(dataset_fn)]
+    return {
+        "rank": rank, "replicas": strategy.num_replicas_in_sync, "cross": cross,
+        "in_run_cross": strategy.run(distribute.in_cross_replica_context),
+        "all_reduce": ctx_sum.item(),
+        "sum": strategy.reduce("SUM", value, axis=None).tolist(),
+        "mean_axis": strategy.reduce(distribute.ReduceOp.MEAN, value, axis=0).item(),
+        "local": len(strategy.experimental_local_results(value)),
+        "split": split, "contexts": contexts, "from_function": from_function,
+        "chief": strategy.extended.should_checkpoint,
+        "loss_reduction": distribute.get_loss_reduction(),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_strategy_api_inside_the_replicas():
+    strategy = distribute.MirroredStrategy(DEVICES)
+    r0, r1 = strategy.extended.call_for_each_replica(_observe, (strategy,))
+    assert (r0["rank"], r1["rank"]) == (0, 1)
+    for r in (r0, r1):
+        assert r["replicas"] == 2 and r["cross"] and not r["in_run_cross"]
+        assert r["all_reduce"] == 3.0 and r["sum"] == [1.0, 20.0]
+        assert r["mean_axis"] == pytest.approx((0.5 + 10) / 2) and r["local"] == 1
+        assert r["from_function"] == [0, 1, 2]        # uneven: stops when one runs out
+        assert r["loss_reduction"] == distribute.ReduceOp.MEAN
+    assert r0["split"] == [[0.0, 1.0, 2.0], [0.0, 1.0]] and r1["split"] == [[3.0, 4.0], [2.0, 3.0]]
+    assert r0["contexts"] == [(2, 0, 2)] and r1["contexts"] == [(2, 1, 2)]
+    assert r0["chief"] and not r1["chief"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_custom_loop_example_on_two_replicas_equals_one(tmp_path, capsys):
+    import custom_loop_mirrored as example
+    two = example.main(["--devices", "cpu:0,cpu:1", "--steps", "30",
+                        "--model_dir", str(tmp_path / "two")])
+    one = example.main(["--devices", "cpu:0", "--steps", "30",
+                        "--model_dir", str(tmp_path / "one")])
+    assert len(two) == 2 and len(one) == 1
+    assert two[0] == two[1]                            # same step, loss and weights
+    step, loss, w, b = two[0]
+    assert step == 30 and one[0][0] == 30
+    assert loss == pytest.approx(one[0][1], rel=1e-5)
+    assert (w, b) == pytest.approx(one[0][2:], abs=1e-6)
+    assert "replica 1: global step 30" in capsys.readouterr().out
+    names = os.listdir(tmp_path / "two")           # the chief's files only
+    assert len([n for n in names if n.startswith("events")]) == 1
+    assert sorted(n for n in names if not n.startswith("events")) == \
+        ["checkpoint", "model.ckpt-30"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_result_that_cannot_come_back_is_an_error():
+    strategy = distribute.MirroredStrategy(DEVICES)
+    with pytest.raises(RuntimeError, match="result of replica 0 cannot be sent back"):
+        strategy.extended.call_for_each_replica(lambda: (lambda: 1))
+
+
+def test_run_in_the_launching_process_explains_what_to_do():
+    strategy = distribute.MirroredStrategy(DEVICES)
+    with pytest.raises(RuntimeError, match="call_for_each_replica"):
+        strategy.run(lambda: 1)
+    assert distribute.MirroredStrategy(["cpu:0"]).extended.call_for_each_replica(
+        lambda x: x + 1, (1,)) == (2,)
+
+
+@pytest.mark.parametrize("devices, error, match", [
+    (["cpu:0", "/gpu:0"], ValueError, "mix CPUs and GPUs"),
+    (["/device:GPU:7"], ValueError, "does not exist"),
+    (["tpu:0"], ValueError, "Unrecognized device 'tpu:0'"),
+    ([], ValueError, "at least one device"),
+    ([3], TypeError, "must be a string"),
+])
+def test_bad_devices(devices, error, match):
+    if "GPU" in str(devices) and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has the GPU")
+    with pytest.raises(error, match=match):
+        distribute.MirroredStrategy(devices)
+
+
+def test_cross_device_ops_choices():
+    for ops in (distribute.NcclAllReduce(), distribute.HierarchicalCopyAllReduce()):
+        assert ops._backend("cuda") == "nccl"
+        with pytest.raises(ValueError, match="needs GPU devices"):
+            distribute.MirroredStrategy(DEVICES, cross_device_ops=ops)
+    assert distribute.HierarchicalCopyAllReduce()._nccl_env == {"NCCL_ALGO": "Tree"}
+    assert distribute.ReductionToOneDevice()._reduce_to_one
+    assert distribute.NcclAllReduce(num_packs=4)._bucket_cap_mb(40 * 2 ** 20) == 10.0
+    with pytest.raises(TypeError, match="CrossDeviceOps instance"):
+        distribute.MirroredStrategy(DEVICES, cross_device_ops="nccl")
+    with pytest.raises(ValueError, match="num_packs"):
+        distribute.NcclAllReduce(num_packs=0)
+    central = distribute.CentralStorageStrategy(DEVICES)
+    assert central.extended.parameter_devices == ("cpu",)
+    assert central.extended.worker_devices == ("cpu:0", "cpu:1")
+
+
+def test_shard_sampler_partitions_without_padding_and_reshuffles_each_epoch():
+    shards = [input_lib.ShardSampler(10, 3, i, shuffle=True, seed=5) for i in range(3)]
+    first = [list(s) for s in shards]
+    assert sorted(sum(first, [])) == list(range(10)) and [len(s) for s in first] == [4, 3, 3]
+    second = [list(s) for s in shards]
+    assert sorted(sum(second, [])) == list(range(10)) and second != first
+    shards[0].set_epoch(0)
+    assert list(shards[0]) == first[0]
+    assert list(input_lib.ShardSampler(5, 2, 1, shuffle=False)) == [1, 3]
+
+
+def test_shard_policies(caplog):
+    data = torch.utils.data.TensorDataset(torch.arange(10.0))
+    loader = torch.utils.data.DataLoader(data, batch_size=2, drop_last=True)
+    sharded = input_lib.shard(loader, 2, 1)
+    assert isinstance(sharded.sampler, input_lib.ShardSampler) and sharded.drop_last
+    assert [b[0].tolist() for b in sharded] == [[1.0, 3.0], [5.0, 7.0]]   # 9 dropped (last)
+    with caplog.at_level(logging.WARNING):
+        assert list(input_lib.shard([0, 1, 2, 3, 4], 2, 0)) == [0, 2, 4]
+    assert "AutoShardPolicy.DATA" in caplog.text
+    custom = torch.utils.data.DataLoader(data, batch_size=2,
+                                         sampler=torch.utils.data.SubsetRandomSampler([0, 1]))
+    assert not isinstance(input_lib.shard(custom, 2, 0), torch.utils.data.DataLoader)
+    with pytest.raises(TypeError, match="must return an iterable"):
+        list(input_lib.shard(5, 2, 0))
+    assert input_lib.takes_input_context(lambda input_context: 0)
+    assert not input_lib.takes_input_context(lambda params: 0)
+
+
+def test_split_batches_split_every_leaf():
+    batch = ({"x": np.arange(6).reshape(3, 2)}, torch.arange(3), "tag")
+    parts = [input_lib._split(batch, 2, i) for i in range(2)]
+    assert parts[0][0]["x"].tolist() == [[0, 1], [2, 3]] and parts[1][1].tolist() == [2]
+    assert parts[1][2] == "tag"
