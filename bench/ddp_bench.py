@@ -12,7 +12,8 @@ trained for a fixed number of steps by
 
 alternating in one run. Each figure is steps/s of a whole call, started from
 the parent process (processes, rendezvous and model creation count on both
-sides); the median of the rounds is reported with the ratio.
+sides); the medians of the rounds are reported with their ratio, and the
+median of each round's ratio (steadier on a shared machine).
 
     python bench/ddp_bench.py [--rounds 5] [--steps 1000]
 
@@ -130,9 +131,10 @@ def main(argv=None):
         mine.append(ours(batches, args.steps))
         print(f"round: plain {plain[-1]:7.1f} steps/s   ours {mine[-1]:7.1f} steps/s", flush=True)
     p, o = statistics.median(plain), statistics.median(mine)
+    paired = statistics.median(b / a for a, b in zip(plain, mine))
     print(f"mlp 784-512-512-10, batch 128 x {REPLICAS} CPU replicas (gloo), {args.steps} steps: "
-          f"plain DDP {p:.1f} steps/s   MirroredStrategy {o:.1f} steps/s   ratio {o / p:.3f}",
-          flush=True)
+          f"plain DDP {p:.1f} steps/s   MirroredStrategy {o:.1f} steps/s   ratio {o / p:.3f} "
+          f"(median of the rounds' ratios {paired:.3f})", flush=True)
     return o / p
 
 

@@ -25,6 +25,8 @@ inside a running program, so a plain `python train.py` works:
 from __future__ import annotations
 
 import ctypes
+import faulthandler
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -110,10 +112,13 @@ def _portable(exc: BaseException) -> BaseException:
 def _child(conn, index: int, setup: Callable, teardown: Callable, fn: Callable, args, kwargs):
     global _in_replica
     _in_replica = True
-    _die_with_parent()
-    import faulthandler; faulthandler.register(signal.SIGUSR1, all_threads=True)  # DEBUG-TMP
     ok = False
     try:
+        _die_with_parent()
+        try:
+            faulthandler.enable(file=sys.__stderr__)   # a crash prints where it happened
+        except (AttributeError, OSError, ValueError):
+            pass
         setup(index)
         result = fn(*args, **kwargs)
         if result is not None and result is getattr(fn, "__self__", None):
@@ -161,6 +166,10 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
     procs, conns = [], []
     sys.stdout.flush()
     sys.stderr.flush()
+    # The children must never collect the parent's garbage: finalizers of
+    # torch.distributed objects (a store, a process group) hang or crash in a
+    # fork, where their threads do not exist. Frozen objects are left alone.
+    gc.freeze()
     try:
         for i in range(len(names)):
             recv, send = ctx.Pipe(duplex=False)
@@ -170,6 +179,7 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
             send.close()
             procs.append(p)
             conns.append(recv)
+        gc.unfreeze()
         results = _supervise(procs, conns, names, timeout)
         for obj, state in zip(_shared_objects(args), results[0][1]):
             obj.__dict__.update(state)   # what replica 0's hooks gathered, as if run here
@@ -178,6 +188,7 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
         _stop(procs, signal.SIGINT)
         raise
     finally:
+        gc.unfreeze()
         _stop(procs, signal.SIGKILL)
         for c in conns:
             c.close()
@@ -190,7 +201,9 @@ def _supervise(procs, conns, names, timeout: float) -> List:
     while len(done) < len(procs):
         waitables = list(pending) + [p.sentinel for i, p in enumerate(procs) if i not in done]
         ready = multiprocessing.connection.wait(waitables, timeout=1.0)
-        for conn in [c for c in ready if c in pending]:
+        for conn in [c for c in pending if c in ready or not procs[pending[c]].is_alive()]:
+            if conn not in ready and not conn.poll():
+                continue
             i = pending.pop(conn)
             try:
                 status, *rest = conn.recv()
@@ -207,15 +220,16 @@ def _supervise(procs, conns, names, timeout: float) -> List:
                 exc.add_note(f"(raised in {names[i]}, pid {procs[i].pid})")
             raise exc from _RemoteTraceback(f"\n\nTraceback in {names[i]}:\n"
                                             f"{text}")
-        for i, p in enumerate(procs):
-            if i in done or p.is_alive() or (conns[i] in pending and conns[i].poll()):
-                continue
-            _kill_others(procs, i)
-            code = p.exitcode
-            how = (f"was killed by signal {signal.Signals(-code).name}" if code and code < 0
-                   else f"exited with code {code}")
-            raise RuntimeError(f"{names[i][0].upper()}{names[i][1:]} (pid {p.pid}) {how} "
-                               "without reporting a result; the other replicas were stopped")
+        dead = [i for i, p in enumerate(procs) if i not in done and not p.is_alive()
+                and conns[i] not in pending]
+        if dead:
+            _kill_others(procs, dead[0])
+            # An exit code (the replica's own doing) before a signal (often a consequence).
+            dead.sort(key=lambda i: procs[i].exitcode < 0)
+            what = [f"{names[i]} (pid {procs[i].pid}) {_how(procs[i].exitcode)}" for i in dead]
+            raise RuntimeError(f"{what[0][0].upper()}{what[0][1:]} without reporting a result"
+                               + "".join(f"; then {w}" for w in what[1:])
+                               + "; the other replicas were stopped")
         if first_done_at and time.monotonic() - first_done_at > timeout:
             late = [f"{names[i]} (pid {procs[i].pid})"
                     for i in range(len(procs)) if i not in done]
@@ -224,6 +238,12 @@ def _supervise(procs, conns, names, timeout: float) -> List:
     for p in procs:  # let them finish their teardown
         p.join(min(timeout, 30.0))
     return results
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        return f"was killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def _kill_others(procs, failed: int) -> None:

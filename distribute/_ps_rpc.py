@@ -166,11 +166,13 @@ class ParameterStore:
         self._ready = False
         self._global_step = 0
         self._issued: Dict[str, int] = {}
+        self.steps_by_trainer: Dict[str, int] = {}
         self._completed: Dict[str, int] = {}
         self._trainers = list(trainers)
         self._seen: Dict[str, float] = {}
         self._left: set = set()
         self._ended_at: Optional[float] = None
+        self._started_at = time.monotonic()
         self.end_requested = threading.Event()
 
     # -- shards ---------------------------------------------------------------------
@@ -305,9 +307,9 @@ class ParameterStore:
     def register(self, task: str) -> dict:
         """A trainer (re)starts: a ticket its previous incarnation held is void."""
         with self._lock:
-            if self._issued.get(task, 0) > self._completed.get(task, 0):
-                logger.info("ps %d: %s rejoined; its unfinished step %d is abandoned",
-                            self.task_index, task, self._issued[task])
+            if task in self._seen:
+                logger.info("ps %d: %s rejoined at global step %d", self.task_index, task,
+                            self._global_step)
             self._completed[task] = self._issued.get(task, 0)
             self._seen[task] = time.monotonic()
             self._left.discard(task)
@@ -326,6 +328,7 @@ class ParameterStore:
                 return None, self._global_step
             self._global_step += 1
             self._issued[task] = self._global_step
+            self.steps_by_trainer[task] = self.steps_by_trainer.get(task, 0) + 1
             return self._global_step, self._global_step
 
     def wait_completed(self, caller: str, timeout: float) -> Tuple[int, List[str]]:
@@ -365,6 +368,11 @@ class ParameterStore:
             if done > self._completed.get(task, 0):
                 self._completed[task] = done
             self._lock.notify_all()
+
+    def unattended(self, timeout: float) -> bool:
+        """No trainer has come within `timeout` seconds of the start."""
+        with self._lock:
+            return not self._seen and time.monotonic() - self._started_at > timeout
 
     def finished(self, grace_secs: float) -> bool:
         """Training ended and every trainer has left (or has been silent,
@@ -458,7 +466,8 @@ def _leave(task, done):
 
 def _stats():
     s = _local()
-    return {"pushes": s.pushes, "push_secs": s.push_secs}
+    return {"pushes": s.pushes, "push_secs": s.push_secs,
+            "steps_by_trainer": dict(s.steps_by_trainer)}
 
 
 # -- serving (a ps task) -------------------------------------------------------------------

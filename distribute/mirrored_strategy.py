@@ -25,8 +25,13 @@ device, so here each replica is a process in a torch.distributed group
 `MirroredStrategy` in a plain `python train.py` starts its replica processes
 itself: `Estimator.train`/`evaluate` (and `extended.call_for_each_replica`
 in a custom loop) fork one process per device, run the call there and return
-rank 0's result (see `_processes`). `predict` runs in the calling process on
-the first device. On GPUs the forking process must not have initialized CUDA.
+rank 0's result; what the call's hooks and listeners gathered in rank 0 is
+copied back to the caller's objects (see `_processes`). `predict` runs in the
+calling process on the first device. On GPUs the forking process must not
+have initialized CUDA (predict does: train and evaluate first, or use
+torchrun). An evaluation started inside training (a saving listener of
+`train_and_evaluate` on the chief) runs on the chief alone, unsharded, while
+the other replicas wait for it in their next collective.
 """
 from __future__ import annotations
 
@@ -147,7 +152,6 @@ class _CollectiveExtended(StrategyExtended):
         self._backend = self._ops._backend(self._device.type)
         self._timeout = float(timeout or _DEFAULT_TIMEOUT)
         self._group: Optional[ProcessGroup] = None
-        self._store = None           # the store this process hosts for its children
         self._reset_step_state()
 
     def _reset_step_state(self):
@@ -209,20 +213,16 @@ class _CollectiveExtended(StrategyExtended):
             return None
         names = [self._topology.describe(topo.task_rank * len(topo.devices) + i)
                  for i in range(len(topo.devices))]
-        store = None
+        store = None   # this task hosts the rendezvous for its replicas (and the others')
         if topo.task_rank == 0 and not topo.env_rendezvous:
             store = host_store(topo.port, self._timeout)
-        self._store = store
         port = store.port if store is not None else topo.port
         logger.info("%s: starting %d replica processes on %s", type(self._container_strategy)
                     .__name__, len(names), ", ".join(topo.device_names))
         import torch._dynamo  # noqa: F401  (DDP imports it: once here, not in every replica)
-        try:
-            return tuple(_processes.run_replicas(
-                fn, args, {}, names, setup=lambda i: self._join(i, port, forked=True),
-                teardown=self._leave, timeout=self._timeout))
-        finally:
-            self._store = None
+        return tuple(_processes.run_replicas(
+            fn, args, {}, names, setup=lambda i: self._join(i, port, forked=True),
+            teardown=self._leave, timeout=self._timeout))
 
     def _join(self, local_index: int, port: Optional[int] = None, forked: bool = False) -> None:
         """Join the process group as local replica `local_index` of this task."""

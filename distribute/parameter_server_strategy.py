@@ -168,7 +168,6 @@ class _ParameterServerExtended(StrategyExtended):
         self._timeout, self._init_timeout = timeout, init_timeout
         self._client: Optional[_ps_rpc.Client] = None
         self._initializing: Optional[bool] = None    # the chief puts the initial values
-        self._ready_sent = False
         self._placement: Dict[str, tuple] = {}
         self._since = [-1] * self._num_ps
         self._views: List[Dict[int, tuple]] = [{} for _ in range(self._num_ps)]
@@ -181,9 +180,10 @@ class _ParameterServerExtended(StrategyExtended):
         self._sent_hparams: Dict[str, list] = {}
         self._gathered: Optional[dict] = None
         self._scope = None
+        self._trained = False
         self._reset_training()
-        self.rpc_secs = 0.0       # wall time of the steps' RPCs (push, pull, tickets)
-        self.rpc_steps = 0
+        self.rpc_secs = 0.0       # wall time of the steps' RPCs (tickets, push and pull)
+        self.rpc_steps = 0        # global steps this trainer did
 
     def _reset_training(self) -> None:
         self._limit: Optional[int] = None
@@ -266,12 +266,13 @@ class _ParameterServerExtended(StrategyExtended):
         return self._client
 
     def _close(self) -> None:
-        """At exit: the chief ends training (TF's chief ending the job); every
-        trainer says goodbye, so the ps tasks know when to exit."""
+        """At exit: the chief, if its training finished, ends training (a
+        chief that failed does not: restarted, it goes on); every trainer says
+        goodbye, so the ps tasks know when to exit."""
         client, self._client = self._client, None
         if client is None:
             return
-        if self._is_chief:
+        if self._is_chief and self._trained:
             try:
                 client.call(0, _ps_rpc._end_training, what="ending training", timeout=5.0)
             except Exception as e:
@@ -301,27 +302,41 @@ class _ParameterServerExtended(StrategyExtended):
         scope = _current_scope()
         if scope is not self._scope:   # a new Estimator.train / MonitoredSession
             self._scope = scope
+            self._trained = False
             self._reset_training()
+            self._reset_modules()
         self._gathered = None
-        if self._is_chief and self._initializing is None:
+        layout = None
+        if self._is_chief:
             status = self._call(0, _ps_rpc._status, what="reading the ps status")
-            self._initializing = not status["ready"]
-            if not self._initializing:
-                logger.info("%s: the ps tasks already hold the parameters (global step %d); "
-                            "taking them", client.task, status["global_step"])
-        if self._is_chief and self._initializing:
-            layout = self._place(name, module)
+            if self._initializing is None:
+                self._initializing = not status["ready"]
+                if not self._initializing:
+                    logger.info("%s: the ps tasks already hold the parameters (global step "
+                                "%d); taking them", client.task, status["global_step"])
+            if not self._initializing:   # a module the ps tasks hold, or a new one
+                layout = self._call(0, _ps_rpc._lookup, name, what=f"reading module {name!r}")
+                scope.global_step = status["global_step"]
         else:
-            layout, step = self._wait_for_layout(name)
-            scope.global_step = step
+            layout, scope.global_step = self._wait_for_layout(name)
+        placed = layout is None
+        if placed:
+            layout = self._place(name, module)
         self._attach(name, module, layout)
-        if not (self._is_chief and self._initializing):
+        if not placed:
             self._pull(name)
         return module
 
+    def _reset_modules(self) -> None:
+        """Forget the modules of an earlier training call (a new scope builds new ones)."""
+        self._views = [{} for _ in range(self._num_ps)]
+        self._params, self._buffers, self._mutable = {}, [], None
+        self._modules, self._aliases, self._optimizers, self._sent_hparams = {}, {}, {}, {}
+
     def _place(self, name: str, module: torch.nn.Module) -> list:
         """Decide where each variable of `module` lives, put the values there,
-        and publish the layout on ps 0 (the chief, initializing)."""
+        and publish the layout on ps 0 (the chief: initializing, or a module
+        new to the ps tasks)."""
         params = {id(p) for p in module.parameters()}
         seen: Dict[int, str] = {}
         entries = collections.defaultdict(list)   # ps -> [(shard key, value)]
@@ -537,7 +552,7 @@ class _ParameterServerExtended(StrategyExtended):
         def hook(optimizer):
             _, variables = self._optimizers[name]
             params = [p for g in optimizer.param_groups for p in g["params"]]
-            if self._is_chief and self._initializing and not self._ready_sent:
+            if self._is_chief and self._initializing:
                 per_ps = collections.defaultdict(dict)
                 for p, var in zip(params, variables):
                     state = optimizer.state.get(p)
@@ -560,10 +575,10 @@ class _ParameterServerExtended(StrategyExtended):
         if self._ticket is not None or self._ticket_future is not None:
             return
         client = self._client
-        if self._is_chief and self._initializing and not self._ready_sent:
+        if self._is_chief and self._initializing:
             self._call(0, _ps_rpc._set_ready, self._scope.global_step,
                        what="marking the parameters initialized")
-            self._ready_sent = True
+            self._initializing = False   # from now on the ps tasks hold the truth
         self._ticket_future = client.call_async(0, _ps_rpc._next_ticket, client.task,
                                                 self._limit, self._done)
 
@@ -579,6 +594,7 @@ class _ParameterServerExtended(StrategyExtended):
             logger.info("%s: global step %d reached; stopping", self._client.task, step)
             raise StopIteration
         self._ticket = ticket
+        self.rpc_steps += 1
         self._scope.global_step = ticket - 1   # the session adds this step
         return ticket
 
@@ -618,8 +634,8 @@ class _ParameterServerExtended(StrategyExtended):
         deltas = {} if self._buffers_pushed else self._buffer_deltas()
         self._buffers_pushed = True
         hparams = _hparams(optimizer)
-        if hparams == self._sent_hparams[name]:
-            hparams = None
+        if _same(hparams, self._sent_hparams[name]):
+            hparams = None   # unchanged: nothing to send (a scheduler changes lr: sent)
         else:
             self._sent_hparams[name] = hparams
         calls = {}
@@ -633,7 +649,6 @@ class _ParameterServerExtended(StrategyExtended):
             self._apply(ps, packed)
         self._gathered = None
         self.rpc_secs += time.perf_counter() - start
-        self.rpc_steps += 1
         return loss
 
     def _buffer_deltas(self) -> dict:
@@ -681,6 +696,9 @@ class _ParameterServerExtended(StrategyExtended):
                 self._ticket_future = None
         self._call(0, _ps_rpc._complete, self._client.task, self._done,
                    what="finishing training")
+        self._trained = True
+        logger.info("%s: did %d of the global steps; %.2f ms of each in RPCs", self._client.task,
+                    self.rpc_steps, 1e3 * self.rpc_secs / max(1, self.rpc_steps))
         for var in self._buffers:   # keep the local copies current for what follows
             var.version = var.tensor._version
 
@@ -693,6 +711,7 @@ class _ParameterServerExtended(StrategyExtended):
             stats = self._on_ps({ps: (_ps_rpc._stats,) for ps in range(self._num_ps)}, "stats")
             out["ps_apply_ms"] = {ps: 1e3 * s["push_secs"] / max(1, s["pushes"])
                                   for ps, s in stats.items()}
+            out["steps_by_trainer"] = stats[0]["steps_by_trainer"]
         return out
 
     # -- the ps role ------------------------------------------------------------------------------
@@ -713,7 +732,18 @@ def _pushing_step(extended: _ParameterServerExtended, name: str):
 
 
 def _hparams(optimizer) -> list:
-    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    """Each param group's hyperparameters, copied (tensors cloned: a scheduler
+    may change them in place)."""
+    return [{k: v.clone() if isinstance(v, torch.Tensor) else v
+             for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def _same(a: list, b: list) -> bool:
+    """Whether two optimizers' hyperparameters are equal (tensors compared by value)."""
+    try:
+        return a == b
+    except RuntimeError:   # a tensor hyperparameter (lr=torch.tensor(...)) with several values
+        return False
 
 
 def _join(pieces: List[torch.Tensor], var: _Variable) -> torch.Tensor:

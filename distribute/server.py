@@ -37,7 +37,8 @@ class Server:
 
     `server_or_cluster_def`: a `ClusterSpec` or {job: [addresses]};
     `job_name` must be "ps"; `task_index` this ps's index. `timeout_secs`:
-    the RPC timeout; `init_timeout_secs`: how long ps `i > 0` waits for ps 0.
+    the RPC timeout; `init_timeout_secs`: how long ps `i > 0` waits for ps 0,
+and ps 0 for a first trainer (then it stops with an error).
     `protocol` and `config` are accepted for TF compatibility (the transport
     is torch.distributed.rpc over TensorPipe).
     """
@@ -111,8 +112,10 @@ class Server:
                 self._store.set(f"ps/exited/{index}", "1")
             params = self._params
             logger.info("ps %d: training is over; applied %d updates (%.2f ms each on "
-                        "average); shutting down", index, params.pushes,
-                        1e3 * params.push_secs / max(1, params.pushes))
+                        "average)%s; shutting down", index, params.pushes,
+                        1e3 * params.push_secs / max(1, params.pushes),
+                        "" if index else "; global steps by trainer: " + ", ".join(
+                            f"{t} {n}" for t, n in sorted(params.steps_by_trainer.items())))
             return True
         finally:
             self._params = self._store = None
@@ -124,6 +127,10 @@ class Server:
             if stop_when is not None and not params.end_requested.is_set() and stop_when():
                 logger.info("ps 0: the chief's completion marker is there: training ended")
                 params.end_training()
+            if params.unattended(self._init_timeout):
+                raise TimeoutError(
+                    f"ps 0: no trainer ({', '.join(params._trainers)}) connected within "
+                    f"{self._init_timeout:g} s of the start (Server(init_timeout_secs=...))")
             return params.finished(self._end_grace)
         try:
             return self._store.check(["ps/done"])

@@ -58,6 +58,13 @@ class Estimator:
             model_dir = tempfile.mkdtemp(prefix="estimator-")
             logger.warning("Using temporary folder as model directory: %s", model_dir)
         self._config = config.replace(model_dir=model_dir)
+        if config.num_ps_replicas and config.train_distribute is None:
+            # TF1's between-graph replication: a cluster with ps tasks and no
+            # strategy trains the parameter-server way (replica_device_setter).
+            self._config = self._config.replace(
+                train_distribute=distribute.ParameterServerStrategy())
+            logger.info("TF_CONFIG has %d ps task(s) and no train_distribute: training with "
+                        "ParameterServerStrategy", config.num_ps_replicas)
         self._model_dir = model_dir
         self._params = copy.deepcopy(params or {})
         self._model_fn = model_fn

@@ -11,9 +11,11 @@ prefixed with the task (`[worker 1] ...`). Ctrl-C is forwarded to every task;
 when a task fails, every other task is stopped and the launcher says which
 task failed and why, then exits with that task's status. With
 `max_restarts`, a failed evaluator is restarted alone (its ledger makes it
-resume), a failed chief, worker or ps restarts the whole training group (the
-torchrun way: a synchronous group cannot take back one member), which resumes
-from the chief's latest checkpoint. The job succeeds when the chief, the
+resume), and so is a failed worker of a job with ps tasks (asynchronous
+training takes it back: it rejoins the ps tasks); a failed chief, worker or
+ps restarts the whole training group otherwise (the torchrun way: a
+synchronous group cannot take back one member), which resumes from the
+chief's latest checkpoint. The job succeeds when the chief, the
 workers and the evaluator have exited 0; ps tasks then exit on the chief's
 completion marker, and are stopped after `stop_grace_secs` if still running.
 
@@ -242,7 +244,9 @@ class _Job:
         pid, code = task.proc.pid, task.returncode
         if self.restarts < self.max_restarts:
             self.restarts += 1
-            if task.task_type == "evaluator":
+            alone = task.task_type == "evaluator" or (
+                task.task_type == "worker" and any(t.task_type == "ps" for t in self.tasks))
+            if alone:   # an evaluator; or a worker of an asynchronous (ps) job, which rejoins
                 group = [task]
             else:
                 group = [t for t in self.tasks if t.task_type != "evaluator"]
@@ -250,7 +254,7 @@ class _Job:
                      f"{self.restarts}/{self.max_restarts}: restarting "
                      + ", ".join(t.name for t in group))
             self.stop(group)
-            if task.task_type != "evaluator":
+            if not alone:
                 self.cluster = {}
                 self.assign_addresses(group)
             for t in group:

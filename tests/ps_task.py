@@ -4,13 +4,18 @@ and bench/ps_bench.py.
 Run by the launcher (estimator.launch) with TF_CONFIG set:
 
     python tests/ps_task.py MODEL_DIR --steps 200 [--legacy] [--die-at STEP]
-        [--partition] [--placement by_size] [--out OUT_DIR]
+        [--partition] [--placement by_size] [--out OUT_DIR] [--step-secs S]
+        [--kill-ps-at STEP] [--decay-steps N] [--batch-norm]
 
 Trains a small MLP classifier (est.get_module "mlp") with Adam under
 train_and_evaluate. `--legacy` gives no train_distribute (TF_CONFIG's ps
 tasks alone make it a parameter-server job); `--die-at N` makes worker 0's
 first incarnation kill itself (SIGKILL) at global step N; the chief writes
-the parameter placement to OUT_DIR/placement.json.
+the parameter placement to OUT_DIR/placement.json; `--step-secs` makes
+every step last that much longer; `--kill-ps-at N` makes the chief kill ps 1
+(SIGKILL) at global step N, once; `--decay-steps N` halves the learning rate
+every N steps (set on the optimizer in model_fn, as TF's exponential_decay);
+`--batch-norm` adds a BatchNorm1d (buffers: moving averages).
 """
 import argparse
 import json
@@ -18,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
@@ -33,12 +39,12 @@ FEATURES, CLASSES = 8, 3
 
 
 def dataset(n, seed):
-    """A fixed nonlinear 3-class problem (labels from a random 2-layer teacher)."""
+    """A fixed 3-class problem: labels from a random teacher, mostly linear."""
     g = np.random.RandomState(1234)
-    w1, w2 = g.randn(FEATURES, 16), g.randn(16, CLASSES)
+    w, w1, w2 = g.randn(FEATURES, CLASSES), g.randn(FEATURES, 4), g.randn(4, CLASSES)
     rng = np.random.RandomState(seed)
     x = rng.randn(n, FEATURES).astype(np.float32)
-    y = np.argmax(np.tanh(x @ w1) @ w2, axis=1).astype(np.int64)
+    y = np.argmax(x @ w + 0.5 * np.tanh(x @ w1) @ w2, axis=1).astype(np.int64)
     return x, y
 
 
@@ -63,10 +69,16 @@ def eval_input_fn():
     return [({"x": x[i:i + 256]}, y[i:i + 256]) for i in range(0, 1024, 256)]
 
 
+def _mlp(batch_norm):
+    norm = [torch.nn.BatchNorm1d(64)] if batch_norm else []
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 64), *norm, torch.nn.ReLU(), torch.nn.Linear(64, 64),
+        torch.nn.ReLU(), torch.nn.Linear(64, CLASSES))
+
+
 def model_fn(features, labels, mode, params):
-    net = est.get_module("mlp", lambda: torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-        torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)))
+    net = est.get_module("mlp", lambda: _mlp(params.get("batch_norm")))
+    net.train(mode == est.ModeKeys.TRAIN)
     logits = net(torch.as_tensor(features["x"]))
     if mode == est.ModeKeys.PREDICT:
         return est.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)})
@@ -75,6 +87,9 @@ def model_fn(features, labels, mode, params):
         return est.EstimatorSpec(mode, loss=loss, eval_metric_ops={
             "accuracy": est.metrics.accuracy(labels, logits.argmax(-1))})
     opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=params.get("lr", 3e-3)))
+    if params.get("decay_steps"):   # TF's exponential_decay, set on the optimizer
+        for group in opt.param_groups:
+            group["lr"] = params["lr"] * 0.5 ** (est.get_global_step() / params["decay_steps"])
     return est.EstimatorSpec(mode, loss=loss, train_op=opt)
 
 
@@ -88,6 +103,30 @@ class _DieAt(hooks.SessionRunHook):
         if run_context.session.global_step >= self._step and not os.path.exists(self._marker):
             open(self._marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _KillPs(hooks.SessionRunHook):
+    """Kills ps 1 (SIGKILL, its pid from MODEL_DIR/ps1.pid) at global step `step`, once."""
+
+    def __init__(self, step, model_dir):
+        self._step, self._model_dir = step, model_dir
+
+    def after_run(self, run_context, run_values):
+        marker = os.path.join(self._model_dir, "killed_ps")
+        if run_context.session.global_step >= self._step and not os.path.exists(marker):
+            open(marker, "w").close()
+            with open(os.path.join(self._model_dir, "ps1.pid")) as f:
+                os.kill(int(f.read()), signal.SIGKILL)
+
+
+class _Sleep(hooks.SessionRunHook):
+    """Slows each step down by `secs` (a model whose steps take time)."""
+
+    def __init__(self, secs):
+        self._secs = secs
+
+    def after_run(self, run_context, run_values):
+        time.sleep(self._secs)
 
 
 class _WritePlacement(hooks.SessionRunHook):
@@ -111,6 +150,10 @@ def main():
     parser.add_argument("--partition", action="store_true")
     parser.add_argument("--placement", default="round_robin")
     parser.add_argument("--out")
+    parser.add_argument("--step-secs", type=float, default=0.0)
+    parser.add_argument("--kill-ps-at", type=int)
+    parser.add_argument("--decay-steps", type=int)
+    parser.add_argument("--batch-norm", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     strategy = None
@@ -122,10 +165,18 @@ def main():
     config = est.RunConfig(model_dir=args.model_dir, train_distribute=strategy,
                            tf_random_seed=7, save_checkpoints_steps=50,
                            log_step_count_steps=50)
-    estimator = est.Estimator(model_fn, config=config, params={"lr": 3e-3})
-    train_hooks = []
+    estimator = est.Estimator(model_fn, config=config,
+                              params={"lr": 3e-3, "decay_steps": args.decay_steps,
+                                      "batch_norm": args.batch_norm})
+    train_hooks = [_Sleep(args.step_secs)] if args.step_secs else []
     if args.die_at and config.task_type == "worker" and config.task_id == 0:
         train_hooks.append(_DieAt(args.die_at, os.path.join(args.model_dir, "died")))
+    os.makedirs(args.model_dir, exist_ok=True)
+    if config.task_type == "ps":
+        with open(os.path.join(args.model_dir, f"ps{config.task_id}.pid"), "w") as f:
+            f.write(str(os.getpid()))
+    if args.kill_ps_at and config.task_type == "chief":
+        train_hooks.append(_KillPs(args.kill_ps_at, args.model_dir))
     if args.out and config.task_type == "chief":
         train_hooks.append(_WritePlacement(os.path.join(args.out, "placement.json")))
     est.train_and_evaluate(

@@ -492,11 +492,28 @@ def test_config_cluster_under_launch(tmp_path, capsys):
     assert glob.glob(os.path.join(model_dir, "export", "best", "*", "model.pt2")), out
 
 
+@pytest.mark.slow
+def test_config_parameter_server_under_launch(tmp_path, capsys):
+    model_dir = str(tmp_path / "ps")
+    code = cli.main(["launch", "--workers", "1", "--ps", "2", "--evaluator", "--timeout", "240",
+                     os.path.join(CONFIGS, "parameter_server.yaml"), "--", "-q",
+                     "--set", f"run_config.model_dir={model_dir}",
+                     "--set", "train_spec.max_steps=60"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    evaluator = "\n".join(l[len("[evaluator] "):] for l in out.splitlines()
+                          if l.startswith("[evaluator] "))
+    result = _final_evaluation(evaluator)
+    assert result["global_step"] == 60 and result["average_loss"] < 0.05, out
+    assert "[ps 1] ps 1: training finished" in out, out
+
+
 CONFIG_TESTS = {"iris.yaml": test_config_iris,
                 "linear_regression.yaml": test_config_linear_regression,
                 "mirrored_cpu.yaml": (test_config_mirrored_cpu,
                                       test_config_mirrored_cpu_train_then_evaluate),
-                "cluster.yaml": test_config_cluster_under_launch}
+                "cluster.yaml": test_config_cluster_under_launch,
+                "parameter_server.yaml": test_config_parameter_server_under_launch}
 
 
 def test_every_config_has_a_run_test_and_loads():

@@ -192,7 +192,11 @@ def test_ps_tasks_need_a_parameter_server_strategy(tmp_path, monkeypatch, task_t
                                              "servers: this task is ps:0"):
             distribute.MultiWorkerMirroredStrategy()
         return
-    strategy = distribute.MultiWorkerMirroredStrategy() if sync else None
+    if not sync:   # no strategy: TF1's between-graph way, parameter servers (issue 6)
+        e = make(tmp_path)
+        assert isinstance(e.config.train_distribute, distribute.ParameterServerStrategy)
+        return
+    strategy = distribute.MultiWorkerMirroredStrategy()
     with pytest.raises(ValueError, match="does not use parameter servers. Use "
                                          "ParameterServerStrategy"):
         est.train_and_evaluate(make(tmp_path, train_distribute=strategy),

@@ -1,0 +1,347 @@
+"""ParameterServerStrategy, distribute.Server and the ps role: placement,
+partitioners, argument checks and local mode in this process; real clusters
+(chief, workers, ps tasks, evaluator; torch.distributed.rpc over TensorPipe
+on 127.0.0.1) started with estimator.launch or by hand for the rest."""
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import distribute
+import estimator as est
+from distribute import parameter_server_strategy as pss
+from distribute import partitioners
+from estimator import checkpoint
+from estimator.launch import launch
+from models import regression_input_fn, regression_model_fn
+
+import ps_task
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASK = os.path.join(ROOT, "tests", "ps_task.py")
+
+
+def _tf_config(monkeypatch, task_type="worker", index=0, ps=("127.0.0.1:1", "127.0.0.1:2"),
+               chief=True):
+    cluster = {"worker": ["127.0.0.1:3", "127.0.0.1:4"], "ps": list(ps)}
+    if chief:
+        cluster["chief"] = ["127.0.0.1:5"]
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": cluster, "task": {"type": task_type, "index": index}}))
+
+
+# -- in this process ------------------------------------------------------------------------
+def test_partitioners_cut_axis_0():
+    f32 = torch.float32
+    assert partitioners.FixedShardsPartitioner(3)((10, 4), f32) == [3, 1]
+    assert partitioners.FixedShardsPartitioner(3)((2, 4), f32) == [2, 1]   # not more than rows
+    assert partitioners.MinSizePartitioner(min_shard_bytes=64, max_shards=4)((10, 4), f32) \
+        == [2, 1]                                                          # 160 bytes
+    assert partitioners.MinSizePartitioner()((1000, 1000), f32) == [1, 1]  # TF's default: 1
+    assert partitioners.MaxSizePartitioner(max_shard_bytes=48)((10, 4), f32) == [4, 1]
+    assert partitioners.MaxSizePartitioner(48, max_shards=2)((10, 4), f32) == [2, 1]
+    with pytest.raises(ValueError, match="num_shards must be an int >= 1"):
+        partitioners.FixedShardsPartitioner(0)
+    with pytest.raises(ValueError, match="Only axis 0"):
+        partitioners.FixedShardsPartitioner(2)((4, 4), f32, axis=1)
+    assert partitioners.num_partitions(None, "v", (8, 2), f32) == 1
+    assert partitioners.num_partitions(lambda s, d: 3, "v", (8, 2), f32) == 3
+    assert partitioners.num_partitions(lambda s, d: [5, 1], "v", (), f32) == 1   # a scalar
+    with pytest.raises(ValueError, match="only axis 0 can be partitioned"):
+        partitioners.num_partitions(lambda s, d: [1, 2], "net/w", (8, 2), f32)
+    with pytest.raises(ValueError, match=r"for net/w of shape \[8, 2\]: expected 2 counts"):
+        partitioners.num_partitions(lambda s, d: [2], "net/w", (8, 2), f32)
+
+
+def test_placement_round_robin_and_by_size():
+    rr = pss._Placer(2, "round_robin")
+    assert [rr.place(n) for n in (100, 1, 100, 1)] == [0, 1, 0, 1]   # TF's replica_device_setter
+    greedy = pss._Placer(2, "by_size")
+    assert [greedy.place(n) for n in (100, 1, 100, 1, 50)] == [0, 1, 1, 0, 0]
+    assert greedy.load == [151, 101]
+    assert pss._split_rows(10, 3) == [(0, 4), (4, 3), (7, 3)]   # the first ones longer, as TF
+
+
+def test_arguments_are_checked(monkeypatch):
+    with pytest.raises(ValueError, match="placement must be one of"):
+        distribute.ParameterServerStrategy(placement="random")
+    with pytest.raises(TypeError, match="variable_partitioner must be callable"):
+        distribute.ParameterServerStrategy(variable_partitioner=2)
+    with pytest.raises(ValueError, match="timeout_secs must be a number > 0"):
+        distribute.ParameterServerStrategy(timeout_secs=0)
+    with pytest.raises(TypeError, match="cluster_resolver must be a ClusterResolver"):
+        distribute.ParameterServerStrategy({"ps": ["a:1"]})
+    resolver = distribute.cluster_resolver.SimpleClusterResolver(
+        distribute.cluster_resolver.ClusterSpec({"chief": ["a:1"], "worker": ["b:1"]}),
+        task_type="chief", task_id=0)
+    with pytest.raises(ValueError, match="needs 'ps' tasks in the cluster"):
+        distribute.ParameterServerStrategy(resolver)
+    spec = {"ps": ["127.0.0.1:1"], "chief": ["127.0.0.1:2"]}
+    with pytest.raises(ValueError, match="job_name must be 'ps', got 'worker'"):
+        distribute.Server(spec, job_name="worker", task_index=0)
+    with pytest.raises(ValueError, match=r"task_index must be one of the ps indices \[0\]"):
+        distribute.Server(spec, job_name="ps", task_index=3)
+    with pytest.raises(ValueError, match="has no 'ps' job"):
+        distribute.Server({"chief": ["a:1"]}, job_name="ps", task_index=0)
+    server = distribute.Server(spec, job_name="ps", task_index=0, start=False)
+    assert server.target == "grpc://127.0.0.1:1"
+
+
+def test_cluster_surface_without_connecting(monkeypatch):
+    _tf_config(monkeypatch, "worker", 1)
+    s = distribute.ParameterServerStrategy()
+    e = s.extended
+    assert e.parameter_devices == ("/job:ps/replica:0/task:0/device:CPU:0",
+                                   "/job:ps/replica:0/task:1/device:CPU:0")
+    assert e.worker_devices == ("/job:worker/replica:0/task:1/device:CPU:0",)
+    assert not e.should_checkpoint and not e.should_save_summary
+    ctx = e._input_context()   # chief, worker 0, worker 1: this is the third pipeline
+    assert (ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync) == (3, 2, 1)
+    assert s.num_replicas_in_sync == 1 and repr(s).startswith("ParameterServerStrategy(task=")
+    _tf_config(monkeypatch, "chief", 0)
+    assert distribute.ParameterServerStrategy().extended.should_checkpoint
+    _tf_config(monkeypatch, "worker", 0, chief=False)   # no chief: worker 0 is it
+    assert distribute.ParameterServerStrategy().extended.should_checkpoint
+
+
+def test_legacy_cluster_with_ps_tasks_and_no_strategy_trains_the_ps_way(monkeypatch, tmp_path):
+    _tf_config(monkeypatch, "worker", 0)
+    e = est.Estimator(regression_model_fn, model_dir=str(tmp_path))
+    assert isinstance(e.config.train_distribute, distribute.ParameterServerStrategy)
+    assert e.config.eval_distribute is None
+
+
+def test_evaluation_under_the_strategy_reads_the_checkpoint_here(monkeypatch, tmp_path):
+    """No ps task is running (the addresses are dead): evaluation and
+    prediction use the checkpoint on the local device, as in TF."""
+    config = est.RunConfig(model_dir=str(tmp_path), tf_random_seed=1,
+                           save_checkpoints_steps=10, log_step_count_steps=None)
+    est.Estimator(regression_model_fn, config=config, params={"lr": 0.1}).train(
+        regression_input_fn(), max_steps=20)
+    _tf_config(monkeypatch, "worker", 0)
+    strategy = distribute.ParameterServerStrategy()
+    e = est.Estimator(regression_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), eval_distribute=strategy, train_distribute=strategy))
+    result = e.evaluate(regression_input_fn(repeat=False))
+    assert result["global_step"] == 20 and result["loss"] < 1.0
+    assert len(list(e.predict(regression_input_fn(repeat=False)))) == 256
+
+
+def _dead_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_training_without_a_reachable_ps_fails_naming_it(monkeypatch, tmp_path):
+    port = _dead_port()
+    _tf_config(monkeypatch, "worker", 0, ps=(f"127.0.0.1:{port}", "127.0.0.1:2"))
+    strategy = distribute.ParameterServerStrategy(init_timeout_secs=1)
+    e = est.Estimator(regression_model_fn, model_dir=str(tmp_path),
+                      config=est.RunConfig(train_distribute=strategy))
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=rf"worker:0: ps 0 at 127.0.0.1:{port} \(it hosts "
+                                           r"the rendezvous\) could not be reached within 1 s"):
+        e.train(regression_input_fn(), max_steps=5)
+    assert time.monotonic() - start < 30
+
+
+def test_local_mode_is_variables_on_cpu_compute_here(tmp_path):
+    """No cluster: TF's local case (CentralStorage): the same weights as
+    training without a strategy."""
+    def train(strategy, name):
+        config = est.RunConfig(model_dir=str(tmp_path / name), tf_random_seed=3,
+                               train_distribute=strategy, log_step_count_steps=None)
+        e = est.Estimator(regression_model_fn, config=config, params={"lr": 0.05})
+        e.train(regression_input_fn(), max_steps=15)
+        return e.get_variable_value("linear/weight")
+
+    strategy = distribute.ParameterServerStrategy()
+    assert "local" in repr(strategy) and strategy.extended.parameter_devices == ("cpu",)
+    np.testing.assert_allclose(train(strategy, "ps"), train(None, "plain"), atol=1e-6)
+
+
+# -- real clusters -----------------------------------------------------------------------------
+def _launch(model_dir, *args, **kwargs):
+    output = io.StringIO()
+    kwargs.setdefault("timeout", 150)
+    kwargs.setdefault("stop_grace_secs", 5)
+    status = launch([TASK, str(model_dir), *args], output=output, **kwargs)
+    return status, output.getvalue()
+
+
+def _lines(output, task):
+    prefix = f"[{task}] "
+    return "\n".join(l[len(prefix):] for l in output.splitlines() if l.startswith(prefix))
+
+
+def _single_process(model_dir, max_steps, **params):
+    config = est.RunConfig(model_dir=str(model_dir), tf_random_seed=7,
+                           save_checkpoints_steps=50, log_step_count_steps=None)
+    e = est.Estimator(ps_task.model_fn, config=config, params={"lr": 3e-3, **params})
+    e.train(ps_task.train_input_fn, max_steps=max_steps)
+    return e
+
+
+@pytest.mark.slow
+def test_cluster_trains_like_one_process_and_checkpoints_restore_anywhere(tmp_path):
+    """chief + 2 workers + 2 ps + evaluator, partitioned variables: resumes a
+    one-process checkpoint, reaches exactly max_steps with every trainer
+    contributing, and its checkpoint evaluates and trains in one process."""
+    model_dir = tmp_path / "cluster"
+    _single_process(model_dir, 100)   # one process -> the cluster
+    status, output = _launch(model_dir, "--steps", "400", "--partition", "--step-secs", "0.005",
+                             "--out", str(tmp_path), workers=2, ps=2, evaluator=True)
+    assert status == 0, output
+    chief, ps0 = _lines(output, "chief"), _lines(output, "ps 0")
+    assert f"Resuming from {model_dir}/model.ckpt-100" in chief, output
+    assert "the chief initialized the parameters; global step 100" in ps0, output
+    assert checkpoint.step_of(checkpoint.latest_checkpoint(str(model_dir))) == 400
+    assert json.loads((model_dir / "training_complete.json").read_text())["global_step"] == 400
+    assert "Saving dict for global step 400:" in _lines(output, "evaluator"), output
+    report = json.loads((tmp_path / "placement.json").read_text())
+    devices = report["parameter_devices"]
+    assert len(devices) == 2 and report["placement"]["mlp/2/weight"] == devices   # both halves
+    steps = report["rpc"]["steps_by_trainer"]
+    assert sorted(steps) == ["chief:0", "worker:0", "worker:1"] and sum(steps.values()) == 300
+    assert all(n > 0 for n in steps.values()), steps
+    # the cluster -> one process: the same quality as training there
+    reference = _single_process(tmp_path / "single", 400).evaluate(ps_task.eval_input_fn)
+    restored = est.Estimator(ps_task.model_fn, model_dir=str(model_dir), params={"lr": 3e-3})
+    result = restored.evaluate(ps_task.eval_input_fn)
+    print(f"accuracy after 400 steps: one process {reference['accuracy']:.4f}, "
+          f"ps cluster {result['accuracy']:.4f}; steps by trainer {steps}; "
+          f"chief RPC {report['rpc']['rpc_ms_per_step']:.2f} ms/step")
+    assert result["global_step"] == 400
+    assert result["accuracy"] >= reference["accuracy"] - 0.04 and result["accuracy"] > 0.92
+    restored.train(ps_task.train_input_fn, steps=5)   # modules and Adam's slots restore
+    assert checkpoint.step_of(restored.latest_checkpoint()) == 405
+    assert "optimizer/mlp/0/weight/exp_avg" in restored.get_variable_names()
+
+
+@pytest.mark.slow
+def test_one_trainer_on_two_ps_tasks_equals_one_process_exactly(tmp_path):
+    """A chief alone on 2 ps tasks (variables cut in halves, Adam's slots on
+    the ps tasks, a decaying learning rate forwarded to them, BatchNorm's
+    moving averages updated there), resuming a one-process checkpoint: the
+    same weights and slots as one process, bit for bit (nothing is
+    asynchronous with one trainer); the moving averages to rounding."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    params = {"decay_steps": 10, "batch_norm": True}
+    _single_process(here, 20, **params)
+    _single_process(there, 20, **params)
+    _single_process(here, 60, **params)
+    status, output = _launch(there, "--steps", "60", "--partition", "--decay-steps", "10",
+                             "--batch-norm", workers=0, ps=2)
+    assert status == 0, output
+    a = est.Estimator(ps_task.model_fn, model_dir=str(here))
+    b = est.Estimator(ps_task.model_fn, model_dir=str(there))
+    assert a.get_variable_names() == b.get_variable_names()
+    assert "optimizer/mlp/3/weight/exp_avg_sq" in a.get_variable_names()
+    for name in a.get_variable_names():
+        va, vb = a.get_variable_value(name), b.get_variable_value(name)
+        if "running_" in name:   # ps += (new - old): the same value up to rounding
+            np.testing.assert_allclose(va, vb, rtol=1e-5, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(va, vb, err_msg=name)
+    assert a.get_variable_value("mlp/1/num_batches_tracked") == 60
+    assert not np.allclose(b.get_variable_value("mlp/1/running_var"), 1.0)   # they moved
+
+
+@pytest.mark.slow
+def test_a_dead_worker_restarts_and_rejoins(tmp_path):
+    """Legacy TF_CONFIG (ps tasks, no train_distribute): worker 0 is killed
+    at step 60; the launcher restarts it alone; it rejoins and trains."""
+    model_dir = tmp_path / "m"
+    status, output = _launch(model_dir, "--legacy", "--steps", "500", "--die-at", "60",
+                             "--step-secs", "0.03", workers=2, ps=2, max_restarts=1)
+    assert status == 0, output
+    assert "no train_distribute: training with ParameterServerStrategy" in output
+    assert re.search(r"\[launch\] worker 0 \(pid \d+\) was killed by SIGKILL; restart 1/1: "
+                     r"restarting worker 0\n", output), output
+    worker = _lines(output, "worker 0")
+    assert worker.count("worker:0: connected to 2 ps task(s)") == 2, output
+    assert re.search(r"ps 0: worker:0 rejoined at global step \d+", output), output
+    done = re.findall(r"worker:0: did (\d+) of the global steps", worker)
+    assert len(done) == 1 and int(done[0]) > 0, output   # the restarted one trained
+    assert checkpoint.step_of(checkpoint.latest_checkpoint(str(model_dir))) == 500
+
+
+@pytest.mark.slow
+def test_a_dead_ps_stops_the_job_and_a_restart_resumes_from_the_checkpoint(tmp_path):
+    model_dir = tmp_path / "m"
+    status, output = _launch(model_dir, "--steps", "300", "--kill-ps-at", "120",
+                             "--step-secs", "0.005", workers=1, ps=2, max_restarts=1)
+    assert status == 0, output
+    assert re.search(r"\[launch\] ps 1 \(pid \d+\) was killed by SIGKILL; restart 1/1: "
+                     r"restarting chief, worker 0, ps 0, ps 1\n", output), output
+    before, after = output.split("was killed by SIGKILL; restart 1/1")
+    saved = [int(n) for n in re.findall(r"\[chief\] .*Saving checkpoints for (\d+) ", before)]
+    assert saved and 50 <= saved[-1] <= 130, output   # every ~50 global steps, the kill at 120
+    assert f"[chief] INFO estimator.estimator: Resuming from {model_dir}/model.ckpt-{saved[-1]} " \
+        in after, output
+    assert (f"[ps 0] INFO distribute._ps_rpc: ps 0: the chief initialized the parameters; "
+            f"global step {saved[-1]}\n") in after, output
+    assert checkpoint.step_of(checkpoint.latest_checkpoint(str(model_dir))) == 300
+
+
+def _free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_a_dead_ps_fails_the_trainers_with_its_name(tmp_path):
+    """chief + 2 ps started by hand; ps 1 is killed at step 30: the chief
+    fails within the RPC timeout with an error naming ps 1 and its address."""
+    chief_port, ps0, ps1 = _free_ports(3)
+    cluster = {"chief": [f"127.0.0.1:{chief_port}"],
+               "ps": [f"127.0.0.1:{ps0}", f"127.0.0.1:{ps1}"]}
+    procs = {}
+    try:
+        for task_type, index in (("ps", 0), ("ps", 1), ("chief", 0)):
+            env = dict(os.environ, TF_CONFIG=json.dumps(
+                {"cluster": cluster, "task": {"type": task_type, "index": index}}))
+            procs[f"{task_type}{index}"] = subprocess.Popen(
+                [sys.executable, TASK, str(tmp_path), "--steps", "2000", "--kill-ps-at", "30",
+                 "--step-secs", "0.005"], env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        out, _ = procs["chief0"].communicate(timeout=90)
+        assert procs["chief0"].returncode != 0, out
+        assert (f"ParameterServerError: chief:0: ps 1 at 127.0.0.1:{ps1} failed while applying "
+                "a step: it died, or did not answer within 20 s") in out, out
+        assert procs["ps1"].wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_ps_nobody_comes_to_stops_with_an_error(tmp_path):
+    port, chief = _free_ports(2)
+    code = ("import sys; sys.path.insert(0, %r); import distribute; "
+            "distribute.Server({'ps': ['127.0.0.1:%d'], 'chief': ['127.0.0.1:%d']}, "
+            "job_name='ps', task_index=0, init_timeout_secs=1).join()" % (ROOT, port, chief))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0
+    assert "TimeoutError: ps 0: no trainer (chief:0) connected within 1 s" in done.stderr, \
+        done.stderr
