@@ -10,10 +10,13 @@ trained for a fixed number of steps by
   loss logging and NaN check every 100 steps, the replicas' stop agreement
   and the loss mean every step),
 
-alternating in one run. Each figure is steps/s of a whole call, started from
-the parent process (processes, rendezvous and model creation count on both
-sides); the medians of the rounds are reported with their ratio, and the
-median of each round's ratio (steadier on a shared machine).
+alternating in one run. Two figures each: steps/s of the whole call, started
+from the parent process (processes, rendezvous, model creation and our final
+checkpoint count), and the steady rate from step 20 to the last, measured in
+replica 0; and the steady steps per CPU second of replica 0's process (all its
+threads), which other load on a shared machine disturbs far less. The
+medians of the rounds are reported with their ratio, and the median of each
+round's ratio.
 
     python bench/ddp_bench.py [--rounds 5] [--steps 1000]
 
@@ -38,6 +41,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import distribute  # noqa: E402
 import estimator as est  # noqa: E402
+import hooks  # noqa: E402
 
 REPLICAS = 2
 
@@ -63,28 +67,39 @@ def _threads() -> int:
     return max(1, (os.cpu_count() or 1) // REPLICAS)   # as MirroredStrategy sets them
 
 
-def _plain_replica(rank, port, batches, steps):
+WARM = 20   # steps excluded from the steady-state figure
+
+
+def _plain_replica(rank, port, batches, steps, clock):
     torch.set_num_threads(_threads())
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=REPLICAS, timeout=datetime.timedelta(seconds=300))
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for x, y in _cycle(batches[rank::REPLICAS], steps):
+    for step, (x, y) in enumerate(_cycle(batches[rank::REPLICAS], steps), 1):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-    dist.destroy_process_group()
+        if step == WARM:
+            start, cpu = time.perf_counter(), time.process_time()
+    if rank == 0:
+        clock.put(((steps - WARM) / (time.perf_counter() - start),
+                   (steps - WARM) / (time.process_time() - cpu)))
+    dist.barrier()   # then exit (destroying the group can deadlock in torch 2.13's gloo)
 
 
-def plain_ddp(batches, steps) -> float:
+def plain_ddp(batches, steps):
+    """(steps/s of the whole call, steady steps/s after WARM steps, steady steps per
+    CPU second of replica 0's process)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = multiprocessing.get_context("fork")
+    clock = ctx.SimpleQueue()
     start = time.perf_counter()
-    procs = [ctx.Process(target=_plain_replica, args=(r, port, batches, steps))
+    procs = [ctx.Process(target=_plain_replica, args=(r, port, batches, steps, clock))
              for r in range(REPLICAS)]
     for p in procs:
         p.start()
@@ -92,10 +107,27 @@ def plain_ddp(batches, steps) -> float:
         p.join(600)
         if p.exitcode != 0:
             raise RuntimeError(f"plain DDP replica failed with exit code {p.exitcode}")
-    return steps / (time.perf_counter() - start)
+    return (steps / (time.perf_counter() - start), *clock.get())
 
 
-def ours(batches, steps) -> float:
+class _SteadyClock(hooks.SessionRunHook):
+    """Steps/s from the end of step WARM to the end of the last step (in
+    replica 0; its attributes come back to the caller's hook)."""
+
+    def __init__(self, steps):
+        self.steps, self.rates = steps, None
+
+    def after_run(self, run_context, run_values):
+        step = run_context.session.global_step
+        if step == WARM:
+            self._start, self._cpu = time.perf_counter(), time.process_time()
+        elif step == self.steps:
+            self.rates = ((self.steps - WARM) / (time.perf_counter() - self._start),
+                          (self.steps - WARM) / (time.process_time() - self._cpu))
+
+
+def ours(batches, steps):
+    """As `plain_ddp`, for `Estimator.train` under MirroredStrategy."""
     def model_fn(features, labels, mode):
         net = est.get_module("net", _mlp)
         loss = torch.nn.functional.cross_entropy(net(features), labels)
@@ -107,13 +139,14 @@ def ours(batches, steps) -> float:
         return _cycle(mine, steps)
 
     strategy = distribute.MirroredStrategy([f"cpu:{i}" for i in range(REPLICAS)])
+    clock = _SteadyClock(steps)
     with tempfile.TemporaryDirectory() as model_dir:
         torch.manual_seed(0)
         e = est.Estimator(model_fn, config=est.RunConfig(model_dir=model_dir,
                                                          train_distribute=strategy))
         start = time.perf_counter()
-        e.train(input_fn, steps=steps)
-        return steps / (time.perf_counter() - start)
+        e.train(input_fn, steps=steps, hooks=[clock])
+        return (steps / (time.perf_counter() - start), *clock.rates)
 
 
 def main(argv=None):
@@ -123,19 +156,26 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     batches = _data()
-    plain_ddp(batches, 50)   # warm-up both paths
-    ours(batches, 50)
+    plain_ddp(batches, WARM + 10)   # warm-up both paths
+    ours(batches, WARM + 10)
     plain, mine = [], []
     for _ in range(args.rounds):
         plain.append(plain_ddp(batches, args.steps))
         mine.append(ours(batches, args.steps))
-        print(f"round: plain {plain[-1]:7.1f} steps/s   ours {mine[-1]:7.1f} steps/s", flush=True)
-    p, o = statistics.median(plain), statistics.median(mine)
-    paired = statistics.median(b / a for a, b in zip(plain, mine))
-    print(f"mlp 784-512-512-10, batch 128 x {REPLICAS} CPU replicas (gloo), {args.steps} steps: "
-          f"plain DDP {p:.1f} steps/s   MirroredStrategy {o:.1f} steps/s   ratio {o / p:.3f} "
-          f"(median of the rounds' ratios {paired:.3f})", flush=True)
-    return o / p
+        print("round: plain %6.1f steps/s (steady %6.1f, per CPU s %6.1f)   ours %6.1f steps/s "
+              "(steady %6.1f, per CPU s %6.1f)" % (*plain[-1], *mine[-1]), flush=True)
+    print(f"mlp 784-512-512-10, batch 128 x {REPLICAS} CPU replicas (gloo), {args.steps} steps, "
+          f"{args.rounds} rounds:")
+    ratios = []
+    for what, k in (("whole call", 0), (f"steady (after step {WARM})", 1),
+                    ("steady, per CPU second", 2)):
+        p = statistics.median(r[k] for r in plain)
+        o = statistics.median(r[k] for r in mine)
+        paired = statistics.median(b[k] / a[k] for a, b in zip(plain, mine))
+        ratios.append(o / p)
+        print(f"  {what:24s} plain DDP {p:6.1f}   MirroredStrategy {o:6.1f}   "
+              f"ratio {o / p:.3f} (median of the rounds' ratios {paired:.3f})", flush=True)
+    return ratios
 
 
 if __name__ == "__main__":

@@ -85,11 +85,6 @@ class ProcessGroup:
         group.control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
         return group
 
-    def leave(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        self.store = None
-
     # -- failures ------------------------------------------------------------------
     def explain(self, exc: BaseException, what: str) -> BaseException:
         """The error to raise for `exc`, raised by the collective `what`: the

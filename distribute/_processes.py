@@ -109,7 +109,7 @@ def _portable(exc: BaseException) -> BaseException:
     return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _child(conn, index: int, setup: Callable, teardown: Callable, fn: Callable, args, kwargs):
+def _child(conn, index: int, setup: Callable, fn: Callable, args, kwargs):
     global _in_replica
     _in_replica = True
     ok = False
@@ -136,20 +136,20 @@ def _child(conn, index: int, setup: Callable, teardown: Callable, fn: Callable, 
                                              f"back: {e}"), traceback.format_exc()))
         except Exception:
             pass
-    if ok:
-        try:
-            teardown()
-        except Exception:
-            logger.debug("teardown of replica %d failed", index, exc_info=True)
-    conn.close()
     sys.stdout.flush()
     sys.stderr.flush()
+    if ok:   # stay until every replica is done: no peer sees this one's sockets close early
+        try:
+            conn.recv()
+        except (EOFError, OSError):
+            pass
+    # No teardown: destroying a process group from Python can deadlock in
+    # torch (its worker thread waits for the GIL), and the OS frees it all.
     os._exit(0 if ok else 1)
 
 
 def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
-                 setup: Callable[[int], None], teardown: Callable[[], None],
-                 timeout: float) -> List:
+                 setup: Callable[[int], None], timeout: float) -> List:
     """Run `fn(*args, **kwargs)` in one forked process per name in `names`
     (after `setup(i)` there); return the results in replica order."""
     if torch.cuda.is_initialized():
@@ -172,13 +172,13 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
     gc.freeze()
     try:
         for i in range(len(names)):
-            recv, send = ctx.Pipe(duplex=False)
+            mine, theirs = ctx.Pipe()
             p = ctx.Process(target=_child, name=f"replica-{i}",
-                            args=(send, i, setup, teardown, fn, args, kwargs), daemon=True)
+                            args=(theirs, i, setup, fn, args, kwargs), daemon=True)
             p.start()
-            send.close()
+            theirs.close()
             procs.append(p)
-            conns.append(recv)
+            conns.append(mine)
         gc.unfreeze()
         results = _supervise(procs, conns, names, timeout)
         for obj, state in zip(_shared_objects(args), results[0][1]):
@@ -235,7 +235,12 @@ def _supervise(procs, conns, names, timeout: float) -> List:
                     for i in range(len(procs)) if i not in done]
             raise TimeoutError(f"{', '.join(late)} did not finish within {timeout:g} s of "
                                "the first replica; stopped")
-    for p in procs:  # let them finish their teardown
+    for conn in conns:   # all done: they may exit
+        try:
+            conn.send("exit")
+        except OSError:
+            pass
+    for p in procs:
         p.join(min(timeout, 30.0))
     return results
 

@@ -543,8 +543,11 @@ class Client:
                     self.task, self.num_ps, ", ".join(self.addresses), self.name)
 
     def call_async(self, ps: int, fn, *args, timeout: Optional[float] = None):
-        return rpc.rpc_async(f"ps:{ps}", fn, args=args,
-                             timeout=self.timeout if timeout is None else timeout)
+        try:
+            return rpc.rpc_async(f"ps:{ps}", fn, args=args,
+                                 timeout=self.timeout if timeout is None else timeout)
+        except RuntimeError as e:   # could not even send
+            raise self.explain(e, ps, f"sending {fn.__name__.lstrip('_')}") from None
 
     def result(self, future, ps: int, what: str):
         try:
@@ -553,11 +556,7 @@ class Client:
             raise self.explain(e, ps, what) from None
 
     def call(self, ps: int, fn, *args, what: str, timeout: Optional[float] = None):
-        try:
-            future = self.call_async(ps, fn, *args, timeout=timeout)
-        except RuntimeError as e:
-            raise self.explain(e, ps, what) from None
-        return self.result(future, ps, what)
+        return self.result(self.call_async(ps, fn, *args, timeout=timeout), ps, what)
 
     def explain(self, exc: BaseException, ps: int, what: str) -> BaseException:
         """A ParameterServerError naming ps `ps` for a transport failure;

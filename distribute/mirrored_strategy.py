@@ -35,7 +35,6 @@ the other replicas wait for it in their next collective.
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import datetime
 import logging
@@ -222,7 +221,7 @@ class _CollectiveExtended(StrategyExtended):
         import torch._dynamo  # noqa: F401  (DDP imports it: once here, not in every replica)
         return tuple(_processes.run_replicas(
             fn, args, {}, names, setup=lambda i: self._join(i, port, forked=True),
-            teardown=self._leave, timeout=self._timeout))
+            timeout=self._timeout))
 
     def _join(self, local_index: int, port: Optional[int] = None, forked: bool = False) -> None:
         """Join the process group as local replica `local_index` of this task."""
@@ -247,19 +246,10 @@ class _CollectiveExtended(StrategyExtended):
                                         topo.describe, self._timeout, store=store,
                                         is_host=rank == 0 and not forked, store_host=store_host)
         self._reset_step_state()
-        if not forked:   # the group lives as long as this process
-            atexit.register(self._group.leave)
         logger.info("%s: %s, rank %d of %d, device %s, backend %s, rendezvous %s:%s",
                     type(self._container_strategy).__name__,
                     topo.role or ("chief" if rank == 0 else "replica"), rank, topo.world_size,
                     topo.device_names[local_index], self._backend, host, port)
-
-    def _leave(self) -> None:
-        if self._group is not None:
-            self._drain()
-            self._group.leave()
-            self._group = None
-            self._device = self._topology.devices[0]
 
     def _explain(self, exc: BaseException, what: str) -> BaseException:
         return self._group.explain(exc, what) if self._group is not None else exc

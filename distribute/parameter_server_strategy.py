@@ -35,9 +35,11 @@ In a cluster (TF_CONFIG with `ps` tasks):
   (restart the job: it resumes from the last checkpoint).
 
 The transport is `torch.distributed.rpc` (TensorPipe); see `_ps_rpc`. The
-worker-side module is a plain `nn.Module` on the compute device whose
-parameters are local copies refreshed at each step. Evaluation and
-prediction use the checkpoint, on the local device, as in TF.
+worker-side module is a plain `nn.Module` on the trainer's device (its first
+GPU, else the CPU; run one worker task per GPU to use more) whose parameters
+are local copies refreshed at each step. Evaluation and prediction use the
+checkpoint, on the local device, as in TF. There is no synchronous mode
+(TF's SyncReplicasOptimizer).
 
 No cluster: TF's local case, variables on the CPU and compute on the local
 devices (every GPU, else the CPU), synchronous: CentralStorageStrategy's
@@ -173,7 +175,7 @@ class _ParameterServerExtended(StrategyExtended):
         self._views: List[Dict[int, tuple]] = [{} for _ in range(self._num_ps)]
         self._params: Dict[int, _Variable] = {}     # id(parameter) -> its variable
         self._buffers: List[_Variable] = []
-        self._mutable: Optional[List[_Variable]] = None
+        self._mutable: Optional[set] = None          # buffers a step changes
         self._modules: Dict[str, List[_Variable]] = {}
         self._aliases: Dict[str, Dict[str, str]] = {}   # module -> {tied key: first key}
         self._optimizers: Dict[str, tuple] = {}     # name -> (optimizer, [variables])
@@ -656,12 +658,10 @@ class _ParameterServerExtended(StrategyExtended):
         averages: the change is added on the ps). Which buffers change is
         learnt on the first step (and from in-place version bumps after)."""
         if self._mutable is None:
-            self._mutable = [b for b in self._buffers if b.tensor._version != b.version
-                             or not torch.equal(b.tensor, b.snap)]
-            candidates = self._mutable
-        else:
-            candidates = [b for b in self._buffers
-                          if b in self._mutable or b.tensor._version != b.version]
+            self._mutable = {b for b in self._buffers if b.tensor._version != b.version
+                             or not torch.equal(b.tensor, b.snap)}
+        candidates = [b for b in self._buffers
+                      if b in self._mutable or b.tensor._version != b.version]
         out = collections.defaultdict(lambda: ([], []))
         for var in candidates:
             delta = var.tensor.detach() - var.snap
@@ -699,8 +699,6 @@ class _ParameterServerExtended(StrategyExtended):
         self._trained = True
         logger.info("%s: did %d of the global steps; %.2f ms of each in RPCs", self._client.task,
                     self.rpc_steps, 1e3 * self.rpc_secs / max(1, self.rpc_steps))
-        for var in self._buffers:   # keep the local copies current for what follows
-            var.version = var.tensor._version
 
     def rpc_stats(self) -> dict:
         """What the training steps spent in RPCs (and the ps tasks applying
