@@ -232,7 +232,8 @@ STRATEGY = ("multi_worker_mirrored" if hasattr(distribute, "MultiWorkerMirroredS
 _SERVE = r"""
 import importlib.util, json, sys
 import numpy as np, torch
-assert importlib.util.find_spec("estimator") is None
+for name in ("estimator", "distribute", "hooks"):
+    sys.modules[name] = None   # block our packages (they may be pip-installed): the export must not need them
 program = torch.export.load(sys.argv[1] + "/model.pt2").module()
 with torch.no_grad():
     np.save(sys.argv[3], program(x=torch.from_numpy(np.load(sys.argv[2])))["y"].numpy())
