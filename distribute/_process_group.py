@@ -22,6 +22,9 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 _GRACE_SECS = 5.0   # how long a failing replica waits for the others to report
+_SUM = dist.AllreduceOptions()
+_MAX = dist.AllreduceOptions()
+_MAX.reduceOp = dist.ReduceOp.MAX
 
 
 class ReplicaFailedError(RuntimeError):
@@ -36,9 +39,9 @@ def _is_communication_error(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, RuntimeError):
         return False
-    text = str(exc)
-    return any(s in text for s in ("gloo", "Gloo", "NCCL", "Connection reset", "Connection closed",
-                                   "Timed out", "timed out", "Socket Timeout", "Broken pipe"))
+    text = str(exc).lower()
+    return any(s in text for s in ("gloo", "nccl", "connection reset", "connection closed",
+                                   "timed out", "timeout", "pair closure", "broken pipe"))
 
 
 def _timeout(seconds: float) -> datetime.timedelta:
@@ -64,6 +67,7 @@ class ProcessGroup:
         self.describe = describe
         self.timeout = timeout
         self.store_host = store_host or describe(0)
+        self.main = None     # the default group (gradients, loss, metrics)
         self.control = None  # a gloo group for host-side flags (the default one under gloo)
 
     # -- joining ----------------------------------------------------------------
@@ -82,8 +86,19 @@ class ProcessGroup:
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=world_size, timeout=_timeout(timeout))
         group = cls(rank, world_size, backend, store, address, describe, timeout, store_host)
-        group.control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+        group.main = dist.group.WORLD
+        group.control = group.main if backend == "gloo" else dist.new_group(backend="gloo")
         return group
+
+    # -- the per-step collectives ---------------------------------------------------------
+    def start_sum(self, tensor: torch.Tensor):
+        """Start summing `tensor` over the replicas (on the main group); returns the
+        Work to `wait()` on. Calls the backend directly: this runs every step."""
+        return self.main.allreduce([tensor], _SUM)
+
+    def start_max(self, tensor: torch.Tensor):
+        """Start a max of a host `tensor` over the replicas (on the gloo control group)."""
+        return self.control.allreduce([tensor], _MAX)
 
     # -- failures ------------------------------------------------------------------
     def explain(self, exc: BaseException, what: str) -> BaseException:

@@ -62,7 +62,7 @@ class _CentralStorageExtended(_CollectiveExtended):
     def _apply_gradients(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer):
         if self._group is None:
             return super()._apply_gradients(loss, optimizer)
-        self._await_agreement()
+        self._start_step(loss)
         masters = [p for g in optimizer.param_groups for p in g["params"]]
         working = [self._working.get(id(p), p) for p in masters]
         for p in working:
@@ -72,6 +72,7 @@ class _CentralStorageExtended(_CollectiveExtended):
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in working]
             flat = torch._utils._flatten_dense_tensors(grads)
             dist.reduce(flat, 0)
+            self._finish_step()   # may stop here, before any update
             if self._group.rank == 0:
                 flat.div_(self._group.world_size)
                 for m, g in zip(masters, torch._utils._unflatten_dense_tensors(flat, grads)):
@@ -85,11 +86,11 @@ class _CentralStorageExtended(_CollectiveExtended):
             self._broadcast(working)
         except RuntimeError as e:
             raise self._explain(e, "the gradient reduction to the parameter device") from e
-        self._start_loss_mean(loss)
 
 
 class CentralStorageStrategy(_CollectiveStrategy):
-    """Variables on one device, compute on several (tf.distribute.experimental.CentralStorageStrategy).
+    """Variables on one device, compute on several
+    (tf.distribute.experimental.CentralStorageStrategy).
 
         strategy = distribute.CentralStorageStrategy(["cpu:0", "cpu:1"])
 

@@ -57,11 +57,10 @@ def _topology(resolver: cr.ClusterResolver) -> _Topology:
         device = (torch.device("cuda", local) if torch.cuda.device_count() > local
                   else torch.device("cpu"))
         spec = resolver.cluster_spec()
-        names = [f"{'chief:0' if r == 0 else f'worker:{r - 1}'} at "
-                 f"{spec.task_address('chief', 0) if r == 0 else spec.task_address('worker', r - 1)}"
-                 for r in range(world)]
-        return _Topology([device], [str(device)], world, rank, resolver.master_addr, resolver.master_port,
-                         names, f"{resolver.task_type}:{resolver.task_id}",
+        tasks = [("chief", 0)] + [("worker", r - 1) for r in range(1, world)]
+        names = [f"{t}:{i} at {spec.task_address(t, i)}" for t, i in tasks]
+        return _Topology([device], [str(device)], world, rank, resolver.master_addr,
+                         resolver.master_port, names, f"{resolver.task_type}:{resolver.task_id}",
                          env_rendezvous=isinstance(resolver, cr.TorchrunClusterResolver))
     spec = resolver.cluster_spec()
     task_type, task_id = resolver.task_type, resolver.task_id

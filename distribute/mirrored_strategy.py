@@ -15,11 +15,10 @@ device, so here each replica is a process in a torch.distributed group
   consumes N batches; an `input_fn` that ignores `input_context` is sharded
   for it, see `input_lib`), the logged loss is the mean over replicas, and
   evaluation metrics (sums) are all-reduced at the end, so they are exact;
-- the replicas agree to stop at the same step: after every training step
-  each one contributes "I stop" (a hook asked, or its input has no next batch)
-  to a one-number all-reduce, started asynchronously and awaited at the next
-  step's first collective (a DDP forward or the gradient step), where every
-  replica learns the same answer;
+- the replicas agree to stop at the same global step, whatever stops one
+  (a hook, early stopping on the chief, a NaN loss, its input running out),
+  in one small all-reduce per step that rides along with the gradient
+  all-reduce (see "agreeing, once per step" below);
 - only rank 0 (the chief) writes checkpoints and summaries.
 
 `MirroredStrategy` in a plain `python train.py` starts its replica processes
@@ -47,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from . import _processes, input_lib
-from ._process_group import ProcessGroup, host_store
+from ._process_group import _SUM as _SUM_OPTIONS, ProcessGroup, host_store
 from .cross_device_ops import CommunicationOptions, CrossDeviceOps, _DefaultAllReduce
 from .strategy import InputContext, ReduceOp, ReplicaContext, Strategy, StrategyExtended, _stack
 
@@ -58,7 +57,8 @@ _TRAIN, _EVAL, _PREDICT = "train", "eval", "infer"   # estimator.ModeKeys
 
 
 class _StopAgreed(StopIteration):
-    """Another replica stopped after the last step; this one stops too."""
+    """The replicas agreed to stop before this step's update: it ends the
+    training loop as the end of the input does (the session's StopIteration)."""
 
 
 def _parse_device(spec) -> torch.device:
@@ -156,9 +156,16 @@ class _CollectiveExtended(StrategyExtended):
     def _reset_step_state(self):
         self._training = False       # between the start of a training input and its end
         self._train_input = None     # input_lib.TrainBatches of the current training
+        self._step_flags = torch.zeros(3, dtype=torch.float64)  # [loss, vote, no next batch]
+        self._step_work = None       # its all-reduce, in flight during backward
+        self._step_loss = None       # the loss it carries
+        self._loss_total = 0.0       # the sum of the last agreed step's losses (CPU)
+        self._vote = False           # a hook asked to stop: carried by the next step
+        self._stop_after = False     # a replica has no next batch: stop after this step
+        self._step_agreed = False    # this step agreed in _finish_step
         self._stop_flag = torch.zeros(1)
-        self._pending_stop = None    # async all-reduce of _stop_flag
-        self._loss_sum = None        # buffer of the async loss all-reduce
+        self._pending_stop = None    # a custom loop's async vote (all-reduce of _stop_flag)
+        self._loss_sum = None        # on GPUs, the loss all-reduce's buffer
         self._pending_loss = None
         self._loss_src = self._loss_mean = None
 
@@ -275,6 +282,8 @@ class _CollectiveExtended(StrategyExtended):
         ddp = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[self._device.index] if self._device.type == "cuda" else None,
             **({"bucket_cap_mb": cap} if cap else {}))
+        # A custom loop's vote to stop is awaited before the next forward (where
+        # DDP may broadcast buffers); the Estimator's steps leave none pending.
         ddp.register_forward_pre_hook(self._before_forward)
         return ddp
 
@@ -285,20 +294,23 @@ class _CollectiveExtended(StrategyExtended):
     def _apply_gradients(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer):
         if self._group is None:
             return super()._apply_gradients(loss, optimizer)
-        self._await_agreement()
+        self._start_step(loss)
         optimizer.zero_grad(set_to_none=True)
         try:
             loss.backward()
             if self._ops._reduce_to_one:
                 self._reduce_gradients_to_one(optimizer)
+            self._finish_step()
         except RuntimeError as e:
             raise self._explain(e, "the gradient all-reduce") from e
-        self._start_loss_mean(loss)
         optimizer.step()
 
     def _run_train_op(self, train_op: Callable) -> None:
-        self._await_agreement()
+        if self._group is None:
+            return train_op()
+        self._start_step(None)   # the loss is not known here: each replica logs its own
         try:
+            self._finish_step()  # before the train_op, which makes the step's update
             train_op()
         except RuntimeError as e:
             raise self._explain(e, "the train_op") from e
@@ -334,50 +346,104 @@ class _CollectiveExtended(StrategyExtended):
         raise ValueError(f"ReductionToOneDevice(reduce_to_device={device!r}) is not one of "
                          f"the strategy's devices {self.worker_devices}")
 
-    def _start_loss_mean(self, loss: torch.Tensor) -> None:
-        """Start summing this step's loss over the replicas (awaited only if
-        a hook fetches it), so every replica logs the same mean loss."""
+    # -- agreeing, once per step -----------------------------------------------------------
+    # A training step of the Estimator agrees with the other replicas in one
+    # small all-reduce, started after the forward pass and awaited after the
+    # backward pass (so it rides along with the gradient all-reduce): the sum
+    # of [loss, "a hook of mine asked to stop after the last step", "I have no
+    # batch after this one"]. A stop asked by a hook is carried by the next
+    # step, which then makes no update on any replica (its forward and
+    # backward are wasted, once per training); a replica whose input runs out
+    # says so one step ahead, and every replica stops after that step. On
+    # GPUs the loss is summed on the device in an all-reduce of its own.
+    def _start_step(self, loss: Optional[torch.Tensor]) -> None:
+        self._await_agreement()   # a custom loop's vote, still pending
+        flags = self._step_flags
+        flags[1] = 1.0 if self._vote else 0.0
+        flags[2] = 1.0 if self._train_input is not None and self._train_input.exhausted else 0.0
+        self._step_loss = loss
+        if loss is not None and self._device.type == "cpu":
+            flags[0].copy_(loss.detach())
+        else:
+            flags[0] = 0.0
+            if loss is not None:
+                self._start_loss_sum(loss)
+        self._step_work = self._group.start_sum(flags) if self._device.type == "cpu" \
+            else self._group.control.allreduce([flags], _SUM_OPTIONS)
+
+    def _finish_step(self) -> None:
+        """The step's agreement: raises _StopAgreed when a replica asked to stop
+        after the last step (this step makes no update)."""
+        work, self._step_work = self._step_work, None
+        work.wait()
+        flags = self._step_flags
+        if flags[1].item():
+            self._vote = False
+            if self._pending_loss is not None:   # this step's loss: not one to log
+                self._pending_loss.wait()
+                self._pending_loss = None
+            raise _StopAgreed()
+        self._stop_after = bool(flags[2].item())
+        self._step_agreed = True
+        if self._step_loss is not None:
+            self._loss_src, self._loss_mean = self._step_loss, None
+            self._loss_total = flags[0].item()   # (0 on GPUs: the loss is summed there)
+
+    def _start_loss_sum(self, loss: torch.Tensor) -> None:
+        """Sum the loss on its device (GPUs), awaited only if a hook fetches it
+        (a device-side wait: no host sync)."""
         src = loss.detach()
-        buf = self._loss_sum
         if self._pending_loss is not None:
-            self._pending_loss.wait()
+            self._settle_loss()   # the last step's mean, before its buffer is reused
+        buf = self._loss_sum
         if buf is None or buf.dtype != src.dtype or buf.device != src.device \
                 or buf.shape != src.shape:
             buf = self._loss_sum = torch.empty_like(src)
         buf.copy_(src)
-        self._pending_loss = dist.all_reduce(buf, async_op=True)
-        self._loss_src, self._loss_mean = loss, None
+        self._pending_loss = self._group.start_sum(buf)
+
+    def _settle_loss(self) -> None:
+        work, self._pending_loss = self._pending_loss, None
+        try:
+            work.wait()
+        except RuntimeError as e:
+            raise self._explain(e, "the loss all-reduce") from e
+        if self._loss_src is not None and self._loss_mean is None:
+            self._loss_mean = self._loss_sum / self._group.world_size
 
     def _reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         if loss is not self._loss_src or self._group is None:
             return loss
         if self._loss_mean is None:
-            try:
-                self._pending_loss.wait()
-            except RuntimeError as e:
-                raise self._explain(e, "the loss all-reduce") from e
-            self._pending_loss = None
-            self._loss_mean = self._loss_sum / self._group.world_size
+            if self._pending_loss is not None:
+                self._settle_loss()
+            else:
+                self._loss_mean = (torch.tensor(self._loss_total, dtype=loss.dtype)
+                                   / self._group.world_size)
         return self._loss_mean
 
-    # -- agreeing to stop ----------------------------------------------------------------
     def _all_agree_to_stop(self, stop: bool) -> bool:
-        """Called after every training step: True when this replica stops now.
-        Its vote ("I stop": a hook asked, or its input has no next batch) goes
-        into an all-reduce awaited at the next step's first collective; a
-        replica that continues learns there that another stopped, and stops
-        before that step does any work (global steps stay equal)."""
+        """Called after every training step: True when this replica stops now,
+        and then every replica does at the same global step."""
         if self._group is None:
             return stop
-        if self._pending_stop is not None:   # a loop with no collective since the last vote
+        if self._step_agreed:   # the Estimator's step: agreed during its backward pass
+            self._step_agreed = False
+            if self._stop_after:
+                return True
+            self._vote = bool(stop)
+            return False
+        # A custom loop: this replica's vote goes into an all-reduce awaited at
+        # the next step's first collective (a DDP forward), where a replica that
+        # continues learns that another stopped, and stops too.
+        if self._pending_stop is not None:   # no collective since the last vote
             try:
                 self._await_agreement()
             except _StopAgreed:
                 return True
         local = bool(stop) or (self._train_input is not None and self._train_input.exhausted)
         self._stop_flag.fill_(1.0 if local else 0.0)
-        self._pending_stop = dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MAX,
-                                             group=self._group.control, async_op=True)
+        self._pending_stop = self._group.start_max(self._stop_flag)
         if local:   # complete the vote before leaving: the others are waiting for it
             try:
                 self._drain()
@@ -398,12 +464,14 @@ class _CollectiveExtended(StrategyExtended):
             raise _StopAgreed()
 
     def _drain(self) -> None:
-        """Finish the previous training's last collectives before new ones."""
-        for work in (self._pending_stop, self._pending_loss):
+        """Finish the last collectives of a training before new ones."""
+        if self._pending_loss is not None:
+            self._settle_loss()
+        for work in (self._pending_stop, self._step_work):
             if work is not None:
                 work.wait()
-        self._pending_stop = self._pending_loss = None
-        self._loss_src = self._loss_mean = None
+        self._pending_stop = self._step_work = None
+        self._vote = self._stop_after = self._step_agreed = False
 
     def _end_training(self) -> None:
         """Every replica returns from training once all have closed their

@@ -44,6 +44,20 @@ class SaveWeights(hooks.SessionRunHook):
         torch.save(state, os.path.join(self._out_dir, f"weights-{rank()}.pt"))
 
 
+class RecordLoss(hooks.SessionRunHook):
+    """Records the loss every step (in replica 0 under MirroredStrategy; the
+    list comes back to the caller's hook)."""
+
+    def __init__(self):
+        self.losses = []
+
+    def before_run(self, run_context):
+        return hooks.SessionRunArgs("loss")
+
+    def after_run(self, run_context, run_values):
+        self.losses.append(run_values.results)
+
+
 class OnReplica(hooks.SessionRunHook):
     """On replica `replica`, after global step `step`: do `what` ("stop",
     "raise", "die", "hang")."""

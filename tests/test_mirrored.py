@@ -17,7 +17,7 @@ import distribute
 import estimator as est
 import hooks
 from models import regression_model_fn
-from replica_helpers import OnReplica, SaveWeights, WritePid, batches, concatenated
+from replica_helpers import OnReplica, RecordLoss, SaveWeights, WritePid, batches, concatenated
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -74,11 +74,13 @@ def test_two_replicas_equal_one_process_on_concatenated_batches(tmp_path, kind):
     out = tmp_path / "out"
     out.mkdir()
     two = make(tmp_path / "two", STRATEGIES[kind]())
-    two.train(lambda: batches(batch_size=16), steps=5, hooks=[SaveWeights(str(out))])
+    logged_two, logged_one = RecordLoss(), RecordLoss()
+    two.train(lambda: batches(batch_size=16), steps=5, hooks=[SaveWeights(str(out)), logged_two])
     one = make(tmp_path / "one")
-    one.train(lambda: concatenated(batches(batch_size=16), 2), steps=5)
+    one.train(lambda: concatenated(batches(batch_size=16), 2), steps=5, hooks=[logged_one])
     assert est.checkpoint.step_of(two.latest_checkpoint()) == 5
     assert_same_variables(two, one)
+    assert logged_two.losses == pytest.approx(logged_one.losses, rel=1e-5)   # the mean loss
     w0, w1 = torch.load(out / "weights-0.pt"), torch.load(out / "weights-1.pt")
     assert w0["global_step"] == w1["global_step"] == 5
     for key in w0["linear"]:
@@ -152,24 +154,14 @@ def test_train_and_evaluate_locally_with_hooks_gathering_in_the_replicas(tmp_pat
     s = STRATEGIES["mirrored"]()
     e = make(tmp_path / "tae", s, save_checkpoints_steps=4)
 
-    class Losses(hooks.SessionRunHook):
-        def __init__(self):
-            self.seen = []
-
-        def before_run(self, run_context):
-            return hooks.SessionRunArgs("loss")
-
-        def after_run(self, run_context, run_values):
-            self.seen.append(run_values.results)
-
-    losses = Losses()
+    losses = RecordLoss()
     eval_data = batches(n=64, batch_size=32, seed=1)
     metrics, _ = est.train_and_evaluate(
         e, est.TrainSpec(lambda: batches(batch_size=16), max_steps=8, hooks=[losses]),
         est.EvalSpec(lambda: eval_data, steps=None, throttle_secs=0))
     assert metrics["global_step"] == 8
     assert metrics["mae"] == pytest.approx(e.evaluate(lambda: eval_data)["mae"], rel=1e-6)
-    assert len(losses.seen) == 8 and all(np.isfinite(losses.seen))
+    assert len(losses.losses) == 8 and all(np.isfinite(losses.losses))
 
 
 def test_too_little_input_for_the_replicas(tmp_path):

@@ -86,6 +86,42 @@ def test_custom_loop_example_on_two_replicas_equals_one(tmp_path, capsys):
         ["checkpoint", "model.ckpt-30"]
 
 
+def _loop_until_a_hook_stops_replica_1(strategy, model_dir):
+    """A custom loop (MonitoredTrainingSession + strategy.run) where only replica
+    1's hook asks to stop, after step 3."""
+    import estimator as est
+    import hooks
+    from replica_helpers import OnReplica
+    with hooks.MonitoredTrainingSession(checkpoint_dir=model_dir, strategy=strategy,
+                                        hooks=[OnReplica(1, 3, "stop")],
+                                        log_step_count_steps=None) as sess:
+        net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+
+        def step_fn():
+            opt.zero_grad()
+            loss = net(torch.ones(4, 2)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        runs = 0
+        while not sess.should_stop() and runs < 20:
+            sess.run(strategy.run, step_fn)
+            runs += 1
+        return est.get_global_step()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_custom_loop_stops_every_replica_with_the_one_that_asked(tmp_path):
+    strategy = distribute.MirroredStrategy(
+        DEVICES, communication_options=distribute.CommunicationOptions(timeout_seconds=20))
+    steps = strategy.extended.call_for_each_replica(
+        _loop_until_a_hook_stops_replica_1, (strategy, str(tmp_path)))
+    assert steps == (3, 3)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_result_that_cannot_come_back_is_an_error():
