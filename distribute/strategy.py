@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 

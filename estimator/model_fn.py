@@ -5,7 +5,7 @@ line that built it, before the framework applies or writes anything.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 

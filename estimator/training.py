@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from typing import Optional
 
@@ -403,20 +402,10 @@ class _Evaluator:
 
 # -- markers in model_dir -------------------------------------------------------------
 def _write_json(path: str, data: dict) -> None:
-    """Atomically (temp file + rename) write `data` as JSON to `path`."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """Atomically (temp file, fsync, rename: checkpoint's writer) write `data` as JSON."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    text = json.dumps(data).encode()
+    checkpoint._atomic_write(path, lambda f: f.write(text))
 
 
 def _read_marker(model_dir: str, name: str, max_steps: Optional[int]) -> Optional[dict]:
