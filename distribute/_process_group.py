@@ -11,6 +11,7 @@ report the failure themselves.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import time
@@ -88,7 +89,25 @@ class ProcessGroup:
         group = cls(rank, world_size, backend, store, address, describe, timeout, store_host)
         group.main = dist.group.WORLD
         group.control = group.main if backend == "gloo" else dist.new_group(backend="gloo")
+        atexit.register(group._shutdown)
         return group
+
+    def _shutdown(self) -> None:
+        """At interpreter exit (forked replicas `os._exit` before): wait for every
+        rank, so the store's host outlives the others' use of it, then destroy
+        the process group while Python is whole; a group left to C++ static
+        destruction can abort the process ("terminate called without an
+        active exception")."""
+        try:
+            self.store.add("exited", 1)
+            deadline = time.monotonic() + min(self.timeout, _EXIT_WAIT_SECS)
+            while (self.store.add("exited", 0) < self.world_size
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # a peer or the store's host is already gone: nothing to wait for
+            pass
 
     # -- the per-step collectives ---------------------------------------------------------
     def start_sum(self, tensor: torch.Tensor):
@@ -140,6 +159,9 @@ class ProcessGroup:
             if not missing or time.monotonic() > deadline:
                 return missing
             time.sleep(0.1)
+
+
+_EXIT_WAIT_SECS = 10.0
 
 
 def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str):
