@@ -206,12 +206,10 @@ def _train(args) -> int:
     estimator = exp.estimator()
     spec = exp.train_spec(estimator)
     exp.save(estimator, "train")
-    if args.steps is not None:
-        estimator.train(spec.input_fn, hooks=list(spec.hooks), steps=args.steps,
-                        saving_listeners=list(spec.saving_listeners))
-    else:
-        estimator.train(spec.input_fn, hooks=list(spec.hooks), max_steps=spec.max_steps,
-                        saving_listeners=list(spec.saving_listeners))
+    # `--steps` trains that many more steps; else up to the TrainSpec's max_steps.
+    estimator.train(spec.input_fn, hooks=list(spec.hooks), steps=args.steps,
+                    max_steps=spec.max_steps if args.steps is None else None,
+                    saving_listeners=list(spec.saving_listeners))
     if not _is_chief(estimator):
         print(f"{_task(estimator)}: training finished")
         return 0
