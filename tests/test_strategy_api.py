@@ -126,7 +126,8 @@ def test_a_custom_loop_stops_every_replica_with_the_one_that_asked(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_result_that_cannot_come_back_is_an_error():
     strategy = distribute.MirroredStrategy(DEVICES)
-    with pytest.raises(RuntimeError, match="result of replica 0 cannot be sent back"):
+    # Every replica fails the same way; whichever reports first is named.
+    with pytest.raises(RuntimeError, match=r"result of replica [01] cannot be sent back"):
         strategy.extended.call_for_each_replica(lambda: (lambda: 1))
 
 
