@@ -234,7 +234,7 @@ class _CollectiveExtended(StrategyExtended):
         """Join the process group as local replica `local_index` of this task."""
         topo = self._topology
         rank = topo.task_rank * len(topo.devices) + local_index
-        self._device = topo.devices[local_index]
+        self._set_device(topo.devices[local_index])
         if self._device.type == "cuda":
             os.environ.update(self._ops._nccl_env)
             torch.cuda.set_device(self._device)

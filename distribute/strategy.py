@@ -48,13 +48,26 @@ class InputContext:
 def _mover(device: torch.device):
     """A function moving a batch (tensors, numpy arrays, dicts/lists/tuples of
     them) to `device`: numpy converted once, tensors copied without a host
-    sync, nothing done for what is already there."""
+    sync, nothing done for what is already there. The usual batches
+    (`(features, labels)`, a dict of CPU tensors on a CPU device) take the
+    shortest path: this runs on every step."""
     cpu = device.type == "cpu"
+    Tensor = torch.Tensor
 
     def move(obj):
         if type(obj) is tuple and len(obj) == 2:  # (features, labels), the usual batch
-            return move(obj[0]), move(obj[1])
-        if isinstance(obj, torch.Tensor):
+            features, labels = obj
+            if type(features) is dict:
+                features = {k: v if cpu and type(v) is Tensor and v.is_cpu else move(v)
+                            for k, v in features.items()}
+            elif not (cpu and type(features) is Tensor and features.is_cpu):
+                features = move(features)
+            if not (cpu and type(labels) is Tensor and labels.is_cpu):
+                labels = move(labels)
+            return features, labels
+        if type(obj) is dict:
+            return {k: move(v) for k, v in obj.items()}
+        if isinstance(obj, Tensor):
             if cpu:
                 return obj if obj.is_cpu else obj.cpu()
             return obj.to(device, non_blocking=True)
@@ -81,8 +94,12 @@ class StrategyExtended:
 
     def __init__(self, container_strategy: "Strategy", device):
         self._container_strategy = container_strategy
+        self._set_device(device)
+
+    def _set_device(self, device) -> None:
+        """Place this replica on `device`; `_to_device(batch)` then moves batches there."""
         self._device = torch.device(device)
-        self._move = _mover(self._device)
+        self._to_device = _mover(self._device)   # an attribute: called on every step
 
     # -- TF's public surface -------------------------------------------------
     @property
@@ -116,10 +133,6 @@ class StrategyExtended:
 
     def _create_metric(self, metric: torch.nn.Module) -> torch.nn.Module:
         return metric.to(self._device)
-
-    def _to_device(self, batch):
-        """A batch on this replica's device (numpy converted, no host sync)."""
-        return self._move(batch)
 
     def _apply_gradients(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer):
         """One optimizer step on `loss` (TF: `optimizer.minimize(loss)`)."""

@@ -172,7 +172,7 @@ def get_module(name: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Mo
     The returned module is placed (and, under a data-parallel strategy,
     wrapped) by the active strategy.
     """
-    scope = current()
+    scope = _current or current()   # (called every step: no call when a scope is active)
     module = scope.modules.get(name)
     if module is None:
         module = scope.create_module(name, factory)
@@ -188,7 +188,7 @@ def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.
     Return it as `EstimatorSpec(train_op=...)`: the framework computes the
     gradient of the loss, applies it and increments the global step.
     """
-    scope = current()
+    scope = _current or current()
     optimizer = scope.optimizers.get(name)
     if optimizer is None:
         optimizer = scope.create_optimizer(name, factory, var_list)

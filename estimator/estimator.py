@@ -19,7 +19,7 @@ import torch
 import distribute
 import hooks as hooks_lib
 from hooks.monitored_session import _training_hooks
-from hooks.session_run_hook import SessionRunHook
+from hooks.session_run_hook import NEVER, SessionRunHook
 from hooks.progress import _progress_hooks
 from hooks.summary_hooks import _write_dict_to_summary
 
@@ -148,10 +148,12 @@ class Estimator:
                          + self._default_training_hooks(is_chief, listeners)
                          + (list(first.training_chief_hooks) if is_chief else [])
                          + _progress_hooks("train", num_steps=steps, last_step=max_steps))
-            step = self._train_step_fn(batches, first, strategy)
+            step = self._train_step_fn(batches, strategy)
             last = first
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir,
                                             is_chief) as session:
+                if not session.should_stop():
+                    session.run(step, first)
                 while not session.should_stop():
                     last = session.run(step) or last
             strategy.extended._end_training()   # replicas return once the chief has saved
@@ -173,21 +175,20 @@ class Estimator:
         warm = _WarmStarter(self._warm_start_settings) if self._warm_start_settings else None
         return _scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm)
 
-    def _train_step_fn(self, batches, first: EstimatorSpec, strategy) -> Callable:
-        """The per-step function: next batch -> model_fn -> apply train_op."""
+    def _train_step_fn(self, batches, strategy) -> Callable:
+        """The per-step function: next batch -> model_fn -> apply train_op.
+        `step(spec)` applies a spec already built (the first batch's)."""
         call, extended, train = self._call_model_fn, strategy.extended, ModeKeys.TRAIN
         apply_gradients, run_train_op = extended._apply_gradients, extended._run_train_op
-        pending = [first]
+        optimizer = torch.optim.Optimizer
 
-        def step():
-            if pending:
-                spec = pending.pop()
-            else:
+        def step(spec=None):
+            if spec is None:
                 spec = call(*next(batches), train)
                 if type(spec) is not EstimatorSpec or spec.mode != train:
                     _check_spec(spec, train)
             train_op = spec.train_op
-            if isinstance(train_op, torch.optim.Optimizer):
+            if isinstance(train_op, optimizer):
                 apply_gradients(spec.loss, train_op)
             else:
                 run_train_op(train_op)
@@ -386,12 +387,13 @@ class _StopAfterNSteps(SessionRunHook):
 
     def __init__(self, num_steps: int):
         self._num_steps = num_steps
-        self._done = 0
 
     def after_run(self, run_context, run_values):
-        self._done += 1
-        if self._done >= self._num_steps:
+        if run_context.session._runs + 1 >= self._num_steps:
             run_context.request_stop()
+
+    def _idle(self, session):
+        return NEVER, self._num_steps - 1, NEVER
 
 
 def _check_spec(spec, mode: str) -> None:

@@ -11,6 +11,8 @@ import torch
 
 from .mode_keys import ModeKeys
 
+_Tensor, _Optimizer = torch.Tensor, torch.optim.Optimizer   # checked on every step
+
 
 class EstimatorSpec:
     """The ops and objects a `model_fn` returns.
@@ -41,7 +43,7 @@ class EstimatorSpec:
             if loss is None:
                 raise ValueError(f"EstimatorSpec(mode={mode!r}): missing field `loss`; "
                                  "TRAIN and EVAL need a scalar loss tensor")
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            if not isinstance(loss, _Tensor) or loss.dim() != 0:
                 what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
                         else type(loss).__name__)
                 raise ValueError(f"EstimatorSpec(mode={mode!r}): field `loss` must be a "
@@ -49,8 +51,7 @@ class EstimatorSpec:
         if mode == ModeKeys.TRAIN and train_op is None:
             raise ValueError("EstimatorSpec(mode='train'): missing field `train_op`; give "
                              "est.get_optimizer(...) or a callable doing the step")
-        if train_op is not None and not (isinstance(train_op, torch.optim.Optimizer)
-                                         or callable(train_op)):
+        if train_op is not None and not (isinstance(train_op, _Optimizer) or callable(train_op)):
             raise TypeError(f"EstimatorSpec(mode={mode!r}): field `train_op` must be an "
                             f"optimizer or a callable, got {type(train_op).__name__}")
         if mode == ModeKeys.PREDICT:
@@ -67,11 +68,11 @@ class EstimatorSpec:
         self.train_op = train_op
         self.eval_metric_ops = eval_metric_ops or {}
         self.export_outputs = export_outputs
-        self.training_chief_hooks = tuple(training_chief_hooks or ())
-        self.training_hooks = tuple(training_hooks or ())
+        self.training_chief_hooks = tuple(training_chief_hooks) if training_chief_hooks else ()
+        self.training_hooks = tuple(training_hooks) if training_hooks else ()
         self.scaffold = scaffold
-        self.evaluation_hooks = tuple(evaluation_hooks or ())
-        self.prediction_hooks = tuple(prediction_hooks or ())
+        self.evaluation_hooks = tuple(evaluation_hooks) if evaluation_hooks else ()
+        self.prediction_hooks = tuple(prediction_hooks) if prediction_hooks else ()
 
     def _replace(self, **kwargs) -> "EstimatorSpec":
         fields = {k: getattr(self, k) for k in self.__slots__}

@@ -42,7 +42,7 @@ import numpy as np
 import hooks as hooks_lib
 # Base classes come from the submodules: `hooks` may be half-imported here.
 from hooks.basic_session_run_hooks import CheckpointSaverListener
-from hooks.session_run_hook import SessionRunHook
+from hooks.session_run_hook import NEVER, SessionRunHook
 
 from . import checkpoint
 from .exporter import Exporter
@@ -442,16 +442,19 @@ class _StopMarkerHook(SessionRunHook):
         self._next = 0.0
 
     def after_create_session(self, session, coord):
-        self._next = time.monotonic() + _STOP_POLL_SECS
+        self._next = time.time() + _STOP_POLL_SECS
         if self._found():
             coord.request_stop()
 
     def after_run(self, run_context, run_values):
-        now = time.monotonic()
+        now = time.time()
         if now >= self._next:
             self._next = now + _STOP_POLL_SECS
             if self._found():
                 run_context.request_stop()
+
+    def _idle(self, session):
+        return NEVER, NEVER, self._next
 
     def _found(self) -> bool:
         if _read_marker(self._model_dir, STOP_MARKER, self._max_steps) is None:

@@ -12,7 +12,7 @@ import torch
 
 from estimator import checkpoint
 
-from .session_run_hook import SessionRunArgs, SessionRunHook
+from .session_run_hook import NEVER, SessionRunArgs, SessionRunHook
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,15 @@ class SecondOrStepTimer:
     def last_triggered_step(self) -> Optional[int]:
         return self._last_step
 
+    def _due(self):
+        """(step, time.time()) before which `should_trigger_for_step` is False
+        (0, 0 before the first trigger): for hooks' `_idle`."""
+        if self._last_step is None:
+            return 0, 0.0
+        if self._every_steps is not None:
+            return self._last_step + self._every_steps, NEVER
+        return NEVER, self._last_time + self._every_secs
+
 
 class StopAtStepHook(SessionRunHook):
     """Stops after `num_steps` more steps or at global step `last_step`
@@ -82,6 +91,9 @@ class StopAtStepHook(SessionRunHook):
     def after_run(self, run_context, run_values):
         if run_context.session.global_step >= self._last_step:
             run_context.request_stop()
+
+    def _idle(self, session):
+        return self._last_step, NEVER, NEVER
 
 
 class CheckpointSaverListener:
@@ -132,6 +144,10 @@ class CheckpointSaverHook(SessionRunHook):
             self._timer.update_last_triggered_step(step)
             if self._save(run_context.session, step):
                 run_context.request_stop()
+
+    def _idle(self, session):
+        step, secs = self._timer._due()
+        return step, NEVER, secs
 
     def end(self, session):
         step = session.global_step
@@ -193,6 +209,9 @@ class _NeverTriggerTimer(SecondOrStepTimer):
     def update_last_triggered_step(self, step: int):
         return None, None
 
+    def _due(self):
+        return NEVER, NEVER
+
 
 class LoggingTensorHook(SessionRunHook):
     """Logs named values every N steps, every N seconds and/or at the end
@@ -238,28 +257,32 @@ class LoggingTensorHook(SessionRunHook):
         self._timer = (_NeverTriggerTimer() if only_log_at_end else
                        SecondOrStepTimer(every_secs=every_n_secs, every_steps=every_n_iter))
         self._log_at_end = at_end
-        self._iter_count = 0
         self._should_trigger = False
 
+    # The iteration count is the session's run count (TF's _iter_count: steps
+    # since `begin`), so steps the session skips (see `_idle`) still count.
     def begin(self):
         self._timer.reset()
-        self._iter_count = 0
 
     def before_run(self, run_context):
-        self._should_trigger = self._timer.should_trigger_for_step(self._iter_count)
+        self._should_trigger = self._timer.should_trigger_for_step(run_context.session._runs)
         return self._args if self._should_trigger else None
 
     def after_run(self, run_context, run_values):
         if self._should_trigger:
-            self._log_tensors(run_values.results)
-        self._iter_count += 1
+            self._should_trigger = False
+            self._log_tensors(run_values.results, run_context.session._runs)
 
     def end(self, session):
-        if self._log_at_end and self._iter_count:
-            self._log_tensors(session.run(self._tensors))
+        if self._log_at_end and session._runs:
+            self._log_tensors(session.run(self._tensors), session._runs)
 
-    def _log_tensors(self, values: dict) -> None:
-        elapsed_secs, _ = self._timer.update_last_triggered_step(self._iter_count)
+    def _idle(self, session):
+        run, secs = self._timer._due()
+        return NEVER, run, secs
+
+    def _log_tensors(self, values: dict, iteration: int) -> None:
+        elapsed_secs, _ = self._timer.update_last_triggered_step(iteration)
         if self._formatter is not None:
             logger.info(self._formatter(values))
             return
@@ -313,19 +336,17 @@ class NanTensorHook(SessionRunHook):
         self._fail_on_nan_loss = fail_on_nan_loss
         self._every_n_iter = every_n_iter
         self._args = SessionRunArgs(loss_tensor)
-        self._iter_count = 0
         self._due = False
 
-    def begin(self):
-        self._iter_count = 0
-
-    def before_run(self, run_context):
-        self._due = self._iter_count % self._every_n_iter == 0
+    def before_run(self, run_context):   # steps counted by the session, as in LoggingTensorHook
+        self._due = run_context.session._runs % self._every_n_iter == 0
         return self._args if self._due else None
 
     def after_run(self, run_context, run_values):
-        self._iter_count += 1
-        if not self._due or not np.isnan(run_values.results).any():
+        if not self._due:
+            return
+        self._due = False
+        if not np.isnan(run_values.results).any():
             return
         session = run_context.session
         step = session.global_step
@@ -336,6 +357,10 @@ class NanTensorHook(SessionRunHook):
         logger.warning(failure_message)
         session.diverged_at_step = step
         run_context.request_stop()
+
+    def _idle(self, session):
+        every = self._every_n_iter
+        return NEVER, -(-session._runs // every) * every, NEVER
 
 
 class GlobalStepWaiterHook(SessionRunHook):
@@ -371,6 +396,9 @@ class GlobalStepWaiterHook(SessionRunHook):
 
     def begin(self):
         self._worker_is_started = False
+
+    def _idle(self, session):
+        return (NEVER, NEVER, NEVER) if self._worker_is_started else None
 
     def _global_step(self, session) -> int:
         latest = checkpoint.latest_checkpoint(session.model_dir) if session.model_dir else None

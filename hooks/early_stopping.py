@@ -30,7 +30,7 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 from tensorboard.util import tensor_util
 
 from .basic_session_run_hooks import SecondOrStepTimer
-from .session_run_hook import SessionRunHook
+from .session_run_hook import NEVER, SessionRunHook
 
 logger = logging.getLogger(__name__)
 
@@ -231,3 +231,9 @@ class _StopOnPredicateHook(SessionRunHook):
         if self._should_stop_fn():
             logger.info("Requesting early stopping at global step %d", global_step)
             run_context.request_stop()
+
+    def _idle(self, session):
+        if not (self._is_chief and session.is_chief):
+            return NEVER, NEVER, NEVER
+        step, secs = self._timer._due()
+        return step, NEVER, secs

@@ -17,6 +17,7 @@ after it. A step that no hook asks anything of never copies to the host.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
@@ -25,7 +26,8 @@ from estimator import _scope, checkpoint
 from estimator import summary as _summary
 from estimator.mode_keys import ModeKeys
 
-from .session_run_hook import SessionRunArgs, SessionRunContext, SessionRunHook, SessionRunValues
+from .session_run_hook import (NEVER, SessionRunArgs, SessionRunContext, SessionRunHook,
+                               SessionRunValues)
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class _Session:
         self.is_chief = is_chief
         self.diverged_at_step: Optional[int] = None  # set by NanTensorHook: save no checkpoint
         self._fetch_last = fetch_last
+        self._runs = 0   # steps run in this session (hooks' iteration count)
 
     def run(self, fetches, feed_dict: Optional[dict] = None):
         """The host values of `fetches` (a name, a list or dict of names) as the
@@ -114,13 +117,25 @@ class MonitoredSession:
         self._last_outputs = _NO_STEP  # the last step's outputs and named tensors,
         self._last_named: dict = {}    # for session.run in hooks (`end`)
         self._train = scope.mode == ModeKeys.TRAIN
-        # Training replicas stop together (a one-replica strategy answers `stop` itself).
-        self._agree_to_stop = scope.strategy.extended._all_agree_to_stop if self._train else None
-        # Only hooks that override a method are called for it, every step.
+        # Training replicas stop together (nothing to agree on for one replica).
+        from distribute.strategy import StrategyExtended
+        extended = scope.strategy.extended
+        self._agree_to_stop = extended._all_agree_to_stop if self._train and \
+            type(extended)._all_agree_to_stop is not StrategyExtended._all_agree_to_stop else None
+        # Only hooks that override a method are called for it; hooks with an
+        # `_idle` schedule only on the steps where they may do something.
         self._before_run_hooks = [h for h in self._hooks
                                   if type(h).before_run is not SessionRunHook.before_run]
         self._after_run_hooks = [h for h in self._hooks
                                  if type(h).after_run is not SessionRunHook.after_run]
+        called = {id(h) for h in self._before_run_hooks + self._after_run_hooks}
+        self._scheduled = [h for h in self._hooks if id(h) in called
+                           and type(h)._idle is not SessionRunHook._idle]
+        self._scheduled_ids = {id(h) for h in self._scheduled}
+        self._idle_until: Dict[int, tuple] = {}   # id(hook) -> its `_idle` bounds
+        self._always_before = self._calls(self._before_run_hooks, ())
+        self._always_after = self._calls(self._after_run_hooks, ())
+        self._wake_step = self._wake_run = self._wake_time = NEVER
         self._stop = False
         self._entered = False
 
@@ -137,6 +152,7 @@ class MonitoredSession:
             for hook in self._hooks:
                 hook.after_create_session(self._session, coord)
             self._stop = coord.should_stop()
+            self._reschedule(self._scheduled)
         except BaseException:
             self._leave()
             raise
@@ -175,10 +191,19 @@ class MonitoredSession:
         EstimatorSpec; those (and `est.named_tensor`s) are what fetches name.
         A step that raises StopIteration (input exhausted) ends the loop.
         """
-        scope = self._scope
-        context = SessionRunContext(_NO_ARGS, self._session)
+        scope, session = self._scope, self._session
+        runs = session._runs
+        woken = None
+        if (scope.global_step + 1 < self._wake_step and runs < self._wake_run
+                and (self._wake_time == NEVER or time.time() < self._wake_time)):
+            before, after = self._always_before, self._always_after
+        else:   # a scheduled hook is due
+            woken = self._due(scope.global_step + 1, runs, time.time())
+            before = self._calls(self._before_run_hooks, woken)
+            after = self._calls(self._after_run_hooks, woken)
+        context = SessionRunContext(_NO_ARGS, session) if before or after or woken else None
         requests = feeds = None
-        for hook in self._before_run_hooks:
+        for hook in before:
             request = hook.before_run(context)
             if request is not None:
                 if request.fetches is not None:
@@ -204,28 +229,55 @@ class MonitoredSession:
                 scope.feed_dict = None
         if self._train:
             scope.global_step += 1
+            if scope.global_step >= self._wake_step:   # due by the step this one made
+                more = self._due(scope.global_step, -1, -1.0)
+                if more - (woken or set()):
+                    woken = (woken or set()) | more
+                    after = self._calls(self._after_run_hooks, woken)
+                    context = context or SessionRunContext(_NO_ARGS, session)
         self._last_outputs, self._last_named = outputs, scope.named_tensors
         if requests is None:
-            for hook in self._after_run_hooks:
+            for hook in after:
                 hook.after_run(context, _NO_VALUES)
         else:
-            self._answer(context, requests, outputs)
+            self._answer(context, requests, outputs, after)
         if self._last_named:
             scope.named_tensors = {}
-        stop = context._stop_requested
+        session._runs = runs + 1
+        if woken:
+            self._reschedule([h for h in self._scheduled if id(h) in woken])
+        stop = context is not None and context._stop_requested
         if self._agree_to_stop is not None:
             stop = self._agree_to_stop(stop)
         if stop:
             self._stop = True
         return outputs
 
-    def _answer(self, context, requests, outputs) -> None:
+    # -- the schedule of hooks with `_idle` -----------------------------------
+    def _calls(self, hooks: List[SessionRunHook], woken) -> List[SessionRunHook]:
+        """`hooks` (in order) less the scheduled ones not in `woken` (ids)."""
+        return [h for h in hooks if id(h) not in self._scheduled_ids or id(h) in woken]
+
+    def _due(self, step: int, runs: int, now: float) -> set:
+        """Ids of the scheduled hooks whose idle time ends at this step, run or time."""
+        return {key for key, (s, r, t) in self._idle_until.items()
+                if step >= s or runs >= r or now >= t}
+
+    def _reschedule(self, hooks: List[SessionRunHook]) -> None:
+        for hook in hooks:
+            self._idle_until[id(hook)] = hook._idle(self._session) or (0, 0, 0.0)
+        bounds = list(self._idle_until.values())
+        self._wake_step = min((b[0] for b in bounds), default=NEVER)
+        self._wake_run = min((b[1] for b in bounds), default=NEVER)
+        self._wake_time = min((b[2] for b in bounds), default=NEVER)
+
+    def _answer(self, context, requests, outputs, after) -> None:
         """Copy every requested value to the host once, and call `after_run`."""
         scope = self._scope
         names = {n for _, fetches in requests for n in _names(fetches)}
         host = _to_host({n: self._resolve(n, outputs) for n in names})
         answers = {id(hook): _structure(fetches, host) for hook, fetches in requests}
-        for hook in self._after_run_hooks:
+        for hook in after:
             results = answers.get(id(hook))
             hook.after_run(context, _NO_VALUES if results is None
                            else SessionRunValues(results))

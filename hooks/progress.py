@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Optional
 
-from .session_run_hook import SessionRunHook
+from .session_run_hook import NEVER, SessionRunHook
 
 
 def _clock(secs: float) -> str:
@@ -73,6 +73,9 @@ class ProgressHook(SessionRunHook):
         elif now >= self._next_draw:
             self._draw(now)
             self._next_draw = now + self._every_secs
+
+    def _idle(self, session):   # off a terminal it never does anything
+        return None if self._enabled else (NEVER, NEVER, NEVER)
 
     def end(self, session):
         if self._enabled and self._done:

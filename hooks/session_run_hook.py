@@ -8,7 +8,7 @@ step, the strategy, `model_dir`), and fetches name values the step exposes
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Tuple
 
 
 class SessionRunHook:
@@ -31,6 +31,23 @@ class SessionRunHook:
 
     def end(self, session) -> None:
         """Called once at the end of the loop (not after an exception)."""
+
+    def _idle(self, session) -> Optional[Tuple[float, float, float]]:
+        """The session's fast path (private; the built-in hooks define it).
+
+        None: call `before_run`/`after_run` on every step (any hook that does
+        not define this). Otherwise `(step, run, secs)`: until the global step
+        reaches `step` (read as `global_step + 1` before a step and as
+        `global_step` after it), the session's run count (`session._runs`,
+        steps run in this session) reaches `run`, or `time.time()` reaches
+        `secs`, both methods would do nothing, so the session skips them.
+        Asked after `after_create_session` and after each step the hook was
+        called on; use `NEVER` for a bound that does not apply.
+        """
+        return None
+
+
+NEVER = float("inf")   # an `_idle` bound that never comes
 
 
 class SessionRunArgs(NamedTuple):

@@ -19,7 +19,7 @@ import numpy as np
 from estimator import summary as _summary
 
 from .basic_session_run_hooks import SecondOrStepTimer
-from .session_run_hook import SessionRunArgs, SessionRunHook
+from .session_run_hook import NEVER, SessionRunArgs, SessionRunHook
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,9 @@ class SummaryWriterCache:
         writer = cls._writers.get(key)
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
-            writer = cls._writers[key] = SummaryWriter(log_dir=key)
+            # A deep queue: the writer thread drains it when the training thread
+            # lets go of the GIL, instead of a step blocking on a full queue.
+            writer = cls._writers[key] = SummaryWriter(log_dir=key, max_queue=1000)
             cls._users[key] = 0
         return writer
 
@@ -184,6 +186,10 @@ class SummarySaverHook(_WritesSummaries):
             if tags is None or record.tag in tags:
                 _summary._write(writer, record, step)
 
+    def _idle(self, session):
+        step, secs = self._timer._due()
+        return step, NEVER, secs
+
 
 class StepCounterHook(_WritesSummaries):
     """Logs and writes training speed, `global_step/sec`, every N steps or
@@ -211,6 +217,10 @@ class StepCounterHook(_WritesSummaries):
             elapsed_secs, elapsed_steps = self._timer.update_last_triggered_step(step)
             if elapsed_secs is not None and elapsed_secs > 0 and elapsed_steps > 0:
                 self._log_and_record(elapsed_steps, elapsed_secs, step)
+
+    def _idle(self, session):
+        step, secs = self._timer._due()
+        return step, NEVER, secs
 
     def _log_and_record(self, elapsed_steps: int, elapsed_time: float, global_step: int):
         steps_per_sec = elapsed_steps / elapsed_time
