@@ -54,19 +54,19 @@ def _mover(device: torch.device):
     cpu = device.type == "cpu"
     Tensor = torch.Tensor
 
-    def move(obj):
-        if type(obj) is tuple and len(obj) == 2:  # (features, labels), the usual batch
-            features, labels = obj
-            if type(features) is dict:
-                features = {k: v if cpu and type(v) is Tensor and v.is_cpu else move(v)
-                            for k, v in features.items()}
-            elif not (cpu and type(features) is Tensor and features.is_cpu):
-                features = move(features)
-            if not (cpu and type(labels) is Tensor and labels.is_cpu):
-                labels = move(labels)
-            return features, labels
+    def there(obj) -> bool:   # a dict of tensors, or a tensor, needing no move
         if type(obj) is dict:
-            return {k: move(v) for k, v in obj.items()}
+            for value in obj.values():
+                if not (type(value) is Tensor and value.is_cpu):
+                    return False
+            return True
+        return type(obj) is Tensor and obj.is_cpu
+
+    def move(obj):
+        if cpu and type(obj) is tuple and len(obj) == 2 and there(obj[0]) and there(obj[1]):
+            return obj   # (features, labels) already on the CPU: the usual batch
+        if type(obj) is tuple and len(obj) == 2:
+            return move(obj[0]), move(obj[1])
         if isinstance(obj, Tensor):
             if cpu:
                 return obj if obj.is_cpu else obj.cpu()

@@ -72,6 +72,8 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
     if rest == ["labels", "mode", "params", "config"][:len(rest)]:
         # The usual signature: call positionally, no kwargs built per step.
         statics = tuple(extra[n] for n in rest[2:])
+        if len(rest) == 2 and not inspect.isclass(model_fn):
+            return model_fn   # (features, labels, mode): called directly
         if len(rest) >= 2:
             return lambda features, labels, mode: model_fn(features, labels, mode, *statics)
         if len(rest) == 1:

@@ -11,7 +11,7 @@ import torch
 
 from .mode_keys import ModeKeys
 
-_Tensor, _Optimizer = torch.Tensor, torch.optim.Optimizer   # checked on every step
+_Tensor, _Optimizer, _TRAIN = torch.Tensor, torch.optim.Optimizer, ModeKeys.TRAIN
 
 
 class EstimatorSpec:
@@ -37,31 +37,10 @@ class EstimatorSpec:
                  export_outputs=None, training_chief_hooks: Sequence = (),
                  training_hooks: Sequence = (), scaffold=None,
                  evaluation_hooks: Sequence = (), prediction_hooks: Sequence = ()):
-        if mode not in ModeKeys.ALL:
-            raise ValueError(f"EstimatorSpec: mode must be one of {ModeKeys.ALL}, got {mode!r}")
-        if mode != ModeKeys.PREDICT:
-            if loss is None:
-                raise ValueError(f"EstimatorSpec(mode={mode!r}): missing field `loss`; "
-                                 "TRAIN and EVAL need a scalar loss tensor")
-            if not isinstance(loss, _Tensor) or loss.dim() != 0:
-                what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
-                        else type(loss).__name__)
-                raise ValueError(f"EstimatorSpec(mode={mode!r}): field `loss` must be a "
-                                 f"scalar tensor, got {what}")
-        if mode == ModeKeys.TRAIN and train_op is None:
-            raise ValueError("EstimatorSpec(mode='train'): missing field `train_op`; give "
-                             "est.get_optimizer(...) or a callable doing the step")
-        if train_op is not None and not (isinstance(train_op, _Optimizer) or callable(train_op)):
-            raise TypeError(f"EstimatorSpec(mode={mode!r}): field `train_op` must be an "
-                            f"optimizer or a callable, got {type(train_op).__name__}")
-        if mode == ModeKeys.PREDICT:
-            if predictions is None:
-                raise ValueError("EstimatorSpec(mode='infer'): missing field `predictions`; "
-                                 "PREDICT needs a tensor or a dict of tensors")
-            _check_predictions(predictions)
-        if eval_metric_ops is not None and not isinstance(eval_metric_ops, dict):
-            raise TypeError(f"EstimatorSpec(mode={mode!r}): field `eval_metric_ops` must be "
-                            f"a dict of metrics, got {type(eval_metric_ops).__name__}")
+        if not (mode == _TRAIN and isinstance(train_op, _Optimizer)   # the usual spec,
+                and isinstance(loss, _Tensor) and loss.dim() == 0     # checked first
+                and eval_metric_ops is None):
+            _validate(mode, predictions, loss, train_op, eval_metric_ops)
         self.mode = mode
         self.predictions = predictions
         self.loss = loss
@@ -78,6 +57,35 @@ class EstimatorSpec:
         fields = {k: getattr(self, k) for k in self.__slots__}
         fields.update(kwargs)
         return EstimatorSpec(**fields)
+
+
+def _validate(mode, predictions, loss, train_op, eval_metric_ops) -> None:
+    """Raise on a spec TF would reject, naming the mode and the field."""
+    if mode not in ModeKeys.ALL:
+        raise ValueError(f"EstimatorSpec: mode must be one of {ModeKeys.ALL}, got {mode!r}")
+    if mode != ModeKeys.PREDICT:
+        if loss is None:
+            raise ValueError(f"EstimatorSpec(mode={mode!r}): missing field `loss`; "
+                             "TRAIN and EVAL need a scalar loss tensor")
+        if not isinstance(loss, _Tensor) or loss.dim() != 0:
+            what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+                    else type(loss).__name__)
+            raise ValueError(f"EstimatorSpec(mode={mode!r}): field `loss` must be a "
+                             f"scalar tensor, got {what}")
+    if mode == ModeKeys.TRAIN and train_op is None:
+        raise ValueError("EstimatorSpec(mode='train'): missing field `train_op`; give "
+                         "est.get_optimizer(...) or a callable doing the step")
+    if train_op is not None and not (isinstance(train_op, _Optimizer) or callable(train_op)):
+        raise TypeError(f"EstimatorSpec(mode={mode!r}): field `train_op` must be an "
+                        f"optimizer or a callable, got {type(train_op).__name__}")
+    if mode == ModeKeys.PREDICT:
+        if predictions is None:
+            raise ValueError("EstimatorSpec(mode='infer'): missing field `predictions`; "
+                             "PREDICT needs a tensor or a dict of tensors")
+        _check_predictions(predictions)
+    if eval_metric_ops is not None and not isinstance(eval_metric_ops, dict):
+        raise TypeError(f"EstimatorSpec(mode={mode!r}): field `eval_metric_ops` must be "
+                        f"a dict of metrics, got {type(eval_metric_ops).__name__}")
 
 
 def _check_predictions(predictions) -> None:

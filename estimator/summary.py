@@ -173,7 +173,7 @@ def _write(writer, record: _Record, global_step: int) -> None:
     step = global_step if record.step is None else record.step
     kind, tag, value = record.kind, record.tag, record.value
     if kind == "scalar":
-        writer.add_scalar(tag, value, step)
+        _write_scalar(writer, tag, value, step)
     elif kind == "histogram":
         values = np.asarray(value, dtype=np.float64)
         if not np.isfinite(values).all():
@@ -195,6 +195,14 @@ def _write(writer, record: _Record, global_step: int) -> None:
         _add_summary(writer, text_pb(tag, value), step)
     else:
         raise ValueError(f"Unknown summary kind {kind!r} for tag {tag!r}")
+
+
+def _write_scalar(writer, tag: str, value, step: int) -> None:
+    """`writer.add_scalar(tag, value, step)` for a host number, without its
+    numpy round trip (hooks write these on the training thread)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    _add_summary(writer, Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]),
+                 step)
 
 
 def _add_summary(writer, summary, step: int) -> None:

@@ -283,6 +283,8 @@ class LoggingTensorHook(SessionRunHook):
 
     def _log_tensors(self, values: dict, iteration: int) -> None:
         elapsed_secs, _ = self._timer.update_last_triggered_step(iteration)
+        if not logger.isEnabledFor(logging.INFO):   # nothing would be shown: format nothing
+            return
         if self._formatter is not None:
             logger.info(self._formatter(values))
             return
@@ -346,7 +348,8 @@ class NanTensorHook(SessionRunHook):
         if not self._due:
             return
         self._due = False
-        if not np.isnan(run_values.results).any():
+        loss = run_values.results
+        if not (loss != loss if isinstance(loss, float) else np.isnan(loss).any()):
             return
         session = run_context.session
         step = session.global_step

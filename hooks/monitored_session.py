@@ -135,6 +135,7 @@ class MonitoredSession:
         self._idle_until: Dict[int, tuple] = {}   # id(hook) -> its `_idle` bounds
         self._always_before = self._calls(self._before_run_hooks, ())
         self._always_after = self._calls(self._after_run_hooks, ())
+        self._quiet = not (self._always_before or self._always_after)   # every hook scheduled
         self._wake_step = self._wake_run = self._wake_time = NEVER
         self._stop = False
         self._entered = False
@@ -191,6 +192,21 @@ class MonitoredSession:
         EstimatorSpec; those (and `est.named_tensor`s) are what fetches name.
         A step that raises StopIteration (input exhausted) ends the loop.
         """
+        scope = self._scope
+        if (self._quiet and scope.global_step + 1 < self._wake_step
+                and self._session._runs < self._wake_run and not scope.summaries_due
+                and (self._wake_time == NEVER or time.time() < self._wake_time)):
+            # No hook is due: the step alone (most steps, so kept short).
+            try:
+                outputs = step_fn(*args, **kwargs)
+            except StopIteration:
+                self._stop = True
+                return None
+            self._after_step(outputs, None, None, (), None)
+            return outputs
+        return self._run_with_hooks(step_fn, args, kwargs)
+
+    def _run_with_hooks(self, step_fn: Callable, args, kwargs):
         scope, session = self._scope, self._session
         runs = session._runs
         woken = None
@@ -201,7 +217,7 @@ class MonitoredSession:
             woken = self._due(scope.global_step + 1, runs, time.time())
             before = self._calls(self._before_run_hooks, woken)
             after = self._calls(self._after_run_hooks, woken)
-        context = SessionRunContext(_NO_ARGS, session) if before or after or woken else None
+        context = SessionRunContext(_NO_ARGS, session)
         requests = feeds = None
         for hook in before:
             request = hook.before_run(context)
@@ -227,6 +243,13 @@ class MonitoredSession:
         finally:
             if feeds:
                 scope.feed_dict = None
+        self._after_step(outputs, context, requests, after, woken)
+        return outputs
+
+    def _after_step(self, outputs, context, requests, after, woken) -> None:
+        """Count the step, call `after_run` of the hooks in `after` (and of
+        scheduled hooks due by the global step the step made), decide on stopping."""
+        scope, session = self._scope, self._session
         if self._train:
             scope.global_step += 1
             if scope.global_step >= self._wake_step:   # due by the step this one made
@@ -243,7 +266,7 @@ class MonitoredSession:
             self._answer(context, requests, outputs, after)
         if self._last_named:
             scope.named_tensors = {}
-        session._runs = runs + 1
+        session._runs += 1
         if woken:
             self._reschedule([h for h in self._scheduled if id(h) in woken])
         stop = context is not None and context._stop_requested
@@ -251,7 +274,6 @@ class MonitoredSession:
             stop = self._agree_to_stop(stop)
         if stop:
             self._stop = True
-        return outputs
 
     # -- the schedule of hooks with `_idle` -----------------------------------
     def _calls(self, hooks: List[SessionRunHook], woken) -> List[SessionRunHook]:

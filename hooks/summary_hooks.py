@@ -180,7 +180,7 @@ class SummarySaverHook(_WritesSummaries):
         self._timer.update_last_triggered_step(step)
         writer = self._writer()
         if "loss" in results:
-            writer.add_scalar("loss", results["loss"], step)
+            _summary._write_scalar(writer, "loss", results["loss"], step)
         tags = self._tags
         for record in results["summaries"]:
             if tags is None or record.tag in tags:
@@ -225,7 +225,7 @@ class StepCounterHook(_WritesSummaries):
     def _log_and_record(self, elapsed_steps: int, elapsed_time: float, global_step: int):
         steps_per_sec = elapsed_steps / elapsed_time
         if self._has_writer():
-            self._writer().add_scalar(self._summary_tag, steps_per_sec, global_step)
+            _summary._write_scalar(self._writer(), self._summary_tag, steps_per_sec, global_step)
         logger.info("%s: %g", self._summary_tag, steps_per_sec)
 
 
@@ -250,7 +250,7 @@ def _write_dict_to_summary(output_dir: str, dictionary: dict, current_global_ste
             if key == "global_step":
                 continue
             if isinstance(value, (numbers.Real, np.number)) and not isinstance(value, np.ndarray):
-                writer.add_scalar(key, float(value), current_global_step)
+                _summary._write_scalar(writer, key, value, current_global_step)
             else:
                 logger.warning("Skipping summary for %s, must be a number (int or float, "
                                "numpy included), got %s.", key, type(value).__name__)
