@@ -104,3 +104,101 @@ def test_stop_at_step_arguments():
         hooks.StopAtStepHook()
     with pytest.raises(ValueError, match="only one of"):
         hooks.StopAtStepHook(num_steps=1, last_step=2)
+
+
+# -- the schedule: hooks with `_idle` are skipped until they may act ------------------
+class Counting(hooks.SessionRunHook):
+    """Wraps a built-in hook, counting the calls the session makes of it."""
+
+    def __init__(self, inner, log):
+        self.inner, self.log, self.before = inner, log, 0
+
+    def begin(self):
+        self.inner.begin()
+
+    def after_create_session(self, session, coord):
+        self.inner.after_create_session(session, coord)
+
+    def before_run(self, run_context):
+        self.before += 1
+        self.log.append(("before", type(self.inner).__name__, run_context.session.global_step))
+        return self.inner.before_run(run_context)
+
+    def after_run(self, run_context, run_values):
+        self.log.append(("after", type(self.inner).__name__, run_context.session.global_step))
+        self.inner.after_run(run_context, run_values)
+
+    def end(self, session):
+        self.inner.end(session)
+
+    def _idle(self, session):
+        return self.inner._idle(session)
+
+
+def test_scheduled_hooks_are_called_only_when_due(tmp_path, caplog):
+    log = []
+    stop = Counting(hooks.StopAtStepHook(last_step=25), log)
+    logging_hook = Counting(hooks.LoggingTensorHook(["loss"], every_n_iter=10), log)
+    saver = Counting(hooks.CheckpointSaverHook(str(tmp_path), save_steps=7), log)
+    every_step = Recorder()
+    with caplog.at_level("INFO", logger="hooks"):
+        with session([stop, logging_hook, saver, every_step], ) as sess:
+            while not sess.should_stop():
+                sess.run(step)
+    assert sess._scope.global_step == 25
+    assert every_step.calls.count("before_run") == 25      # no _idle: every step
+    assert logging_hook.before == 3                         # iterations 0, 10, 20
+    assert [r.getMessage().split(" (")[0] for r in caplog.records
+            if r.getMessage().startswith("loss")] == ["loss = 1.0"] * 3
+    saved = sorted(int(p.name.split("-")[1].split(".")[0]) for p in tmp_path.glob("model.ckpt-*"))
+    assert saved == [7, 14, 21, 25]
+    assert stop.before == 1 and ("after", "StopAtStepHook", 25) in log   # woken at step 25 only
+
+
+def test_scheduled_hooks_keep_their_order_on_a_due_step():
+    log = []
+    b = Counting(hooks.LoggingTensorHook(["loss"], every_n_iter=3), log)   # runs 0 and 3
+    a = Counting(hooks.StopAtStepHook(last_step=4), log)                   # after step 4
+    with session([b, a]) as sess:
+        while not sess.should_stop():
+            sess.run(step)
+    assert sess._scope.global_step == 4
+    assert [(when, name) for when, name, step_ in log if step_ == 4] == [
+        ("after", "LoggingTensorHook"), ("after", "StopAtStepHook")]   # the list's order
+    assert [(name, step_) for when, name, step_ in log if when == "before"] == [
+        ("LoggingTensorHook", 0), ("LoggingTensorHook", 3), ("StopAtStepHook", 3)]
+
+
+def test_a_jumping_global_step_wakes_hooks_after_the_step():
+    """Under parameter servers the global step jumps inside a step (other
+    workers' steps): a hook due by the step's result is still called."""
+    log = []
+    stop = Counting(hooks.StopAtStepHook(last_step=12), log)
+
+    def jumping_step():
+        _scope.current().global_step += 4     # 5 per step with the session's own
+        return step()
+
+    with session([stop]) as sess:
+        while not sess.should_stop():
+            sess.run(jumping_step)
+    assert sess._scope.global_step == 15      # 5, 10, 15: stopped at the first step >= 12
+    assert stop.before == 0 and log == [("after", "StopAtStepHook", 15)]
+
+
+def test_time_scheduled_hook_wakes_when_its_time_comes(tmp_path, monkeypatch):
+    import time as time_module
+    now = [1000.0]
+    monkeypatch.setattr(time_module, "time", lambda: now[0])
+    log = []
+    saver = Counting(hooks.CheckpointSaverHook(str(tmp_path), save_secs=60), log)
+    with session([saver]) as sess:
+        for _ in range(5):
+            sess.run(step)
+        assert log == []                 # 60 s have not passed: never called
+        now[0] += 61
+        sess.run(step)
+        sess.run(step)
+    assert [e for e in log if e[0] == "after"] == [("after", "CheckpointSaverHook", 6)]
+    saved = [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(str(tmp_path))]
+    assert saved == [6, 7]               # at 61 s, and at the end

@@ -40,6 +40,21 @@ def test_distribute_datasets_convert_numpy_and_move():
     assert got[0]["p"].tolist() == [0]
 
 
+def test_batches_already_on_the_device_pass_untouched_others_are_converted():
+    move = distribute.OneDeviceStrategy("cpu").extended._to_device
+    x, y = torch.ones(2, 3), torch.zeros(2)
+    ready = ({"x": x}, y)
+    assert move(ready) is ready                      # nothing allocated per step
+    mixed = move(({"x": x, "n": np.ones(2)}, np.arange(2)))
+    assert mixed[0]["x"] is x and isinstance(mixed[0]["n"], torch.Tensor)
+    assert isinstance(mixed[1], torch.Tensor) and mixed[1].tolist() == [0, 1]
+    nested = move(([x, {"deep": np.zeros(1)}], 3))
+    assert isinstance(nested[0][1]["deep"], torch.Tensor) and nested[1] == 3
+    meta = torch.ones(2, device="meta")              # a tensor elsewhere is moved
+    with pytest.raises(NotImplementedError):
+        move((meta, y))
+
+
 def test_input_context_batch_size():
     ctx = distribute.InputContext(2, 1, 4)
     assert ctx.get_per_replica_batch_size(64) == 16
