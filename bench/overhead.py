@@ -4,7 +4,8 @@ Two models, each trained for a fixed number of steps through `Estimator.train`
 (default RunConfig: checkpoints every 600 s and at the end, summaries every
 100 steps, step counter and loss logging every 100 steps) and through the
 plain loop `zero_grad / forward / backward / step`, alternating in one run;
-prints steps/s of each (median of the rounds) and the ratio.
+prints steps/s of each (median of the rounds) and the ratio (the median of
+the rounds' ratios).
 
     python bench/overhead.py [--rounds 5] [--tiny_steps 20000] [--mlp_steps 1000]
 
@@ -104,13 +105,21 @@ def main(argv=None):
         plain_loop(name, batches, min(steps, 200))        # warm-up both paths
         estimator_loop(name, batches, min(steps, 200))
         plain, ours = [], []
-        for _ in range(args.rounds):                       # alternate in one run
-            plain.append(plain_loop(name, batches, steps))
-            ours.append(estimator_loop(name, batches, steps))
+        for i in range(args.rounds):   # alternate in one run, each side first in turn
+            if i % 2:
+                ours.append(estimator_loop(name, batches, steps))
+                plain.append(plain_loop(name, batches, steps))
+            else:
+                plain.append(plain_loop(name, batches, steps))
+                ours.append(estimator_loop(name, batches, steps))
         p, o = statistics.median(plain), statistics.median(ours)
-        results[name] = o / p
+        # The ratio of each round's neighbouring runs: load from other processes
+        # on a shared machine slows both sides of a round alike.
+        ratio = statistics.median(b / a for a, b in zip(plain, ours))
+        results[name] = ratio
         print(f"{name:5s} plain {p:9.1f} steps/s   Estimator.train {o:9.1f} steps/s   "
-              f"ratio {o / p:.3f}", flush=True)
+              f"ratio {ratio:.3f} (median of {args.rounds} rounds; of the medians "
+              f"{o / p:.3f})", flush=True)
     return results
 
 

@@ -184,7 +184,8 @@ class Estimator:
 
         def step(spec=None):
             if spec is None:
-                spec = call(*next(batches), train)
+                features, labels = next(batches)
+                spec = call(features, labels, train)
                 if type(spec) is not EstimatorSpec or spec.mode != train:
                     _check_spec(spec, train)
             train_op = spec.train_op
