@@ -197,18 +197,18 @@ def _write(writer, record: _Record, global_step: int) -> None:
         raise ValueError(f"Unknown summary kind {kind!r} for tag {tag!r}")
 
 
-def _write_scalar(writer, tag: str, value, step: int) -> None:
-    """`writer.add_scalar(tag, value, step)` for a host number, without its
-    numpy round trip (hooks write these on the training thread)."""
+def _write_scalar(writer, tag: str, value, step: int, walltime: Optional[float] = None) -> None:
+    """`writer.add_scalar(tag, value, step, walltime)` for a host number,
+    without its numpy round trip (hooks write these on the training thread)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     _add_summary(writer, Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]),
-                 step)
+                 step, walltime)
 
 
-def _add_summary(writer, summary, step: int) -> None:
+def _add_summary(writer, summary, step: int, walltime: Optional[float] = None) -> None:
     """A Summary proto through the SummaryWriter's file writer (what its own
     add_* methods do)."""
-    writer._get_file_writer().add_summary(summary, step)
+    writer._get_file_writer().add_summary(summary, step, walltime)
 
 
 def _png(img: np.ndarray) -> bytes:

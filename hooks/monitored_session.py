@@ -28,6 +28,7 @@ from estimator.mode_keys import ModeKeys
 
 from .session_run_hook import (NEVER, SessionRunArgs, SessionRunContext, SessionRunHook,
                                SessionRunValues)
+from .summary_hooks import SummaryWriterCache
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,9 @@ class MonitoredSession:
     def _leave(self):
         if self._entered:
             self._entered = False
+            # On disk even when an error skipped the hooks' `end` (the loss
+            # curve up to a NaN is what one looks at next).
+            SummaryWriterCache._write_held(flush=True)
             self._strategy_scope.__exit__(None, None, None)
             self._scope.__exit__(None, None, None)
 

@@ -268,6 +268,54 @@ def test_step_counter_logs_without_writer_and_uses_given_writer(tmp_path, caplog
     assert steps(events(tmp_path), "global_step/sec") == [3, 5]
 
 
+# -- scalars held back and written together -----------------------------------------
+def test_held_scalars_are_on_disk_when_train_returns(tmp_path):
+    e = make(tmp_path, save_summary_steps=1, log_step_count_steps=1)
+    e.train(regression_input_fn(), steps=30)        # 60 scalars: fewer than one batch
+    acc = events(tmp_path)
+    assert steps(acc, "loss") == list(range(1, 31))
+    assert steps(acc, "global_step/sec") == list(range(2, 31))
+    wall = [ev.wall_time for ev in acc.Scalars("loss")]
+    assert wall == sorted(wall)                      # each event keeps its own time
+
+
+def test_held_scalars_reach_disk_although_an_error_ends_the_session(tmp_path):
+    saver = hooks.SummarySaverHook(save_steps=1, output_dir=str(tmp_path))
+    scope = _scope.ModelScope(est.ModeKeys.TRAIN, distribute.get_strategy())
+
+    def failing_step():
+        if scope.global_step == 5:
+            raise RuntimeError("the data broke")
+        return torch.tensor(float(scope.global_step))
+    with pytest.raises(RuntimeError, match="the data broke"):
+        with hooks.MonitoredSession(scope, [saver]) as s:
+            while True:
+                s.run(failing_step)
+    # no hook's `end` ran (TF's rule on errors), yet the loss curve is readable
+    assert steps(events(tmp_path), "loss") == [1, 2, 3, 4, 5]
+    hooks.SummaryWriterCache.clear()
+
+
+def test_held_scalars_are_written_after_hold_secs(tmp_path, monkeypatch):
+    import time as time_module
+    now = [100.0]
+    monkeypatch.setattr(time_module, "time", lambda: now[0])
+    cache = hooks.SummaryWriterCache
+    counter = hooks.StepCounterHook(every_n_steps=1, output_dir=str(tmp_path))
+    scope = _scope.ModelScope(est.ModeKeys.TRAIN, distribute.get_strategy())
+    with hooks.MonitoredSession(scope, [counter]) as s:
+        for _ in range(3):
+            now[0] += 1.0
+            s.run(lambda: torch.tensor(0.0))
+        key = os.path.abspath(str(tmp_path))
+        assert len(cache._held[key]) == 2            # steps 2 and 3, held
+        now[0] += cache._HOLD_SECS
+        s.run(lambda: torch.tensor(0.0))
+        assert key not in cache._held                # handed to the writer
+        cache._writers[key].flush()
+        assert steps(events(tmp_path), "global_step/sec") == [2, 3, 4]
+
+
 # -- what the summaries cost ---------------------------------------------------------
 def _count_to_host(monkeypatch):
     import hooks.monitored_session as ms
