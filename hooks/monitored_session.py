@@ -256,12 +256,15 @@ class MonitoredSession:
         scope, session = self._scope, self._session
         if self._train:
             scope.global_step += 1
-            if scope.global_step >= self._wake_step:   # due by the step this one made
-                more = self._due(scope.global_step, -1, -1.0)
-                if more - (woken or set()):
-                    woken = (woken or set()) | more
-                    after = self._calls(self._after_run_hooks, woken)
-                    context = context or SessionRunContext(_NO_ARGS, session)
+        # Due by the step this one made, or by the time it took (TF's hooks
+        # check both in after_run).
+        if scope.global_step >= self._wake_step or (
+                self._wake_time != NEVER and time.time() >= self._wake_time):
+            more = self._due(scope.global_step, -1, time.time())
+            if more - (woken or set()):
+                woken = (woken or set()) | more
+                after = self._calls(self._after_run_hooks, woken)
+                context = context or SessionRunContext(_NO_ARGS, session)
         self._last_outputs, self._last_named = outputs, scope.named_tensors
         if requests is None:
             for hook in after:

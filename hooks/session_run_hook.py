@@ -37,12 +37,13 @@ class SessionRunHook:
 
         None: call `before_run`/`after_run` on every step (any hook that does
         not define this). Otherwise `(step, run, secs)`: until the global step
-        reaches `step` (read as `global_step + 1` before a step and as
-        `global_step` after it), the session's run count (`session._runs`,
-        steps run in this session) reaches `run`, or `time.time()` reaches
-        `secs`, both methods would do nothing, so the session skips them.
-        Asked after `after_create_session` and after each step the hook was
-        called on; use `NEVER` for a bound that does not apply.
+        reaches `step`, the session's run count (`session._runs`, steps run
+        in this session) reaches `run`, or `time.time()` reaches `secs`, both
+        methods would do nothing, so the session skips them. Before a step
+        the session compares `global_step + 1`, the run count and the time;
+        after it the global step and the time again, and then calls only
+        `after_run`. Asked after `after_create_session` and after each step
+        the hook was called on; `NEVER` is a bound that does not apply.
         """
         return None
 

@@ -202,3 +202,22 @@ def test_time_scheduled_hook_wakes_when_its_time_comes(tmp_path, monkeypatch):
     assert [e for e in log if e[0] == "after"] == [("after", "CheckpointSaverHook", 6)]
     saved = [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(str(tmp_path))]
     assert saved == [6, 7]               # at 61 s, and at the end
+
+
+def test_time_passing_during_a_step_wakes_an_after_run_hook_that_step(tmp_path, monkeypatch):
+    import time as time_module
+    now = [1000.0]
+    monkeypatch.setattr(time_module, "time", lambda: now[0])
+    log = []
+    saver = Counting(hooks.CheckpointSaverHook(str(tmp_path), save_secs=60), log)
+
+    def slow_step():
+        if _scope.current().global_step == 3:
+            now[0] += 61                  # the fourth step takes a minute
+        return step()
+    with session([saver]) as sess:
+        for _ in range(6):
+            sess.run(slow_step)
+    assert [e for e in log if e[0] == "after"] == [("after", "CheckpointSaverHook", 4)]
+    saved = [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(str(tmp_path))]
+    assert saved == [4, 6]               # as TF's after_run check saves: at the step itself
