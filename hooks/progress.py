@@ -60,26 +60,31 @@ class ProgressHook(SessionRunHook):
         if self._last_step is not None:
             total = max(0, self._last_step - session.global_step)
         self._total = total
-        self._next_draw = time.monotonic() + self._every_secs
+        self._next_draw = time.time() + self._every_secs
         self._rate_start = None   # (time, count) after the first step
 
+    # Steps are counted by the session (`session._runs`), so the session need
+    # call this hook only after the first step and when a redraw is due.
     def after_run(self, run_context, run_values):
         if not self._enabled:
             return
-        self._done += 1
-        now = time.monotonic()
+        self._done = run_context.session._runs + 1
+        now = time.time()
         if self._rate_start is None:
             self._rate_start = (now, self._done)
         elif now >= self._next_draw:
             self._draw(now)
             self._next_draw = now + self._every_secs
 
-    def _idle(self, session):   # off a terminal it never does anything
-        return None if self._enabled else (NEVER, NEVER, NEVER)
+    def _idle(self, session):
+        if not self._enabled:     # off a terminal it never does anything
+            return NEVER, NEVER, NEVER
+        return NEVER, 0 if self._rate_start is None else NEVER, self._next_draw
 
     def end(self, session):
+        self._done = session._runs
         if self._enabled and self._done:
-            self._draw(time.monotonic(), final=True)
+            self._draw(time.time(), final=True)
 
     def _line(self, now: float) -> str:
         head = f"{self._desc}: " if self._desc else ""

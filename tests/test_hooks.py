@@ -509,6 +509,21 @@ def test_progress_on_a_terminal_shows_count_rate_and_eta(terminal):
     assert final.startswith("train: 20/20 (100%), ") and final.endswith(" steps/s\x1b[K")
 
 
+def test_progress_is_called_only_to_redraw_yet_counts_every_step(terminal):
+    tty, read = terminal
+    calls = []
+
+    class Counted(hooks.ProgressHook):
+        def after_run(self, run_context, run_values):
+            calls.append(run_context.session._runs)
+            super().after_run(run_context, run_values)
+    with session([Counted(num_steps=50, stream=tty, every_secs=3600)]) as sess:
+        for _ in range(50):
+            sess.run(step)
+    assert calls == [0]                            # the first step starts the rate clock
+    assert read().rstrip().rsplit("\r", 1)[1].startswith("50/50 (100%)")
+
+
 def test_estimator_shows_progress_on_a_terminal(tmp_path, terminal, monkeypatch):
     tty, read = terminal
     monkeypatch.setattr(sys, "stderr", tty)
