@@ -228,13 +228,13 @@ class MonitoredSession:
             if request is not None:
                 if request.fetches is not None:
                     requests = requests or []
-                    requests.append((hook, request.fetches))
+                    requests.append((hook, request.fetches, _names(request.fetches)))
                 if request.feed_dict:
                     feeds = _merge_feeds(feeds, request.feed_dict)
         if feeds:
             scope.feed_dict = feeds
         if requests:
-            scope.summaries_due = any("summaries" in _names(f) for _, f in requests)
+            scope.summaries_due = any("summaries" in names for _, _, names in requests)
         elif scope.summaries_due:   # due before the loop (first step), but nobody fetches them
             scope.summaries_due = False
             scope.summaries.clear()
@@ -303,9 +303,9 @@ class MonitoredSession:
     def _answer(self, context, requests, outputs, after) -> None:
         """Copy every requested value to the host once, and call `after_run`."""
         scope = self._scope
-        names = {n for _, fetches in requests for n in _names(fetches)}
+        names = {n for _, _, fetched in requests for n in fetched}
         host = _to_host({n: self._resolve(n, outputs) for n in names})
-        answers = {id(hook): _structure(fetches, host) for hook, fetches in requests}
+        answers = {id(hook): _structure(fetches, host) for hook, fetches, _ in requests}
         for hook in after:
             results = answers.get(id(hook))
             hook.after_run(context, _NO_VALUES if results is None
