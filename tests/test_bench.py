@@ -7,8 +7,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_overhead_benchmark_runs_both_models(capsys):
-    spec = importlib.util.spec_from_file_location("overhead", os.path.join(ROOT, "bench",
-                                                                            "overhead.py"))
+    path = os.path.join(ROOT, "bench", "overhead.py")
+    spec = importlib.util.spec_from_file_location("overhead", path)
     overhead = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(overhead)
     results = overhead.main(["--rounds", "2", "--tiny_steps", "30", "--mlp_steps", "3"])

@@ -14,7 +14,6 @@ import pytest
 import torch
 import yaml
 
-import estimator as est
 import hooks
 from estimator import cli, experiment
 from estimator.experiment import ExperimentError

@@ -17,7 +17,7 @@ import distribute
 import estimator as est
 import hooks
 from models import regression_model_fn
-from replica_helpers import OnReplica, RecordLoss, SaveWeights, WritePid, batches, concatenated
+from replica_helpers import OnReplica, RecordLoss, SaveWeights, batches, concatenated
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
