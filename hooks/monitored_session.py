@@ -206,7 +206,15 @@ class MonitoredSession:
             except StopIteration:
                 self._stop = True
                 return None
-            self._after_step(outputs, None, None, (), None)
+            if self._train:
+                scope.global_step += 1
+            if (scope.global_step < self._wake_step and self._agree_to_stop is None
+                    and not scope.named_tensors
+                    and (self._wake_time == NEVER or time.time() < self._wake_time)):
+                self._last_outputs, self._last_named = outputs, scope.named_tensors
+                self._session._runs += 1
+                return outputs
+            self._after_step(outputs, None, None, (), None)   # still no hook due before it
             return outputs
         return self._run_with_hooks(step_fn, args, kwargs)
 
@@ -247,15 +255,16 @@ class MonitoredSession:
         finally:
             if feeds:
                 scope.feed_dict = None
+        if self._train:
+            scope.global_step += 1
         self._after_step(outputs, context, requests, after, woken)
         return outputs
 
     def _after_step(self, outputs, context, requests, after, woken) -> None:
-        """Count the step, call `after_run` of the hooks in `after` (and of
-        scheduled hooks due by the global step the step made), decide on stopping."""
+        """After a step (the global step counted): call `after_run` of the
+        hooks in `after` and of scheduled hooks due by the global step or the
+        time the step made, count the run, decide on stopping."""
         scope, session = self._scope, self._session
-        if self._train:
-            scope.global_step += 1
         # Due by the step this one made, or by the time it took (TF's hooks
         # check both in after_run).
         if scope.global_step >= self._wake_step or (
