@@ -7,7 +7,7 @@ plain loop `zero_grad / forward / backward / step`, alternating in one run;
 prints steps/s of each (median of the rounds) and the ratio (the median of
 the rounds' ratios).
 
-    python bench/overhead.py [--rounds 5] [--tiny_steps 20000] [--mlp_steps 1000]
+    python bench/overhead.py [--rounds 5] [--tiny_steps 20000] [--mlp_steps 1000] [--clock cpu]
 
 Targets (issue 2): MLP >= 0.97 of the plain loop, tiny model >= 0.85.
 """
@@ -35,6 +35,9 @@ MODELS = {
 }
 
 
+_clock = time.perf_counter   # --clock cpu: time.process_time (every thread's CPU time)
+
+
 def _data(width, out, batch, loss, n=64):
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(batch, width, generator=g) for _ in range(n)]
@@ -56,7 +59,7 @@ def plain_loop(name, batches, steps):
     factory, _, _, _, loss_kind, lr = MODELS[name]
     loss_fn = _loss_fn(loss_kind)
     torch.manual_seed(0)
-    start = time.perf_counter()   # model creation counts on both sides
+    start = _clock()   # model creation counts on both sides
     model = factory()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     for x, y in _cycle(batches, steps):
@@ -64,7 +67,7 @@ def plain_loop(name, batches, steps):
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-    return steps / (time.perf_counter() - start)
+    return steps / (_clock() - start)
 
 
 def estimator_loop(name, batches, steps):
@@ -83,9 +86,9 @@ def estimator_loop(name, batches, steps):
     with tempfile.TemporaryDirectory() as model_dir:
         torch.manual_seed(0)
         e = est.Estimator(model_fn, config=est.RunConfig(model_dir=model_dir))
-        start = time.perf_counter()
+        start = _clock()
         e.train(input_fn, steps=steps)
-        return steps / (time.perf_counter() - start)
+        return steps / (_clock() - start)
 
 
 def main(argv=None):
@@ -94,10 +97,15 @@ def main(argv=None):
     parser.add_argument("--tiny_steps", type=int, default=20000)
     parser.add_argument("--mlp_steps", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: keep)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: elapsed time; cpu: the process's CPU time, all threads "
+                             "(steadier where other machines' load steals time)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
+    global _clock
+    _clock = time.process_time if args.clock == "cpu" else time.perf_counter
     results = {}
     for name, steps in (("tiny", args.tiny_steps), ("mlp", args.mlp_steps)):
         _, width, out, batch, loss_kind, _ = MODELS[name]
