@@ -14,7 +14,8 @@ def test_overhead_benchmark_runs_both_models(capsys, clock):
     spec = importlib.util.spec_from_file_location("overhead", path)
     overhead = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(overhead)
-    results = overhead.main(["--rounds", "2", "--tiny_steps", "30", "--mlp_steps", "3", "--clock", clock])
+    results = overhead.main(["--rounds", "2", "--tiny_steps", "30", "--mlp_steps", "3",
+                             "--clock", clock])
     assert set(results) == {"tiny", "mlp"} and all(r > 0 for r in results.values())
     out = capsys.readouterr().out
     assert "tiny  plain" in out and "mlp   plain" in out and "ratio" in out
