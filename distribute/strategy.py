@@ -147,9 +147,10 @@ class StrategyExtended:
         """The loss to log: the mean over replicas."""
         return loss
 
-    def _all_agree_to_stop(self, stop: bool) -> bool:
-        """True if any replica stops; every replica gets the same answer."""
-        return stop
+    # After each training step, `_all_agree_to_stop(stop) -> bool`: True if
+    # any replica stops, the same answer on every replica. Strategies with
+    # several replicas define it; one replica has nothing to agree on.
+    _all_agree_to_stop: Optional[Callable[[bool], bool]] = None
 
     def _input_context(self) -> InputContext:
         return InputContext(1, 0, self._container_strategy.num_replicas_in_sync)

@@ -66,6 +66,12 @@ class SecondOrStepTimer:
             return self._last_step + self._every_steps, NEVER
         return NEVER, self._last_time + self._every_secs
 
+    def _idle(self):
+        """`SessionRunHook._idle` of a hook that acts when this timer, fed
+        global steps, triggers."""
+        step, secs = self._due()
+        return step, NEVER, secs
+
 
 class StopAtStepHook(SessionRunHook):
     """Stops after `num_steps` more steps or at global step `last_step`
@@ -146,8 +152,7 @@ class CheckpointSaverHook(SessionRunHook):
                 run_context.request_stop()
 
     def _idle(self, session):
-        step, secs = self._timer._due()
-        return step, NEVER, secs
+        return self._timer._idle()
 
     def end(self, session):
         step = session.global_step

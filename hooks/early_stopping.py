@@ -235,5 +235,4 @@ class _StopOnPredicateHook(SessionRunHook):
     def _idle(self, session):
         if not (self._is_chief and session.is_chief):
             return NEVER, NEVER, NEVER
-        step, secs = self._timer._due()
-        return step, NEVER, secs
+        return self._timer._idle()

@@ -118,11 +118,8 @@ class MonitoredSession:
         self._last_outputs = _NO_STEP  # the last step's outputs and named tensors,
         self._last_named: dict = {}    # for session.run in hooks (`end`)
         self._train = scope.mode == ModeKeys.TRAIN
-        # Training replicas stop together (nothing to agree on for one replica).
-        from distribute.strategy import StrategyExtended
-        extended = scope.strategy.extended
-        self._agree_to_stop = extended._all_agree_to_stop if self._train and \
-            type(extended)._all_agree_to_stop is not StrategyExtended._all_agree_to_stop else None
+        # Training replicas stop together (None: one replica, nothing to agree on).
+        self._agree_to_stop = scope.strategy.extended._all_agree_to_stop if self._train else None
         # Only hooks that override a method are called for it; hooks with an
         # `_idle` schedule only on the steps where they may do something.
         self._before_run_hooks = [h for h in self._hooks
@@ -197,9 +194,9 @@ class MonitoredSession:
         A step that raises StopIteration (input exhausted) ends the loop.
         """
         scope = self._scope
-        if (self._quiet and scope.global_step + 1 < self._wake_step
-                and self._session._runs < self._wake_run and not scope.summaries_due
-                and (self._wake_time == NEVER or time.time() < self._wake_time)):
+        due = (scope.global_step + 1 >= self._wake_step or self._session._runs >= self._wake_run
+               or self._wake_time != NEVER and time.time() >= self._wake_time)
+        if self._quiet and not due and not scope.summaries_due:
             # No hook is due: the step alone (most steps, so kept short).
             try:
                 outputs = step_fn(*args, **kwargs)
@@ -208,27 +205,24 @@ class MonitoredSession:
                 return None
             if self._train:
                 scope.global_step += 1
-            if (scope.global_step < self._wake_step and self._agree_to_stop is None
-                    and not scope.named_tensors
-                    and (self._wake_time == NEVER or time.time() < self._wake_time)):
+            if (self._agree_to_stop is None and not scope.named_tensors
+                    and not self._due_after_step()):
                 self._last_outputs, self._last_named = outputs, scope.named_tensors
                 self._session._runs += 1
                 return outputs
-            self._after_step(outputs, None, None, (), None)   # still no hook due before it
+            self._after_step(outputs, None, None, (), None)
             return outputs
-        return self._run_with_hooks(step_fn, args, kwargs)
+        return self._run_with_hooks(step_fn, args, kwargs, due)
 
-    def _run_with_hooks(self, step_fn: Callable, args, kwargs):
+    def _run_with_hooks(self, step_fn: Callable, args, kwargs, due: bool):
         scope, session = self._scope, self._session
-        runs = session._runs
         woken = None
-        if (scope.global_step + 1 < self._wake_step and runs < self._wake_run
-                and (self._wake_time == NEVER or time.time() < self._wake_time)):
-            before, after = self._always_before, self._always_after
-        else:   # a scheduled hook is due
-            woken = self._due(scope.global_step + 1, runs, time.time())
+        if due:   # a scheduled hook is due
+            woken = self._due(scope.global_step + 1, session._runs, time.time())
             before = self._calls(self._before_run_hooks, woken)
             after = self._calls(self._after_run_hooks, woken)
+        else:
+            before, after = self._always_before, self._always_after
         context = SessionRunContext(_NO_ARGS, session)
         requests = feeds = None
         for hook in before:
@@ -265,10 +259,7 @@ class MonitoredSession:
         hooks in `after` and of scheduled hooks due by the global step or the
         time the step made, count the run, decide on stopping."""
         scope, session = self._scope, self._session
-        # Due by the step this one made, or by the time it took (TF's hooks
-        # check both in after_run).
-        if scope.global_step >= self._wake_step or (
-                self._wake_time != NEVER and time.time() >= self._wake_time):
+        if self._due_after_step():
             more = self._due(scope.global_step, -1, time.time())
             if more - (woken or set()):
                 woken = (woken or set()) | more
@@ -292,6 +283,12 @@ class MonitoredSession:
             self._stop = True
 
     # -- the schedule of hooks with `_idle` -----------------------------------
+    def _due_after_step(self) -> bool:
+        """A scheduled hook is due by the global step the step made, or by the
+        time it took (TF's hooks check both in after_run)."""
+        return (self._scope.global_step >= self._wake_step
+                or self._wake_time != NEVER and time.time() >= self._wake_time)
+
     def _calls(self, hooks: List[SessionRunHook], woken) -> List[SessionRunHook]:
         """`hooks` (in order) less the scheduled ones not in `woken` (ids)."""
         return [h for h in hooks if id(h) not in self._scheduled_ids or id(h) in woken]

@@ -53,7 +53,6 @@ class ProgressHook(SessionRunHook):
         except (AttributeError, ValueError):   # no isatty, or a closed stream
             self._enabled = False
         self._out = stream
-        self._done = 0
 
     def after_create_session(self, session, coord):
         total = self._num_steps
@@ -68,12 +67,11 @@ class ProgressHook(SessionRunHook):
     def after_run(self, run_context, run_values):
         if not self._enabled:
             return
-        self._done = run_context.session._runs + 1
-        now = time.time()
+        done, now = run_context.session._runs + 1, time.time()
         if self._rate_start is None:
-            self._rate_start = (now, self._done)
+            self._rate_start = (now, done)
         elif now >= self._next_draw:
-            self._draw(now)
+            self._draw(now, done)
             self._next_draw = now + self._every_secs
 
     def _idle(self, session):
@@ -82,28 +80,27 @@ class ProgressHook(SessionRunHook):
         return NEVER, 0 if self._rate_start is None else NEVER, self._next_draw
 
     def end(self, session):
-        self._done = session._runs
-        if self._enabled and self._done:
-            self._draw(time.time(), final=True)
+        if self._enabled and session._runs:
+            self._draw(time.time(), session._runs, final=True)
 
-    def _line(self, now: float) -> str:
+    def _line(self, now: float, done: int) -> str:
         head = f"{self._desc}: " if self._desc else ""
         rate = None
-        t0, n0 = self._rate_start or (now, self._done)
-        if now > t0 and self._done > n0:
-            rate = (self._done - n0) / (now - t0)
+        t0, n0 = self._rate_start or (now, done)
+        if now > t0 and done > n0:
+            rate = (done - n0) / (now - t0)
         total = self._total
-        parts = [f"{self._done}/{total} ({100 * self._done // max(total, 1)}%)"
-                 if total else f"{self._done} steps"]
+        parts = [f"{done}/{total} ({100 * done // max(total, 1)}%)" if total
+                 else f"{done} steps"]
         if rate is not None:
             parts.append(f"{rate:.1f} steps/s")
-            if total and self._done < total:
-                parts.append(f"ETA {_clock((total - self._done) / rate)}")
+            if total and done < total:
+                parts.append(f"ETA {_clock((total - done) / rate)}")
         return head + ", ".join(parts)
 
-    def _draw(self, now: float, final: bool = False) -> None:
+    def _draw(self, now: float, done: int, final: bool = False) -> None:
         try:
-            self._out.write("\r" + self._line(now) + "\x1b[K" + ("\n" if final else ""))
+            self._out.write("\r" + self._line(now, done) + "\x1b[K" + ("\n" if final else ""))
             self._out.flush()
         except (OSError, ValueError):   # the terminal went away: stop drawing
             self._enabled = False

@@ -20,7 +20,7 @@ import numpy as np
 from estimator import summary as _summary
 
 from .basic_session_run_hooks import SecondOrStepTimer
-from .session_run_hook import NEVER, SessionRunArgs, SessionRunHook
+from .session_run_hook import SessionRunArgs, SessionRunHook
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +231,7 @@ class SummarySaverHook(_WritesSummaries):
                 _summary._write(writer, record, step)
 
     def _idle(self, session):
-        step, secs = self._timer._due()
-        return step, NEVER, secs
+        return self._timer._idle()
 
 
 class StepCounterHook(_WritesSummaries):
@@ -263,8 +262,7 @@ class StepCounterHook(_WritesSummaries):
                 self._log_and_record(elapsed_steps, elapsed_secs, step)
 
     def _idle(self, session):
-        step, secs = self._timer._due()
-        return step, NEVER, secs
+        return self._timer._idle()
 
     def _log_and_record(self, elapsed_steps: int, elapsed_time: float, global_step: int):
         steps_per_sec = elapsed_steps / elapsed_time
