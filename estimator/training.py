@@ -111,6 +111,16 @@ def _validate_exporters(exporters) -> tuple:
     return tuple(exporters)
 
 
+def _validate_steps(value, name: str) -> None:
+    """None, or an int > 0 (TF's checks of TrainSpec.max_steps, EvalSpec.steps)."""
+    if value is None:
+        return
+    if not _is_int(value):
+        raise TypeError(f"`{name}` must be an int or None, given: {value!r}")
+    if value <= 0:
+        raise ValueError(f"Must specify {name} > 0, given: {value}")
+
+
 def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -127,12 +137,8 @@ class TrainSpec(collections.namedtuple("TrainSpec",
 
     def __new__(cls, input_fn, max_steps=None, hooks=None, saving_listeners=None):
         _validate_input_fn(input_fn)
-        if max_steps is not None:
-            if not _is_int(max_steps):
-                raise TypeError(f"`max_steps` must be an int or None, given: {max_steps!r}")
-            if max_steps <= 0:
-                raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
-            max_steps = int(max_steps)
+        _validate_steps(max_steps, "max_steps")
+        max_steps = None if max_steps is None else int(max_steps)
         return super().__new__(cls, input_fn=input_fn, max_steps=max_steps,
                                hooks=_validate_hooks(hooks),
                                saving_listeners=_validate_saving_listeners(saving_listeners))
@@ -159,11 +165,7 @@ class EvalSpec(collections.namedtuple("EvalSpec", [
     def __new__(cls, input_fn, steps=100, name=None, hooks=None, exporters=None,
                 start_delay_secs=120, throttle_secs=600, checkpoint_policy="latest"):
         _validate_input_fn(input_fn)
-        if steps is not None:
-            if not _is_int(steps):
-                raise TypeError(f"`steps` must be an int or None, given: {steps!r}")
-            if steps <= 0:
-                raise ValueError(f"Must specify steps > 0, given: {steps}")
+        _validate_steps(steps, "steps")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"`name` must be string, given: {name!r}")
         hooks = _validate_hooks(hooks)
