@@ -78,3 +78,23 @@ def test_set_strategy():
     finally:
         distribute.experimental_set_strategy(None)
     assert not distribute.has_strategy()
+
+
+def test_steps_hold_no_gradients_and_a_stale_one_does_not_leak(tmp_path):
+    """Gradients are freed after each step (the next forward reuses their
+    memory); one left on a parameter before training is not applied."""
+    stale = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.ones_(stale.weight)
+    stale.weight.grad = torch.full_like(stale.weight, 100.0)
+
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: stale)
+        loss = ((net(features) - labels) ** 2).mean()
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+        return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    e.train(lambda: [(torch.ones(1, 1), torch.zeros(1, 1))], steps=1)
+    # d/dw (w - 0)^2 = 2w = 2 at w = 1: w = 1 - 0.1 * 2
+    assert e.get_variable_value("net/weight").item() == pytest.approx(0.8)
+    assert stale.weight.grad is None
