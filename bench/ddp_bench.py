@@ -29,7 +29,6 @@ import datetime
 import logging
 import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import distribute  # noqa: E402
 import estimator as est  # noqa: E402
+from estimator.launch import _free_ports  # noqa: E402
 import hooks  # noqa: E402
 
 REPLICAS = 2
@@ -93,9 +93,7 @@ def _plain_replica(rank, port, batches, steps, clock):
 def plain_ddp(batches, steps):
     """(steps/s of the whole call, steady steps/s after WARM steps, steady steps per
     CPU second of replica 0's process)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, = _free_ports(1)
     ctx = multiprocessing.get_context("fork")
     clock = ctx.SimpleQueue()
     start = time.perf_counter()

@@ -62,7 +62,7 @@ class _Task:
         return self.proc is not None and self.returncode is None
 
 
-def _free_ports(n: int, host: str) -> List[int]:
+def _free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
     """`n` distinct ports free on `host` now (bound together, then released)."""
     sockets = []
     try:

@@ -4,7 +4,6 @@ without processes."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,21 +14,12 @@ import torch
 
 import distribute
 import estimator as est
+from estimator.launch import _free_ports as free_ports
 from models import regression_model_fn
 from replica_helpers import batches, concatenated
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK = os.path.join(HERE, "cluster_task.py")
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def tf_config(cluster, task_type, index=0):

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import estimator as est
 from distribute import parameter_server_strategy as pss
 from distribute import partitioners
 from estimator import checkpoint
-from estimator.launch import launch
+from estimator.launch import _free_ports, launch
 from models import regression_input_fn, regression_model_fn
 
 import ps_task
@@ -136,16 +135,8 @@ def test_evaluation_under_the_strategy_reads_the_checkpoint_here(monkeypatch, tm
     assert len(list(e.predict(regression_input_fn(repeat=False)))) == 256
 
 
-def _dead_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_training_without_a_reachable_ps_fails_naming_it(monkeypatch, tmp_path):
-    port = _dead_port()
+    port, = _free_ports(1)   # nobody listens there
     _tf_config(monkeypatch, "worker", 0, ps=(f"127.0.0.1:{port}", "127.0.0.1:2"))
     strategy = distribute.ParameterServerStrategy(init_timeout_secs=1)
     e = est.Estimator(regression_model_fn, model_dir=str(tmp_path),
@@ -296,16 +287,6 @@ def test_a_dead_ps_stops_the_job_and_a_restart_resumes_from_the_checkpoint(tmp_p
     assert (f"[ps 0] INFO distribute._ps_rpc: ps 0: the chief initialized the parameters; "
             f"global step {saved[-1]}\n") in after, output
     assert checkpoint.step_of(checkpoint.latest_checkpoint(str(model_dir))) == 300
-
-
-def _free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @pytest.mark.slow
