@@ -68,7 +68,7 @@ def _validate(mode, predictions, loss, train_op, eval_metric_ops) -> None:
             raise ValueError(f"EstimatorSpec(mode={mode!r}): missing field `loss`; "
                              "TRAIN and EVAL need a scalar loss tensor")
         if not isinstance(loss, _Tensor) or loss.dim() != 0:
-            what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+            what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, _Tensor)
                     else type(loss).__name__)
             raise ValueError(f"EstimatorSpec(mode={mode!r}): field `loss` must be a "
                              f"scalar tensor, got {what}")

@@ -145,15 +145,15 @@ class _WritesSummaries(SessionRunHook):
             raise TypeError(f"{what}: output_dir must be a path, got {output_dir!r}")
         self._output_dir = None if output_dir is None else os.fspath(output_dir)
         self._given_writer = summary_writer
-        self._held = None
+        self._acquired = None
 
     def _writer(self):
         if self._given_writer is not None:
             return self._given_writer
-        if self._held is None and self._output_dir:
-            self._held = SummaryWriterCache._acquire(self._output_dir)
+        if self._acquired is None and self._output_dir:
+            self._acquired = SummaryWriterCache._acquire(self._output_dir)
             self._key = os.path.abspath(self._output_dir)
-        return self._held
+        return self._acquired
 
     def _write_scalar(self, tag: str, value: float, step: int) -> None:
         """A scalar event: held back briefly with others when the writer is
@@ -168,8 +168,8 @@ class _WritesSummaries(SessionRunHook):
         return self._given_writer is not None or bool(self._output_dir)
 
     def end(self, session):
-        if self._held is not None:
-            self._held = None
+        if self._acquired is not None:
+            self._acquired = None
             SummaryWriterCache._release(self._output_dir)
         elif self._given_writer is not None:
             self._given_writer.flush()
