@@ -16,7 +16,9 @@ from ..optimizers import optimizer_factory
 
 
 class CannedEstimator(Estimator):
-    """An Estimator with a built-in model_fn: `_logits(features, mode)` then the head."""
+    """An Estimator with a built-in model_fn: `_logits(features, mode)` then the
+    head. `_logits` gets a `feature_column.FeatureTransformationCache` of the
+    features, so that the model's parts transform each column once."""
 
     def __init__(self, head, model_dir=None, config=None, warm_start_from=None):
         self._head = head
@@ -27,8 +29,9 @@ class CannedEstimator(Estimator):
         if not isinstance(features, dict):
             raise ValueError("features should be a dictionary of `Tensor`s. Given type: "
                              f"{type(features)}")
-        logits = self._logits(features, mode)
-        return self._head.create_estimator_spec(features, mode, logits, labels,
+        cache = feature_column.FeatureTransformationCache(features)
+        logits = self._logits(cache, mode)
+        return self._head.create_estimator_spec(cache, mode, logits, labels,
                                                 self._train_op_fn)
 
     def _logits(self, features, mode) -> torch.Tensor:

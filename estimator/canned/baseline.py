@@ -36,7 +36,7 @@ class _Baseline(CannedEstimator):
     def _logits(self, features, mode):
         units = self._head.logits_dimension
         module = model_scope.get_module("baseline", lambda: Bias(units))
-        return module(batch_size(features))
+        return module(batch_size(features.features))
 
     def _train_op_fn(self, loss):
         return make_optimizer(self._optimizer, LEARNING_RATE)

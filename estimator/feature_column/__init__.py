@@ -36,6 +36,7 @@ from ._columns import (BucketizedColumn, CategoricalColumn, CrossedColumn, Dense
                        categorical_column_with_vocabulary_list, crossed_column,
                        embedding_column, indicator_column, numeric_column,
                        weighted_categorical_column)
+from ._inputs import Builder as FeatureTransformationCache
 from ._layers import input_layer, linear_model
 from ._parse_spec import FixedLenFeature, VarLenFeature, make_parse_example_spec
 
@@ -44,7 +45,7 @@ __all__ = [
     "categorical_column_with_vocabulary_file", "categorical_column_with_hash_bucket",
     "categorical_column_with_identity", "crossed_column", "embedding_column",
     "indicator_column", "weighted_categorical_column", "make_parse_example_spec",
-    "input_layer", "linear_model", "FixedLenFeature", "VarLenFeature",
+    "input_layer", "linear_model", "FeatureTransformationCache", "FixedLenFeature", "VarLenFeature",
     "FeatureColumn", "DenseColumn", "CategoricalColumn", "NumericColumn", "BucketizedColumn",
     "HashedCategoricalColumn", "VocabularyListCategoricalColumn",
     "VocabularyFileCategoricalColumn", "IdentityCategoricalColumn",

@@ -463,6 +463,9 @@ class EmbeddingColumn(DenseColumn, collections.namedtuple(
         ids = self.categorical_column._valid_ids(builder, prune_weights=self.combiner != "sum")
         return bag_inputs(ids.values, ids.rows, ids.batch, ids.weights, self.combiner, device)
 
+    def _batch(self, builder) -> int:
+        return self.categorical_column._ids(builder).batch
+
     def _dense(self, builder, variables):
         device = next(variables.parameters()).device
         return variables(**self._lookup_inputs(builder, device))

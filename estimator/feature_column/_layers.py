@@ -1,8 +1,10 @@
 """`input_layer` and `linear_model` (TF: ``tf.compat.v1.feature_column``'s).
 
 Both go over the columns sorted by name, as TF does, and keep their
-variables in modules of the model scope (``hooks.model_scope.get_module``),
-named after TF's variable scopes so a checkpoint lists them as TF would:
+variables in modules of the model scope (``hooks.model_scope.get_module``:
+one per embedding column of an input layer, one per linear model, which
+computes the model in one lookup), named after TF's variable scopes so a
+checkpoint lists them as TF would:
 
     input_layer/<column>/embedding_weights      [num_buckets, dimension]
     linear_model/<column>/weights               [num_buckets or elements, units]
@@ -15,6 +17,10 @@ gives ``dnn/input_from_feature_columns/input_layer/...``. A second call with
 the same scope and columns reuses the variables (TF would open
 ``input_layer_1``; give another `scope` for separate ones). Outside a
 model_fn (no model scope) each call creates fresh variables.
+
+`features` is the features dict, or a `FeatureTransformationCache` of it
+(TF2's name) shared by the layers over one batch so that each column is
+transformed once (a canned wide & deep model passes one to both parts).
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from hooks import model_scope
 
 from ._columns import CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn
 from ._inputs import Builder
-from ._variables import COMBINERS, BiasVariables, ColumnVariables, bag_inputs
+from ._variables import COMBINERS, ColumnVariables, LinearModelVariables, fused_bag_inputs
 
 
 def _normalize_feature_columns(feature_columns) -> list:
@@ -85,6 +91,12 @@ def _output_device(builder: Builder, modules) -> torch.device:
     return torch.device("cpu")
 
 
+def _builder(features) -> Builder:
+    """The transformation cache of `features` (a dict, or a cache shared by
+    several layers over the same batch)."""
+    return features if isinstance(features, Builder) else Builder(features)
+
+
 def _prefix(scope: Optional[str], name: str) -> str:
     scope = (scope or "").strip("/")
     return f"{scope}/{name}" if scope else name
@@ -100,8 +112,7 @@ def _flatten(column, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(batch, elements)
 
 
-def _check_batch_sizes(tensors, columns) -> None:
-    sizes = [t.shape[0] for t in tensors]
+def _check_batch_sizes(sizes, columns) -> None:
     for i, size in enumerate(sizes):
         if size != sizes[0]:
             raise ValueError("Batch size (first dimension) of each feature must be same. "
@@ -130,7 +141,7 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
                              "categorical column with an embedding_column or "
                              f"indicator_column. Given: {column}")
     prefix = _prefix(scope, "input_layer")
-    builder = Builder(features)
+    builder = _builder(features)
     ordered = sorted(columns, key=lambda c: c.name)
     modules, tensors = [], []
     for column in ordered:
@@ -146,7 +157,7 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
         tensors.append(_flatten(column, column._dense(builder, variables)))
     device = _output_device(builder, modules)
     tensors = [t if t.device == device else t.to(device) for t in tensors]
-    _check_batch_sizes(tensors, ordered)
+    _check_batch_sizes([t.shape[0] for t in tensors], ordered)
     if cols_to_output_tensors is not None:
         cols_to_output_tensors.update(zip(ordered, tensors))
     return torch.cat(tensors, 1)
@@ -177,39 +188,55 @@ def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
             raise ValueError("Items of feature_columns must be either a DenseColumn or "
                              f"CategoricalColumn. Given: {column}")
     prefix = _prefix(scope, "linear_model")
-    builder = Builder(features)
+    builder = _builder(features)
     ordered = sorted(columns, key=lambda c: c._var_scope_name)
-    sums = []
-    for column in ordered:
-        categorical = isinstance(column, CategoricalColumn)
-        rows = column.num_buckets if categorical else column._num_elements
-        specs = {"weights": ((rows, units), None, bool(trainable))}
-        if not categorical:
-            specs.update(column._variable_specs(trainable))
-        variables = _variables(f"{prefix}/{column._var_scope_name}",
-                               lambda specs=specs, column=column: ColumnVariables(
-                                   specs, getattr(column, "max_norm", None)))
-        if cols_to_vars is not None:
-            cols_to_vars[column] = list(variables.parameters())
-        where = next(variables.parameters()).device
-        if categorical:
-            ids = column._valid_ids(builder, prune_weights=sparse_combiner != "sum")
-            out = variables(**bag_inputs(ids.values, ids.rows, ids.batch, ids.weights,
-                                         sparse_combiner, where))
-        elif isinstance(column, EmbeddingColumn):
-            out = variables(**column._lookup_inputs(builder, where))
-        else:
-            dense = _flatten(column, column._dense(builder, None))
-            out = variables(dense=dense if dense.device == where else dense.to(where))
-        sums.append(out)
-    bias = _variables(prefix, lambda: BiasVariables({"bias_weights": ((units,), None,
-                                                                      bool(trainable))}))
+    variables = _variables(prefix, lambda: LinearModelVariables(
+        _linear_specs(ordered, units, bool(trainable)), units, bool(trainable)))
+    raw = getattr(variables, "module", variables)   # (under a DDP wrapper)
+    names = tuple(c._var_scope_name for c in ordered)
+    if raw.column_names != names:
+        raise ValueError(f"linear_model {prefix!r} was built over the columns "
+                         f"{list(raw.column_names)}; this call gives {list(names)}: give "
+                         "each set of columns its own scope=")
     if cols_to_vars is not None:
-        cols_to_vars["bias"] = list(bias.parameters())
-    where = next(bias.parameters()).device
-    sums = [s if s.device == where else s.to(where) for s in sums]
-    _check_batch_sizes(sums, ordered)
-    total = sums[0]
-    for s in sums[1:]:
-        total = total + s
-    return bias(total)
+        cols_to_vars.update((c, raw.column_parameters(c._var_scope_name)) for c in ordered)
+        cols_to_vars["bias"] = [raw.bias_weights]
+    where = raw.bias_weights.device
+    bags, sizes, dense, embedded, batches = [], [], [], [], []
+    for column in ordered:
+        if isinstance(column, CategoricalColumn):
+            ids = column._valid_ids(builder, prune_weights=sparse_combiner != "sum")
+            bags.append(ids)
+            sizes.append(column.num_buckets)
+            batches.append(ids.batch)
+        elif isinstance(column, EmbeddingColumn):
+            embedded.append(column._lookup_inputs(builder, where))
+            batches.append(column._batch(builder))
+        else:
+            dense.append(_flatten(column, column._dense(builder, None)))
+            batches.append(dense[-1].shape[0])
+    _check_batch_sizes(batches, ordered)
+    inputs = fused_bag_inputs(bags, sizes, sparse_combiner, where) if bags else {}
+    if dense:
+        dense = dense[0] if len(dense) == 1 else torch.cat(
+            [d.to(dense[0].device) for d in dense], 1)
+        inputs["dense"] = dense if dense.device == where else dense.to(where)
+    return variables(**inputs, embedded=embedded)
+
+
+def _linear_specs(ordered, units: int, trainable: bool) -> list:
+    """`LinearModelVariables`' columns: each one's ``weights`` [rows, units]
+    (rows: its buckets, or its values per example), zeros, plus an embedding
+    column's own variables."""
+    out = []
+    for column in ordered:
+        if isinstance(column, CategoricalColumn):
+            kind, rows = "categorical", column.num_buckets
+        else:
+            kind = "embedding" if isinstance(column, EmbeddingColumn) else "dense"
+            rows = column._num_elements
+        specs = {"weights": ((rows, units), None, trainable)}
+        if kind == "embedding":
+            specs.update(column._variable_specs(trainable))
+        out.append((column._var_scope_name, kind, specs, getattr(column, "max_norm", None)))
+    return out

@@ -1,11 +1,11 @@
 """The variables of the feature-column layers, and the sparse combines.
 
-`ColumnVariables` is the torch module behind one column of an `input_layer`
-(``embedding_weights``) or a `linear_model` (``weights``, plus
-``embedding_weights`` for an embedding column), and `BiasVariables` the
-linear model's ``bias_weights``. They are created through
-``hooks.model_scope.get_module`` under TF's variable-scope names, so a
-checkpoint lists ``input_layer/<column>/embedding_weights`` or
+`ColumnVariables` is the torch module behind an embedding column of an
+`input_layer` (``embedding_weights``), and `LinearModelVariables` the one
+behind a whole `linear_model` (each column's ``weights``, an embedding
+column's ``embedding_weights``, and ``bias_weights``). They are created
+through ``hooks.model_scope.get_module`` under TF's variable-scope names, so
+a checkpoint lists ``input_layer/<column>/embedding_weights`` or
 ``linear_model/<column>/weights`` as TF would. Their `forward` takes only
 tensors, so a data-parallel strategy may wrap them (DDP syncs what passes
 through forward).
@@ -14,8 +14,9 @@ through forward).
 ``torch.nn.functional.embedding_bag`` in "sum" mode (with
 ``per_sample_weights`` for weighted columns), divided per row by the count
 or weight sum ("mean") or by the root of the sum of squares ("sqrtn"); an
-empty row gives zeros. ``max_norm`` clips each looked-up row to that l2 norm
-(TF's ``clip_by_norm`` in ``embedding_lookup``) without touching the table.
+empty row gives zeros; a plain ``embedding`` when every row holds one id.
+``max_norm`` clips each looked-up row to that l2 norm (TF's
+``clip_by_norm`` in ``embedding_lookup``) without touching the table.
 """
 from __future__ import annotations
 
@@ -55,89 +56,170 @@ def _initial_value(name: str, shape, initializer) -> torch.Tensor:
     return value.clone()
 
 
-class _Variables(torch.nn.Module):
-    def __init__(self, specs: VariableSpecs):
-        super().__init__()
-        for name, (shape, initializer, trainable) in specs.items():
-            param = torch.nn.Parameter(_initial_value(name, shape, initializer),
-                                       requires_grad=trainable)
-            self.register_parameter(name, param)
+def _register(module: torch.nn.Module, prefix: str, specs: VariableSpecs) -> None:
+    for name, (shape, initializer, trainable) in specs.items():
+        param = torch.nn.Parameter(_initial_value(prefix + name, shape, initializer),
+                                   requires_grad=trainable)
+        module.register_parameter(prefix + name, param)
 
 
-class ColumnVariables(_Variables):
-    """One column's variables. `forward(dense=None, ids=None, offsets=None,
-    weights=None, scale=None)`:
-
-    * with ``embedding_weights``: the combined embedding of the id bags, then
-      times ``weights`` when there is one (an embedding column in a linear model);
-    * else ``weights`` [num_buckets, units] combined over the id bags (a
-      categorical column in a linear model), or ``dense @ weights``.
-
-    `ids` / `offsets` / `weights` are `embedding_bag`'s input, offsets and
-    per-sample weights; `scale` the per-row divisor of "mean" / "sqrtn".
-    """
+class ColumnVariables(torch.nn.Module):
+    """An embedding column's ``embedding_weights`` in an input layer.
+    `forward(ids, offsets=None, weights=None, scale=None)` is the combined
+    embedding of the id bags (`combine`)."""
 
     def __init__(self, specs: VariableSpecs, max_norm: Optional[float] = None):
-        super().__init__(specs)
+        super().__init__()
+        _register(self, "", specs)
         self.max_norm = max_norm
 
-    def forward(self, dense=None, ids=None, offsets=None, weights=None, scale=None):
-        table = getattr(self, "embedding_weights", None)
-        if table is not None:
-            out = combine(table, ids, offsets, weights, scale, self.max_norm)
-            linear = getattr(self, "weights", None)
-            return out if linear is None else out @ linear
-        if ids is not None:
-            return combine(self.weights, ids, offsets, weights, scale, None)
-        return dense.to(self.weights.dtype) @ self.weights
+    def forward(self, ids, offsets=None, weights=None, scale=None):
+        return combine(self.embedding_weights, ids, offsets, weights, scale, self.max_norm)
 
 
-class BiasVariables(_Variables):
-    """The linear model's ``bias_weights``; `forward(x)` is ``x + bias``."""
+class LinearModelVariables(torch.nn.Module):
+    """Every variable of one `linear_model`, under TF's names below its scope
+    (``<column>/weights``, ``<column>/embedding_weights``, ``bias_weights``),
+    in one module so that one forward computes the model: one lookup over the
+    ``weights`` of all categorical columns (concatenated), one product over the
+    dense columns, each embedding column's bags, plus the bias.
 
-    def forward(self, x):
-        return x + self.bias_weights
+    `columns` are ``(name, kind, specs, max_norm)`` in TF's order, kind one of
+    "categorical", "dense", "embedding"."""
+
+    def __init__(self, columns, units: int, trainable: bool):
+        super().__init__()
+        self.column_names = tuple(name for name, _, _, _ in columns)
+        self._tables = [name for name, kind, _, _ in columns if kind == "categorical"]
+        self._dense = [name for name, kind, _, _ in columns if kind == "dense"]
+        self._embedded = [(name, max_norm) for name, kind, _, max_norm in columns
+                          if kind == "embedding"]
+        for name, _, specs, _ in columns:
+            _register(self, name + "/", specs)
+        self.bias_weights = torch.nn.Parameter(torch.zeros(units), requires_grad=trainable)
+
+    def column_parameters(self, name: str) -> list:
+        return [p for key, p in self._parameters.items() if key.startswith(name + "/")]
+
+    def _cat(self, names) -> torch.Tensor:
+        params = [self._parameters[f"{name}/weights"] for name in names]
+        return params[0] if len(params) == 1 else torch.cat(params)
+
+    def forward(self, ids=None, offsets=None, weights=None, dense=None, embedded=()):
+        """`ids` index the concatenated tables: [batch, columns] when every
+        column has one id per row (no `offsets`), else `embedding_bag`'s flat
+        ids, `offsets` and per-sample `weights`; `dense` the dense columns'
+        values side by side; `embedded` each embedding column's `combine` inputs."""
+        terms = []
+        if self._tables:
+            table = self._cat(self._tables)
+            if offsets is None:
+                terms.append(table[ids].sum(1))
+            else:
+                terms.append(F.embedding_bag(ids, table, offsets, mode="sum",
+                                             per_sample_weights=weights))
+        if self._dense:
+            terms.append(dense.to(self.bias_weights.dtype) @ self._cat(self._dense))
+        for (name, max_norm), bag in zip(self._embedded, embedded):
+            table = self._parameters[f"{name}/embedding_weights"]
+            terms.append(combine(table, max_norm=max_norm, **bag)
+                         @ self._parameters[f"{name}/weights"])
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total + self.bias_weights
 
 
-def combine(table: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
-            weights: Optional[torch.Tensor], scale: Optional[torch.Tensor],
-            max_norm: Optional[float]) -> torch.Tensor:
-    """Sum (weighted) of `table` rows per bag, divided by `scale` where given."""
+def combine(table: torch.Tensor, ids: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+            weights: Optional[torch.Tensor] = None, scale: Optional[torch.Tensor] = None,
+            max_norm: Optional[float] = None) -> torch.Tensor:
+    """Sum (weighted) of `table` rows per bag, divided by `scale` where given;
+    without `offsets`, one row per id (every bag holds one id)."""
     if max_norm is not None:
         unique, ids = torch.unique(ids, return_inverse=True)
         rows = table[unique]
         norm = rows.norm(dim=1, keepdim=True)
         table = rows * max_norm / torch.clamp(norm, min=max_norm)
+    if offsets is None:
+        return F.embedding(ids, table)
     out = F.embedding_bag(ids, table, offsets, mode="sum", per_sample_weights=weights)
     if scale is not None:
         out = out / scale.unsqueeze(1)
     return out
 
 
+def _one_per_row(rows: np.ndarray, batch: int) -> bool:
+    return len(rows) == batch and (batch == 0 or (rows[0] == 0 and rows[-1] == batch - 1 and
+                                                  bool((np.diff(rows) == 1).all())))
+
+
+def _counts(rows: np.ndarray, batch: int) -> np.ndarray:
+    return np.bincount(rows, minlength=batch) if len(rows) else np.zeros(batch, np.int64)
+
+
+def _row_scale(rows, batch, weights, combiner) -> Optional[np.ndarray]:
+    """The per-row divisor of "mean" / "sqrtn" (1 for an empty row, whose sum
+    is 0); None for "sum"."""
+    if combiner == "sum":
+        return None
+    counts = _counts(rows, batch)
+    if weights is None:
+        total = counts.astype(np.float64)
+        total = total if combiner == "mean" else np.sqrt(total)
+    else:
+        w = weights.astype(np.float64)
+        if combiner == "mean":
+            total = np.bincount(rows, weights=w, minlength=batch)
+        else:
+            total = np.sqrt(np.bincount(rows, weights=w * w, minlength=batch))
+    total[counts == 0] = 1.0
+    return total
+
+
 def bag_inputs(values: np.ndarray, rows: np.ndarray, batch: int,
                weights: Optional[np.ndarray], combiner: str, device) -> dict:
-    """`ColumnVariables.forward`'s id arguments for pruned id bags: offsets from
-    the row of each id, the per-row divisor of the combiner (1 for an empty
-    row, whose sum is 0), all moved to `device`."""
-    counts = np.bincount(rows, minlength=batch) if len(rows) else np.zeros(batch, np.int64)
-    offsets = np.cumsum(counts) - counts
-    scale = None
-    if combiner != "sum":
-        if weights is None:
-            total = counts.astype(np.float64)
-            total = total if combiner == "mean" else np.sqrt(total)
-        else:
-            w = weights.astype(np.float64)
-            if combiner == "mean":
-                total = np.bincount(rows, weights=w, minlength=batch)
-            else:
-                total = np.sqrt(np.bincount(rows, weights=w * w, minlength=batch))
-        total[counts == 0] = 1.0
-        scale = _to(total.astype(np.float32), device)
-    return {"ids": _to(values.astype(np.int64, copy=False), device),
-            "offsets": _to(offsets.astype(np.int64), device),
+    """`combine`'s id arguments for pruned id bags, moved to `device`: just the
+    ids when every row holds one unweighted id (any combiner gives that row),
+    else offsets from the row of each id and the combiner's per-row divisor."""
+    ids = _to(values.astype(np.int64, copy=False), device)
+    if weights is None and _one_per_row(rows, batch):
+        return {"ids": ids}
+    counts = _counts(rows, batch)
+    scale = _row_scale(rows, batch, weights, combiner)
+    return {"ids": ids, "offsets": _to((np.cumsum(counts) - counts).astype(np.int64), device),
             "weights": None if weights is None else _to(weights.astype(np.float32), device),
-            "scale": scale}
+            "scale": None if scale is None else _to(scale.astype(np.float32), device)}
+
+
+def fused_bag_inputs(bags, sizes, combiner: str, device) -> dict:
+    """`LinearModelVariables.forward`'s ids for the categorical columns'
+    pruned id bags (`Ids`, tables of `sizes` rows, concatenated): a
+    [batch, columns] index when each column has one unweighted id per row,
+    else the bags merged row by row, each id weighted by its weight (1 if
+    none) over its column's `combiner` divisor."""
+    batch = bags[0].batch
+    starts = np.cumsum([0] + list(sizes[:-1]))
+    if all(b.weights is None and _one_per_row(b.rows, batch) for b in bags):
+        ids = np.stack([b.values.astype(np.int64, copy=False) + s
+                        for b, s in zip(bags, starts)], 1)
+        return {"ids": _to(ids, device)}
+    weighted = combiner != "sum" or any(b.weights is not None for b in bags)
+    values, rows, weights = [], [], []
+    for bag, start in zip(bags, starts):
+        values.append(bag.values.astype(np.int64, copy=False) + start)
+        rows.append(bag.rows)
+        if weighted:
+            w = (np.ones(len(bag.rows)) if bag.weights is None
+                 else bag.weights.astype(np.float64))
+            scale = _row_scale(bag.rows, batch, bag.weights, combiner)
+            weights.append(w if scale is None else w / scale[bag.rows])
+    rows = np.concatenate(rows)
+    order = np.argsort(rows, kind="stable")
+    counts = _counts(rows, batch)
+    return {"ids": _to(np.concatenate(values)[order], device),
+            "offsets": _to((np.cumsum(counts) - counts).astype(np.int64), device),
+            "weights": (_to(np.concatenate(weights)[order].astype(np.float32), device)
+                        if weighted else None)}
 
 
 def _to(array: np.ndarray, device) -> torch.Tensor:
