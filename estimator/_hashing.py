@@ -375,6 +375,12 @@ def _column_hashes(column, func: str) -> Tuple[np.ndarray, np.ndarray]:
     return _value_hashes(flat, func), np.array(counts, np.int64)
 
 
+def cross_values(flat) -> np.ndarray:
+    """What a cross combines for each of its input values (a flat array or
+    list): a string's Fingerprint64, an int's int64 bit pattern."""
+    return _value_hashes(flat, "crossed_column")
+
+
 def _value_hashes(flat, func: str) -> np.ndarray:
     """Cross input values (a list, or a flat numpy array) -> uint64: a string's
     Fingerprint64, an int's int64 bit pattern."""
@@ -436,6 +442,11 @@ def cross_hash_bags(bags: Sequence, num_buckets: int, hash_key=None, hashed: boo
         raise ValueError("cross_hash: all columns must have the same number of rows, got "
                          + str([len(counts) for _, counts in hashed]))
 
+    if all(len(values) == batch and (counts == 1).all() for values, counts in hashed):
+        h = np.full(batch, key, np.uint64)   # one value per row in each column
+        for values, _ in hashed:
+            h = _fingerprint_cat64(h, values)
+        return (h % n).astype(np.int64), np.ones(batch, np.int64)
     per_row = np.ones(batch, np.int64)       # crosses per row = product of counts
     for _, counts in hashed:
         per_row *= counts

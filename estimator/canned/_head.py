@@ -119,8 +119,8 @@ class Head:
         if logits.dim() != 2 or logits.shape[-1] != self.logits_dimension:
             raise ValueError(f"logits shape must be [batch, {self.logits_dimension}], "
                              f"got {list(logits.shape)}")
-        predictions = self._predictions(logits)
         if mode == ModeKeys.PREDICT:
+            predictions = self._predictions(logits)
             if not torch.compiler.is_exporting():   # strings: not in a torch program
                 predictions.update(self._string_predictions(predictions))
             return EstimatorSpec(mode, predictions=predictions,
@@ -133,6 +133,7 @@ class Head:
         unreduced = self._unreduced_loss(labels, logits)
         loss = compute_weighted_loss(unreduced, weights, self._reduction)
         if mode == ModeKeys.EVAL:
+            predictions = self._predictions(logits)
             return EstimatorSpec(mode, predictions=predictions, loss=loss,
                                  eval_metric_ops=self._metrics(labels, predictions, weights,
                                                                unreduced))
@@ -141,9 +142,11 @@ class Head:
                 count = (unreduced.numel() if weights is None
                          else (weights * torch.ones_like(unreduced)).sum())
                 summary.scalar("average_loss", loss.detach() / count)
-            loss = loss * _replicas()
-        return EstimatorSpec(mode, predictions=predictions, loss=loss,
-                             train_op=train_op_fn(loss))
+            replicas = _replicas()
+            if replicas > 1:
+                loss = loss * replicas
+        # (no predictions in TRAIN: nothing reads them, and they would cost each step)
+        return EstimatorSpec(mode, loss=loss, train_op=train_op_fn(loss))
 
     def _weights(self, features, logits) -> Optional[torch.Tensor]:
         """The weight column as float32 [batch, 1] (TF:

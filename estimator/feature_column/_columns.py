@@ -21,6 +21,7 @@ zero row, here it is the same error).
 from __future__ import annotations
 
 import collections
+import math
 import os
 
 import numpy as np
@@ -63,7 +64,7 @@ class DenseColumn(FeatureColumn):
 
     @property
     def _num_elements(self) -> int:
-        return int(np.prod(self._variable_shape))
+        return math.prod(self._variable_shape)
 
     def _variable_specs(self, trainable: bool) -> VariableSpecs:
         """The variables this column creates in an input layer (none by default)."""
@@ -97,13 +98,19 @@ class CategoricalColumn(FeatureColumn):
         """The ids a lookup uses: negative ids dropped (and non-positive weights
         when `prune_weights`, as TF's safe_embedding_lookup_sparse does for the
         "mean" and "sqrtn" combiners); an id >= num_buckets is an error."""
+        return builder.get(self, lambda: self._pruned(builder, prune_weights),
+                           ("valid", prune_weights))
+
+    def _pruned(self, builder: Builder, prune_weights: bool) -> Ids:
         ids = self._ids(builder)
-        keep = ids.values >= 0
-        if ids.weights is not None and prune_weights:
-            keep &= ids.weights > 0
-        values, rows = ids.values, ids.rows
-        weights = ids.weights
-        if not keep.all():
+        values, rows, weights = ids.values, ids.rows, ids.weights
+        if not len(values):
+            return Ids(values, rows, ids.batch, weights)
+        prune = weights is not None and prune_weights
+        if values.min() < 0 or prune:
+            keep = values >= 0
+            if prune:
+                keep &= weights > 0
             values, rows = values[keep], rows[keep]
             weights = None if weights is None else weights[keep]
         if len(values):
@@ -239,8 +246,13 @@ class _LeafCategorical(CategoricalColumn):
         def transform():
             feature = builder.raw(self.key)
             self._check_input(feature)
-            values, rows, positions = feature.flat(drop_missing=True)
-            return Ids(self._map(values), rows, feature.batch, None, positions)
+            if feature.kind == "string" and not feature.sparse:
+                unique, inverse, rows, positions = feature.distinct(drop_missing=True)
+                ids = self._map(unique)[inverse]
+            else:
+                values, rows, positions = feature.flat(drop_missing=True)
+                ids = self._map(values)
+            return Ids(ids, rows, feature.batch, None, positions)
         return builder.get(self, transform)
 
     def _check_input(self, feature) -> None:
@@ -413,7 +425,12 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
                         raise ValueError(f"crossed_column {self.name!r}: feature {key!r} "
                                          f"must hold strings or ints, got "
                                          f"{feature._dtype_text()}")
-                    values, rows, _ = feature.flat(drop_missing=False)
+                    if feature.kind == "string" and not feature.sparse:
+                        unique, inverse, rows, _ = feature.distinct(drop_missing=False)
+                        values = _hashing.fingerprint64_many(unique.tolist())[inverse]
+                    else:
+                        values, rows, _ = feature.flat(drop_missing=False)
+                        values = _hashing.cross_values(values)
                     size, into = feature.batch, (sparse if feature.sparse else dense)
                 else:
                     ids = key._ids(builder)
@@ -421,7 +438,8 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
                         raise ValueError("crossed_column does not support weight_tensor, but "
                                          "the given column populates weight_tensor. Given "
                                          f"column: {key.name}")
-                    values, rows, size, into = ids.values, ids.rows, ids.batch, sparse
+                    values, rows, size, into = (_hashing.cross_values(ids.values), ids.rows,
+                                                ids.batch, sparse)
                 if batch is not None and size != batch:
                     raise ValueError(f"crossed_column {self.name!r}: inputs of different "
                                      f"batch sizes ({batch} and {size})")
@@ -430,7 +448,7 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
                           else np.zeros(size, np.int64))
                 into.append((values, counts))
             flat, per_row = _hashing.cross_hash_bags(sparse + dense, self.hash_bucket_size,
-                                                     self.hash_key)
+                                                     self.hash_key, hashed=True)
             rows = np.repeat(np.arange(batch, dtype=np.int64), per_row)
             return Ids(flat, rows, batch)
         return builder.get(self, transform)

@@ -254,6 +254,18 @@ class Feature:
         rows = np.repeat(np.arange(arr.shape[0], dtype=np.int64), arr.shape[1])
         return arr.reshape(-1), rows, np.arange(arr.size, dtype=np.int64)
 
+    def distinct(self, drop_missing: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   np.ndarray]:
+        """`flat` of a string feature as (distinct values, index of each value
+        among them, rows, positions), computed once per feature and batch: the
+        columns reading it map each distinct string once."""
+        cache = self.__dict__.setdefault("_distinct", {})
+        if drop_missing not in cache:
+            values, rows, positions = self.flat(drop_missing)
+            unique, inverse = np.unique(values, return_inverse=True)
+            cache[drop_missing] = (unique, inverse.reshape(-1), rows, positions)
+        return cache[drop_missing]
+
     def weights(self) -> Tuple[np.ndarray, tuple, bool]:
         """Weights (float32, row-major) of a weighted column, their layout (the
         row lengths of a sparse feature, the shape of a dense one) and whether
@@ -302,12 +314,15 @@ class Builder:
             feature = self._raw[key] = Feature(key, self.features[key])
         return feature
 
-    def get(self, column, transform):
-        """`transform()` of `column`, computed once per builder."""
-        key = (type(column), column)
-        if key not in self._cache:
-            self._cache[key] = transform()
-        return self._cache[key]
+    def get(self, column, transform, tag=None):
+        """`transform()` of `column` (`tag` naming which of its transforms),
+        computed once per builder. Keyed by identity, the column kept alive
+        beside the value (a column's hash would hash its whole vocabulary)."""
+        key = (id(column), tag)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = (column, transform())
+        return entry[1]
 
     def device(self) -> Optional[torch.device]:
         """The device of the features' tensors (where the strategy put the batch)."""

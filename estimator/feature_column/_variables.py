@@ -148,9 +148,17 @@ def combine(table: torch.Tensor, ids: torch.Tensor, offsets: Optional[torch.Tens
     return out
 
 
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
 def _one_per_row(rows: np.ndarray, batch: int) -> bool:
-    return len(rows) == batch and (batch == 0 or (rows[0] == 0 and rows[-1] == batch - 1 and
-                                                  bool((np.diff(rows) == 1).all())))
+    """Whether `rows` (ascending) is 0, 1, ..., batch - 1: one id in each row."""
+    global _ARANGE
+    if len(rows) != batch:
+        return False
+    if len(_ARANGE) < batch:
+        _ARANGE = np.arange(max(batch, 2 * len(_ARANGE)), dtype=np.int64)
+    return bool((rows == _ARANGE[:batch]).all())
 
 
 def _counts(rows: np.ndarray, batch: int) -> np.ndarray:
