@@ -291,6 +291,8 @@ def fingerprint64_many(values: Iterable) -> np.ndarray:
 def _fingerprint_array(arr: np.ndarray) -> np.ndarray:
     """Fingerprint64 of a flat numpy str/bytes array: each distinct value once
     (np.unique), then spread back."""
+    if len(arr) <= 64:   # (few values: the cache lookups cost less than sorting)
+        return fingerprint64_many(arr.tolist())
     unique, inverse = np.unique(arr, return_inverse=True)
     return fingerprint64_many(unique.tolist())[inverse.reshape(-1)]
 

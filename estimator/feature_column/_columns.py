@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import _hashing
-from ._inputs import STRING, Builder, Ids, as_dtype, dtype_name, is_floating, is_integer
+from ._inputs import STRING, Builder, Ids, arange, as_dtype, dtype_name, is_floating, is_integer
 from ._parse_spec import FixedLenFeature, VarLenFeature
 from ._variables import COMBINERS, VariableSpecs, bag_inputs, default_embedding_initializer
 from ._vocabulary import Vocabulary, read_vocabulary_file
@@ -222,9 +222,11 @@ class BucketizedColumn(DenseColumn, CategoricalColumn, collections.namedtuple(
         if flat.size != batch * width:
             raise ValueError(f"Column {self.name!r}: feature {self.source_column.key!r} has "
                              f"shape {list(buckets.shape)}, expected [batch, {width}]")
-        dim = np.tile(np.arange(width, dtype=np.int64), batch)
-        rows = np.repeat(np.arange(batch, dtype=np.int64), width)
-        return Ids(flat + (len(self.boundaries) + 1) * dim, rows, batch)
+        if width == 1:
+            return Ids(flat, arange(batch), batch)
+        dim = np.tile(arange(width), batch)
+        return Ids(flat + (len(self.boundaries) + 1) * dim, np.repeat(arange(batch), width),
+                   batch)
 
 
 # -- categorical columns reading one feature ---------------------------------------------------
@@ -449,7 +451,7 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
                 into.append((values, counts))
             flat, per_row = _hashing.cross_hash_bags(sparse + dense, self.hash_bucket_size,
                                                      self.hash_key, hashed=True)
-            rows = np.repeat(np.arange(batch, dtype=np.int64), per_row)
+            rows = np.repeat(arange(batch), per_row)
             return Ids(flat, rows, batch)
         return builder.get(self, transform)
 

@@ -94,6 +94,19 @@ class Ids(NamedTuple):
     positions: Optional[np.ndarray] = None
 
 
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def arange(n: int) -> np.ndarray:
+    """0, 1, ..., n - 1 (int64), a read-only view of one shared array (row
+    numbers are asked for on every step)."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
+        _ARANGE.flags.writeable = False
+    return _ARANGE[:n]
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
@@ -247,12 +260,14 @@ class Feature:
                     arr != b"" if arr.dtype.kind == "S" else (arr != "") & (arr != b""))
             else:
                 keep = arr != -1
-            flat_keep = keep.reshape(-1)
-            positions = np.flatnonzero(flat_keep).astype(np.int64)
-            rows = positions // max(arr.shape[1], 1)
-            return arr.reshape(-1)[flat_keep], rows, positions
-        rows = np.repeat(np.arange(arr.shape[0], dtype=np.int64), arr.shape[1])
-        return arr.reshape(-1), rows, np.arange(arr.size, dtype=np.int64)
+            if not keep.all():
+                flat_keep = keep.reshape(-1)
+                positions = np.flatnonzero(flat_keep).astype(np.int64)
+                rows = positions // max(arr.shape[1], 1)
+                return arr.reshape(-1)[flat_keep], rows, positions
+        width = arr.shape[1]
+        rows = arange(arr.shape[0]) if width == 1 else np.repeat(arange(arr.shape[0]), width)
+        return arr.reshape(-1), rows, arange(arr.size)
 
     def distinct(self, drop_missing: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray,
                                                    np.ndarray]:
@@ -264,6 +279,8 @@ class Feature:
             values, rows, positions = self.flat(drop_missing)
             unique, inverse = np.unique(values, return_inverse=True)
             cache[drop_missing] = (unique, inverse.reshape(-1), rows, positions)
+            if len(values) == self.array.size:   # nothing was missing: the same both ways
+                cache[not drop_missing] = cache[drop_missing]
         return cache[drop_missing]
 
     def weights(self) -> Tuple[np.ndarray, tuple, bool]:

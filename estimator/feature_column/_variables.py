@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ._inputs import arange
+
 COMBINERS = ("mean", "sqrtn", "sum")
 
 # name -> (shape, initializer(shape) -> values or None for zeros, trainable)
@@ -148,17 +150,9 @@ def combine(table: torch.Tensor, ids: torch.Tensor, offsets: Optional[torch.Tens
     return out
 
 
-_ARANGE = np.arange(0, dtype=np.int64)
-
-
 def _one_per_row(rows: np.ndarray, batch: int) -> bool:
     """Whether `rows` (ascending) is 0, 1, ..., batch - 1: one id in each row."""
-    global _ARANGE
-    if len(rows) != batch:
-        return False
-    if len(_ARANGE) < batch:
-        _ARANGE = np.arange(max(batch, 2 * len(_ARANGE)), dtype=np.int64)
-    return bool((rows == _ARANGE[:batch]).all())
+    return len(rows) == batch and bool((rows == arange(batch)).all())
 
 
 def _counts(rows: np.ndarray, batch: int) -> np.ndarray:
