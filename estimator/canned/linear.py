@@ -32,11 +32,12 @@ def learning_rate(num_columns: int, cap: float = LEARNING_RATE) -> float:
 def linear_logits(features, units: int, feature_columns, sparse_combiner: str,
                   scope: str = "linear") -> torch.Tensor:
     """TF1's ``linear_logit_fn``: `linear_model` logits plus its summaries."""
-    variables = {}
+    record = summary.should_record_summaries()
+    variables = {} if record else None
     logits = feature_column.linear_model(features, feature_columns, units=units,
                                          sparse_combiner=sparse_combiner,
                                          cols_to_vars=variables, scope=scope)
-    if summary.should_record_summaries():
+    if record:
         bias = variables.pop("bias")[0]
         if units > 1:
             summary.histogram(f"{scope}/bias", bias)

@@ -107,6 +107,15 @@ def arange(n: int) -> np.ndarray:
     return _ARANGE[:n]
 
 
+def is_arange(rows: np.ndarray, n: int) -> bool:
+    """Whether `rows` is 0, 1, ..., n - 1 (at once for `arange`'s own views)."""
+    if len(rows) != n:
+        return False
+    if rows.base is _ARANGE and n and rows[0] == 0 and rows.strides == (8,):
+        return True
+    return bool((rows == arange(n)).all())
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 

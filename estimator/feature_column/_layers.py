@@ -134,23 +134,15 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
     TF's signature (there are no graph collections). `scope`: see the module doc.
     """
     del weight_collections
-    columns = _normalize_feature_columns(feature_columns)
-    for column in columns:
-        if not isinstance(column, DenseColumn):
-            raise ValueError("Items of feature_columns must be a DenseColumn. You can wrap a "
-                             "categorical column with an embedding_column or "
-                             f"indicator_column. Given: {column}")
     prefix = _prefix(scope, "input_layer")
+    ordered, factories = _planned(("input_layer", prefix, bool(trainable)), feature_columns,
+                                  lambda: _input_layer_plan(feature_columns, prefix, trainable))
     builder = _builder(features)
-    ordered = sorted(columns, key=lambda c: c.name)
     modules, tensors = [], []
-    for column in ordered:
-        specs = column._variable_specs(trainable)
+    for column, (name, factory) in zip(ordered, factories):
         variables = None
-        if specs:
-            variables = _variables(f"{prefix}/{column._var_scope_name}",
-                                   lambda specs=specs, column=column: ColumnVariables(
-                                       specs, getattr(column, "max_norm", None)))
+        if factory is not None:
+            variables = _variables(name, factory)
             modules.append(variables)
         if cols_to_vars is not None:
             cols_to_vars[column] = list(variables.parameters()) if variables is not None else []
@@ -161,6 +153,45 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
     if cols_to_output_tensors is not None:
         cols_to_output_tensors.update(zip(ordered, tensors))
     return torch.cat(tensors, 1)
+
+
+def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
+    """The columns in TF's order, each with its module's name and factory
+    (None for a column without variables)."""
+    columns = _normalize_feature_columns(feature_columns)
+    for column in columns:
+        if not isinstance(column, DenseColumn):
+            raise ValueError("Items of feature_columns must be a DenseColumn. You can wrap a "
+                             "categorical column with an embedding_column or "
+                             f"indicator_column. Given: {column}")
+    ordered = sorted(columns, key=lambda c: c.name)
+    factories = []
+    for column in ordered:
+        specs = column._variable_specs(trainable)
+        factory = None if not specs else (
+            lambda specs=specs, column=column: ColumnVariables(
+                specs, getattr(column, "max_norm", None)))
+        factories.append((f"{prefix}/{column._var_scope_name}", factory))
+    return ordered, factories
+
+
+_PLANS: dict = {}   # what each layer works out once per set of columns
+_PLANS_MAX = 256
+
+
+def _planned(key: tuple, feature_columns, make: Callable[[], tuple]) -> tuple:
+    """`make()` once per `key` and list of columns (by identity, the columns
+    kept alive beside the plan); columns given otherwise are planned each call."""
+    if not isinstance(feature_columns, (list, tuple)) or isinstance(feature_columns,
+                                                                     FeatureColumn):
+        return make()
+    key = key + tuple(map(id, feature_columns))
+    entry = _PLANS.get(key)
+    if entry is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        entry = _PLANS[key] = (list(feature_columns), make())
+    return entry[1]
 
 
 def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
@@ -182,18 +213,13 @@ def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
                          f"{sparse_combiner!r}")
     if not isinstance(units, int) or isinstance(units, bool) or units < 1:
         raise ValueError(f"units must be a positive int, got {units!r}")
-    columns = _normalize_feature_columns(feature_columns)
-    for column in columns:
-        if not isinstance(column, (DenseColumn, CategoricalColumn)):
-            raise ValueError("Items of feature_columns must be either a DenseColumn or "
-                             f"CategoricalColumn. Given: {column}")
     prefix = _prefix(scope, "linear_model")
+    ordered, names, specs = _planned(("linear_model", prefix, units, bool(trainable)),
+                                     feature_columns,
+                                     lambda: _linear_plan(feature_columns, units, trainable))
     builder = _builder(features)
-    ordered = sorted(columns, key=lambda c: c._var_scope_name)
-    variables = _variables(prefix, lambda: LinearModelVariables(
-        _linear_specs(ordered, units, bool(trainable)), units, bool(trainable)))
+    variables = _variables(prefix, lambda: LinearModelVariables(specs, units, bool(trainable)))
     raw = getattr(variables, "module", variables)   # (under a DDP wrapper)
-    names = tuple(c._var_scope_name for c in ordered)
     if raw.column_names != names:
         raise ValueError(f"linear_model {prefix!r} was built over the columns "
                          f"{list(raw.column_names)}; this call gives {list(names)}: give "
@@ -224,10 +250,17 @@ def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
     return variables(**inputs, embedded=embedded)
 
 
-def _linear_specs(ordered, units: int, trainable: bool) -> list:
-    """`LinearModelVariables`' columns: each one's ``weights`` [rows, units]
-    (rows: its buckets, or its values per example), zeros, plus an embedding
-    column's own variables."""
+def _linear_plan(feature_columns, units: int, trainable) -> tuple:
+    """The columns in TF's order, their names, and `LinearModelVariables`'
+    columns: each one's ``weights`` [rows, units] (rows: its buckets, or its
+    values per example), zeros, plus an embedding column's own variables."""
+    columns = _normalize_feature_columns(feature_columns)
+    for column in columns:
+        if not isinstance(column, (DenseColumn, CategoricalColumn)):
+            raise ValueError("Items of feature_columns must be either a DenseColumn or "
+                             f"CategoricalColumn. Given: {column}")
+    ordered = sorted(columns, key=lambda c: c._var_scope_name)
+    trainable = bool(trainable)
     out = []
     for column in ordered:
         if isinstance(column, CategoricalColumn):
@@ -239,4 +272,4 @@ def _linear_specs(ordered, units: int, trainable: bool) -> list:
         if kind == "embedding":
             specs.update(column._variable_specs(trainable))
         out.append((column._var_scope_name, kind, specs, getattr(column, "max_norm", None)))
-    return out
+    return ordered, tuple(c._var_scope_name for c in ordered), out

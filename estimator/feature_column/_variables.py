@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._inputs import arange
+from ._inputs import is_arange
 
 COMBINERS = ("mean", "sqrtn", "sum")
 
@@ -150,11 +150,6 @@ def combine(table: torch.Tensor, ids: torch.Tensor, offsets: Optional[torch.Tens
     return out
 
 
-def _one_per_row(rows: np.ndarray, batch: int) -> bool:
-    """Whether `rows` (ascending) is 0, 1, ..., batch - 1: one id in each row."""
-    return len(rows) == batch and bool((rows == arange(batch)).all())
-
-
 def _counts(rows: np.ndarray, batch: int) -> np.ndarray:
     return np.bincount(rows, minlength=batch) if len(rows) else np.zeros(batch, np.int64)
 
@@ -184,7 +179,7 @@ def bag_inputs(values: np.ndarray, rows: np.ndarray, batch: int,
     ids when every row holds one unweighted id (any combiner gives that row),
     else offsets from the row of each id and the combiner's per-row divisor."""
     ids = _to(values.astype(np.int64, copy=False), device)
-    if weights is None and _one_per_row(rows, batch):
+    if weights is None and is_arange(rows, batch):
         return {"ids": ids}
     counts = _counts(rows, batch)
     scale = _row_scale(rows, batch, weights, combiner)
@@ -201,7 +196,7 @@ def fused_bag_inputs(bags, sizes, combiner: str, device) -> dict:
     none) over its column's `combiner` divisor."""
     batch = bags[0].batch
     starts = np.cumsum([0] + list(sizes[:-1]))
-    if all(b.weights is None and _one_per_row(b.rows, batch) for b in bags):
+    if all(b.weights is None and is_arange(b.rows, batch) for b in bags):
         ids = np.stack([b.values.astype(np.int64, copy=False) + s
                         for b, s in zip(bags, starts)], 1)
         return {"ids": _to(ids, device)}
