@@ -266,7 +266,7 @@ class ClassificationHead(Head):
         CPU labels, a device-side assertion elsewhere (no sync)."""
         high = self._n_classes - 1
         if ids.device.type == "cpu":
-            if ids.numel() and (bool((ids < 0).any()) or bool((ids > high).any())):
+            if ids.numel() and not 0 <= ids.min() <= ids.max() <= high:
                 bad = ids[(ids < 0) | (ids > high)].reshape(-1)[0].item()
                 raise ValueError(f"Labels must be in [0, n_classes - 1] = [0, {high}]; got "
                                  f"{bad} (set n_classes, or label_vocabulary for string "

@@ -66,11 +66,12 @@ class _DNNLinearCombined(CannedEstimator):
         optimizers = []
         if self._dnn_columns:
             optimizers.append(make_optimizer(self._dnn_optimizer, DNN_LEARNING_RATE,
-                                             "dnn_optimizer", modules_under("dnn")))
+                                             "dnn_optimizer", lambda: modules_under("dnn")))
         if self._linear_columns:
             rate = learning_rate(len(self._linear_columns), LINEAR_LEARNING_RATE)
             optimizers.append(make_optimizer(self._linear_optimizer, rate,
-                                             "linear_optimizer", modules_under("linear")))
+                                             "linear_optimizer",
+                                             lambda: modules_under("linear")))
 
         def train_op():
             for opt in optimizers:

@@ -207,7 +207,10 @@ class BucketizedColumn(DenseColumn, CategoricalColumn, collections.namedtuple(
         (TF's Bucketize: upper_bound over float32 boundaries)."""
         def transform():
             source = self.source_column._transform(builder)
-            edges = torch.tensor(self.boundaries, dtype=torch.float32, device=source.device)
+            edges = self.__dict__.get("_edges")
+            if edges is None or edges.device != source.device:
+                edges = self.__dict__["_edges"] = torch.tensor(
+                    self.boundaries, dtype=torch.float32, device=source.device)
             return torch.bucketize(source, edges, right=True)
         return builder.get(self, transform)
 
