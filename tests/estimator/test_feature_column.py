@@ -545,3 +545,92 @@ def test_large_batches_take_the_same_ids_as_small_ones():
     parts = torch.cat([fc.input_layer({"w": words[i:i + 5], "h": words[i:i + 5]}, columns)
                        for i in range(0, len(words), 5)])
     assert torch.equal(whole, parts)
+
+
+# -- the linear model's one lookup, and transforms shared between layers ----------------------
+def _wide_columns():
+    return [fc.categorical_column_with_vocabulary_list("color", ["red", "green", "blue"],
+                                                       num_oov_buckets=1),
+            fc.categorical_column_with_hash_bucket("word", 5),
+            fc.crossed_column(["color", "word"], 7),
+            fc.bucketized_column(fc.numeric_column("price"), [0.0, 10.0]),
+            fc.numeric_column("price")]
+
+
+def _by_hand(features, columns, variables):
+    """The linear model column by column: weights rows of each id summed (a
+    row's empty bag adds nothing), dense values times weights, plus bias."""
+    from estimator.feature_column._inputs import Builder   # the ids, TF-checked above
+    builder = Builder(features)
+    out = variables["linear_model/bias_weights"].detach().clone().expand(len(features["price"]), -1).clone()
+    for column in columns:
+        weights = variables[f"linear_model/{column.name}/weights"].detach()
+        if isinstance(column, fc.CategoricalColumn):
+            ids = column._valid_ids(builder, prune_weights=False)
+            for value, row in zip(ids.values, ids.rows):
+                out[row] += weights[value]
+        else:
+            out += torch.as_tensor(features[column.key], dtype=torch.float32)[:, None] @ weights
+    return out
+
+
+@pytest.mark.parametrize("one_per_row", [True, False])
+def test_linear_model_lookup_equals_column_by_column(one_per_row):
+    """The fused lookup (an index of one id per row, or one embedding_bag over
+    the merged bags when a row holds none or several) against the sum column
+    by column, on trained-looking weights."""
+    columns = _wide_columns()
+    features = {"color": np.array(["red", "blue", "pink", "green"]),
+                "word": np.array(["a", "b", "c", "a"]),
+                "price": np.array([-1.0, 5.0, 20.0, 3.0], np.float32)}
+    if not one_per_row:   # rows of 2, 0, 1 and 3 words; '' counts in a list, as in TF
+        features["word"] = [["a", "b"], [], ["c"], ["a", "", "b"]]
+    s = scope()
+    with s:
+        fc.linear_model(features, columns, units=2)   # creates the variables
+        torch.manual_seed(0)
+        for module in s.modules.values():
+            for p in module.parameters():
+                torch.nn.init.uniform_(p.data, -1, 1)
+        out = fc.linear_model(features, columns, units=2)
+    named = est.checkpoint.flat_variables(s.state())
+    torch.testing.assert_close(out, _by_hand(features, columns, named))
+
+
+def test_linear_model_refuses_other_columns_under_the_same_scope():
+    with scope():
+        fc.linear_model({"x": np.ones(2)}, [fc.numeric_column("x")])
+        with pytest.raises(ValueError, match=r"built over the columns \['x'\]; this call "
+                                             r"gives \['y'\].*scope="):
+            fc.linear_model({"y": np.ones(2)}, [fc.numeric_column("y")])
+
+
+def test_one_transformation_cache_transforms_each_column_once():
+    calls = []
+
+    def normalize(t):
+        calls.append(1)
+        return t * 2
+    price = fc.numeric_column("price", normalizer_fn=normalize)
+    color = fc.categorical_column_with_vocabulary_list("color", ["a", "b"])
+    features = {"price": np.array([1.0, 2.0]), "color": np.array(["a", "b"])}
+    with scope():
+        cache = fc.FeatureTransformationCache(features)
+        dense = fc.input_layer(cache, [price, fc.indicator_column(color)])
+        fc.linear_model(cache, [price, color])
+        assert len(calls) == 1
+        fc.input_layer(features, [price])   # a plain dict: transformed again
+    assert len(calls) == 2
+    assert dense.tolist() == [[1.0, 0.0, 2.0], [0.0, 1.0, 4.0]]
+
+
+def test_columns_made_on_each_call_are_planned_each_time():
+    """Columns built inside a model_fn are new objects on every call: each call
+    plans its own, and the plans kept stay bounded."""
+    from estimator.feature_column import _layers
+    with scope():
+        for i in range(_layers._PLANS_MAX + 10):
+            out = fc.input_layer({"x": np.full(2, float(i))},
+                                 [fc.numeric_column("x", normalizer_fn=lambda t, i=i: t + i)])
+            assert out.tolist() == [[2.0 * i], [2.0 * i]]
+    assert len(_layers._PLANS) <= _layers._PLANS_MAX
