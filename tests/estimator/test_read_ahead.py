@@ -74,3 +74,33 @@ def test_an_input_error_fails_training_with_it(tmp_path):
 def test_prefetch_batches_checked():
     with pytest.raises(ValueError, match="experimental_prefetch_batches should be >= 0"):
         est.RunConfig(experimental_prefetch_batches=-1)
+
+
+@pytest.mark.parametrize("how", ["end", "error", "close"])
+def test_a_core_is_left_to_the_input_thread_while_reading_ahead(how):
+    """torch's intra-op threads are one fewer while the input thread runs, and
+    back to what they were however reading ends."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def batches():
+            yield 1
+            if how == "error":
+                raise RuntimeError("input broke")
+            yield 0
+        it = _inputs.read_ahead(batches(), 1)
+        assert next(it) == 1
+        assert torch.get_num_threads() == 1
+        if how == "close":
+            it.close()
+        elif how == "error":
+            with pytest.raises(RuntimeError, match="input broke"):
+                list(it)
+        else:
+            assert list(it) == [0]
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)   # one thread: nothing to leave
+        assert list(_inputs.read_ahead(iter([1]), 1)) == [1]
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
