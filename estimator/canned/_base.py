@@ -29,7 +29,7 @@ class CannedEstimator(Estimator):
         if not isinstance(features, dict):
             raise ValueError("features should be a dictionary of `Tensor`s. Given type: "
                              f"{type(features)}")
-        cache = feature_column.FeatureTransformationCache(features)
+        cache = feature_column.transformation_cache(features)
         logits = self._logits(cache, mode)
         return self._head.create_estimator_spec(cache, mode, logits, labels,
                                                 self._train_op_fn)

@@ -37,6 +37,7 @@ from ._columns import (BucketizedColumn, CategoricalColumn, CrossedColumn, Dense
                        embedding_column, indicator_column, numeric_column,
                        weighted_categorical_column)
 from ._inputs import Builder as FeatureTransformationCache
+from ._inputs import transformation_cache
 from ._layers import input_layer, linear_model
 from ._parse_spec import FixedLenFeature, VarLenFeature, make_parse_example_spec
 
@@ -45,7 +46,8 @@ __all__ = [
     "categorical_column_with_vocabulary_file", "categorical_column_with_hash_bucket",
     "categorical_column_with_identity", "crossed_column", "embedding_column",
     "indicator_column", "weighted_categorical_column", "make_parse_example_spec",
-    "input_layer", "linear_model", "FeatureTransformationCache", "FixedLenFeature", "VarLenFeature",
+    "input_layer", "linear_model", "FeatureTransformationCache", "transformation_cache",
+    "FixedLenFeature", "VarLenFeature",
     "FeatureColumn", "DenseColumn", "CategoricalColumn", "NumericColumn", "BucketizedColumn",
     "HashedCategoricalColumn", "VocabularyListCategoricalColumn",
     "VocabularyFileCategoricalColumn", "IdentityCategoricalColumn",

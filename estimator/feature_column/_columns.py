@@ -30,7 +30,8 @@ import torch
 from .. import _hashing
 from ._inputs import STRING, Builder, Ids, arange, as_dtype, dtype_name, is_floating, is_integer
 from ._parse_spec import FixedLenFeature, VarLenFeature
-from ._variables import COMBINERS, VariableSpecs, bag_inputs, default_embedding_initializer
+from ._variables import (COMBINERS, VariableSpecs, bag_inputs, default_embedding_initializer,
+                         moved)
 from ._vocabulary import Vocabulary, read_vocabulary_file
 
 
@@ -482,16 +483,19 @@ class EmbeddingColumn(DenseColumn, collections.namedtuple(
         shape = (self.categorical_column.num_buckets, self.dimension)
         return {"embedding_weights": (shape, self.initializer, bool(self.trainable and trainable))}
 
-    def _lookup_inputs(self, builder, device) -> dict:
-        ids = self.categorical_column._valid_ids(builder, prune_weights=self.combiner != "sum")
-        return bag_inputs(ids.values, ids.rows, ids.batch, ids.weights, self.combiner, device)
-
-    def _batch(self, builder) -> int:
-        return self.categorical_column._ids(builder).batch
+    def _lookup_inputs(self, builder) -> dict:
+        """The embedding lookup's inputs (CPU tensors: ids, offsets, ...), made
+        on the host."""
+        def make():
+            ids = self.categorical_column._valid_ids(builder,
+                                                     prune_weights=self.combiner != "sum")
+            return bag_inputs(ids.values, ids.rows, ids.batch, ids.weights, self.combiner,
+                              builder.general)
+        return builder.prepared(("embedding", self), make)
 
     def _dense(self, builder, variables):
         device = next(variables.parameters()).device
-        return variables(**self._lookup_inputs(builder, device))
+        return variables(**moved(self._lookup_inputs(builder), device))
 
 
 class IndicatorColumn(DenseColumn, collections.namedtuple(
@@ -511,14 +515,15 @@ class IndicatorColumn(DenseColumn, collections.namedtuple(
         return (1, self.categorical_column.num_buckets)
 
     def _dense(self, builder, variables=None):
-        def transform():
+        def make():
             size = self.categorical_column.num_buckets
             ids = self.categorical_column._valid_ids(builder, prune_weights=False)
             weights = ids.weights.astype(np.float64) if ids.weights is not None else None
             flat = np.bincount(ids.rows * size + ids.values, weights=weights,
                                minlength=ids.batch * size)
-            return torch.from_numpy(flat.astype(np.float32).reshape(ids.batch, size))
-        return builder.get(self, transform)
+            return {"value": torch.from_numpy(flat.astype(np.float32).reshape(ids.batch,
+                                                                              size))}
+        return builder.prepared(("indicator", self), make)["value"]
 
 
 # -- constructors ------------------------------------------------------------------------------

@@ -320,7 +320,15 @@ class Feature:
 
 
 class Builder:
-    """TF's `_LazyBuilder`: raw features converted once, column transforms cached."""
+    """TF's `_LazyBuilder`: raw features converted once, column transforms cached.
+
+    The host-side work of the layers (strings to ids, id bags to lookup
+    inputs) goes through `prepared`, which an export overrides: it records
+    that work so a server can redo it, and traces the rest (torch only) with
+    the results as the program's inputs. `general`: make lookup inputs of
+    one form whatever the batch holds (an exported program has one)."""
+
+    general = False
 
     def __init__(self, features):
         if not isinstance(features, dict):
@@ -329,6 +337,12 @@ class Builder:
         self.features = features
         self._raw: Dict[str, Feature] = {}
         self._cache: Dict[Any, Any] = {}
+
+    def prepared(self, record: tuple, make) -> Dict[str, torch.Tensor]:
+        """`make()`: the tensors a layer computes on the host for `record`
+        (("embedding", column), ("indicator", column) or ("linear", columns,
+        combiner)), once per builder."""
+        return self.get(record[1], make, ("prepared",) + record[:1] + record[2:])
 
     def raw(self, key: str) -> Feature:
         feature = self._raw.get(key)
@@ -356,3 +370,12 @@ class Builder:
             if isinstance(value, torch.Tensor):
                 return value.device
         return None
+
+
+def transformation_cache(features) -> Builder:
+    """The `Builder` of `features`: itself when it is one, the one an export
+    attached to its features, else a new one."""
+    if isinstance(features, Builder):
+        return features
+    attached = getattr(features, "transformation_cache", None)
+    return attached if attached is not None else Builder(features)

@@ -32,8 +32,9 @@ from distribute import device_util
 from hooks import model_scope
 
 from ._columns import CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn
-from ._inputs import Builder
-from ._variables import COMBINERS, ColumnVariables, LinearModelVariables, fused_bag_inputs
+from ._inputs import Builder, transformation_cache
+from ._variables import (COMBINERS, ColumnVariables, LinearModelVariables, fused_bag_inputs,
+                         moved)
 
 
 def _normalize_feature_columns(feature_columns) -> list:
@@ -91,10 +92,7 @@ def _output_device(builder: Builder, modules) -> torch.device:
     return torch.device("cpu")
 
 
-def _builder(features) -> Builder:
-    """The transformation cache of `features` (a dict, or a cache shared by
-    several layers over the same batch)."""
-    return features if isinstance(features, Builder) else Builder(features)
+_builder = transformation_cache
 
 
 def _prefix(scope: Optional[str], name: str) -> str:
@@ -228,21 +226,30 @@ def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
         cols_to_vars.update((c, raw.column_parameters(c._var_scope_name)) for c in ordered)
         cols_to_vars["bias"] = [raw.bias_weights]
     where = raw.bias_weights.device
-    bags, sizes, dense, embedded, batches = [], [], [], [], []
+    categorical = tuple(c for c in ordered if isinstance(c, CategoricalColumn))
+    inputs, dense, embedded, batches = {}, [], [], []
+    if categorical:
+        def make():
+            bags = [c._valid_ids(builder, prune_weights=sparse_combiner != "sum")
+                    for c in categorical]
+            _check_batch_sizes([b.batch for b in bags], categorical)
+            return fused_bag_inputs(bags, [c.num_buckets for c in categorical],
+                                    sparse_combiner, builder.general)
+        inputs = moved(builder.prepared(("linear", categorical, sparse_combiner), make), where)
+        batches.append(inputs["ids"].shape[0] if inputs.get("offsets") is None
+                       else inputs["offsets"].shape[0])
     for column in ordered:
-        if isinstance(column, CategoricalColumn):
-            ids = column._valid_ids(builder, prune_weights=sparse_combiner != "sum")
-            bags.append(ids)
-            sizes.append(column.num_buckets)
-            batches.append(ids.batch)
-        elif isinstance(column, EmbeddingColumn):
-            embedded.append(column._lookup_inputs(builder, where))
-            batches.append(column._batch(builder))
-        else:
+        if isinstance(column, EmbeddingColumn):
+            embedded.append(moved(column._lookup_inputs(builder), where))
+            lookup = embedded[-1]
+            batches.append(lookup["ids"].shape[0] if lookup.get("offsets") is None
+                           else lookup["offsets"].shape[0])
+        elif not isinstance(column, CategoricalColumn):
             dense.append(_flatten(column, column._dense(builder, None)))
             batches.append(dense[-1].shape[0])
-    _check_batch_sizes(batches, ordered)
-    inputs = fused_bag_inputs(bags, sizes, sparse_combiner, where) if bags else {}
+    _check_batch_sizes(batches, categorical[:1] + tuple(
+        c for c in ordered if not isinstance(c, CategoricalColumn)))
+    inputs = dict(inputs)
     if dense:
         dense = dense[0] if len(dense) == 1 else torch.cat(
             [d.to(dense[0].device) for d in dense], 1)

@@ -174,32 +174,33 @@ def _row_scale(rows, batch, weights, combiner) -> Optional[np.ndarray]:
 
 
 def bag_inputs(values: np.ndarray, rows: np.ndarray, batch: int,
-               weights: Optional[np.ndarray], combiner: str, device) -> dict:
-    """`combine`'s id arguments for pruned id bags, moved to `device`: just the
-    ids when every row holds one unweighted id (any combiner gives that row),
-    else offsets from the row of each id and the combiner's per-row divisor."""
-    ids = _to(values.astype(np.int64, copy=False), device)
-    if weights is None and is_arange(rows, batch):
+               weights: Optional[np.ndarray], combiner: str, general: bool = False) -> dict:
+    """`combine`'s id arguments (CPU tensors) for pruned id bags: just the ids
+    when every row holds one unweighted id (any combiner gives that row) and
+    not `general`, else offsets from the row of each id, the weights, and the
+    combiner's per-row divisor."""
+    ids = _tensor(values.astype(np.int64, copy=False))
+    if not general and weights is None and is_arange(rows, batch):
         return {"ids": ids}
     counts = _counts(rows, batch)
     scale = _row_scale(rows, batch, weights, combiner)
-    return {"ids": ids, "offsets": _to((np.cumsum(counts) - counts).astype(np.int64), device),
-            "weights": None if weights is None else _to(weights.astype(np.float32), device),
-            "scale": None if scale is None else _to(scale.astype(np.float32), device)}
+    return {"ids": ids, "offsets": _tensor((np.cumsum(counts) - counts).astype(np.int64)),
+            "weights": None if weights is None else _tensor(weights.astype(np.float32)),
+            "scale": None if scale is None else _tensor(scale.astype(np.float32))}
 
 
-def fused_bag_inputs(bags, sizes, combiner: str, device) -> dict:
-    """`LinearModelVariables.forward`'s ids for the categorical columns'
-    pruned id bags (`Ids`, tables of `sizes` rows, concatenated): a
-    [batch, columns] index when each column has one unweighted id per row,
-    else the bags merged row by row, each id weighted by its weight (1 if
-    none) over its column's `combiner` divisor."""
+def fused_bag_inputs(bags, sizes, combiner: str, general: bool = False) -> dict:
+    """`LinearModelVariables.forward`'s ids (CPU tensors) for the categorical
+    columns' pruned id bags (`Ids`, tables of `sizes` rows, concatenated): a
+    [batch, columns] index when each column has one unweighted id per row
+    (and not `general`), else the bags merged row by row, each id weighted by
+    its weight (1 if none) over its column's `combiner` divisor."""
     batch = bags[0].batch
     starts = np.cumsum([0] + list(sizes[:-1]))
-    if all(b.weights is None and is_arange(b.rows, batch) for b in bags):
+    if not general and all(b.weights is None and is_arange(b.rows, batch) for b in bags):
         ids = np.stack([b.values.astype(np.int64, copy=False) + s
                         for b, s in zip(bags, starts)], 1)
-        return {"ids": _to(ids, device)}
+        return {"ids": _tensor(ids)}
     weighted = combiner != "sum" or any(b.weights is not None for b in bags)
     values, rows, weights = [], [], []
     for bag, start in zip(bags, starts):
@@ -213,17 +214,22 @@ def fused_bag_inputs(bags, sizes, combiner: str, device) -> dict:
     rows = np.concatenate(rows)
     order = np.argsort(rows, kind="stable")
     counts = _counts(rows, batch)
-    return {"ids": _to(np.concatenate(values)[order], device),
-            "offsets": _to((np.cumsum(counts) - counts).astype(np.int64), device),
-            "weights": (_to(np.concatenate(weights)[order].astype(np.float32), device)
+    return {"ids": _tensor(np.concatenate(values)[order]),
+            "offsets": _tensor((np.cumsum(counts) - counts).astype(np.int64)),
+            "weights": (_tensor(np.concatenate(weights)[order].astype(np.float32))
                         if weighted else None)}
 
 
-def _to(array: np.ndarray, device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(array))
-    if device is not None and torch.device(device).type != "cpu":
-        t = t.to(device, non_blocking=True)
-    return t
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def moved(inputs: dict, device: torch.device) -> dict:
+    """`inputs` (tensors or None) on `device` (as they are on the CPU)."""
+    if device.type == "cpu":
+        return inputs
+    return {k: None if v is None else v.to(device, non_blocking=True)
+            for k, v in inputs.items()}
 
 
 def default_embedding_initializer(dimension: int) -> Callable:
