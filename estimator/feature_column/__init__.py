@@ -39,6 +39,8 @@ from ._columns import (BucketizedColumn, CategoricalColumn, CrossedColumn, Dense
 from ._inputs import Builder as FeatureTransformationCache
 from ._inputs import transformation_cache
 from ._layers import input_layer, linear_model
+from . import recorded
+from ._serialize import deserialize_feature_column, serialize_feature_column
 from ._parse_spec import FixedLenFeature, VarLenFeature, make_parse_example_spec
 
 __all__ = [
@@ -47,7 +49,7 @@ __all__ = [
     "categorical_column_with_identity", "crossed_column", "embedding_column",
     "indicator_column", "weighted_categorical_column", "make_parse_example_spec",
     "input_layer", "linear_model", "FeatureTransformationCache", "transformation_cache",
-    "FixedLenFeature", "VarLenFeature",
+    "serialize_feature_column", "deserialize_feature_column", "FixedLenFeature", "VarLenFeature",
     "FeatureColumn", "DenseColumn", "CategoricalColumn", "NumericColumn", "BucketizedColumn",
     "HashedCategoricalColumn", "VocabularyListCategoricalColumn",
     "VocabularyFileCategoricalColumn", "IdentityCategoricalColumn",

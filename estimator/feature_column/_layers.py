@@ -229,13 +229,9 @@ def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
     categorical = tuple(c for c in ordered if isinstance(c, CategoricalColumn))
     inputs, dense, embedded, batches = {}, [], [], []
     if categorical:
-        def make():
-            bags = [c._valid_ids(builder, prune_weights=sparse_combiner != "sum")
-                    for c in categorical]
-            _check_batch_sizes([b.batch for b in bags], categorical)
-            return fused_bag_inputs(bags, [c.num_buckets for c in categorical],
-                                    sparse_combiner, builder.general)
-        inputs = moved(builder.prepared(("linear", categorical, sparse_combiner), make), where)
+        inputs = moved(builder.prepared(("linear", categorical, sparse_combiner),
+                                        lambda: linear_ids(builder, categorical,
+                                                           sparse_combiner)), where)
         batches.append(inputs["ids"].shape[0] if inputs.get("offsets") is None
                        else inputs["offsets"].shape[0])
     for column in ordered:
@@ -255,6 +251,14 @@ def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
             [d.to(dense[0].device) for d in dense], 1)
         inputs["dense"] = dense if dense.device == where else dense.to(where)
     return variables(**inputs, embedded=embedded)
+
+
+def linear_ids(builder: Builder, categorical, combiner: str) -> dict:
+    """The ids of a linear model's categorical columns (host work, CPU tensors)."""
+    bags = [c._valid_ids(builder, prune_weights=combiner != "sum") for c in categorical]
+    _check_batch_sizes([b.batch for b in bags], categorical)
+    return fused_bag_inputs(bags, [c.num_buckets for c in categorical], combiner,
+                            builder.general)
 
 
 def _linear_plan(feature_columns, units: int, trainable) -> tuple:
