@@ -41,6 +41,7 @@ import shutil
 import time
 from typing import Callable, Dict, Optional
 
+import numpy as np
 import torch
 
 import distribute
@@ -48,6 +49,9 @@ import distribute
 from hooks import model_scope
 
 from . import checkpoint
+from . import io as tf_io
+from .feature_column import recorded
+from .host_transform import EXAMPLES, HostTransform, is_host_value, template_examples
 from hooks.mode_keys import ModeKeys
 from .model_fn import EstimatorSpec, model_fn_caller
 
@@ -60,6 +64,7 @@ _SINGLE_RECEIVER_DEFAULT_NAME = "input"
 
 
 def _check_tensors(tensors, what: str, default_name: str) -> Dict[str, torch.Tensor]:
+    """{name: tensor, or a host value (strings as a numpy array, rows as lists)}."""
     if isinstance(tensors, torch.Tensor):
         tensors = {default_name: tensors}
     if not isinstance(tensors, dict) or not tensors:
@@ -68,8 +73,9 @@ def _check_tensors(tensors, what: str, default_name: str) -> Dict[str, torch.Ten
     for name, value in tensors.items():
         if not isinstance(name, str):
             raise ValueError(f"{what} keys must be strings, got {name!r}")
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{what}[{name!r}] must be a tensor, got {type(value).__name__}")
+        if not isinstance(value, torch.Tensor) and not is_host_value(value):
+            raise ValueError(f"{what}[{name!r}] must be a tensor, or strings as a numpy "
+                             f"array or rows as a list, got {type(value).__name__}")
     return dict(tensors)
 
 
@@ -100,6 +106,13 @@ class ServingInputReceiver:
                            "program, whose inputs are receiver_tensors")
         self.receiver_tensors_alternatives = receiver_tensors_alternatives
         self.dynamic_batch = bool(dynamic_batch)
+        self.parse_spec: Optional[dict] = None   # set by the parsing receiver
+
+    @property
+    def _takes_host_values(self) -> bool:
+        """Whether the export needs a host-side transform (strings, Examples)."""
+        return self.parse_spec is not None or any(
+            is_host_value(v) for v in self.receiver_tensors.values())
 
     def _wrap_features(self, features):
         return _check_tensors(features, "features", _SINGLE_FEATURE_DEFAULT_NAME)
@@ -153,9 +166,9 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size: Optional[i
     def serving_input_receiver_fn():
         receivers = {}
         for name, t in templates.items():
-            if t.dim() == 0:
+            if len(t) == 0 if not isinstance(t, torch.Tensor) else t.dim() == 0:
                 raise ValueError(f"features[{name!r}] must have a batch dimension, got a scalar")
-            batch = default_batch_size or max(t.shape[0], 2)
+            batch = default_batch_size or max(len(t), 2)
             receivers[name] = _example(t, batch)
         if single:
             return TensorServingInputReceiver(receivers[_SINGLE_FEATURE_DEFAULT_NAME],
@@ -165,8 +178,40 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size: Optional[i
     return serving_input_receiver_fn
 
 
-def _example(template: torch.Tensor, batch: int) -> torch.Tensor:
-    """`template` resized to `batch` rows (repeating rows), detached, on the CPU."""
+def build_parsing_serving_input_receiver_fn(feature_spec: dict,
+                                            default_batch_size: Optional[int] = None):
+    """A `serving_input_receiver_fn` taking serialized tf.Examples
+    (tf.estimator.export.build_parsing_serving_input_receiver_fn): one input,
+    ``examples``, parsed by `feature_spec` (e.g.
+    ``est.feature_column.make_parse_example_spec(columns)``) into the
+    features. The export records the spec and the feature columns' work on
+    the host (``transform.json``); `estimator serve` then answers ``:predict``
+    with ``{"instances": [{"b64": ...}]}`` and ``:classify`` / ``:regress``
+    with JSON examples, as TF Serving does."""
+    if not isinstance(feature_spec, dict) or not feature_spec:
+        raise ValueError(f"feature_spec must be a non-empty dict {{key: FixedLenFeature or "
+                         f"VarLenFeature}}, got {feature_spec!r:.200}")
+    spec = dict(feature_spec)
+
+    def serving_input_receiver_fn():
+        examples = template_examples(spec, default_batch_size or 2)
+        receiver = ServingInputReceiver(
+            lambda inputs: tf_io.parse_example(list(inputs[EXAMPLES]), spec),
+            {EXAMPLES: examples}, dynamic_batch=default_batch_size is None)
+        receiver.parse_spec = spec
+        return receiver
+    return serving_input_receiver_fn
+
+
+def _example(template, batch: int):
+    """`template` resized to `batch` rows (repeating rows); a tensor detached,
+    on the CPU."""
+    if not isinstance(template, torch.Tensor):
+        if len(template) == 0:
+            raise ValueError("an example serving input needs at least one row")
+        rows = [template[i % len(template)] for i in range(batch)]
+        return np.array(rows, dtype=template.dtype) if isinstance(
+            template, np.ndarray) else rows
     t = template.detach().cpu()
     if t.shape[0] == 0:
         raise ValueError("an example serving input needs at least one row")
@@ -342,36 +387,42 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     if not isinstance(receiver, ServingInputReceiver):
         raise TypeError(f"serving_input_receiver_fn must return a ServingInputReceiver, got "
                         f"{type(receiver).__name__}")
-    inputs = {n: t.detach().cpu() for n, t in receiver.receiver_tensors.items()}
-    batch_sizes = {t.shape[0] for t in inputs.values() if t.dim()}
-    dynamic = receiver.dynamic_batch and len(batch_sizes) == 1
-    if receiver.dynamic_batch and len(batch_sizes) != 1:
-        raise ValueError(f"receiver_tensors must share their first (batch) dimension to "
-                         f"export a dynamic batch size; got shapes "
-                         f"{ {n: tuple(t.shape) for n, t in inputs.items()} }")
-    batch = batch_sizes.pop() if dynamic else None
-    if dynamic and batch < 2:   # torch.export specializes sizes 0 and 1
-        inputs = {n: _example(t, 2) for n, t in inputs.items()}
-        batch = 2
-
     strategy = distribute.OneDeviceStrategy("cpu")
     scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=checkpoint.load(path),
-                              restore_path=path)
+                                   restore_path=path)
     call = model_fn_caller(estimator.model_fn, estimator.params, estimator.config)
-    features_fn = receiver._features_fn()
+    transform = None
     with torch.no_grad():
-        module = _serving_class(list(inputs))(scope, call, features_fn)
-        outputs = module._serve(inputs)   # builds and restores the modules (in eval())
+        if receiver._takes_host_values:
+            module, outputs, inputs, trace_inputs, dynamic_shapes, transform, client = (
+                _host_program(receiver, scope, call))
+            dynamic = receiver.dynamic_batch
+            batch = len(next(iter(receiver.receiver_tensors.values())))
+        else:
+            inputs = {n: t.detach().cpu() for n, t in receiver.receiver_tensors.items()}
+            batch_sizes = {t.shape[0] for t in inputs.values() if t.dim()}
+            dynamic = receiver.dynamic_batch and len(batch_sizes) == 1
+            if receiver.dynamic_batch and len(batch_sizes) != 1:
+                raise ValueError(f"receiver_tensors must share their first (batch) dimension "
+                                 f"to export a dynamic batch size; got shapes "
+                                 f"{ {n: tuple(t.shape) for n, t in inputs.items()} }")
+            batch = batch_sizes.pop() if dynamic else None
+            if dynamic and batch < 2:   # torch.export specializes sizes 0 and 1
+                inputs = {n: _example(t, 2) for n, t in inputs.items()}
+                batch = 2
+            module = _serving_class(list(inputs))(scope, call, receiver._features_fn())
+            outputs = module._serve(inputs)   # builds and restores the modules (in eval())
+            trace_inputs, client, dynamic_shapes = inputs, None, None
+            if dynamic:
+                dim = torch.export.Dim("batch")
+                dynamic_shapes = {n: ({0: dim} if t.dim() else None)
+                                  for n, t in inputs.items()}
         module.scope_modules.extend(scope.raw_modules.values())
         module.eval()
         for parameter in module.parameters():
             parameter.requires_grad_(False)
-        dynamic_shapes = None
-        if dynamic:
-            dim = torch.export.Dim("batch")
-            dynamic_shapes = {n: ({0: dim} if t.dim() else None) for n, t in inputs.items()}
         try:
-            program = torch.export.export(module, (), dict(inputs),
+            program = torch.export.export(module, (), dict(trace_inputs),
                                           dynamic_shapes=dynamic_shapes)
         except Exception as e:
             hint = (" If model_fn depends on the batch size, export a fixed one with "
@@ -396,7 +447,9 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         "format": "torch.export",
         "program": PROGRAM,
         "call": "torch.export.load(program).module()(**inputs)",
-        "inputs": _describe(inputs, batch_dim),
+        "inputs": client if client is not None else _describe(inputs, batch_dim),
+        "program_inputs": _describe(inputs, batch_dim),
+        "host_transform": transform is not None,
         "outputs": _describe(predictions, batch_dim),
         "outputs_are_dict": isinstance(outputs, dict),
         "outputs_are_signatures": module.signatures is not None,
@@ -420,6 +473,8 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                 f.write(str(program))
         if assets_extra:
             _copy_assets(assets_extra, os.path.join(temp, "assets.extra"))
+        if transform is not None:
+            transform.save(temp)
         os.rename(temp, final)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
@@ -427,6 +482,109 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     logger.info("Exported %s (global step %d) to %s", os.path.basename(path),
                 scope.global_step, final)
     return final
+
+
+class _ServingFeatures(dict):
+    """The features model_fn gets in an export with a host transform: the
+    feature dict, with the transformation cache (recording or replaying) the
+    feature-column layers use."""
+
+    def __init__(self, cache):
+        super().__init__(cache.features)
+        self.transformation_cache = cache
+
+
+_BATCH_KEYS = ("offsets", "scale", "value")   # record tensors with one row per example
+
+
+def _host_program(receiver, scope, call):
+    """An export whose inputs are strings or serialized Examples: the
+    PREDICT path run once recording the feature columns' host-side work,
+    then a module whose inputs are the numeric features and that work's
+    tensors (replayed), and the `HostTransform` that redoes it per request.
+    Returns (module, outputs, inputs, trace inputs, dynamic shapes,
+    transform, the client's inputs described)."""
+    raw = {n: (t.detach().cpu() if isinstance(t, torch.Tensor) else t)
+           for n, t in receiver.receiver_tensors.items()}
+    if receiver.dynamic_batch and any(len(v) < 2 for v in raw.values()):
+        raise ValueError("the example serving inputs need at least 2 rows to export a "
+                         "dynamic batch size (torch.export fixes sizes 0 and 1)")
+    features = receiver._features_fn()(raw)
+    if not isinstance(features, dict):
+        raise ValueError("an export taking strings or serialized Examples needs features "
+                         f"as a dict, got {type(features).__name__}")
+    numeric = {}
+    for key, value in features.items():
+        if isinstance(value, torch.Tensor):
+            numeric[key] = value.detach().cpu()
+        elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            numeric[key] = torch.from_numpy(np.ascontiguousarray(value))
+    host = {k: v for k, v in features.items() if k not in numeric}
+    for key in numeric:
+        if not key.isidentifier() or keyword.iskeyword(key):
+            raise ValueError(f"feature {key!r} must be a Python identifier: it is an input "
+                             "of the exported program")
+    recorder = recorded.Recorder({**host, **numeric})
+    _ServingModule(scope, call, lambda _: _ServingFeatures(recorder))._serve({})
+    records = [recorded.to_json(record) for record, _ in recorder.records]
+    keys = [list(tensors) for _, tensors in recorder.records]
+    inputs = dict(numeric)
+    for i, (_, tensors) in enumerate(recorder.records):
+        inputs.update((HostTransform.input_name(i, k), t) for k, t in tensors.items()
+                      if t is not None)
+    transform = HostTransform(receiver.parse_spec,
+                              {k: str(t.dtype).replace("torch.", "") for k, t in numeric.items()},
+                              records, keys)
+    _check_redone(transform, raw, inputs, recorder.records)
+
+    def features_fn(program_inputs):
+        tensors = [{k: program_inputs.get(HostTransform.input_name(i, k)) for k in record_keys}
+                   for i, record_keys in enumerate(keys)]
+        current = {**host, **{k: program_inputs[k] for k in numeric}}
+        return _ServingFeatures(recorded.Replayer(current, tensors, records))
+
+    module = _serving_class(list(inputs))(scope, call, features_fn)
+    outputs = module._serve(inputs)   # replayed eagerly: the same work is asked for
+    batch = torch.export.Dim("batch") if receiver.dynamic_batch else None
+    trace_inputs, shapes, id_dims = {}, {}, {}
+    for name, t in inputs.items():
+        key = name.split("_", 1)[1] if name not in numeric else None
+        if name in numeric or key in _BATCH_KEYS:
+            trace_inputs[name] = t
+            shapes[name] = {0: batch} if t.dim() and batch is not None else None
+        else:   # ids / weights: as many as the batch holds (traced from 2 at least)
+            index = name.split("_", 1)[0]
+            trace_inputs[name] = t if len(t) >= 2 else torch.ones(3, dtype=t.dtype)
+            shapes[name] = {0: id_dims.setdefault(index, torch.export.Dim(f"ids_{index}"))}
+    client = [{"name": n, "dtype": "string" if is_host_value(v) else
+               str(v.dtype).replace("torch.", ""),
+               "shape": [None] + (list(v.shape[1:]) if isinstance(v, (torch.Tensor, np.ndarray))
+                                  else [])}
+              for n, v in raw.items()]
+    return module, outputs, inputs, trace_inputs, shapes, transform, client
+
+
+def _check_redone(transform: HostTransform, raw: dict, inputs: dict, records) -> None:
+    """What a server will compute from ``transform.json`` equals what the
+    model computed, or the export fails naming the column (a function the
+    record cannot keep, such as a lambda normalizer_fn a cross needs)."""
+    try:
+        redone = transform.program_inputs(raw)
+    except Exception as e:
+        raise ValueError(f"the export's feature transform cannot be redone from what it "
+                         f"records: {type(e).__name__}: {e}") from e
+    for name, tensor in inputs.items():
+        if not torch.equal(redone[name], tensor):
+            index = int(name[1:].split("_", 1)[0]) if name not in transform.numeric else None
+            what = (", ".join(c.name for c in _record_columns(records[index][0]))
+                    if index is not None else name)
+            raise ValueError(f"the export's feature transform of {what} cannot be redone "
+                             "from what it records (a normalizer_fn that is a lambda or a "
+                             "local function? give a module-level function)")
+
+
+def _record_columns(record) -> tuple:
+    return record[1] if record[0] == "linear" else (record[1],)
 
 
 def _copy_assets(assets_extra: dict, dest_dir: str) -> None:
@@ -448,13 +606,16 @@ def _copy_assets(assets_extra: dict, dest_dir: str) -> None:
 class LoadedExport:
     """An export loaded for serving (TF: `tf.saved_model.load(dir)`):
     `signatures[name](**inputs)` -> {output key: tensor}; calling the object
-    runs the program as it is. Needs torch alone (and this small class)."""
+    runs the program as it is. An export taking strings or serialized
+    Examples takes them here (its ``transform.json`` runs first, see
+    `host_transform`); a numeric one needs torch alone."""
 
     def __init__(self, export_dir: str):
         with open(os.path.join(export_dir, SIGNATURE)) as f:
             self.signature = json.load(f)
         self.program = torch.export.load(os.path.join(export_dir, self.signature["program"])
                                          ).module()
+        self.transform = HostTransform.load(export_dir)
         described = self.signature.get("signatures") or {
             DEFAULT_SERVING_SIGNATURE_DEF_KEY: {"outputs": self.signature["outputs"]}}
         self.signatures = {name: self._signature_fn(name) for name in described}
@@ -464,13 +625,17 @@ class LoadedExport:
         as_dict = self.signature.get("outputs_are_dict", True)
 
         def serve(**inputs) -> Dict[str, torch.Tensor]:
-            outputs = self.program(**inputs)
+            outputs = self(**inputs)
             if by_signature:
                 return outputs[name]
             return outputs if as_dict else {"output": outputs}
         return serve
 
     def __call__(self, **inputs):
+        """The program on `inputs`: for an export with a host transform, the
+        client's inputs (strings, or ``examples`` to parse) go through it first."""
+        if self.transform is not None:
+            inputs = self.transform.program_inputs(inputs)
         return self.program(**inputs)
 
 

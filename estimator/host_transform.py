@@ -1,0 +1,201 @@
+"""The host side of an export that takes strings or serialized tf.Examples
+(TF: the parsing and string ops a SavedModel's graph holds before the model).
+
+A torch program holds no strings, so such an export is two parts: the
+program (numbers in, predictions out) and ``transform.json``, what runs
+before it on each request: parsing the serialized Examples by the recorded
+spec (`build_parsing_serving_input_receiver_fn`), then the feature columns'
+host-side work (vocabulary lookups, hash buckets, crosses, id bags; see
+`feature_column.recorded`), whose results are the program's inputs along
+with the numeric features. Vocabulary files are copied into the export's
+``assets/``. `HostTransform.program_inputs(inputs)` does it all; the export
+loader and ``estimator serve`` call it, so a client sends what it sent to TF
+Serving.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from . import io as tf_io
+from .feature_column import recorded
+
+TRANSFORM = "transform.json"
+EXAMPLES = "examples"   # the receiver tensor of a parsing receiver (TF's name)
+
+
+def is_host_value(value) -> bool:
+    """Whether a feature value cannot enter a torch program: strings (numpy
+    str / bytes / object arrays), or rows of values (lists)."""
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "USO"
+    return isinstance(value, (list, tuple))
+
+
+# -- parsing specs as JSON ---------------------------------------------------------------
+def _is_string(dtype) -> bool:
+    return dtype in (str, bytes, "string", np.str_, np.bytes_, np.object_)
+
+
+def _dtype_name(dtype) -> str:
+    if _is_string(dtype):
+        return "string"
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).replace("torch.", "")
+    return np.dtype(dtype).name
+
+
+def _spec_to_json(spec) -> dict:
+    out = {"type": type(spec).__name__, "dtype": _dtype_name(spec.dtype)}
+    for field in ("shape", "default_value", "allow_missing"):
+        if hasattr(spec, field):
+            value = getattr(spec, field)
+            if isinstance(value, bytes):
+                value = value.decode("utf-8")
+            out[field] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _spec_from_json(config: dict):
+    kw = {k: v for k, v in config.items() if k != "type"}
+    kw["dtype"] = str if kw["dtype"] == "string" else getattr(torch, kw["dtype"])
+    if "shape" in kw:
+        kw["shape"] = tuple(kw["shape"])
+    if isinstance(kw.get("default_value"), list):
+        kw["default_value"] = tuple(kw["default_value"])
+    return getattr(tf_io, config["type"])(**kw)
+
+
+def example_of(values: Dict[str, Any], spec: Dict[str, Any]) -> bytes:
+    """A serialized tf.Example of `values` ({feature: value or list of values}),
+    each typed by its parsing spec (features the spec lacks are left out, as
+    parsing would ignore them). What TF Serving makes of a JSON example."""
+    example = tf_io.Example()
+    for key, value in values.items():
+        if key not in spec:
+            continue
+        kind = _dtype_name(spec[key].dtype)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        feature = example.features.feature[key]
+        try:
+            if kind == "string":
+                feature.bytes_list.value.extend(
+                    v if isinstance(v, bytes) else str(v).encode("utf-8") for v in items)
+            elif kind.startswith(("float", "bfloat", "half", "double")):
+                feature.float_list.value.extend(float(v) for v in items)
+            else:
+                feature.int64_list.value.extend(int(v) for v in items)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"feature {key!r}: {value!r} is not a {kind} value ({e})"
+                             ) from None
+    return example.SerializeToString()
+
+
+def template_examples(spec: Dict[str, Any], batch: int) -> np.ndarray:
+    """`batch` serialized Examples with a value for each feature of `spec`
+    (two for a VarLenFeature), to trace an export with."""
+    rows = []
+    for i in range(batch):
+        values = {}
+        for key, s in spec.items():
+            kind = _dtype_name(s.dtype)
+            value = (f"{key}_{i}" if kind == "string" else
+                     0.5 + i if kind.startswith(("float", "bfloat", "half", "double")) else i)
+            size = int(np.prod(s.shape)) if hasattr(s, "shape") else 2
+            values[key] = [value] * max(size, 1)
+        rows.append(example_of(values, spec))
+    return np.array(rows, dtype=object)
+
+
+# -- the transform -----------------------------------------------------------------------------
+def _vocabulary_files(config, found: list):
+    """The vocabulary_file fields in serialized columns (dicts), in place."""
+    if isinstance(config, dict):
+        if config.get("class_name") == "VocabularyFileCategoricalColumn":
+            found.append(config["config"])
+        for value in config.values():
+            _vocabulary_files(value, found)
+    elif isinstance(config, list):
+        for value in config:
+            _vocabulary_files(value, found)
+    return found
+
+
+class HostTransform:
+    """What runs before an export's program: parse (optional), then the
+    recorded feature-column work. `numeric` names the features the program
+    takes as they are (with their dtypes); `records` the feature-column work
+    (JSON) whose tensors follow them as inputs ``t<i>_<key>``."""
+
+    def __init__(self, parse_spec: Optional[dict], numeric: Dict[str, str], records: list,
+                 record_keys: List[List[str]]):
+        self.parse_spec = parse_spec
+        self.numeric = numeric
+        self.records = records
+        self.record_keys = record_keys
+        self._decoded = [recorded.from_json(r) for r in records]
+
+    @staticmethod
+    def input_name(index: int, key: str) -> str:
+        return f"t{index}_{key}"
+
+    def features(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        """The features model_fn saw: `inputs` parsed (a parsing export takes
+        {"examples": serialized Examples}) or as they are."""
+        if self.parse_spec is None:
+            return dict(inputs)
+        if set(inputs) != {EXAMPLES}:
+            raise ValueError(f"this export parses serialized tf.Examples: give "
+                             f"{{{EXAMPLES!r}: [...]}}, not {sorted(inputs)}")
+        return tf_io.parse_example(list(inputs[EXAMPLES]), self.parse_spec)
+
+    def program_inputs(self, inputs: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+        """The program's inputs for a request's inputs."""
+        features = self.features(inputs)
+        out = {}
+        for name, dtype in self.numeric.items():
+            if name not in features:
+                raise ValueError(f"missing feature {name!r}")
+            out[name] = torch.as_tensor(np.asarray(features[name]) if not isinstance(
+                features[name], torch.Tensor) else features[name],
+                dtype=getattr(torch, dtype))
+        builder = recorded.general_builder(features)
+        for i, record in enumerate(self._decoded):
+            for key, tensor in recorded.redo(builder, record).items():
+                if tensor is not None:
+                    out[self.input_name(i, key)] = tensor
+        return out
+
+    # -- files -------------------------------------------------------------------------
+    def save(self, export_dir: str) -> None:
+        """Write ``transform.json``, vocabulary files copied into ``assets/``."""
+        records = json.loads(json.dumps(self.records))
+        for i, config in enumerate(_vocabulary_files(records, [])):
+            target = os.path.join("assets", f"{i}_{os.path.basename(config['vocabulary_file'])}")
+            os.makedirs(os.path.join(export_dir, "assets"), exist_ok=True)
+            shutil.copyfile(config["vocabulary_file"], os.path.join(export_dir, target))
+            config["vocabulary_file"] = target
+        spec = None if self.parse_spec is None else {
+            k: _spec_to_json(v) for k, v in self.parse_spec.items()}
+        with open(os.path.join(export_dir, TRANSFORM), "w") as f:
+            json.dump({"parse_spec": spec, "numeric": self.numeric, "records": records,
+                       "record_keys": self.record_keys}, f, indent=1)
+
+    @classmethod
+    def load(cls, export_dir: str) -> Optional["HostTransform"]:
+        """The export's transform, None when it has none (a numeric export)."""
+        path = os.path.join(export_dir, TRANSFORM)
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            data = json.load(f)
+        for config in _vocabulary_files(data["records"], []):
+            config["vocabulary_file"] = os.path.join(export_dir, config["vocabulary_file"])
+        spec = None if data["parse_spec"] is None else {
+            k: _spec_from_json(v) for k, v in data["parse_spec"].items()}
+        return cls(spec, data["numeric"], data["records"], data["record_keys"])
