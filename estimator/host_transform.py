@@ -175,11 +175,15 @@ class HostTransform:
     def save(self, export_dir: str) -> None:
         """Write ``transform.json``, vocabulary files copied into ``assets/``."""
         records = json.loads(json.dumps(self.records))
-        for i, config in enumerate(_vocabulary_files(records, [])):
-            target = os.path.join("assets", f"{i}_{os.path.basename(config['vocabulary_file'])}")
-            os.makedirs(os.path.join(export_dir, "assets"), exist_ok=True)
-            shutil.copyfile(config["vocabulary_file"], os.path.join(export_dir, target))
-            config["vocabulary_file"] = target
+        copied: Dict[str, str] = {}
+        for config in _vocabulary_files(records, []):
+            source = config["vocabulary_file"]
+            if source not in copied:
+                copied[source] = os.path.join(
+                    "assets", f"{len(copied)}_{os.path.basename(source)}")
+                os.makedirs(os.path.join(export_dir, "assets"), exist_ok=True)
+                shutil.copyfile(source, os.path.join(export_dir, copied[source]))
+            config["vocabulary_file"] = copied[source]
         spec = None if self.parse_spec is None else {
             k: _spec_to_json(v) for k, v in self.parse_spec.items()}
         with open(os.path.join(export_dir, TRANSFORM), "w") as f:

@@ -17,9 +17,12 @@ matched to the export's inputs by name; `:classify` answers
 ``{"error": "..."}`` naming the field; an unknown model or version a 404.
 
 Given a base directory of timestamped exports, the newest version is
-served. The export's program runs as it loads with torch alone; inputs are
-the receiver tensors of a raw serving receiver (numbers). Exports taking
-strings or serialized tf.Examples (TF's parsing receivers) are not served yet.
+served. Inputs are what the export's receiver took: numbers; strings (a raw
+receiver with string features); or, for a parsing receiver, serialized
+tf.Examples as ``{"b64": ...}`` at ``:predict``, while ``:classify`` and
+``:regress`` take JSON examples, each made a tf.Example and parsed by the
+recorded spec, as TF Serving does. An export with strings runs its
+``transform.json`` before the program (`host_transform`).
 
 The server is the standard library's ``ThreadingHTTPServer``: one thread
 per connection, no dependency, requests answered concurrently (the program
@@ -28,6 +31,8 @@ otherwise.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import os
@@ -40,7 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from . import export
+from . import export, host_transform
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +84,7 @@ class Model:
         self.dir, self.version = _version_dir(path)
         self.name = name
         self.loaded = export.load(self.dir)
+        self.transform = self.loaded.transform
         signature = self.loaded.signature
         self.inputs = {i["name"]: i for i in signature["inputs"]}
         described = signature.get("signatures") or {
@@ -158,7 +164,7 @@ class Model:
         names = list(self.inputs)
         columns: Dict[str, list] = {n: [] for n in names}
         for i, row in enumerate(instances):
-            if isinstance(row, dict):
+            if isinstance(row, dict) and not (len(names) == 1 and set(row) == {"b64"}):
                 missing = [n for n in names if n not in row]
                 extra = [k for k in row if k not in self.inputs]
                 if missing or extra:
@@ -202,12 +208,21 @@ class Model:
             if not isinstance(example, dict):
                 raise RequestError(f"examples[{i}] must be an object {{feature: value}}")
             rows.append({**context, **example})
+        spec = self.transform.parse_spec if self.transform is not None else None
+        if spec is not None:   # as TF Serving: each example made a tf.Example, then parsed
+            try:
+                return {host_transform.EXAMPLES: [host_transform.example_of(r, spec)
+                                                  for r in rows]}
+            except ValueError as e:
+                raise RequestError(f"examples: {e}") from None
         # Features the model does not take are ignored, as parsing an Example ignores them.
         return self._rows([{k: v for k, v in r.items() if k in self.inputs} for r in rows],
                           "examples")
 
     def _tensor(self, name: str, values) -> torch.Tensor:
         spec = self.inputs[name]
+        if spec["dtype"] == "string":
+            return _strings(name, values)
         dtype = _DTYPES.get(spec["dtype"])
         if dtype is None:
             raise RequestError(f"input {name!r} has dtype {spec['dtype']}, which a JSON "
@@ -228,16 +243,44 @@ class Model:
 
     def _run(self, signature: str, columns: Dict[str, Any]) -> Dict[str, np.ndarray]:
         tensors = {n: self._tensor(n, v) for n, v in columns.items()}
-        sizes = {t.shape[0] for t in tensors.values() if t.dim()}
-        if len(sizes) > 1:
-            raise RequestError(f"inputs have different batch sizes: "
-                               f"{ {n: t.shape[0] for n, t in tensors.items()} }")
+        sizes = {n: len(t) for n, t in tensors.items()
+                 if not isinstance(t, torch.Tensor) or t.dim()}
+        if len(set(sizes.values())) > 1:
+            raise RequestError(f"inputs have different batch sizes: {sizes}")
         with torch.inference_mode():
             try:
                 outputs = self.loaded.signatures[signature](**tensors)
             except Exception as e:   # the program's own checks (shapes, dtypes)
                 raise RequestError(f"the model rejected the inputs: {e}") from None
         return {k: v.detach().cpu().numpy() for k, v in outputs.items()}
+
+
+def _strings(name: str, values):
+    """A string input of a request: str values, or ``{"b64": ...}`` for bytes
+    (serialized tf.Examples), as TF Serving takes them; a row may be a list
+    (a variable-length feature)."""
+    def one(value, where):
+        if isinstance(value, dict):
+            if set(value) != {"b64"} or not isinstance(value["b64"], str):
+                raise RequestError(f"input {name!r}{where}: an object must be "
+                                   '{"b64": "<base64>"}')
+            try:
+                return base64.b64decode(value["b64"], validate=True)
+            except (binascii.Error, ValueError) as e:
+                raise RequestError(f"input {name!r}{where}: bad base64 ({e})") from None
+        if isinstance(value, bytes):
+            return value
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return value if isinstance(value, str) else str(value)
+        raise RequestError(f"input {name!r}{where}: expected a string, got "
+                           f"{type(value).__name__}")
+    if not isinstance(values, list):
+        raise RequestError(f"input {name!r}: expected a list of values, one per example")
+    rows = [[one(v, f"[{i}][{j}]") for j, v in enumerate(row)] if isinstance(row, list)
+            else one(row, f"[{i}]") for i, row in enumerate(values)]
+    if any(isinstance(row, list) for row in rows):
+        return [row if isinstance(row, list) else [row] for row in rows]
+    return np.array(rows, dtype=object)
 
 
 def _rows_of(outputs: Dict[str, np.ndarray]) -> list:

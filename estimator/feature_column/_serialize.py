@@ -46,18 +46,22 @@ def _import(path: str):
     return found
 
 
-def _encode(field: str, value):
+def _encode(field: str, value, column, strict: bool):
     if isinstance(value, _columns.FeatureColumn):
-        return serialize_feature_column(value)
+        return serialize_feature_column(value, strict)
     if field in _DROPPED:
         return None
     if field == "dtype":
         return dtype_name(value)
     if callable(value):
         path = _function_path(value)
+        if path is None and strict:
+            raise ValueError(f"column {column.name!r}: its {field} {value!r} cannot be "
+                             "recorded (only a function importable by module path can): "
+                             "give a module-level function")
         return None if path is None else {"function": path}
     if isinstance(value, (tuple, list)):
-        return [_encode("", v) for v in value]
+        return [_encode("", v, column, strict) for v in value]
     return value
 
 
@@ -73,14 +77,16 @@ def _decode(field: str, value):
     return value
 
 
-def serialize_feature_column(column) -> dict:
-    """`column` as a JSON-able dict."""
+def serialize_feature_column(column, strict: bool = False) -> dict:
+    """`column` as a JSON-able dict; `strict`: a function that cannot be kept
+    is an error, not None."""
     cls = type(column)
     if _CLASSES.get(cls.__name__) is not cls:
         raise ValueError(f"cannot serialize {column!r}: not a feature column of "
                          "est.feature_column")
     return {"class_name": cls.__name__,
-            "config": {f: _encode(f, getattr(column, f)) for f in cls._fields}}
+            "config": {f: _encode(f, getattr(column, f), column, strict)
+                       for f in cls._fields}}
 
 
 def deserialize_feature_column(config: dict):

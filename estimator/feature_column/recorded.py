@@ -67,11 +67,14 @@ class Replayer(Builder):
 
 
 def to_json(record: Record) -> dict:
+    """`record` as JSON; a function its columns use on the host (a
+    bucketized source's normalizer_fn) must be importable by module path."""
     kind = record[0]
     if kind == "linear":
-        return {"kind": kind, "columns": [serialize_feature_column(c) for c in record[1]],
+        return {"kind": kind,
+                "columns": [serialize_feature_column(c, strict=True) for c in record[1]],
                 "combiner": record[2]}
-    return {"kind": kind, "column": serialize_feature_column(record[1])}
+    return {"kind": kind, "column": serialize_feature_column(record[1], strict=True)}
 
 
 def from_json(config: dict) -> Record:

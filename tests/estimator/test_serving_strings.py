@@ -1,0 +1,227 @@
+"""Exports that take strings or serialized tf.Examples (TF's parsing and raw
+string receivers): the torch program plus the recorded host-side feature
+transform, loaded in Python and served over TF Serving's REST API, against
+`Estimator.predict` on the same rows, with the cases real data brings
+(out-of-vocabulary and missing values, several values in a row, a vocabulary
+file, batches of 1 and 7)."""
+import base64
+import json
+import os
+
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from estimator import serving
+from estimator.host_transform import example_of
+
+fc = est.feature_column
+EDUCATION = ["Bachelors", "HS-grad", "Masters", "Doctorate"]
+
+
+def scaled(t):
+    """A normalizer_fn: module-level, so an export records it by name."""
+    return t / 10.0
+
+
+def _columns(vocab_file):
+    age = fc.numeric_column("age", normalizer_fn=scaled)
+    education = fc.categorical_column_with_vocabulary_list("education", EDUCATION,
+                                                           num_oov_buckets=1)
+    occupation = fc.categorical_column_with_hash_bucket("occupation", 20)
+    tags = fc.categorical_column_with_vocabulary_file("tags", vocab_file, num_oov_buckets=0)
+    deep = [age, fc.embedding_column(occupation, 3), fc.indicator_column(education),
+            fc.embedding_column(tags, 2, combiner="sqrtn")]
+    wide = [age, education, occupation, tags,
+            fc.crossed_column(["education", "occupation"], 30),
+            fc.crossed_column([fc.bucketized_column(age, [2.0, 4.0]), "occupation"], 25),
+            fc.bucketized_column(fc.numeric_column("hours"), [20.0, 40.0])]
+    return deep, wide
+
+
+def _rows(rng, n):
+    """Census-like rows: strings from numpy, a variable number of tags (some
+    rows none, some unknown), unknown educations and occupations."""
+    return {"age": rng.uniform(18, 70, n).astype(np.float32),
+            "hours": rng.uniform(5, 60, n).astype(np.float32),
+            "education": rng.choice(EDUCATION + ["9th"], n),
+            "occupation": rng.choice(["Sales", "Tech", "Farming", "Other"], n),
+            "tags": [list(rng.choice(["x", "y", "z", "new"], rng.randint(0, 4)))
+                     for _ in range(n)]}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("strings")
+    vocab = tmp / "tags.txt"
+    vocab.write_text("x\ny\nz\n")
+    deep, wide = _columns(str(vocab))
+    rng = np.random.RandomState(0)
+    batches = []
+    for _ in range(20):
+        rows = _rows(rng, 32)
+        batches.append((rows, (rows["age"] > 40).astype(np.int64)))
+    estimator = est.DNNLinearCombinedClassifier(
+        model_dir=str(tmp / "model"), linear_feature_columns=wide, dnn_feature_columns=deep,
+        dnn_hidden_units=[8])
+    estimator.train(lambda: batches, max_steps=20)
+    spec = fc.make_parse_example_spec(deep + wide)
+    parsing = estimator.export_saved_model(
+        str(tmp / "parsing"), est.export.build_parsing_serving_input_receiver_fn(spec))
+    raw = estimator.export_saved_model(
+        str(tmp / "raw"), est.export.build_raw_serving_input_receiver_fn(
+            {"age": torch.zeros(2), "hours": torch.zeros(2),
+             "education": np.array(["a", "b"]), "occupation": np.array(["a", "b"]),
+             "tags": [["x"], []]}))
+    # The export carries its own copy of the vocabulary file.
+    os.remove(vocab)
+    return estimator, spec, parsing, raw, tmp
+
+
+def _predicted(estimator, rows):
+    vocab = str(os.path.join(os.path.dirname(estimator.model_dir), "tags.txt"))
+    with open(vocab, "w") as f:   # (predict reads the file the columns name)
+        f.write("x\ny\nz\n")
+    try:
+        return np.stack([p["logistic"] for p in estimator.predict(lambda: [rows])])
+    finally:
+        os.remove(vocab)
+
+
+def _examples(rows, spec):
+    n = len(rows["age"])
+    return [example_of({k: (v[i].tolist() if hasattr(v[i], "tolist") else v[i])
+                        for k, v in rows.items()}, spec) for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 7])
+def test_loaded_exports_equal_estimator_predict(trained, n):
+    estimator, spec, parsing, raw, _ = trained
+    rows = _rows(np.random.RandomState(n), n)
+    expected = _predicted(estimator, rows)
+    by_examples = est.export.load(parsing).signatures["predict"](
+        examples=_examples(rows, spec))
+    np.testing.assert_allclose(by_examples["logistic"].numpy(), expected, rtol=1e-5,
+                               atol=1e-6)
+    inputs = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f"
+                  else v) for k, v in rows.items()}
+    by_strings = est.export.load(raw).signatures["predict"](**inputs)
+    np.testing.assert_allclose(by_strings["logistic"].numpy(), expected, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_export_records_the_transform_and_copies_the_vocabulary(trained):
+    _, _, parsing, _, _ = trained
+    with open(os.path.join(parsing, "transform.json")) as f:
+        transform = json.load(f)
+    assert set(transform["parse_spec"]) == {"age", "hours", "education", "occupation", "tags"}
+    assert transform["numeric"] == {"age": "float32", "hours": "float32"}
+    assert sorted(r["kind"] for r in transform["records"]) == [
+        "embedding", "embedding", "indicator", "linear"]
+    assert os.listdir(os.path.join(parsing, "assets")) == ["0_tags.txt"]
+    with open(os.path.join(parsing, "signature.json")) as f:
+        signature = json.load(f)
+    assert signature["inputs"] == [{"name": "examples", "dtype": "string", "shape": [None]}]
+
+
+@pytest.fixture(scope="module")
+def url(trained):
+    server = serving.make_server(trained[2], port=0, model_name="census")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/census"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def _post(url, body):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_served_examples_equal_estimator_predict(trained, url):
+    estimator, spec, _, _, _ = trained
+    rows = _rows(np.random.RandomState(5), 4)
+    expected = _predicted(estimator, rows)[:, 0]
+    instances = [{"b64": base64.b64encode(e).decode()} for e in _examples(rows, spec)]
+    status, body = _post(url + ":predict", {"signature_name": "predict",
+                                            "instances": instances})
+    assert status == 200, body
+    np.testing.assert_allclose([p["logistic"][0] for p in body["predictions"]], expected,
+                               rtol=1e-5)
+    examples = [{k: (v[i].tolist() if hasattr(v[i], "tolist") else v[i])
+                 for k, v in rows.items()} for i in range(4)]
+    status, body = _post(url + ":classify", {"examples": examples})
+    assert status == 200, body
+    np.testing.assert_allclose([r[1][1] for r in body["results"]], expected, rtol=1e-5)
+    status, body = _post(url + ":regress", {"signature_name": "regression",
+                                            "examples": examples})
+    assert status == 200, body
+    np.testing.assert_allclose(body["results"], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"instances": [{"b64": "%%%"}]}, "bad base64"),
+    ({"instances": [{"b64": base64.b64encode(b"\xff\x01junk").decode()}]},
+     "not a serialized tf.Example"),
+    ({"instances": [{"b64": base64.b64encode(b"").decode()}]}, "age"),   # required feature
+    ({"examples": [{"age": "old", "hours": 1.0}]}, "feature 'age'"),
+])
+def test_bad_examples_get_400_naming_the_problem(url, body, field):
+    verb = ":classify" if "examples" in body else ":predict"
+    status, answer = _post(url + verb, body)
+    assert status == 400 and field in answer["error"], answer
+
+
+def test_a_transform_that_cannot_be_recorded_fails_the_export(tmp_path):
+    """A cross over a bucketized column whose normalizer_fn is a lambda: the
+    server could not redo the buckets, so the export refuses, naming it."""
+    hours = fc.numeric_column("hours", normalizer_fn=lambda t: t * 2)
+    cross = fc.crossed_column([fc.bucketized_column(hours, [20.0]), "job"], 10)
+    estimator = est.LinearClassifier([cross], model_dir=str(tmp_path / "m"))
+    rows = {"hours": np.array([5.0, 50.0], np.float32), "job": np.array(["a", "b"])}
+    estimator.train(lambda: [(rows, np.array([0, 1]))], max_steps=1)
+    with pytest.raises(ValueError, match="column 'hours': its normalizer_fn .*lambda.* cannot "
+                                         "be recorded.*module-level function"):
+        estimator.export_saved_model(str(tmp_path / "e"),
+                                     est.export.build_parsing_serving_input_receiver_fn(
+                                         fc.make_parse_example_spec([cross])))
+    assert not os.path.exists(tmp_path / "e") or not os.listdir(tmp_path / "e")
+
+
+def test_columns_round_trip_through_json(tmp_path):
+    vocab = tmp_path / "v.txt"
+    vocab.write_text("a\nb\n")
+    columns = [
+        fc.numeric_column("n", shape=(2,), default_value=(1.0, 2.0), dtype=torch.float64),
+        fc.bucketized_column(fc.numeric_column("b"), [1.0, 2.0]),
+        fc.indicator_column(fc.categorical_column_with_vocabulary_list(
+            "v", ["x", "y"], num_oov_buckets=2)),
+        fc.categorical_column_with_vocabulary_list("iv", [3, 5], default_value=0),
+        fc.categorical_column_with_vocabulary_file("f", str(vocab), num_oov_buckets=1),
+        fc.crossed_column(["v", fc.bucketized_column(fc.numeric_column("b"), [1.0])], 7,
+                          hash_key=5),
+        fc.weighted_categorical_column(fc.categorical_column_with_identity("i", 4, 0), "w"),
+        fc.categorical_column_with_hash_bucket("h", 9, dtype=torch.int64),
+    ]
+    for column in columns:
+        config = json.loads(json.dumps(fc.serialize_feature_column(column)))
+        assert fc.deserialize_feature_column(config) == column
+    emb = fc.embedding_column(fc.categorical_column_with_hash_bucket("h", 9), 3,
+                              initializer=lambda shape: np.zeros(shape))
+    back = fc.deserialize_feature_column(json.loads(json.dumps(
+        fc.serialize_feature_column(emb))))
+    assert back.initializer is None and back._replace(initializer=emb.initializer) == emb
+    with pytest.raises(ValueError, match="unknown feature column class 'Nope'"):
+        fc.deserialize_feature_column({"class_name": "Nope", "config": {}})
+
