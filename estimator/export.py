@@ -504,6 +504,11 @@ def _host_program(receiver, scope, call):
     tensors (replayed), and the `HostTransform` that redoes it per request.
     Returns (module, outputs, inputs, trace inputs, dynamic shapes,
     transform, the client's inputs described)."""
+    if callable(receiver.features) and receiver.parse_spec is None:
+        raise ValueError("a ServingInputReceiver taking strings must give its receiver "
+                         "tensors themselves as the features: preprocessing in a callable "
+                         "cannot be recorded for the server (do it in model_fn with torch, "
+                         "or in feature columns)")
     raw = {n: (t.detach().cpu() if isinstance(t, torch.Tensor) else t)
            for n, t in receiver.receiver_tensors.items()}
     if receiver.dynamic_batch and any(len(v) < 2 for v in raw.values()):

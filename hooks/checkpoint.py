@@ -169,7 +169,7 @@ def _rng_state() -> dict:
     np_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "python": random.getstate(),
+        "python": _python_rng(random.getstate()),
         "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)),
                   "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
                   "cached_gaussian": float(np_state[4])},
@@ -182,12 +182,24 @@ def _rng_state() -> dict:
 def restore_rng(state: dict) -> None:
     """Put back the RNG states saved with a checkpoint."""
     torch.set_rng_state(state["torch"])
-    random.setstate(_tuples(state["python"]))
+    python = state["python"]
+    if isinstance(python, dict):
+        python = (python["version"], tuple(python["state"].tolist()), python["gauss_next"])
+    random.setstate(_tuples(python))   # (checkpoints before: the tuple itself)
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
                          n["has_gauss"], n["cached_gaussian"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _python_rng(state: tuple) -> dict:
+    """`random.getstate()` with its 625 words as one tensor: pickling them one by
+    one cost a background save more of the step's interpreter time than the
+    model (a tiny one)."""
+    version, words, gauss_next = state
+    return {"version": version, "state": torch.tensor(words, dtype=torch.int64),
+            "gauss_next": gauss_next}
 
 
 def _tuples(obj):

@@ -225,3 +225,25 @@ def test_columns_round_trip_through_json(tmp_path):
     with pytest.raises(ValueError, match="unknown feature column class 'Nope'"):
         fc.deserialize_feature_column({"class_name": "Nope", "config": {}})
 
+
+
+def test_string_receivers_must_be_recordable(trained, tmp_path):
+    estimator = trained[0]
+    names = np.array(["Sales", "Tech"])
+
+    def preprocessing():
+        return est.export.ServingInputReceiver(lambda inputs: {"occupation": inputs["o"]},
+                                               {"o": names})
+    with pytest.raises(ValueError, match="preprocessing in a callable cannot be recorded"):
+        estimator.export_saved_model(str(tmp_path / "e"), preprocessing)
+    one_row = est.export.build_raw_serving_input_receiver_fn(
+        {"age": torch.zeros(1), "hours": torch.zeros(1), "education": np.array(["a"]),
+         "occupation": np.array(["a"]), "tags": [["x"]]}, default_batch_size=None)
+    vocab = trained[4] / "tags.txt"
+    vocab.write_text("x\ny\nz\n")
+    try:
+        assert estimator.export_saved_model(str(tmp_path / "ok"), one_row)   # rows made 2
+    finally:
+        os.remove(vocab)
+    with pytest.raises(ValueError, match="must be a tensor, or strings as a numpy array"):
+        est.export.ServingInputReceiver({"x": {"a": 1}}, {"x": {"a": 1}})
