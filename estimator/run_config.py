@@ -37,12 +37,25 @@ _DEFAULT_REPLACEABLE_LIST = [
 # with the step), while it moves 2-3 ms of file writes off the step, which
 # pays on slow (network) file systems.
 ASYNC_CHECKPOINT_DEFAULT = False
+# ... which the environment may change for every RunConfig that leaves it None
+# (a cluster on network storage; the fault-injection tests run both ways).
+ASYNC_CHECKPOINT_ENV = "ESTIMATOR_ASYNC_CHECKPOINT"
 
 
 def async_checkpoint(config) -> bool:
     """Whether `config`'s chief writes checkpoints in the background."""
     value = config.experimental_async_checkpoint
-    return ASYNC_CHECKPOINT_DEFAULT if value is None else value
+    if value is not None:
+        return value
+    setting = os.environ.get(ASYNC_CHECKPOINT_ENV, "").strip().lower()
+    if setting in ("1", "true", "yes"):
+        return True
+    if setting in ("0", "false", "no"):
+        return False
+    if setting:
+        raise ValueError(f"{ASYNC_CHECKPOINT_ENV}={os.environ[ASYNC_CHECKPOINT_ENV]!r}: give "
+                         "1 or 0")
+    return ASYNC_CHECKPOINT_DEFAULT
 
 
 _SAVE_CKPT_ERR = "`save_checkpoints_steps` and `save_checkpoints_secs` cannot be both set."
@@ -460,7 +473,8 @@ class RunConfig:
     @property
     def experimental_async_checkpoint(self):
         """Whether the chief writes checkpoints on a writer thread (the step
-        only copies the state); None: the default, `ASYNC_CHECKPOINT_DEFAULT`."""
+        only copies the state); None: ``ESTIMATOR_ASYNC_CHECKPOINT=1`` / ``0`` in
+        the environment, else `ASYNC_CHECKPOINT_DEFAULT` (off)."""
         return self._experimental_async_checkpoint
 
     @property

@@ -1,0 +1,37 @@
+"""The fault-injection tests again, with every checkpoint written in the
+background (ESTIMATOR_ASYNC_CHECKPOINT=1, which RunConfigs that leave
+experimental_async_checkpoint unset follow): kill -9 during saves, NaN
+steps, preemption signals and restarts keep their guarantees."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import estimator as est
+from estimator import run_config
+from paths import ROOT
+
+
+def test_the_environment_sets_the_default(monkeypatch):
+    monkeypatch.setenv("ESTIMATOR_ASYNC_CHECKPOINT", "1")
+    assert run_config.async_checkpoint(est.RunConfig()) is True
+    assert run_config.async_checkpoint(est.RunConfig(experimental_async_checkpoint=False)) \
+        is False
+    monkeypatch.setenv("ESTIMATOR_ASYNC_CHECKPOINT", "0")
+    assert run_config.async_checkpoint(est.RunConfig()) is False
+    monkeypatch.setenv("ESTIMATOR_ASYNC_CHECKPOINT", "maybe")
+    with pytest.raises(ValueError, match="ESTIMATOR_ASYNC_CHECKPOINT='maybe': give 1 or 0"):
+        run_config.async_checkpoint(est.RunConfig())
+
+
+@pytest.mark.slow
+def test_fault_injection_passes_with_background_saves():
+    env = dict(os.environ, ESTIMATOR_ASYNC_CHECKPOINT="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+         "tests/hooks/test_preemption.py", "tests/hooks/test_checkpoint.py",
+         "-k", "kill or nan or signal or sigterm or restarts or fails or never_dropped"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
