@@ -14,6 +14,7 @@ from .cross_device_ops import (CollectiveCommunication, CommunicationImplementat
 from ._process_group import ReplicaFailedError
 from .mirrored_strategy import MirroredStrategy
 from . import partitioners
+from . import coordinator, experimental
 from ._ps_rpc import ParameterServerError
 from .parameter_server_strategy import ParameterServerStrategy
 from .server import Server
@@ -30,4 +31,5 @@ __all__ = [
     "HierarchicalCopyAllReduce", "ReductionToOneDevice", "CommunicationImplementation",
     "CollectiveCommunication", "CommunicationOptions", "ReplicaFailedError", "cross_device_ops",
     "input_lib", "ParameterServerStrategy", "Server", "ParameterServerError", "partitioners",
+    "coordinator", "experimental",
 ]

@@ -1,4 +1,5 @@
-"""`distribute.Server`: a `ps` task serving parameters (tf.distribute.Server).
+"""`distribute.Server`: a `ps` task serving parameters, or a `worker` task
+running a ClusterCoordinator's functions (tf.distribute.Server).
 
     # on each ps task of the cluster (train_and_evaluate does this for you)
     server = distribute.Server(cluster_spec, job_name="ps", task_index=0)
@@ -11,8 +12,10 @@ chief has signalled the end of training and every trainer has left (or has
 been silent for `end_grace_secs`); ps 0 decides and tells the others.
 `stop_when()` (train_and_evaluate: the chief's completion marker) counts
 as the chief's end signal. A ps whose ps 0 disappears stops with an error
-naming it. TF's Server serves any job;
-here only `ps` tasks need one (trainers connect through the strategy).
+naming it. A `worker` Server's `join()` runs the functions a
+`distribute.experimental.coordinator.ClusterCoordinator` schedules (TF2's
+parameter-server training) until the coordinator stops them. TF's Server
+serves any job; TF1-style trainers connect through the strategy instead.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import logging
 import time
 from typing import Callable, Optional
 
-from . import _ps_rpc
+from . import _ps_rpc, coordinator
 from .cluster_resolver import ClusterSpec
 
 logger = logging.getLogger(__name__)
@@ -49,15 +52,17 @@ and ps 0 for a first trainer (then it stops with an error).
                  init_timeout_secs: float = _DEFAULT_INIT_TIMEOUT,
                  end_grace_secs: float = _END_GRACE_SECS):
         spec = ClusterSpec(server_or_cluster_def)
-        if job_name != "ps":
-            raise ValueError(f"distribute.Server serves parameters: job_name must be 'ps', got "
-                             f"{job_name!r} (chief and workers connect through "
+        if job_name not in ("ps", "worker"):
+            raise ValueError(f"distribute.Server runs a 'ps' task (parameters) or a 'worker' "
+                             f"task (a ClusterCoordinator's functions), got job_name "
+                             f"{job_name!r} (the chief and TF1-style workers connect through "
                              "ParameterServerStrategy and need no Server)")
         if "ps" not in spec.jobs:
             raise ValueError(f"The cluster {spec.as_dict()} has no 'ps' job")
-        if not isinstance(task_index, int) or task_index not in spec.task_indices("ps"):
-            raise ValueError(f"task_index must be one of the ps indices "
-                             f"{spec.task_indices('ps')}, got {task_index!r}")
+        if not isinstance(task_index, int) or task_index not in spec.task_indices(job_name):
+            raise ValueError(f"task_index must be one of the {job_name} indices "
+                             f"{spec.task_indices(job_name)}, got {task_index!r}")
+        self._job = job_name
         if protocol not in (None, "grpc"):
             raise ValueError(f"protocol must be None or 'grpc', got {protocol!r}")
         for name, value in (("timeout_secs", timeout_secs),
@@ -78,23 +83,29 @@ and ps 0 for a first trainer (then it stops with an error).
     @property
     def target(self) -> str:
         """This task's address, TF style (`grpc://host:port`)."""
-        return "grpc://" + self._spec.task_address("ps", self._task_index)
+        return "grpc://" + self._spec.task_address(self._job, self._task_index)
 
     @property
     def server_def(self) -> dict:
-        return {"cluster": self._spec.as_dict(), "job_name": "ps",
+        return {"cluster": self._spec.as_dict(), "job_name": self._job,
                 "task_index": self._task_index, "protocol": "grpc"}
 
     def start(self) -> None:
-        """Start serving (done by the constructor unless `start=False`)."""
-        if self._params is None:
+        """Start serving (done by the constructor unless `start=False`; a
+        worker starts in `join`)."""
+        if self._job == "ps" and self._params is None:
             self._params, self._store = _ps_rpc.serve(self._spec, self._task_index,
                                                       self._timeout, self._init_timeout)
 
     def join(self, timeout: Optional[float] = None,
              stop_when: Optional[Callable[[], bool]] = None) -> bool:
         """Serve until training ends (True), or `timeout` seconds (False);
-        then stop serving. `stop_when()` is polled on ps 0 as another end signal."""
+        then stop serving. `stop_when()` is polled on ps 0 as another end signal.
+        A worker runs a ClusterCoordinator's functions until it stops them."""
+        if self._job == "worker":
+            coordinator.run_worker(self._spec, self._task_index, self._timeout,
+                                   self._init_timeout)
+            return True
         self.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         index = self._task_index

@@ -84,7 +84,10 @@ def test_arguments_are_checked(monkeypatch):
     with pytest.raises(ValueError, match="needs 'ps' tasks in the cluster"):
         distribute.ParameterServerStrategy(resolver)
     spec = {"ps": ["127.0.0.1:1"], "chief": ["127.0.0.1:2"]}
-    with pytest.raises(ValueError, match="job_name must be 'ps', got 'worker'"):
+    with pytest.raises(ValueError, match="a 'ps' task .* or a 'worker' task .*got job_name "
+                                         "'chief'"):
+        distribute.Server(spec, job_name="chief", task_index=0)
+    with pytest.raises(ValueError, match=r"task_index must be one of the worker indices \[\]"):
         distribute.Server(spec, job_name="worker", task_index=0)
     with pytest.raises(ValueError, match=r"task_index must be one of the ps indices \[0\]"):
         distribute.Server(spec, job_name="ps", task_index=3)

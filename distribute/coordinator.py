@@ -1,0 +1,505 @@
+"""TF2's parameter-server training (``tf.distribute.experimental.coordinator``):
+a coordinator schedules functions onto workers; variables live on ps tasks.
+
+    # every ps and worker task (TF_CONFIG names it):
+    distribute.Server(cluster, job_name="ps" or "worker", task_index=i).join()
+
+    # the coordinator (the cluster's chief):
+    strategy = distribute.ParameterServerStrategy(resolver)
+    coordinator = distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = coordinator.create_module("net", make_net)
+        optimizer = coordinator.create_optimizer("sgd", model, make_sgd)
+    iterator = iter(coordinator.create_per_worker_dataset(make_dataset))
+    losses = [coordinator.schedule(train_step, args=(iterator, model, optimizer))
+              for _ in range(steps)]
+    coordinator.join()
+    print(losses[-1].fetch())
+
+What differs from TF, because torch ships code by reference: scheduled
+functions, module and optimizer factories and dataset functions must be
+importable (module-level functions of a module every task can import; not
+``__main__``, not lambdas), as torch.distributed.rpc requires. Modules and
+optimizers are created through the coordinator (TF intercepts variable
+creation under ``strategy.scope()``; torch has no such hook): their
+parameters are placed round-robin over the ps tasks, and the optimizer runs
+there (its slots live there). In a scheduled function, a module argument is
+the worker's copy, refreshed from the ps tasks when the function starts; an
+optimizer argument's `step()` sends the gradients to the ps tasks, which
+apply them, and takes the new values back (asynchronous training, as TF's).
+A module's buffers (batch-norm statistics) stay on each worker.
+
+Failures, as TF promises: a worker that dies has the functions it was
+running run again on another worker (at least once: its lease on them runs
+out after `lease_secs` without its heartbeats), and a restarted worker
+joins again (its per-worker dataset made anew); a ps task that dies makes
+`schedule`, `join` and `fetch` raise a `ParameterServerError` naming it.
+`state_dict()` / `load_state_dict()` gather and restore the ps tasks' values
+and slots, for a checkpoint the coordinator writes (``hooks.checkpoint``)
+and a restarted coordinator reads back.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import inspect
+import itertools
+import logging
+import pickle
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from . import _closure_queue as _cq
+from . import _ps_rpc, ps_client
+from .strategy import InputContext
+
+logger = logging.getLogger(__name__)
+
+_POLL_SECS = 0.05
+_PS_CHECK_SECS = 1.0
+_TAKE_WAIT_SECS = 1.0
+
+
+# -- values and handles --------------------------------------------------------------------
+class RemoteValue:
+    """The result of a scheduled function (tf.distribute.experimental.coordinator.RemoteValue)."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._value = None
+        self._error: Optional[BaseException] = None
+
+    def _set(self, value=None, error: Optional[BaseException] = None) -> None:
+        if not self._event.is_set():
+            self._value, self._error = value, error
+            self._event.set()
+
+    def fetch(self):
+        """Wait for the function; its return value, or its error raised."""
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def get(self):
+        return self.fetch()
+
+
+class RemoteModule:
+    """A module whose parameters live on the ps tasks: pass it to scheduled
+    functions, which get the worker's copy."""
+
+    def __init__(self, name: str, factory: Callable, layout: list):
+        self.name, self.factory, self.layout = name, factory, layout
+
+    def __repr__(self):
+        return f"RemoteModule({self.name!r})"
+
+
+class RemoteOptimizer:
+    """An optimizer running on the ps tasks over a `RemoteModule`'s parameters."""
+
+    def __init__(self, name: str, module: RemoteModule):
+        self.name, self.module = name, module
+
+    def __repr__(self):
+        return f"RemoteOptimizer({self.name!r})"
+
+
+class PerWorkerDataset:
+    """`dataset_fn` made on each worker (tf.distribute's PerWorkerDataset)."""
+
+    def __init__(self, dataset_fn: Callable, index: int):
+        self.dataset_fn, self.index = dataset_fn, index
+
+    def __iter__(self) -> "PerWorkerIterator":
+        return PerWorkerIterator(self)
+
+
+class PerWorkerIterator:
+    """An iterator over each worker's own dataset; in a scheduled function it
+    is that worker's iterator."""
+
+    def __init__(self, dataset: PerWorkerDataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise TypeError("a per-worker iterator is read in a scheduled function, on a worker "
+                        "(pass it to coordinator.schedule)")
+
+
+def _importable(fn, what: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{what} must be callable, got {fn!r}")
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module == "__main__" or "<" in name:
+        raise TypeError(f"{what} {fn!r} must be importable by every task: a module-level "
+                        "function of an importable module (not __main__, not a lambda or a "
+                        "nested function): torch.distributed.rpc ships functions by name")
+
+
+# -- the coordinator --------------------------------------------------------------------------
+class ClusterCoordinator:
+    """Schedules functions onto the workers of a `ParameterServerStrategy`'s
+    cluster (tf.distribute.experimental.coordinator.ClusterCoordinator); run
+    it on the cluster's chief. `lease_secs`: how long a worker may go without
+    a heartbeat before its functions run elsewhere."""
+
+    def __init__(self, strategy, lease_secs: float = 10.0):
+        extended = strategy.extended
+        if not hasattr(extended, "_spec") or "ps" not in extended._spec.jobs:
+            raise ValueError("ClusterCoordinator needs a ParameterServerStrategy over a cluster "
+                             f"with ps tasks, got {strategy!r}")
+        spec = extended._spec
+        if "worker" not in spec.jobs:
+            raise ValueError(f"ClusterCoordinator: the cluster {spec.as_dict()} has no workers")
+        self.strategy = strategy
+        self._lease = float(lease_secs)
+        self._num_ps = spec.num_tasks("ps")
+        self._client = ps_client.Client(spec, extended._task_type, extended._task_id,
+                                        extended._timeout, extended._init_timeout)
+        self._client.register()
+        self._ids = itertools.count()
+        self._values: Dict[tuple, RemoteValue] = {}
+        self._lock = threading.Lock()
+        self._error: Optional[BaseException] = None     # the first function error
+        self._ps_error: Optional[BaseException] = None
+        self._modules: Dict[str, tuple] = {}     # name -> (module, layout)
+        self._optimizers: Dict[str, tuple] = {}  # name -> (optimizer, module name)
+        self._datasets = itertools.count()
+        self.stats: dict = {}
+        self._stopped = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="coordinator-results",
+                                        daemon=True)
+        self._poller.start()
+        atexit.register(self.shutdown, end_training=False)
+
+    # -- variables on the ps tasks ------------------------------------------------------
+    def create_module(self, name: str, factory: Callable[[], torch.nn.Module]) -> RemoteModule:
+        """`factory()`'s parameters placed round-robin on the ps tasks (a
+        module the ps tasks already hold under `name` is overwritten: a
+        restarted coordinator then loads its checkpoint)."""
+        _importable(factory, "create_module: factory")
+        module = factory()
+        entries = collections.defaultdict(list)
+        placed = []
+        for i, (key, param) in enumerate(module.named_parameters()):
+            ps = i % self._num_ps
+            entries[ps].append((f"coordinator/{name}/{key}", param.detach().cpu()))
+            placed.append((key, ps, len(entries[ps]) - 1))
+        ids = self._client.create_shards(dict(entries), name)
+        layout = [(key, ps, ids[ps][j]) for key, ps, j in placed]
+        self._modules[name] = (module, layout)
+        return RemoteModule(name, factory, layout)
+
+    def create_optimizer(self, name: str, module: RemoteModule,
+                         factory: Callable) -> RemoteOptimizer:
+        """`factory(parameters)` (an importable function) run on each ps task
+        over the shards of `module` it holds."""
+        _importable(factory, "create_optimizer: factory")
+        local, layout = self._modules[module.name]
+        optimizer = factory(list(local.parameters()))
+        where = {id(p): (ps, i) for (_, p), (_, ps, i) in zip(local.named_parameters(), layout)}
+        groups = collections.defaultdict(list)
+        for g, group in enumerate(optimizer.param_groups):
+            hparams = {k: v for k, v in group.items() if k != "params"}
+            by_ps = collections.defaultdict(list)
+            for p in group["params"]:
+                ps, i = where[id(p)]
+                by_ps[ps].append(i)
+            for ps, ids in by_ps.items():
+                groups[ps].append((g, hparams, ids))
+        self._client.ensure_optimizer(name, type(optimizer), dict(optimizer.defaults),
+                                      dict(groups))
+        self._optimizers[name] = (optimizer, module.name)
+        return RemoteOptimizer(name, module)
+
+    def create_per_worker_dataset(self, dataset_fn: Callable) -> PerWorkerDataset:
+        """`dataset_fn()` (or `dataset_fn(input_context)`) made on each worker
+        when a function first iterates it there."""
+        _importable(dataset_fn, "create_per_worker_dataset: dataset_fn")
+        return PerWorkerDataset(dataset_fn, next(self._datasets))
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """{"modules": {name: state_dict}, "optimizers": {name: {param key: slots}}}
+        gathered from the ps tasks."""
+        ids = collections.defaultdict(list)
+        for _, layout in self._modules.values():
+            for _, ps, i in layout:
+                ids[ps].append(i)
+        gathered = self._client.gather(dict(ids), list(self._optimizers))
+        values, slots = {}, collections.defaultdict(dict)
+        for ps, (packed, by_opt) in gathered.items():
+            values.update({(ps, i): t.clone() for i, t in _ps_rpc.unpack(packed)})
+            for opt, states in by_opt.items():
+                slots[opt].update({(ps, i): s for i, s in states.items()})
+        out = {"modules": {}, "optimizers": {}}
+        for name, (module, layout) in self._modules.items():
+            state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+            state.update({key: values[(ps, i)] for key, ps, i in layout})
+            out["modules"][name] = state
+        for opt, (_, module_name) in self._optimizers.items():
+            layout = self._modules[module_name][1]
+            out["optimizers"][opt] = {key: slots[opt][(ps, i)] for key, ps, i in layout
+                                      if (ps, i) in slots[opt]}
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put a `state_dict()` back on the ps tasks (values and slots)."""
+        for name, values in state["modules"].items():
+            module, layout = self._modules[name]
+            entries = collections.defaultdict(list)
+            for key, ps, _ in layout:
+                entries[ps].append((f"coordinator/{name}/{key}", values[key].detach().cpu()))
+            self._client.create_shards(dict(entries), name)
+            module.load_state_dict(values)
+        for opt, slots in state.get("optimizers", {}).items():
+            layout = self._modules[self._optimizers[opt][1]][1]
+            by_ps = collections.defaultdict(dict)
+            for key, ps, i in layout:
+                if key in slots:
+                    by_ps[ps][i] = slots[key]
+            self._client.set_optimizer_state(opt, dict(by_ps))
+
+    # -- scheduling -------------------------------------------------------------------------
+    def schedule(self, fn: Callable, args=(), kwargs=None) -> RemoteValue:
+        """Run `fn(*args, **kwargs)` on a free worker; its `RemoteValue` now."""
+        self._raise_if_failed()
+        _importable(fn, "schedule: fn")
+        try:
+            payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise TypeError(f"schedule: {fn.__qualname__}'s arguments cannot be sent to a "
+                            f"worker: {e}") from None
+        cid = (self._client.name, next(self._ids))   # unique across coordinator restarts
+        value = RemoteValue()
+        with self._lock:
+            self._values[cid] = value
+        self._client.call(0, _cq._put, cid, payload, self._lease, what="scheduling a function")
+        return value
+
+    def join(self) -> None:
+        """Wait for every scheduled function; raise the first error (a
+        function's, or a ps task's)."""
+        while True:
+            self._raise_if_failed()
+            with self._lock:
+                if not self._values:
+                    return
+            time.sleep(_POLL_SECS)
+
+    def done(self) -> bool:
+        """Whether every scheduled function has finished (raises as `join`)."""
+        self._raise_if_failed()
+        with self._lock:
+            return not self._values
+
+    def _raise_if_failed(self) -> None:
+        if self._ps_error is not None:
+            raise self._ps_error
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _poll(self) -> None:
+        next_check = 0.0
+        while not self._stopped.is_set():
+            try:
+                results, self.stats = self._client.call(0, _cq._collect,
+                                                         what="collecting results")
+                if time.monotonic() > next_check:
+                    next_check = time.monotonic() + _PS_CHECK_SECS
+                    self._client.on_each({ps: (_ps_rpc._status,) for ps in range(self._num_ps)},
+                                         "checking the ps tasks")
+            except Exception as e:   # a ps task is gone: every pending function fails
+                if self._stopped.is_set():
+                    return
+                self._ps_error = e
+                with self._lock:
+                    pending, self._values = self._values, {}
+                for value in pending.values():
+                    value._set(error=e)
+                return
+            for cid, payload in results.items():
+                kind, value = pickle.loads(payload)
+                with self._lock:
+                    remote = self._values.pop(cid, None)
+                if remote is None:
+                    continue
+                if kind == "ok":
+                    remote._set(value)
+                else:
+                    if self._error is None:
+                        self._error = value
+                    remote._set(error=value)
+            time.sleep(_POLL_SECS)
+
+    def shutdown(self, end_training: bool = True) -> None:
+        """Stop the workers' loops and leave; `end_training`: the ps tasks
+        may exit too (TF: the end of the coordinator program)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._poller.join(timeout=5)
+        if end_training:
+            try:
+                self._client.call(0, _cq._stop, what="stopping the workers", timeout=5.0)
+                self._client.end_training()
+            except Exception as e:
+                logger.warning("coordinator: could not end training on ps 0: %s", e)
+        self._client.close()
+
+
+# -- the worker side -------------------------------------------------------------------------
+class _LocalModule:
+    """A worker's copy of a RemoteModule, refreshed from the ps tasks."""
+
+    def __init__(self, handle: RemoteModule):
+        self.layout = handle.layout
+        self.module = handle.factory()
+        params = dict(self.module.named_parameters())
+        self.tensors = {(ps, i): params[key] for key, ps, i in handle.layout}
+        self.ids = collections.defaultdict(list)
+        for _, ps, i in handle.layout:
+            self.ids[ps].append(i)
+        self.since = {ps: -1 for ps in self.ids}
+
+    def apply(self, answers: Dict[int, tuple]) -> None:
+        with torch.no_grad():
+            for ps, (clock, packed) in answers.items():
+                for i, value in _ps_rpc.unpack(packed):
+                    tensor = self.tensors.get((ps, i))
+                    if tensor is not None:
+                        tensor.copy_(value)
+                self.since[ps] = clock
+
+    def refresh(self, client) -> None:
+        self.apply(client.on_each({ps: (_ps_rpc._pull, ids, self.since[ps])
+                                   for ps, ids in self.ids.items()}, "pulling parameters"))
+
+
+class _WorkerOptimizer:
+    """In a scheduled function: `step()` sends the gradients to the ps tasks'
+    optimizer and takes the new values back."""
+
+    def __init__(self, name: str, local: _LocalModule, client):
+        self.name, self._local, self._client = name, local, client
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._local.module.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        calls = {}
+        for ps, ids in self._local.ids.items():
+            have = [(i, self._local.tensors[(ps, i)].grad) for i in ids]
+            have = [(i, g.detach()) for i, g in have if g is not None]
+            calls[ps] = ([i for i, _ in have], [g for _, g in have], [], [], None,
+                         self._local.since[ps])
+        self._local.apply(self._client.push(calls, self.name))
+
+
+class _Worker:
+    def __init__(self, client, index: int, num_workers: int):
+        self.client, self.index, self.num_workers = client, index, num_workers
+        self._modules: Dict[str, _LocalModule] = {}
+        self._iterators: Dict[int, Any] = {}
+
+    def resolve(self, value):
+        if isinstance(value, RemoteModule):
+            local = self._modules.get(value.name)
+            if local is None or local.layout != value.layout:
+                local = self._modules[value.name] = _LocalModule(value)
+            local.refresh(self.client)
+            return local.module
+        if isinstance(value, RemoteOptimizer):
+            self.resolve(value.module)
+            return _WorkerOptimizer(value.name, self._modules[value.module.name], self.client)
+        if isinstance(value, PerWorkerIterator):
+            dataset = value.dataset
+            it = self._iterators.get(dataset.index)
+            if it is None:
+                fn = dataset.dataset_fn
+                made = (fn(InputContext(self.num_workers, self.index, 1))
+                        if inspect.signature(fn).parameters else fn())
+                it = self._iterators[dataset.index] = iter(made)
+            return it
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.resolve(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.resolve(v) for k, v in value.items()}
+        return value
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
+
+
+def _result(kind: str, value) -> bytes:
+    try:
+        return pickle.dumps((kind, value))
+    except Exception as e:   # an unpicklable result or error: say what it was
+        return pickle.dumps(("error", RuntimeError(f"the function's {kind} could not be sent "
+                                                   f"back: {value!r:.300} ({e})")))
+
+
+def run_worker(cluster_spec, task_index: int, timeout: float, init_timeout: float,
+               stop: Optional[threading.Event] = None) -> None:
+    """A worker task: take scheduled functions from ps 0 and run them, until
+    the coordinator stops (or ps 0 is gone: an error naming it)."""
+    client = ps_client.Client(cluster_spec, "worker", task_index, timeout, init_timeout)
+    client.register()
+    worker = _Worker(client, task_index, cluster_spec.num_tasks("worker"))
+    running = threading.Event()
+    closing = threading.Event()
+
+    def heartbeat():
+        while not closing.is_set():
+            if running.is_set():
+                try:
+                    client.call(0, _cq._beat, client.name, what="heartbeat")
+                except Exception:   # noqa: BLE001 (the main loop sees ps 0 gone)
+                    pass
+            closing.wait(0.5)
+    beats = threading.Thread(target=heartbeat, name="worker-heartbeat", daemon=True)
+    beats.start()
+    logger.info("worker %d: taking scheduled functions from ps 0", task_index)
+    try:
+        while stop is None or not stop.is_set():
+            item = client.call(0, _cq._take, client.name, _TAKE_WAIT_SECS,
+                               what="taking a scheduled function",
+                               timeout=timeout + _TAKE_WAIT_SECS)
+            if item == _cq.STOP:
+                break
+            if item is None:
+                continue
+            cid, payload = item
+            running.set()
+            try:
+                fn, args, kwargs = pickle.loads(payload)
+                result = _result("ok", _detached(fn(*worker.resolve(args),
+                                                    **worker.resolve(kwargs))))
+            except Exception as e:   # the coordinator raises it from join / fetch
+                result = _result("error", e)
+            finally:
+                running.clear()
+            client.call(0, _cq._done, client.name, cid, result, what="reporting a result")
+    finally:
+        closing.set()
+        client.close()
+
+
+__all__ = ["ClusterCoordinator", "RemoteValue", "RemoteModule", "RemoteOptimizer",
+           "PerWorkerDataset", "PerWorkerIterator", "run_worker"]

@@ -1,0 +1,140 @@
+"""TF2 parameter-server training: a ClusterCoordinator on the chief schedules
+functions onto 2 workers, the variables and the optimizer on 2 ps tasks;
+every task a real process on 127.0.0.1 (bounded, killed at the end). Killing
+a worker mid-run still completes every step at least once (and the worker,
+restarted, takes work again); killing a ps fails join() naming it; a
+coordinator that died after a checkpoint resumes from it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import distribute
+from paths import SUPPORT
+from tf_cluster import free_ports
+
+pytestmark = pytest.mark.slow
+TASK = os.path.join(SUPPORT, "coordinator_task.py")
+TIMEOUT = 150
+
+
+class Cluster:
+    def __init__(self, tmp_path):
+        ports = free_ports(5)
+        self.spec = {"chief": [f"127.0.0.1:{ports[0]}"],
+                     "worker": [f"127.0.0.1:{p}" for p in ports[1:3]],
+                     "ps": [f"127.0.0.1:{p}" for p in ports[3:5]]}
+        self.tmp = tmp_path
+        self.procs = {}
+        self.logs = {}
+
+    def start(self, role, index, *extra):
+        name = f"{role}{index}-{len(self.procs)}"
+        log = open(self.tmp / f"{name}.log", "w")
+        self.logs[(role, index)] = self.tmp / f"{name}.log"
+        proc = subprocess.Popen(
+            [sys.executable, TASK, json.dumps(self.spec), role, str(index), *extra],
+            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.procs[(role, index)] = proc
+        return proc
+
+    def start_servers(self):
+        for i in range(2):
+            self.start("ps", i)
+        for i in range(2):
+            self.start("worker", i)
+
+    def log(self, role, index):
+        return self.logs[(role, index)].read_text()
+
+    def wait(self, proc, timeout=TIMEOUT):
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a task did not finish in time:\n" + self.all_logs())
+
+    def all_logs(self):
+        return "\n".join(f"--- {k}\n{p.read_text()[-3000:]}" for k, p in self.logs.items())
+
+    def stop(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def _progress(out):
+    try:
+        return int((out / "progress").read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _wait_progress(cluster, out, n):
+    deadline = time.monotonic() + TIMEOUT
+    while _progress(out) < n:
+        assert cluster.procs[("chief", 0)].poll() is None, cluster.all_logs()
+        assert time.monotonic() < deadline, cluster.all_logs()
+        time.sleep(0.05)
+
+
+def test_trains_and_a_killed_worker_s_steps_run_elsewhere(cluster, tmp_path):
+    cluster.start_servers()
+    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "120")
+    _wait_progress(cluster, tmp_path, 20)
+    worker = cluster.procs[("worker", 1)]
+    worker.send_signal(signal.SIGKILL)   # mid-function: steps sleep 50 ms of their ~60
+    worker.wait(timeout=30)
+    time.sleep(1.0)
+    restarted = cluster.start("worker", 1)   # rejoins under a new rank
+    assert cluster.wait(chief) == 0, cluster.all_logs()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert sorted(result["steps"]) == list(range(120))   # every step, its result once
+    assert result["accuracy"] >= 0.9, result
+    assert restarted.pid in result["pids"], "the restarted worker took no work"
+    assert result["stats"]["rerun"] >= 1, result   # the killed worker's step ran again
+    for i in range(2):   # the ps tasks end with the coordinator
+        assert cluster.wait(cluster.procs[("ps", i)]) == 0, cluster.all_logs()
+
+
+def test_a_dead_ps_fails_join_naming_it(cluster, tmp_path):
+    cluster.start_servers()
+    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "400")
+    _wait_progress(cluster, tmp_path, 10)
+    cluster.procs[("ps", 1)].send_signal(signal.SIGKILL)
+    assert cluster.wait(chief) != 0
+    log = cluster.log("chief", 0)
+    assert "ParameterServerError" in log and "ps 1 at 127.0.0.1:" in log, log[-3000:]
+
+
+def test_a_restarted_coordinator_resumes_from_its_checkpoint(cluster, tmp_path):
+    cluster.start_servers()
+    model_dir = str(tmp_path / "model")
+    first = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "60",
+                          "--model_dir", model_dir, "--save-and-crash-at", "30")
+    assert cluster.wait(first) == 3, cluster.all_logs()
+    assert "saved step 30" in cluster.log("chief", 0)
+    second = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "60",
+                           "--model_dir", model_dir, "--restore")
+    assert cluster.wait(second) == 0, cluster.all_logs()
+    assert "restored step 30" in cluster.log("chief", 0)
+    assert "ps values equal the checkpoint: True" in cluster.log("chief", 0)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["first"] == 30 and sorted(result["steps"]) == list(range(30, 60))
+    assert result["accuracy"] >= 0.9, result
+
+
+def test_functions_must_be_importable():
+    with pytest.raises(TypeError, match="must be importable by every task.*not a lambda"):
+        distribute.coordinator._importable(lambda: 0, "schedule: fn")

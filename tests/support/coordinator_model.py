@@ -1,0 +1,54 @@
+"""What a ClusterCoordinator test schedules (importable by every task:
+torch.distributed.rpc ships functions by name)."""
+import os
+import time
+
+import torch
+
+FEATURES = 4
+STEP_SECS = float(os.environ.get("COORDINATOR_STEP_SECS", "0.05"))
+
+
+def make_net():
+    torch.manual_seed(0)
+    return torch.nn.Linear(FEATURES, 2)
+
+
+def make_sgd(params):
+    return torch.optim.SGD(params, lr=0.5)
+
+
+def data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, FEATURES, generator=g)
+    y = (x[:, 0] - x[:, 1] + 0.5 * x[:, 2] > 0).long()
+    return x, y
+
+
+def dataset_fn(input_context):
+    """Each worker's own endless stream (seeded by its index)."""
+    x, y = data(4096, 100 + input_context.input_pipeline_id)
+
+    def batches():
+        i = 0
+        while True:
+            yield x[i:i + 64], y[i:i + 64]
+            i = (i + 64) % 4032
+    return batches()
+
+
+def train_step(iterator, net, optimizer, step):
+    x, y = next(iterator)
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(net(x), y)
+    loss.backward()
+    time.sleep(STEP_SECS)   # a step long enough to be killed in
+    optimizer.step()
+    return {"step": step, "loss": loss.detach(), "pid": os.getpid()}
+
+
+def accuracy(state):
+    net = make_net()
+    net.load_state_dict(state)
+    x, y = data(2000, 7)
+    return float((net(x).argmax(1) == y).float().mean())

@@ -1,0 +1,99 @@
+"""One task of a ClusterCoordinator cluster (tests/distribute/test_coordinator.py):
+
+    python coordinator_task.py CLUSTER_JSON ps|worker INDEX
+    python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --steps N
+        [--model_dir D] [--save-and-crash-at N] [--restore]
+
+The chief is the coordinator: it schedules `coordinator_model.train_step`
+N times (steps already in a restored checkpoint are not run again), writes
+DIR/progress (results so far) while it waits, and DIR/result.json (every
+result, the accuracy, the queue's counts) at the end. `--save-and-crash-at
+N`: after step N is done, save a checkpoint to --model_dir and die without
+ending training; `--restore`: start from --model_dir's latest checkpoint.
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), HERE]
+
+import distribute  # noqa: E402
+import coordinator_model as model  # noqa: E402
+from hooks import checkpoint  # noqa: E402
+
+
+def coordinate(cluster, args):
+    resolver = distribute.cluster_resolver.SimpleClusterResolver(
+        distribute.cluster_resolver.ClusterSpec(cluster), task_type="chief", task_id=0)
+    strategy = distribute.ParameterServerStrategy(resolver, timeout_secs=10,
+                                                  init_timeout_secs=60)
+    coordinator = distribute.experimental.coordinator.ClusterCoordinator(strategy,
+                                                                         lease_secs=2.0)
+    with strategy.scope():
+        net = coordinator.create_module("net", model.make_net)
+        optimizer = coordinator.create_optimizer("sgd", net, model.make_sgd)
+    first = 0
+    if args.restore:
+        path = checkpoint.latest_checkpoint(args.model_dir)
+        saved = checkpoint.load(path)
+        coordinator.load_state_dict(saved["coordinator"])
+        first = int(saved["global_step"])
+        restored = coordinator.state_dict()["modules"]["net"]
+        same = all(bool((restored[k] == v).all())
+                   for k, v in saved["coordinator"]["modules"]["net"].items())
+        print(f"restored step {first} from {path}; ps values equal the checkpoint: {same}",
+              flush=True)
+    iterator = iter(coordinator.create_per_worker_dataset(model.dataset_fn))
+    values = []
+    for step in range(first, args.steps):
+        values.append(coordinator.schedule(model.train_step,
+                                           args=(iterator, net, optimizer, step)))
+        if args.save_and_crash_at and step + 1 == args.save_and_crash_at:
+            coordinator.join()
+            checkpoint.Saver(args.model_dir).save(
+                {"coordinator": coordinator.state_dict(), "global_step": step + 1}, step + 1)
+            print(f"saved step {step + 1}; crashing", flush=True)
+            os._exit(3)
+    while not coordinator.done():
+        done = sum(v._event.is_set() for v in values)
+        with open(os.path.join(args.out, "progress"), "w") as f:
+            f.write(str(done))
+        time.sleep(0.05)
+    coordinator.join()
+    results = [v.fetch() for v in values]
+    state = coordinator.state_dict()
+    out = {"steps": [r["step"] for r in results], "pids": sorted({r["pid"] for r in results}),
+           "last_loss": float(results[-1]["loss"]) if results else None,
+           "accuracy": model.accuracy(state["modules"]["net"]),
+           "stats": coordinator.stats, "first": first}
+    with open(os.path.join(args.out, "result.json"), "w") as f:
+        json.dump(out, f)
+    coordinator.shutdown()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cluster")
+    parser.add_argument("role")
+    parser.add_argument("index", type=int)
+    parser.add_argument("--out")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--model_dir")
+    parser.add_argument("--save-and-crash-at", type=int, default=0)
+    parser.add_argument("--restore", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format=f"{args.role}:{args.index} %(message)s")
+    cluster = json.loads(args.cluster)
+    if args.role == "chief":
+        coordinate(cluster, args)
+    else:
+        distribute.Server(cluster, job_name=args.role, task_index=args.index, timeout_secs=10,
+                          init_timeout_secs=60, end_grace_secs=5).join(timeout=300)
+
+
+if __name__ == "__main__":
+    main()
