@@ -40,3 +40,11 @@ def test_data_serving_benchmark_runs(capsys):
     _bench("data_serving").main(["--records", "300", "--requests", "20"])
     out = capsys.readouterr().out
     assert "records/s" in out and "8 client(s)" in out
+
+
+@pytest.mark.slow
+def test_coordinator_benchmark_runs(capsys):
+    results = _bench("coordinator_bench").main(["--steps", "20"])
+    assert set(results) == {"one process", "1 worker(s)", "2 worker(s)"}
+    assert all(rate > 0 for rate in results.values())
+    assert "2 worker(s)" in capsys.readouterr().out

@@ -1,7 +1,9 @@
 """The examples of issue 7 run (short settings) and do what they say:
 conv_net, linear_regression (one device and 2 CPU replicas), export_and_serve,
 multi_worker."""
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -89,3 +91,17 @@ def test_multi_worker_with_hand_written_tf_config(tmp_path):
     assert result["global_step"] == 60 and result["rmse"] < 0.5
     assert sorted(f for f in os.listdir(model_dir) if f.startswith("model.ckpt")) == \
         ["model.ckpt-60", "model.ckpt-60.sha256"]
+
+
+@pytest.mark.slow
+def test_ps_coordinator_example_trains_iris(tmp_path):
+    """examples/ps_coordinator.py: 2 ps and 2 worker processes, the
+    coordinator in a process of its own (it joins the RPC group)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from examples import ps_coordinator as m; "
+            "print(json.dumps(m.main(['--steps', '200'])))")
+    proc = subprocess.run([sys.executable, "-c", code, ROOT], capture_output=True, text=True,
+                          timeout=240, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["accuracy"] >= 0.9 and result["last_loss"] < result["first_loss"], result
