@@ -5,11 +5,13 @@ The cluster comes from the TF_CONFIG environment variable, read with
 tf.estimator 2.15's rules (parsed by `distribute.cluster_resolver`).
 """
 
+import collections
 import copy
 import inspect
 import logging
 import numbers
 import os
+from typing import Optional
 
 import distribute
 from distribute.cluster_resolver import ClusterSpec, load_tf_config, quote
@@ -489,6 +491,29 @@ def _merge_seed(tf_random_seed, random_seed):
         raise ValueError("random_seed is an alias of tf_random_seed; got different values: "
                          "random_seed=%r, tf_random_seed=%r" % (random_seed, tf_random_seed))
     return tf_random_seed if tf_random_seed is not None else random_seed
+
+
+class DistributeConfig(collections.namedtuple(
+        "DistributeConfig", ("train_distribute", "eval_distribute", "remote_cluster"))):
+    """TF1's `tf.contrib.distribute.DistributeConfig`: the strategies, and
+    `remote_cluster` ({job: [host:port]}) for the standalone client mode:
+    `train_and_evaluate` then runs each task on the `estimator server`
+    listening at its address (see `estimator.remote`)."""
+
+    def __new__(cls, train_distribute=None, eval_distribute=None, remote_cluster=None):
+        if remote_cluster is not None:
+            if not isinstance(remote_cluster, dict) or not remote_cluster or not all(
+                    isinstance(v, (list, tuple)) and v and all(isinstance(a, str) for a in v)
+                    for v in remote_cluster.values()):
+                raise ValueError(f"remote_cluster must be {{job: [host:port, ...]}}, got "
+                                 f"{remote_cluster!r}")
+            remote_cluster = {job: list(v) for job, v in remote_cluster.items()}
+        return super().__new__(cls, train_distribute, eval_distribute, remote_cluster)
+
+
+def remote_cluster(config) -> Optional[dict]:
+    """The standalone client's cluster, None unless `config` names one."""
+    return getattr(getattr(config, "_experimental_distribute", None), "remote_cluster", None)
 
 
 def _merge_experimental_distribute(experimental_distribute, train_distribute, eval_distribute):

@@ -47,9 +47,10 @@ from hooks.event_files import EVENT_FILE_PATTERN, read_scalars
 from hooks.files import atomic_write
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
 
-from . import _checks, checkpoint
+from . import _checks, checkpoint, remote
 from ._checks import is_number
 from .exporter import Exporter
+from .run_config import remote_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,12 @@ def train_and_evaluate(estimator, train_spec: TrainSpec, eval_spec: EvalSpec):
         raise TypeError(f"`eval_spec` must have type `estimator.EvalSpec`. Got: "
                         f"{type(eval_spec)}")
     config = estimator.config
+    cluster = remote_cluster(config)
+    if cluster is not None and not remote.is_remote_role():
+        logger.info("train_and_evaluate: the standalone client, running each task of %s on "
+                    "its estimator server", cluster)
+        remote.run_remote(cluster)
+        return None
     if not config.cluster_spec and config.task_type != "evaluator":
         logger.info("Running training and evaluation locally (non-distributed).")
         return _run_local(estimator, train_spec, eval_spec)

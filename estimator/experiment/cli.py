@@ -3,6 +3,7 @@
     estimator run configs/iris.yaml                       # a YAML experiment
     estimator launch train.py --workers 2 --evaluator     # a local cluster
     estimator serve runs/iris/export/final                # TF Serving's REST API
+    estimator server --address 10.0.0.2:2222              # a task, for a standalone client
 
 Each subcommand module registers itself with `add_parser(subparsers)` and
 sets `handler(args) -> exit status`.
@@ -13,7 +14,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from . import commands, launch, serve
+from . import commands, launch, serve, server
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parsers(subparsers)   # run, train, evaluate, predict, export, inspect
     launch.add_parser(subparsers)
     serve.add_parser(subparsers)
+    server.add_parser(subparsers)
     return parser
 
 

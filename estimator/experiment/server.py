@@ -1,0 +1,37 @@
+"""`estimator server --address HOST:PORT`: a task's server for TF1's
+standalone client mode (see `estimator.remote`): runs the task a client's
+`train_and_evaluate` sends, one at a time; Ctrl-C stops it."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .. import remote
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "server", help="run the tasks a standalone client's train_and_evaluate sends",
+        description=__doc__.split("\n\n")[0])
+    parser.add_argument("--address", required=True,
+                        help="this task's address in the client's remote_cluster (host:port)")
+    parser.add_argument("--token", default=None,
+                        help=f"the shared secret (default: ${remote.TOKEN_ENV})")
+    parser.add_argument("--once", action="store_true", help="run one task, then exit")
+    parser.set_defaults(handler=_server)
+    return parser
+
+
+def _server(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    token = args.token or os.environ.get(remote.TOKEN_ENV, "")
+    try:
+        remote.serve(args.address, token, once=args.once)
+    except ValueError as e:
+        print(f"estimator server: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    return 0

@@ -1,0 +1,117 @@
+"""TF1's standalone client mode: `estimator server` processes stand for the
+cluster's machines (one per task, at the task's address); a client process
+runs train_and_evaluate with `remote_cluster`, which sends its program to
+each server, streams their output back prefixed by task, and finds the
+chief's checkpoints and the evaluator's results in model_dir."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import estimator as est
+from estimator import checkpoint, remote
+from paths import ROOT, SUPPORT
+from tf_cluster import free_ports
+
+PROGRAM = os.path.join(SUPPORT, "remote_program.py")
+TOKEN = "test-secret"
+
+
+def _server(address, token=TOKEN):
+    env = dict(os.environ, ESTIMATOR_SERVER_TOKEN=token, PYTHONPATH=ROOT)
+    return subprocess.Popen([sys.executable, "-m", "estimator", "server", "--address", address],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+@pytest.fixture
+def servers():
+    procs = []
+
+    def start(*addresses, token=TOKEN):
+        for address in addresses:
+            proc = _server(address, token)
+            procs.append(proc)
+            deadline = time.monotonic() + 60
+            while "waiting for a client" not in proc.stdout.readline():   # listening
+                assert proc.poll() is None and time.monotonic() < deadline
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _client(model_dir, cluster, token=TOKEN, **kw):
+    env = dict(os.environ, ESTIMATOR_SERVER_TOKEN=token, PYTHONPATH=ROOT)
+    env.pop("TF_CONFIG", None)
+    return subprocess.Popen([sys.executable, PROGRAM, model_dir, json.dumps(cluster)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.mark.slow
+def test_train_and_evaluate_from_a_client_outside_the_cluster(servers, tmp_path):
+    ports = free_ports(2)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "evaluator": [f"127.0.0.1:{ports[1]}"]}
+    servers(*cluster["chief"], *cluster["evaluator"])
+    model_dir = str(tmp_path / "model")
+    client = _client(model_dir, cluster)
+    out, _ = client.communicate(timeout=240)
+    assert client.returncode == 0, out[-4000:]
+    assert "[chief:0] program started as" in out and "[evaluator:0] program started as" in out
+    assert "Loss for final step" in out   # the chief's log, streamed back
+    assert checkpoint.latest_checkpoint(model_dir).endswith("model.ckpt-60")
+    assert os.listdir(os.path.join(model_dir, "eval"))   # the evaluator's summaries
+    assert "[evaluator:0]" in out and "global_step = 60" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_client_stops_the_tasks_and_servers_serve_again(servers, tmp_path):
+    ports = free_ports(1)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"]}
+    servers(*cluster["chief"])
+    long_run = str(tmp_path / "model")
+    client = _client(long_run, cluster)
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "program started as {" not in seen:   # the chief task runs
+        seen += client.stdout.readline()
+        assert time.monotonic() < deadline and client.poll() is None, seen
+    client.send_signal(signal.SIGINT)
+    client.wait(timeout=60)
+    # The server stopped that task and listens again: a second client trains.
+    second = _client(str(tmp_path / "again"), cluster)
+    out, _ = second.communicate(timeout=240)
+    assert second.returncode == 0, out[-3000:]
+    assert checkpoint.latest_checkpoint(str(tmp_path / "again")).endswith("model.ckpt-60")
+
+
+def test_a_wrong_token_or_no_server_is_a_clear_error(servers, tmp_path):
+    with pytest.raises(ValueError, match="standalone client needs the servers' shared secret"):
+        remote.run_remote({"chief": ["127.0.0.1:1"]}, token="")
+    port = free_ports(1)[0]
+    with pytest.raises(ConnectionError, match=r"no estimator server at 127.0.0.1:\d+ for "
+                                              r"chief:0.*estimator server --address"):
+        remote.run_remote({"chief": [f"127.0.0.1:{port}"]}, token="x", connect_timeout=2)
+    servers(f"127.0.0.1:{port}")
+    lines = []
+
+    class Out:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+    with pytest.raises(RuntimeError, match=r"task\(s\) failed: \{'chief:0': -1\}"):
+        remote.run_remote({"chief": [f"127.0.0.1:{port}"]}, token="wrong", argv=["x.py"],
+                          out=Out())
+    assert any("server refused: PermissionError: wrong token" in line for line in lines)
+    with pytest.raises(ValueError, match="remote_cluster must be"):
+        est.DistributeConfig(remote_cluster={"chief": "127.0.0.1:1"})
+    with pytest.raises(ValueError, match="needs a shared secret"):
+        remote.serve("127.0.0.1:1", "")
