@@ -165,6 +165,11 @@ class CheckpointSaverHook(SessionRunHook):
         for listener in self._listeners:
             listener.end(session, step)
 
+    def settle(self) -> None:
+        """Training ended with an error: the save in flight still completes,
+        so a healthy checkpoint already taken is on disk when train raises."""
+        self._saver.wait()
+
     def _save(self, session, step: int) -> bool:
         if session.diverged_at_step is not None:  # NanTensorHook(fail_on_nan_loss=False)
             logger.warning("Not saving a checkpoint at step %d: the loss went NaN at step "
@@ -173,6 +178,7 @@ class CheckpointSaverHook(SessionRunHook):
         state = session.scope.state()
         bad = _first_nonfinite(state)
         if bad is not None:   # never a checkpoint of a diverged model: stop, as NanTensorHook
+            self._saver.wait()   # the healthy save in flight, if any, is the latest
             latest = checkpoint.latest_checkpoint(self._saver.model_dir)
             logger.error("Model diverged: %s holds NaN or inf at global step %d; no checkpoint "
                          "saved (the latest stays %s)", bad, step, latest or "none")

@@ -165,6 +165,15 @@ class MonitoredSession:
             if exc_type is None or issubclass(exc_type, StopIteration):
                 for hook in self._hooks:
                     hook.end(self._session)
+            else:   # no `end` on an error (as TF), but work a hook started completes
+                for hook in self._hooks:
+                    settle = getattr(hook, "settle", None)
+                    if settle is not None:
+                        try:
+                            settle()
+                        except Exception as e:   # the error in flight is the one to see
+                            logger.error("%s could not finish after the error: %s",
+                                         type(hook).__name__, e)
         finally:
             self._leave()
         return exc_type is not None and issubclass(exc_type, StopIteration)

@@ -116,6 +116,7 @@ def test_a_dead_ps_fails_join_naming_it(cluster, tmp_path):
     assert cluster.wait(chief) != 0
     log = cluster.log("chief", 0)
     assert "ParameterServerError" in log and "ps 1 at 127.0.0.1:" in log, log[-3000:]
+    assert "coordinator.join()" in log   # raised from join
 
 
 def test_a_restarted_coordinator_resumes_from_its_checkpoint(cluster, tmp_path):

@@ -504,3 +504,27 @@ def test_train_returns_with_the_final_background_save_complete(tmp_path):
     assert checkpoint.step_of(latest) == 10
     assert checkpoint.load(latest)["global_step"] == 10      # complete, digest checked
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp") or ".tmp" in n]
+
+
+def test_a_background_save_in_flight_is_on_disk_when_training_fails(tmp_path, monkeypatch):
+    """An error after a save was handed to the writer: train raises the error,
+    and the checkpoint of that save is complete and listed by then."""
+    slow = checkpoint.Saver._commit
+
+    def commit(self, payload, step):
+        time.sleep(0.5)   # still writing when the error comes
+        return slow(self, payload, step)
+    monkeypatch.setattr(checkpoint.Saver, "_commit", commit)
+
+    def model_fn(features, labels, mode, params):
+        if est.get_global_step() >= 12:
+            raise RuntimeError("the input broke at step 13")
+        net = est.get_module("linear", lambda: torch.nn.Linear(3, 1))
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.05)))
+    e = est.Estimator(model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), save_checkpoints_steps=10, experimental_async_checkpoint=True))
+    with pytest.raises(RuntimeError, match="the input broke at step 13"):
+        e.train(regression_input_fn(), steps=30)
+    assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-10")

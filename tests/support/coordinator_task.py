@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,12 +59,19 @@ def coordinate(cluster, args):
                 {"coordinator": coordinator.state_dict(), "global_step": step + 1}, step + 1)
             print(f"saved step {step + 1}; crashing", flush=True)
             os._exit(3)
-    while not coordinator.done():
-        done = sum(v._event.is_set() for v in values)
-        with open(os.path.join(args.out, "progress"), "w") as f:
-            f.write(str(done))
-        time.sleep(0.05)
-    coordinator.join()
+    finished = threading.Event()
+
+    def progress():   # how many results are in, for the test to time its faults
+        while not finished.is_set():
+            done = sum(v._event.is_set() for v in values)
+            with open(os.path.join(args.out, "progress"), "w") as f:
+                f.write(str(done))
+            time.sleep(0.05)
+    threading.Thread(target=progress, daemon=True).start()
+    try:
+        coordinator.join()
+    finally:
+        finished.set()
     results = [v.fetch() for v in values]
     state = coordinator.state_dict()
     out = {"steps": [r["step"] for r in results], "pids": sorted({r["pid"] for r in results}),
