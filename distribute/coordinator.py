@@ -48,7 +48,7 @@ import logging
 import pickle
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 

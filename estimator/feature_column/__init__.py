@@ -49,7 +49,7 @@ __all__ = [
     "categorical_column_with_identity", "crossed_column", "embedding_column",
     "indicator_column", "weighted_categorical_column", "make_parse_example_spec",
     "input_layer", "linear_model", "FeatureTransformationCache", "transformation_cache",
-    "serialize_feature_column", "deserialize_feature_column", "FixedLenFeature", "VarLenFeature",
+    "serialize_feature_column", "deserialize_feature_column", "recorded", "FixedLenFeature", "VarLenFeature",
     "FeatureColumn", "DenseColumn", "CategoricalColumn", "NumericColumn", "BucketizedColumn",
     "HashedCategoricalColumn", "VocabularyListCategoricalColumn",
     "VocabularyFileCategoricalColumn", "IdentityCategoricalColumn",
