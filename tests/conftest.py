@@ -7,6 +7,7 @@ bare name: `from models import ...`, `from paths import ROOT`. Test folders
 have no __init__.py, so test module basenames must stay unique across tests/.
 """
 import os
+import signal
 import sys
 
 import pytest
@@ -17,6 +18,13 @@ for _path in (os.path.dirname(_TESTS), os.path.join(_TESTS, "support")):
         sys.path.insert(0, _path)
 
 import tf_cluster  # noqa: E402  (tests/support)
+
+# A shell without job control starts background commands (`bash .ci/run &`)
+# with Ctrl-C ignored, and the processes the tests start would inherit that:
+# the tests that send SIGINT would then wait for nothing. Ctrl-C is handled
+# here as at a terminal, so the tasks start with its default action.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
