@@ -231,21 +231,23 @@ class Saver:
     def save(self, state: dict, global_step: int) -> str:
         """Write `state` as the checkpoint of `global_step`; returns its path.
 
-        With `background`, the state is copied here and written by a writer
+        With `background`, the state is serialized here and written by a writer
         thread with the same atomicity (temp file, fsync, rename, index last);
         a save waits for the one before it (at most one in flight, none
         dropped) and raises its error if it failed; `wait()` completes the
         last one."""
         os.makedirs(self.model_dir, exist_ok=True)
+        # Serialized here, as a plain loop's torch.save: the bytes are the copy
+        # training cannot change, and the writer thread then holds the
+        # interpreter lock only briefly (digest, files and fsyncs release it).
+        data = _serialize(dict(state, rng=_rng_state()))
         if not self.background:
-            return self._commit(dict(state, rng=_rng_state()), global_step)
+            return self._commit(data, global_step)
         self.wait()
-        # A copy: training goes on changing the live tensors (the RNG states are new).
-        payload = dict(_snapshot(state), rng=_rng_state())
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="checkpoint-writer")
-        self._pending = self._writer.submit(self._commit, payload, global_step)
+        self._pending = self._writer.submit(self._commit, data, global_step)
         return os.path.join(self.model_dir, f"{PREFIX}-{global_step}")
 
     def wait(self) -> None:
@@ -265,15 +267,15 @@ class Saver:
         if self._pending is not None and self._pending.done():
             self.wait()
 
-    def _commit(self, payload: dict, global_step: int) -> str:
+    def _commit(self, data: bytes, global_step: int) -> str:
         name = f"{PREFIX}-{global_step}"
         path = os.path.join(self.model_dir, name)
-        buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        data = buffer.getvalue()
         digest = hashlib.sha256(data).hexdigest().encode()
-        _write(path + DIGEST_SUFFIX, digest)
-        _write(path, data)
+        # One directory fsync, the index's, makes the three renames durable; a
+        # crash before it leaves the old index, or one naming a file whose
+        # rename was lost, which restore_latest passes over to the newest on disk.
+        _write(path + DIGEST_SUFFIX, digest, sync_dir=False)
+        _write(path, data, sync_dir=False)
         try:
             _, kept = _read_index(self.model_dir)
         except (OSError, ValueError, UnicodeDecodeError):
@@ -305,21 +307,16 @@ class Saver:
         return preserved + keep, dropped
 
 
-def _snapshot(obj):
-    """A copy of a checkpoint's contents whose tensors no training step changes."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_snapshot(v) for v in obj)
-    return obj
+def _serialize(payload: dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
 
 
-def _write(path: str, data: bytes) -> None:
+def _write(path: str, data: bytes, sync_dir: bool = True) -> None:
     """`data` to `path` atomically; a full disk is an error naming the path."""
     try:
-        atomic_write(path, lambda f: f.write(data))
+        atomic_write(path, lambda f: f.write(data), sync_dir=sync_dir)
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise OSError(errno.ENOSPC, f"No space left on device writing the checkpoint "

@@ -26,12 +26,14 @@ def _umask() -> int:
 _MODE = 0o666 & ~_umask()   # what open() would give a new file
 
 
-def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: str, write: Callable[[IO[bytes]], None], sync_dir: bool = True) -> None:
     """Write `path` through `write(fileobj)` (binary) to a temp file in the
     same directory, fsync, rename over `path`, fsync the directory. A crash
     leaves the old file or the new one, never a mix; the temp file is removed
     on an error. The file's mode follows the umask, as open()'s does (a task
-    running as another user of the group can read checkpoints)."""
+    running as another user of the group can read checkpoints).
+    `sync_dir=False`: the rename is made durable by a later atomic_write in
+    the same directory (one directory fsync covers both renames)."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=directory)
     try:
@@ -45,6 +47,8 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    if not sync_dir:
+        return
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

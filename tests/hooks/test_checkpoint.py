@@ -484,10 +484,10 @@ def test_a_failed_background_save_fails_the_next_step(tmp_path, monkeypatch):
     from hooks import checkpoint as saving
     real = saving._write
 
-    def failing(path, data):
+    def failing(path, data, **kwargs):
         if "model.ckpt-4" in path and not path.endswith(".sha256"):
             raise OSError(errno.ENOSPC, f"No space left on device writing {path}", path)
-        return real(path, data)
+        return real(path, data, **kwargs)
     monkeypatch.setattr(saving, "_write", failing)
     e = est.Estimator(regression_model_fn, config=est.RunConfig(
         model_dir=str(tmp_path), save_checkpoints_steps=2, experimental_async_checkpoint=True))
