@@ -347,7 +347,10 @@ class ClusterCoordinator:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self._poller.join(timeout=5)
+        # No call of ours may be in flight when the RPC agent shuts down (its
+        # teardown under a thread still waiting on it can abort the process):
+        # the poller's call ends within the RPC timeout.
+        self._poller.join(timeout=self._client.timeout + 5.0)
         if end_training:
             try:
                 self._client.call(0, _cq._stop, what="stopping the workers", timeout=5.0)
