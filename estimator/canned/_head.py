@@ -266,7 +266,8 @@ class ClassificationHead(Head):
         CPU labels, a device-side assertion elsewhere (no sync)."""
         high = self._n_classes - 1
         if ids.device.type == "cpu":
-            if ids.numel() and not 0 <= ids.min() <= ids.max() <= high:
+            bounds = torch.aminmax(ids) if ids.numel() else None
+            if bounds is not None and (bounds.min.item() < 0 or bounds.max.item() > high):
                 bad = ids[(ids < 0) | (ids > high)].reshape(-1)[0].item()
                 raise ValueError(f"Labels must be in [0, n_classes - 1] = [0, {high}]; got "
                                  f"{bad} (set n_classes, or label_vocabulary for string "

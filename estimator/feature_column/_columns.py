@@ -28,7 +28,9 @@ import numpy as np
 import torch
 
 from .. import _hashing
-from ._inputs import STRING, Builder, Ids, arange, as_dtype, dtype_name, is_floating, is_integer
+from ._inputs import STRING, Builder, Ids, arange, as_dtype, dtype_name, is_arange, is_floating, \
+    is_integer
+from ._memo import memo_of
 from ._parse_spec import FixedLenFeature, VarLenFeature
 from ._variables import (COMBINERS, VariableSpecs, bag_inputs, default_embedding_initializer,
                          moved)
@@ -65,7 +67,10 @@ class DenseColumn(FeatureColumn):
 
     @property
     def _num_elements(self) -> int:
-        return math.prod(self._variable_shape)
+        n = self.__dict__.get("_n_elements")   # (asked on every step)
+        if n is None:
+            n = self.__dict__["_n_elements"] = math.prod(self._variable_shape)
+        return n
 
     def _variable_specs(self, trainable: bool) -> VariableSpecs:
         """The variables this column creates in an input layer (none by default)."""
@@ -91,6 +96,12 @@ class CategoricalColumn(FeatureColumn):
     def _ids(self, builder: Builder) -> Ids:
         raise NotImplementedError
 
+    @property
+    def _ids_in_range(self) -> bool:
+        """Whether every id `_ids` gives lies in [0, num_buckets) by construction
+        (a hash, a bucket; then `_valid_ids` checks nothing)."""
+        return False
+
     def _out_of_range(self, value: int) -> ValueError:
         return ValueError(f"Column {self.name!r} produced id {value}, outside "
                           f"[0, {self.num_buckets})")
@@ -105,9 +116,11 @@ class CategoricalColumn(FeatureColumn):
     def _pruned(self, builder: Builder, prune_weights: bool) -> Ids:
         ids = self._ids(builder)
         values, rows, weights = ids.values, ids.rows, ids.weights
+        prune = weights is not None and prune_weights
+        if self._ids_in_range and not prune:
+            return ids
         if not len(values):
             return Ids(values, rows, ids.batch, weights)
-        prune = weights is not None and prune_weights
         if values.min() < 0 or prune:
             keep = values >= 0
             if prune:
@@ -203,6 +216,8 @@ class BucketizedColumn(DenseColumn, CategoricalColumn, collections.namedtuple(
     def num_buckets(self) -> int:
         return (len(self.boundaries) + 1) * self.source_column.shape[0]
 
+    _ids_in_range = True
+
     def _buckets(self, builder: Builder) -> torch.Tensor:
         """Bucket index of each source value: the number of boundaries <= it
         (TF's Bucketize: upper_bound over float32 boundaries)."""
@@ -217,7 +232,9 @@ class BucketizedColumn(DenseColumn, CategoricalColumn, collections.namedtuple(
 
     def _dense(self, builder, variables=None):
         buckets = self._buckets(builder)
-        return torch.nn.functional.one_hot(buckets, len(self.boundaries) + 1).to(torch.float32)
+        hot = torch.zeros(buckets.shape + (len(self.boundaries) + 1,), dtype=torch.float32,
+                          device=buckets.device)
+        return hot.scatter_(-1, buckets.unsqueeze(-1), 1.0)
 
     def _ids(self, builder):
         buckets = self._buckets(builder)
@@ -252,11 +269,10 @@ class _LeafCategorical(CategoricalColumn):
         def transform():
             feature = builder.raw(self.key)
             self._check_input(feature)
-            if feature.kind == "string" and not feature.sparse:
-                unique, inverse, rows, positions = feature.distinct(drop_missing=True)
-                ids = self._map(unique)[inverse]
+            values, rows, positions = feature.flat(drop_missing=True)
+            if values.dtype.kind in "US":
+                ids = memo_of(self).lookup(values, self._map)
             else:
-                values, rows, positions = feature.flat(drop_missing=True)
                 ids = self._map(values)
             return Ids(ids, rows, feature.batch, None, positions)
         return builder.get(self, transform)
@@ -273,6 +289,8 @@ class HashedCategoricalColumn(_LeafCategorical, collections.namedtuple(
     def num_buckets(self) -> int:
         return self.hash_bucket_size
 
+    _ids_in_range = True
+
     def _map(self, values):
         return _hashing.hash_bucket(values, self.hash_bucket_size)
 
@@ -285,6 +303,10 @@ class VocabularyListCategoricalColumn(_LeafCategorical, collections.namedtuple(
     @property
     def num_buckets(self) -> int:
         return len(self.vocabulary_list) + self.num_oov_buckets
+
+    @property
+    def _ids_in_range(self) -> bool:
+        return self.num_oov_buckets > 0 or 0 <= self.default_value < self.num_buckets
 
     def _map(self, values):
         table = self.__dict__.get("_table")
@@ -305,6 +327,10 @@ class VocabularyFileCategoricalColumn(_LeafCategorical, collections.namedtuple(
     @property
     def num_buckets(self) -> int:
         return self.vocabulary_size + self.num_oov_buckets
+
+    @property
+    def _ids_in_range(self) -> bool:
+        return self.num_oov_buckets > 0 or 0 <= self.default_value < self.num_buckets
 
     def _map(self, values):
         table = self.__dict__.get("_table")
@@ -345,6 +371,10 @@ class IdentityCategoricalColumn(_LeafCategorical, collections.namedtuple(
             f"categorical_column_with_identity {self.key!r}: value {value} is out of range "
             f"[0, {self.number_buckets}) and the column has no default_value (TF fails "
             "the lookup at run time; give default_value to map such values to one id)")
+
+
+_ONES = np.ones(1 << 16, np.int64)   # a cross input's counts when each row has one value
+_ONES.flags.writeable = False
 
 
 # -- weighted / crossed ------------------------------------------------------------------------
@@ -420,6 +450,8 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
     def num_buckets(self) -> int:
         return self.hash_bucket_size
 
+    _ids_in_range = True
+
     def _ids(self, builder):
         def transform():
             sparse, dense = [], []   # TF's SparseCross takes sparse inputs first
@@ -431,11 +463,10 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
                         raise ValueError(f"crossed_column {self.name!r}: feature {key!r} "
                                          f"must hold strings or ints, got "
                                          f"{feature._dtype_text()}")
-                    if feature.kind == "string" and not feature.sparse:
-                        unique, inverse, rows, _ = feature.distinct(drop_missing=False)
-                        values = _hashing.fingerprint64_many(unique.tolist())[inverse]
+                    values, rows, _ = feature.flat(drop_missing=False)
+                    if values.dtype.kind in "US":
+                        values = memo_of(self, key).lookup(values, _hashing.cross_values)
                     else:
-                        values, rows, _ = feature.flat(drop_missing=False)
                         values = _hashing.cross_values(values)
                     size, into = feature.batch, (sparse if feature.sparse else dense)
                 else:
@@ -450,12 +481,14 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
                     raise ValueError(f"crossed_column {self.name!r}: inputs of different "
                                      f"batch sizes ({batch} and {size})")
                 batch = size
-                counts = (np.bincount(rows, minlength=size) if len(rows)
+                counts = (_ONES[:size] if is_arange(rows, size) and size <= len(_ONES) else
+                          np.bincount(rows, minlength=size) if len(rows)
                           else np.zeros(size, np.int64))
                 into.append((values, counts))
             flat, per_row = _hashing.cross_hash_bags(sparse + dense, self.hash_bucket_size,
                                                      self.hash_key, hashed=True)
-            rows = np.repeat(arange(batch), per_row)
+            one_each = len(flat) == batch and (per_row == 1).all()
+            rows = arange(batch) if one_each else np.repeat(arange(batch), per_row)
             return Ids(flat, rows, batch)
         return builder.get(self, transform)
 
@@ -494,8 +527,8 @@ class EmbeddingColumn(DenseColumn, collections.namedtuple(
         return builder.prepared(("embedding", self), make)
 
     def _dense(self, builder, variables):
-        device = next(variables.parameters()).device
-        return variables(**moved(self._lookup_inputs(builder), device))
+        table = getattr(variables, "module", variables).embedding_weights   # (DDP wraps it)
+        return variables(**moved(self._lookup_inputs(builder), table.device))
 
 
 class IndicatorColumn(DenseColumn, collections.namedtuple(

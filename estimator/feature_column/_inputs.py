@@ -159,7 +159,8 @@ class Feature:
         self.sparse = False
         self.tensor: Optional[torch.Tensor] = None   # dense numbers
         self.array: Optional[np.ndarray] = None      # dense strings (or numbers from lists)
-        if type(value).__module__.startswith("pandas"):
+        if not isinstance(value, (torch.Tensor, np.ndarray)) and \
+                type(value).__module__.startswith("pandas"):
             value = value.to_numpy()
         if isinstance(value, torch.Tensor):
             self.tensor = self._expand(value)
@@ -277,20 +278,6 @@ class Feature:
         width = arr.shape[1]
         rows = arange(arr.shape[0]) if width == 1 else np.repeat(arange(arr.shape[0]), width)
         return arr.reshape(-1), rows, arange(arr.size)
-
-    def distinct(self, drop_missing: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                   np.ndarray]:
-        """`flat` of a string feature as (distinct values, index of each value
-        among them, rows, positions), computed once per feature and batch: the
-        columns reading it map each distinct string once."""
-        cache = self.__dict__.setdefault("_distinct", {})
-        if drop_missing not in cache:
-            values, rows, positions = self.flat(drop_missing)
-            unique, inverse = np.unique(values, return_inverse=True)
-            cache[drop_missing] = (unique, inverse.reshape(-1), rows, positions)
-            if len(values) == self.array.size:   # nothing was missing: the same both ways
-                cache[not drop_missing] = cache[drop_missing]
-        return cache[drop_missing]
 
     def weights(self) -> Tuple[np.ndarray, tuple, bool]:
         """Weights (float32, row-major) of a weighted column, their layout (the

@@ -101,8 +101,9 @@ def _prefix(scope: Optional[str], name: str) -> str:
 
 
 def _flatten(column, tensor: torch.Tensor) -> torch.Tensor:
-    batch = tensor.shape[0]
-    elements = column._num_elements
+    batch, elements = tensor.shape[0], column._num_elements
+    if tensor.dim() == 2 and tensor.shape[1] == elements:
+        return tensor
     if tensor.numel() != batch * elements:
         raise ValueError(f"Column {column.name!r} gave shape {list(tensor.shape)}, which does "
                          f"not hold {elements} values per example (its shape is "

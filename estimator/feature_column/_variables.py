@@ -20,6 +20,7 @@ empty row gives zeros; a plain ``embedding`` when every row holds one id.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Dict, Optional, Tuple
 
@@ -196,11 +197,12 @@ def fused_bag_inputs(bags, sizes, combiner: str, general: bool = False) -> dict:
     (and not `general`), else the bags merged row by row, each id weighted by
     its weight (1 if none) over its column's `combiner` divisor."""
     batch = bags[0].batch
-    starts = np.cumsum([0] + list(sizes[:-1]))
+    starts = [0] + list(itertools.accumulate(sizes[:-1]))
     if not general and all(b.weights is None and is_arange(b.rows, batch) for b in bags):
-        ids = np.stack([b.values.astype(np.int64, copy=False) + s
-                        for b, s in zip(bags, starts)], 1)
-        return {"ids": _tensor(ids)}
+        ids = np.empty((batch, len(bags)), np.int64)
+        for i, (bag, start) in enumerate(zip(bags, starts)):
+            np.add(bag.values, start, out=ids[:, i], casting="unsafe")
+        return {"ids": torch.from_numpy(ids)}
     weighted = combiner != "sum" or any(b.weights is not None for b in bags)
     values, rows, weights = [], [], []
     for bag, start in zip(bags, starts):
