@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+from typing import Optional
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ import torch
 from .. import _hashing
 from ._inputs import STRING, Builder, Ids, arange, as_dtype, dtype_name, is_arange, is_floating, \
     is_integer
-from ._memo import memo_of
+from ._memo import KeyMemo, mapped, memo_of, pack
 from ._parse_spec import FixedLenFeature, VarLenFeature
 from ._variables import (COMBINERS, VariableSpecs, bag_inputs, default_embedding_initializer,
                          moved)
@@ -271,7 +272,7 @@ class _LeafCategorical(CategoricalColumn):
             self._check_input(feature)
             values, rows, positions = feature.flat(drop_missing=True)
             if values.dtype.kind in "US":
-                ids = memo_of(self).lookup(values, self._map)
+                ids = mapped(self, "", values, *feature.codes(positions), self._map)
             else:
                 ids = self._map(values)
             return Ids(ids, rows, feature.batch, None, positions)
@@ -452,8 +453,38 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
 
     _ids_in_range = True
 
+    def _packed_codes(self, builder) -> Optional[np.ndarray]:
+        """Each row's input strings as one number (`_memo.pack`) when the cross
+        is of up to three dense string features with one value a row; else None."""
+        codes, batch = [], None
+        for key in self.keys:
+            if not isinstance(key, str):
+                return None
+            feature = builder.raw(key)
+            if feature.array is None or feature.array.shape[1] != 1 or \
+                    feature.array.dtype.kind not in "US" or batch not in (None, feature.batch):
+                return None
+            batch = feature.batch
+            values, _, positions = feature.flat(drop_missing=False)
+            found, _ = feature.codes(positions)
+            if found is None:
+                return None
+            codes.append(found)
+        return pack(codes)
+
     def _ids(self, builder):
         def transform():
+            packed = self._packed_codes(builder)
+            if packed is not None:
+                found = memo_of(self, "(crossed)", KeyMemo).find(packed)
+                if found is not None:
+                    return Ids(found, arange(len(found)), len(found))
+            ids = crossed()
+            if packed is not None:
+                memo_of(self, "(crossed)", KeyMemo).learn(packed, ids.values)
+            return ids
+
+        def crossed():
             sparse, dense = [], []   # TF's SparseCross takes sparse inputs first
             batch = None
             for key in _collect_leaf_level_keys(self):
@@ -463,9 +494,10 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
                         raise ValueError(f"crossed_column {self.name!r}: feature {key!r} "
                                          f"must hold strings or ints, got "
                                          f"{feature._dtype_text()}")
-                    values, rows, _ = feature.flat(drop_missing=False)
+                    values, rows, positions = feature.flat(drop_missing=False)
                     if values.dtype.kind in "US":
-                        values = memo_of(self, key).lookup(values, _hashing.cross_values)
+                        values = mapped(self, key, values, *feature.codes(positions),
+                                        _hashing.cross_values)
                     else:
                         values = _hashing.cross_values(values)
                     size, into = feature.batch, (sparse if feature.sparse else dense)

@@ -25,6 +25,8 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
+from ._memo import StringCodes, codes_of
+
 STRING = str   # the dtype of string features and columns (TF: tf.string)
 
 _INT_NAMES = {"int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
@@ -252,6 +254,23 @@ class Feature:
         feature must have rank 2 (after expanding rank 1); with `drop_missing`
         its '' / -1 cells are dropped (a sparse feature keeps every value, as
         TF does); `positions` index the values kept among all of them."""
+        cache = self.__dict__.setdefault("_flats", {})   # (columns on one feature ask again)
+        if drop_missing not in cache:
+            cache[drop_missing] = self._flat(drop_missing)
+        return cache[drop_missing]
+
+    def codes(self, positions: np.ndarray) -> Tuple[Optional[np.ndarray], StringCodes]:
+        """The codes (`_memo.StringCodes`) of a dense string feature's values at
+        `positions` of `flat`, and its table; codes None when the table is full."""
+        entry = self.__dict__.get("_codes")
+        if entry is None:
+            entry = self._codes = codes_of(self.key, self.array.reshape(-1))
+        codes, table = entry
+        if codes is not None and len(positions) != len(codes):
+            codes = codes[positions]
+        return codes, table
+
+    def _flat(self, drop_missing: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.sparse:
             return self.values, self.rows, np.arange(len(self.values), dtype=np.int64)
         if self.kind in ("float", "bool"):
