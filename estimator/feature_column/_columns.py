@@ -583,6 +583,10 @@ class IndicatorColumn(DenseColumn, collections.namedtuple(
         def make():
             size = self.categorical_column.num_buckets
             ids = self.categorical_column._valid_ids(builder, prune_weights=False)
+            if ids.weights is None and is_arange(ids.rows, ids.batch):   # one id a row
+                hot = torch.zeros(ids.batch, size, dtype=torch.float32)
+                index = torch.from_numpy(ids.values.astype(np.int64, copy=False))
+                return {"value": hot.scatter_(1, index.unsqueeze(1), 1.0)}
             weights = ids.weights.astype(np.float64) if ids.weights is not None else None
             flat = np.bincount(ids.rows * size + ids.values, weights=weights,
                                minlength=ids.batch * size)
