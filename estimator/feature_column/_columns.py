@@ -58,6 +58,13 @@ class FeatureColumn:
     def _var_scope_name(self) -> str:
         return self.name
 
+    def __getstate__(self):
+        """Pickled (and copied) without its memos: they are keyed by this
+        process's string tables (`_memo`)."""
+        state = dict(self.__dict__)
+        state.pop("_memos", None)
+        return state
+
 
 class DenseColumn(FeatureColumn):
     """A column giving a dense tensor (TF: ``_DenseColumn``)."""

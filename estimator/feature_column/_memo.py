@@ -16,7 +16,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-LIMIT = 1 << 16   # distinct strings numbered per feature; past it, none are
+LIMIT = 1 << 16        # distinct strings numbered per feature; past it, none are
+BYTES_LIMIT = 8 << 20  # nor past this size (numpy stores each string at the longest's width)
 
 
 class StringCodes:
@@ -65,7 +66,7 @@ class StringCodes:
             if state is not None:
                 new = new[~np.isin(new, state[2])]
                 new = np.concatenate([state[2], new])
-            if len(new) > self._limit:
+            if len(new) > self._limit or new.nbytes > BYTES_LIMIT:
                 self.full = True   # (the state stays: codes given before still read it)
                 return None
             order = np.argsort(new, kind="stable")
@@ -95,17 +96,17 @@ class ResultMemo:
 
     def __init__(self):
         self._results: Dict[int, np.ndarray] = {}   # id(table) -> results by code
-        self._lock = threading.Lock()
 
     def lookup(self, codes: np.ndarray, table: StringCodes,
                fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         results = self._results.get(id(table))
         if results is None or len(results) < len(table):
-            with self._lock:
-                done = self._results.get(id(table), np.zeros(0, np.int64))
-                more = fn(table.strings(len(done)))
-                results = self._results[id(table)] = np.concatenate([done, more]) \
-                    if len(done) else more
+            # Extended to the table as it is now, which holds every code given
+            # before; two threads racing here both get results covering their codes.
+            done = results if results is not None else np.zeros(0, np.int64)
+            more = fn(table.strings(len(done)))
+            results = self._results[id(table)] = np.concatenate([done, more]) \
+                if len(done) else more
         return results[codes]
 
 

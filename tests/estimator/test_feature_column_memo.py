@@ -86,3 +86,27 @@ def test_string_codes_number_strings_in_order_of_arrival_and_stop_at_the_limit()
     assert table.strings(0).tolist() == ["a", "b", "c"] and table.strings(2).tolist() == ["c"]
     assert table.codes(np.array(["d", "e"])) is None and table.full
     assert table.codes(np.array(["a"])) is None   # full: no codes from then on
+
+
+def test_a_used_column_pickles_and_copies_without_its_memos():
+    """Memos are keyed by this process's tables: a pickled or copied column
+    starts without them and gives the same ids."""
+    import copy
+    import pickle
+    n = next(_fresh)
+    key = f"w{n}"
+    column = fc.crossed_column([key, fc.categorical_column_with_vocabulary_list(
+        key, ["a", "b"], num_oov_buckets=1)], 20)
+    words = np.array(["a", "b", "c", "a", "zz"])
+    want = _ids([column], {key: words})
+    assert "_memos" in column.__dict__
+    for other in (pickle.loads(pickle.dumps(column)), copy.deepcopy(column)):
+        assert "_memos" not in other.__dict__ and other == column
+        assert _ids([other], {key: words}) == want
+
+
+def test_long_strings_stop_the_table_at_its_size_limit(monkeypatch):
+    monkeypatch.setattr(_memo, "BYTES_LIMIT", 4096)
+    table = _memo.StringCodes()
+    assert table.codes(np.array(["x" * 100, "y"])) is not None   # 2 x 400 bytes
+    assert table.codes(np.array(["z" * 400, "y"])) is None and table.full   # 3 x 1600
