@@ -723,7 +723,7 @@ def _run_evaluator(estimator, train_spec, eval_spec):
         time.sleep(eval_spec.start_delay_secs)
     last = (None, None)
     last_start = None
-    last_warning = 0.0
+    last_warning = None   # not 0.0: the monotonic clock starts at boot, maybe <600 s ago
     start = time.time()
     while True:
         complete = _completion(model_dir, max_steps)
@@ -743,7 +743,7 @@ def _run_evaluator(estimator, train_spec, eval_spec):
                 raise TrainingFailedError(f"The evaluator stops: training failed on the chief "
                                           f"({failed['error']}); restart the job to go on")
         if not pending or (throttled and not any(is_final)):
-            if not pending and time.monotonic() - last_warning > 600:
+            if not pending and (last_warning is None or time.monotonic() - last_warning > 600):
                 logger.info("No new checkpoint ready for evaluation in %s%s.", model_dir,
                             "" if done else " (the estimator is not trained yet)")
                 last_warning = time.monotonic()

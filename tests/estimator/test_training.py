@@ -279,6 +279,23 @@ def evaluator(tmp_path, monkeypatch, max_steps=40, policy="every", train_hooks=(
     return recorder.steps, metrics, exports
 
 
+def test_evaluator_says_it_waits_on_a_machine_booted_minutes_ago(tmp_path, monkeypatch, caplog):
+    """The "not trained yet" line comes on the first empty poll, whatever the
+    monotonic clock reads (it starts at boot: a fresh CI machine is < 600 s)."""
+    set_cluster(monkeypatch, "evaluator")
+    e = make(tmp_path)
+    marker = os.path.join(e.model_dir, training.FAILURE_MARKER)
+
+    def chief_fails(secs):   # the evaluator's poll wait: the chief then fails
+        training._write_json(marker, {"error": "boom", "max_steps": 40, "time": time.time()})
+    monkeypatch.setattr(training.time, "monotonic", lambda: 120.0)
+    monkeypatch.setattr(training.time, "sleep", chief_fails)
+    caplog.set_level("INFO", logger="estimator.training")
+    with pytest.raises(training.TrainingFailedError, match="boom"):
+        est.train_and_evaluate(e, est.TrainSpec(input_fn, 40), est.EvalSpec(eval_input_fn))
+    assert "(the estimator is not trained yet)" in caplog.text
+
+
 def test_evaluator_ledger_neither_repeats_nor_skips(tmp_path, monkeypatch):
     make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
     steps, metrics, exports = evaluator(tmp_path, monkeypatch)
