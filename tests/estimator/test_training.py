@@ -383,7 +383,8 @@ def test_chief_keeps_checkpoints_the_evaluator_has_not_seen(tmp_path, monkeypatc
 
 # -- real processes ----------------------------------------------------------------------
 def start_task(tmp_path, task_type, args, cluster, name=None):
-    env = dict(os.environ, TF_CONFIG=tf_config(cluster, task_type, 0), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, TF_CONFIG=tf_config(cluster, task_type, 0), PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")   # a hung task killed by `finish` shows where it was
     log = open(tmp_path / f"{name or task_type}.log", "w")
     proc = subprocess.Popen([sys.executable, EXAMPLE, *args], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -400,16 +401,29 @@ def wait_for(predicate, timeout, what):
 
 
 def finish(procs, timeout=120):
+    """Wait for `procs` to exit 0 (each within `timeout`); one still running
+    then gets SIGABRT (faulthandler prints its threads' stacks into its log,
+    which the failure shows), then SIGKILL; none is left behind."""
+    hung = []
     try:
         for proc in procs:
-            proc.wait(timeout=timeout)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                hung.append(proc)
+                os.killpg(proc.pid, signal.SIGABRT)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
     finally:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     for proc in procs:
-        assert proc.returncode == 0, open(proc.log_path).read()[-3000:]
+        assert proc.returncode == 0, ("still running after %d s, stopped: " % timeout
+                                      if proc in hung else "") + open(proc.log_path).read()[-3000:]
 
 
 def final_eval(proc) -> dict:
