@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from . import tf_checkpoint
-from .files import atomic_write
+from .files import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def _write_index(model_dir: str, latest: str, kept: List[Tuple[str, float]]) -> 
     lines += [f'all_model_checkpoint_paths: "{n}"' for n, _ in kept]
     lines += [f"all_model_checkpoint_timestamps: {t:.6f}" for _, t in kept]
     data = ("\n".join(lines) + "\n").encode()
-    atomic_write(os.path.join(model_dir, INDEX), lambda f: f.write(data))
+    atomic_write_bytes(os.path.join(model_dir, INDEX), data)
 
 
 def _on_disk(model_dir: str) -> List[str]:
@@ -316,7 +316,7 @@ def _serialize(payload: dict) -> bytes:
 def _write(path: str, data: bytes, sync_dir: bool = True) -> None:
     """`data` to `path` atomically; a full disk is an error naming the path."""
     try:
-        atomic_write(path, lambda f: f.write(data), sync_dir=sync_dir)
+        atomic_write_bytes(path, data, sync_dir=sync_dir)
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise OSError(errno.ENOSPC, f"No space left on device writing the checkpoint "

@@ -1,4 +1,5 @@
 """Checkpoint files: atomic writes, retention, safe loading, kill -9 and resume."""
+import errno
 import os
 import pickle
 import signal
@@ -190,7 +191,6 @@ def test_the_index_is_durable_before_an_evicted_checkpoint_is_deleted(tmp_path, 
 
 
 def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    import errno
     saver = checkpoint.Saver(str(tmp_path), max_to_keep=5)
     saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
     real_fdopen = os.fdopen
@@ -216,6 +216,48 @@ def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, mo
     monkeypatch.undo()
     assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-1")
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.sha256"]
+
+
+def test_large_files_are_written_whole_in_pieces_or_not_at_all(tmp_path, monkeypatch):
+    """atomic_write_bytes cuts its writes to 1 MiB: the bytes arrive whole and in
+    order; a failure at the second piece leaves the old file and no temp file."""
+    from hooks import files
+    path = str(tmp_path / "blob")
+    data = os.urandom(2 * files._CHUNK + 12345)
+    files.atomic_write_bytes(path, data)
+    assert open(path, "rb").read() == data
+    real_fdopen, pieces = os.fdopen, []
+
+    class FailsSecond:
+        def __init__(self, f):
+            self._f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+        def write(self, piece):
+            pieces.append(len(piece))
+            if len(pieces) == 2:
+                raise OSError(errno.EIO, "Input/output error")
+            return self._f.write(piece)
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: FailsSecond(real_fdopen(fd, mode)))
+    with pytest.raises(OSError, match="Input/output error"):
+        files.atomic_write_bytes(path, os.urandom(3 * files._CHUNK))
+    monkeypatch.undo()
+    assert pieces == [files._CHUNK] * 2
+    assert os.listdir(tmp_path) == ["blob"] and open(path, "rb").read() == data
+
+
+def test_a_checkpoint_of_several_mebibytes_restores_exactly(tmp_path):
+    saver = checkpoint.Saver(str(tmp_path))
+    weight = torch.randn(1024, 700)   # 2.8 MB: three pieces
+    saver.save({"modules": {"net": {"w": weight}}, "optimizers": {}, "global_step": 3}, 3)
+    path, state = checkpoint.restore_latest(str(tmp_path))
+    assert path.endswith("model.ckpt-3") and torch.equal(state["modules"]["net"]["w"], weight)
 
 
 def test_checkpoint_files_follow_the_umask(tmp_path):
@@ -480,7 +522,6 @@ def test_background_saves_are_never_dropped_and_keep_max_holds(tmp_path):
 def test_a_failed_background_save_fails_the_next_step(tmp_path, monkeypatch):
     """A write error (here ENOSPC) in the writer thread stops training on the
     step after it with the error naming the path; the previous checkpoint stays."""
-    import errno
     from hooks import checkpoint as saving
     real = saving._write
 
