@@ -90,7 +90,7 @@ def test_multi_worker_with_hand_written_tf_config(tmp_path):
                                 "--max_steps", "60"])
     assert result["global_step"] == 60 and result["rmse"] < 0.5
     assert sorted(f for f in os.listdir(model_dir) if f.startswith("model.ckpt")) == \
-        ["model.ckpt-60", "model.ckpt-60.sha256"]
+        ["model.ckpt-60", "model.ckpt-60.crc32c"]
 
 
 @pytest.mark.slow

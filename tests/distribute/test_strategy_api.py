@@ -83,7 +83,7 @@ def test_custom_loop_example_on_two_replicas_equals_one(tmp_path, capsys):
     names = os.listdir(tmp_path / "two")           # the chief's files only
     assert len([n for n in names if n.startswith("events")]) == 1
     assert sorted(n for n in names if not n.startswith("events")) == \
-        ["checkpoint", "model.ckpt-30", "model.ckpt-30.sha256"]
+        ["checkpoint", "model.ckpt-30", "model.ckpt-30.crc32c"]
 
 
 def _loop_until_a_hook_stops_replica_1(strategy, model_dir):

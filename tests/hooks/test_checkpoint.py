@@ -29,8 +29,8 @@ def train(model_dir, steps, **config):
 def test_files_and_index(tmp_path):
     train(tmp_path, 12, save_checkpoints_steps=5)
     files = sorted(f for f in os.listdir(tmp_path) if not f.startswith("events."))
-    assert files == ["checkpoint", "model.ckpt-10", "model.ckpt-10.sha256", "model.ckpt-12",
-                     "model.ckpt-12.sha256", "model.ckpt-5", "model.ckpt-5.sha256"]
+    assert files == ["checkpoint", "model.ckpt-10", "model.ckpt-10.crc32c", "model.ckpt-12",
+                     "model.ckpt-12.crc32c", "model.ckpt-5", "model.ckpt-5.crc32c"]
     index = (tmp_path / "checkpoint").read_text()
     assert index.startswith('model_checkpoint_path: "model.ckpt-12"')
     assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-12")
@@ -41,8 +41,8 @@ def test_files_and_index(tmp_path):
 def test_keep_checkpoint_max(tmp_path):
     train(tmp_path, 30, save_checkpoints_steps=5, keep_checkpoint_max=2)
     files = sorted(f for f in os.listdir(tmp_path) if f.startswith("model.ckpt-"))
-    assert files == ["model.ckpt-25", "model.ckpt-25.sha256", "model.ckpt-30",
-                     "model.ckpt-30.sha256"]   # the evicted ones' digests go with them
+    assert files == ["model.ckpt-25", "model.ckpt-25.crc32c", "model.ckpt-30",
+                     "model.ckpt-30.crc32c"]   # the evicted ones' digests go with them
     ckpts = files[::2]
     assert [os.path.basename(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == ckpts
 
@@ -63,10 +63,12 @@ def test_keep_checkpoint_every_n_hours_preserves_old_ones(tmp_path):
 
 def test_half_written_temp_files_are_ignored_then_removed(tmp_path):
     e = train(tmp_path, 5, save_checkpoints_steps=100)
-    stale = ["model.ckpt-9.tmp-abc123", "model.ckpt-9.sha256.tmp-x1", "checkpoint.tmp-zz"]
+    stale = ["model.ckpt-9.tmp-abc123", "model.ckpt-9.crc32c.tmp-x1", "checkpoint.tmp-zz",
+             "model.ckpt-8.sha256.tmp-x2"]   # (an earlier version's digest file)
     (tmp_path / stale[0]).write_bytes(b"\x80\x02garbage")
-    (tmp_path / stale[1]).write_text("0" * 64)
+    (tmp_path / stale[1]).write_text("0" * 8)
     (tmp_path / stale[2]).write_text('model_checkpoint_path: "model.ckpt-9"\n')
+    (tmp_path / stale[3]).write_text("0" * 64)
     (tmp_path / "notes.tmp-keep").write_text("not ours")
     assert e.latest_checkpoint().endswith("model.ckpt-5")
     e.train(regression_input_fn(), steps=2)
@@ -154,7 +156,8 @@ def test_a_damaged_index_or_checkpoint_falls_back_to_the_newest_good_one(tmp_pat
         with open(latest, "r+b") as f:
             f.truncate(os.path.getsize(latest) - 10)
     elif damage == "latest digest changed":
-        (tmp_path / "model.ckpt-12.sha256").write_text("0" * 64)
+        digest = tmp_path / "model.ckpt-12.crc32c"
+        digest.write_text("%08x" % (int(digest.read_text(), 16) ^ 1))
     caplog.clear()
     with caplog.at_level("WARNING"):
         step = _resumed_step(tmp_path)
@@ -162,6 +165,27 @@ def test_a_damaged_index_or_checkpoint_falls_back_to_the_newest_good_one(tmp_pat
     assert step == (12 if index_only else 10)
     assert any(__import__("re").search(warning, r.getMessage()) for r in caplog.records), \
         caplog.text
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_an_earlier_version_s_sha256_digest_is_still_checked(tmp_path, caplog, right):
+    """Checkpoints written before the digest became CRC-32C carry
+    `model.ckpt-N.sha256`: a matching one restores, a mismatch falls back;
+    their retention removes those files too."""
+    import hashlib
+    train(tmp_path, 12, save_checkpoints_steps=5)        # 5, 10, 12
+    for step in (5, 10, 12):
+        path = tmp_path / f"model.ckpt-{step}"
+        (tmp_path / f"model.ckpt-{step}.crc32c").unlink()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        (tmp_path / f"model.ckpt-{step}.sha256").write_text(
+            digest if right or step != 12 else "0" * 64)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert _resumed_step(tmp_path) == (12 if right else 10)
+    assert right == ("is damaged" not in caplog.text), caplog.text
+    train(tmp_path, 25, save_checkpoints_steps=5, keep_checkpoint_max=2)
+    assert not list(tmp_path.glob("*.sha256"))
 
 
 def test_no_good_checkpoint_starts_from_step_0_and_says_so(tmp_path, caplog):
@@ -187,7 +211,7 @@ def test_the_index_is_durable_before_an_evicted_checkpoint_is_deleted(tmp_path, 
     monkeypatch.setattr(saving, "_write_index",
                         lambda *a: (order.append(("index",)), real_write(*a)))
     saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
-    assert order == [("index",), ("remove", "model.ckpt-1"), ("remove", "model.ckpt-1.sha256")]
+    assert order == [("index",), ("remove", "model.ckpt-1"), ("remove", "model.ckpt-1.crc32c")]
 
 
 def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -215,7 +239,7 @@ def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, mo
     assert info.value.errno == errno.ENOSPC
     monkeypatch.undo()
     assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-1")
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.sha256"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c"]
 
 
 def test_large_files_are_written_whole_in_pieces_or_not_at_all(tmp_path, monkeypatch):
@@ -526,7 +550,7 @@ def test_a_failed_background_save_fails_the_next_step(tmp_path, monkeypatch):
     real = saving._write
 
     def failing(path, data, **kwargs):
-        if "model.ckpt-4" in path and not path.endswith(".sha256"):
+        if "model.ckpt-4" in path and not path.endswith(".crc32c"):
             raise OSError(errno.ENOSPC, f"No space left on device writing {path}", path)
         return real(path, data, **kwargs)
     monkeypatch.setattr(saving, "_write", failing)

@@ -151,7 +151,7 @@ def test_scheduled_hooks_are_called_only_when_due(tmp_path, caplog):
     assert [r.getMessage().split(" (")[0] for r in caplog.records
             if r.getMessage().startswith("loss")] == ["loss = 1.0"] * 3
     saved = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("model.ckpt-*")
-                   if p.suffix != ".sha256")
+                   if p.suffix != ".crc32c")
     assert saved == [7, 14, 21, 25]
     assert stop.before == 1 and ("after", "StopAtStepHook", 25) in log   # woken at step 25 only
 
