@@ -214,12 +214,12 @@ def test_the_index_is_durable_before_an_evicted_checkpoint_is_deleted(tmp_path, 
     assert order == [("index",), ("remove", "model.ckpt-1"), ("remove", "model.ckpt-1.crc32c")]
 
 
-def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5)
-    saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
-    real_fdopen = os.fdopen
+def _writes_failing_at(monkeypatch, nth: int, error: OSError) -> list:
+    """Files opened through os.fdopen raise `error` at their `nth` write (from
+    1, counted across files); returns the sizes of the writes tried."""
+    real_fdopen, sizes = os.fdopen, []
 
-    class Full:
+    class Failing:
         def __init__(self, f):
             self._f = f
 
@@ -230,9 +230,19 @@ def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, mo
             self._f.close()
 
         def write(self, data):
-            raise OSError(errno.ENOSPC, "No space left on device")
+            sizes.append(len(data))
+            if len(sizes) == nth:
+                raise error
+            return self._f.write(data)
 
-    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Failing(real_fdopen(fd, mode)))
+    return sizes
+
+
+def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5)
+    saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
+    _writes_failing_at(monkeypatch, 1, OSError(errno.ENOSPC, "No space left on device"))
     with pytest.raises(OSError, match=r"No space left on device writing the checkpoint "
                                       r".*model.ckpt-2") as info:
         saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
@@ -250,25 +260,7 @@ def test_large_files_are_written_whole_in_pieces_or_not_at_all(tmp_path, monkeyp
     data = os.urandom(2 * files._CHUNK + 12345)
     files.atomic_write_bytes(path, data)
     assert open(path, "rb").read() == data
-    real_fdopen, pieces = os.fdopen, []
-
-    class FailsSecond:
-        def __init__(self, f):
-            self._f = f
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self._f.close()
-
-        def write(self, piece):
-            pieces.append(len(piece))
-            if len(pieces) == 2:
-                raise OSError(errno.EIO, "Input/output error")
-            return self._f.write(piece)
-
-    monkeypatch.setattr(os, "fdopen", lambda fd, mode: FailsSecond(real_fdopen(fd, mode)))
+    pieces = _writes_failing_at(monkeypatch, 2, OSError(errno.EIO, "Input/output error"))
     with pytest.raises(OSError, match="Input/output error"):
         files.atomic_write_bytes(path, os.urandom(3 * files._CHUNK))
     monkeypatch.undo()
