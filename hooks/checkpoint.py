@@ -230,6 +230,9 @@ class Saver:
         self.background = background
         self._writer: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pending: Optional[concurrent.futures.Future] = None
+        # [(name, time)] the index lists, read from disk once, then kept here as
+        # TF's Saver keeps its _last_checkpoints (this Saver is the one writer).
+        self._kept: Optional[List[Tuple[str, float]]] = None
         _remove_temp_files(model_dir)
 
     def protect(self, predicate) -> None:
@@ -285,19 +288,26 @@ class Saver:
         # rename was lost, which restore_latest passes over to the newest on disk.
         _write(path + DIGEST_SUFFIX, digest, sync_dir=False)
         _write(path, data, sync_dir=False)
-        try:
-            _, kept = _read_index(self.model_dir)
-        except (OSError, ValueError, UnicodeDecodeError):
-            kept = [(n, 0.0) for n in reversed(_on_disk(self.model_dir))]
+        kept = self._kept if self._kept is not None else self._listed()
         kept = [(n, t) for n, t in kept if n != name] + [(name, time.time())]
         kept, dropped = self._retain(kept)
         _write_index(self.model_dir, name, kept)   # durable before anything is deleted
+        self._kept = kept
         for old in dropped:
             for stale in (old, *(old + suffix for suffix in _DIGESTS)):
-                if os.path.exists(os.path.join(self.model_dir, stale)):
+                try:
                     os.remove(os.path.join(self.model_dir, stale))
+                except FileNotFoundError:
+                    pass
         logger.info("Saving checkpoints for %d into %s.", global_step, path)
         return path
+
+    def _listed(self) -> List[Tuple[str, float]]:
+        """What the index on disk lists; the files on disk if it cannot be read."""
+        try:
+            return _read_index(self.model_dir)[1]
+        except (OSError, ValueError, UnicodeDecodeError):
+            return [(n, 0.0) for n in reversed(_on_disk(self.model_dir))]
 
     def _retain(self, kept):
         """(the entries to keep listed, the names to delete once they are not)."""

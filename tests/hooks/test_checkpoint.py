@@ -211,31 +211,21 @@ def test_the_index_is_durable_before_an_evicted_checkpoint_is_deleted(tmp_path, 
     monkeypatch.setattr(saving, "_write_index",
                         lambda *a: (order.append(("index",)), real_write(*a)))
     saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
-    assert order == [("index",), ("remove", "model.ckpt-1"), ("remove", "model.ckpt-1.crc32c")]
+    assert order == [("index",), ("remove", "model.ckpt-1"), ("remove", "model.ckpt-1.crc32c"),
+                     ("remove", "model.ckpt-1.sha256")]   # (an earlier version's digest: none)
 
 
 def _writes_failing_at(monkeypatch, nth: int, error: OSError) -> list:
-    """Files opened through os.fdopen raise `error` at their `nth` write (from
-    1, counted across files); returns the sizes of the writes tried."""
-    real_fdopen, sizes = os.fdopen, []
+    """os.write (how checkpoint files are written) raises `error` at its `nth`
+    call (from 1); returns the sizes of the writes tried."""
+    real_write, sizes = os.write, []
 
-    class Failing:
-        def __init__(self, f):
-            self._f = f
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self._f.close()
-
-        def write(self, data):
-            sizes.append(len(data))
-            if len(sizes) == nth:
-                raise error
-            return self._f.write(data)
-
-    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Failing(real_fdopen(fd, mode)))
+    def write(fd, data):
+        sizes.append(len(data))
+        if len(sizes) == nth:
+            raise error
+        return real_write(fd, data)
+    monkeypatch.setattr(os, "write", write)
     return sizes
 
 
@@ -276,17 +266,27 @@ def test_a_checkpoint_of_several_mebibytes_restores_exactly(tmp_path):
     assert path.endswith("model.ckpt-3") and torch.equal(state["modules"]["net"]["w"], weight)
 
 
-def test_checkpoint_files_follow_the_umask(tmp_path):
-    old = os.umask(0o022)
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_checkpoint_files_follow_the_umask(tmp_path, umask, mode):
+    from hooks import files
+    old = os.umask(umask)
     try:
-        import importlib
-        from hooks import files
-        importlib.reload(files)   # reads the umask once, at import
         files.atomic_write(str(tmp_path / "f"), lambda f: f.write(b"x"))
+        files.atomic_write_bytes(str(tmp_path / "g"), b"y")
     finally:
         os.umask(old)
-        importlib.reload(files)
-    assert os.stat(tmp_path / "f").st_mode & 0o777 == 0o644
+    assert [os.stat(tmp_path / n).st_mode & 0o777 for n in "fg"] == [mode, mode]
+    assert sorted(os.listdir(tmp_path)) == ["f", "g"]
+
+
+def test_a_temp_file_left_by_an_earlier_process_with_this_pid_is_passed_over(tmp_path):
+    from hooks import files
+    path = tmp_path / "blob"
+    n = next(files._serial) + 1
+    left = tmp_path / f"blob.tmp-{os.getpid()}-{n}"
+    left.write_bytes(b"an earlier process's half-written file")
+    files.atomic_write_bytes(str(path), b"new")
+    assert path.read_bytes() == b"new" and left.exists()
 
 
 def test_list_and_load_variables(tmp_path):
