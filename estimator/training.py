@@ -44,7 +44,7 @@ import hooks as hooks_lib
 # Base classes come from the submodules: `hooks` may be half-imported here.
 from hooks.basic_session_run_hooks import CheckpointSaverListener
 from hooks.event_files import EVENT_FILE_PATTERN, read_scalars
-from hooks.files import atomic_write
+from hooks.files import atomic_write_bytes
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
 
 from . import _checks, checkpoint, remote
@@ -415,7 +415,7 @@ def _write_json(path: str, data: dict) -> None:
     """Atomically (temp file, fsync, rename) write `data` as JSON."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     text = json.dumps(data).encode()
-    atomic_write(path, lambda f: f.write(text))
+    atomic_write_bytes(path, text)
 
 
 def _read_marker(model_dir: str, name: str, max_steps: Optional[int]) -> Optional[dict]:

@@ -47,7 +47,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from hooks.files import atomic_write
+from hooks.files import atomic_write_bytes
 
 from ..run_config import writes_checkpoints
 from . import _yaml
@@ -225,7 +225,7 @@ class Experiment:
                 f"{os.path.abspath(self.path)} at {stamp}.\n"
                 f"# Run it again with: estimator {command} {path}\n"
                 + _yaml.dump(resolved))
-        atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+        atomic_write_bytes(path, text.encode("utf-8"))
         logger.info("Saved the resolved experiment to %s", path)
         return path
 
