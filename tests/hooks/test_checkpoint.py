@@ -1,5 +1,6 @@
 """Checkpoint files: atomic writes, retention, safe loading, kill -9 and resume."""
 import errno
+import json
 import os
 import pickle
 import signal
@@ -287,6 +288,44 @@ def test_a_temp_file_left_by_an_earlier_process_with_this_pid_is_passed_over(tmp
     left.write_bytes(b"an earlier process's half-written file")
     files.atomic_write_bytes(str(path), b"new")
     assert path.read_bytes() == b"new" and left.exists()
+
+
+_PREDICT_ELSEWHERE = """
+import json, sys
+sys.path[:0] = [{root!r}, {support!r}]
+import numpy as np
+import estimator as est
+from models import bn_dropout_model_fn
+e = est.Estimator(bn_dropout_model_fn, model_dir=sys.argv[1])
+x = np.random.RandomState(7).randn(10, 4)
+print(json.dumps([p["logits"].tolist() for p in e.predict(lambda: [{{"x": x}}])]))
+"""
+
+
+@pytest.mark.slow
+def test_a_multi_mebibyte_background_checkpoint_predicts_the_same_in_another_process(tmp_path):
+    """Batch-norm + dropout + Adam (a 3 MB checkpoint: several 1 MiB pieces),
+    float64 input with a short last batch, saved in the background; a second
+    process restores it and predicts what this one does (dropout off,
+    batch-norm on its moving averages)."""
+    from models import bn_dropout_model_fn, iris_like_input_fn
+    e = est.Estimator(bn_dropout_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "m"), save_checkpoints_steps=3,
+        experimental_async_checkpoint=True))
+    e.train(iris_like_input_fn(epochs=3), steps=8)   # epochs of 4 batches, the last of 4 rows
+    latest = e.latest_checkpoint()
+    assert latest.endswith("model.ckpt-8") and os.path.getsize(latest) > 3 * 2**20
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(e.model_dir)] == [3, 6, 8]
+    x = np.random.RandomState(7).randn(10, 4)
+    here = [p["logits"].tolist() for p in e.predict(lambda: [{"x": x}])]
+    script = tmp_path / "predict.py"
+    script.write_text(_PREDICT_ELSEWHERE.format(root=ROOT, support=SUPPORT))
+    out = subprocess.run([sys.executable, str(script), e.model_dir], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    np.testing.assert_allclose(json.loads(out.stdout.splitlines()[-1]), here, rtol=1e-6)
+    np.testing.assert_allclose(here, [p["logits"].tolist() for p in e.predict(
+        lambda: [{"x": x}])], rtol=0)   # deterministic: dropout is off in predict
 
 
 def test_list_and_load_variables(tmp_path):
