@@ -161,14 +161,14 @@ class CheckpointSaverHook(SessionRunHook):
         step = session.global_step
         if step != self._last_saved:
             self._save(session, step)
-        self._saver.wait()   # the last save is complete when training returns
+        self._saver.close()   # the last save is complete when training returns
         for listener in self._listeners:
             listener.end(session, step)
 
     def settle(self) -> None:
         """Training ended with an error: the save in flight still completes,
         so a healthy checkpoint already taken is on disk when train raises."""
-        self._saver.wait()
+        self._saver.close()
 
     def _save(self, session, step: int) -> bool:
         if session.diverged_at_step is not None:  # NanTensorHook(fail_on_nan_loss=False)

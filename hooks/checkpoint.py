@@ -6,10 +6,10 @@ The only module that touches checkpoint files. TF analogues:
 `tf.train.load_variable`.
 
 A checkpoint that was listed is never lost:
-- every file is written atomically (`hooks.files.atomic_write`): the
-  checkpoint's content digest (`model.ckpt-<step>.crc32c`, CRC-32C as TF's
-  checkpoints and TFRecords carry; `.sha256` files of earlier versions are
-  still checked), then the
+- every file is written atomically (`hooks.files.apply`, in a writer
+  process for background saves): the checkpoint's content digest
+  (`model.ckpt-<step>.crc32c`, CRC-32C as TF's checkpoints and TFRecords
+  carry; `.sha256` files of earlier versions are still checked), then the
   checkpoint, then the index; only once the index is on disk are the files it
   no longer names deleted. Temp files an interrupted save left behind are
   removed when the next Saver starts.
@@ -25,7 +25,6 @@ A checkpoint that was listed is never lost:
 """
 from __future__ import annotations
 
-import concurrent.futures
 import errno
 import hashlib
 import io
@@ -34,6 +33,7 @@ import os
 import random
 import re
 import time
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import google_crc32c
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from . import tf_checkpoint
-from .files import atomic_write_bytes
+from . import files
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +84,12 @@ def _read_index(model_dir: str) -> Tuple[Optional[str], List[Tuple[str, float]]]
     return latest, list(zip(names, stamps))
 
 
-def _write_index(model_dir: str, latest: str, kept: List[Tuple[str, float]]) -> None:
+def _index(latest: str, kept: List[Tuple[str, float]]) -> bytes:
+    """The index's bytes (TF's CheckpointState as text)."""
     lines = [f'model_checkpoint_path: "{latest}"']
     lines += [f'all_model_checkpoint_paths: "{n}"' for n, _ in kept]
     lines += [f"all_model_checkpoint_timestamps: {t:.6f}" for _, t in kept]
-    data = ("\n".join(lines) + "\n").encode()
-    atomic_write_bytes(os.path.join(model_dir, INDEX), data)
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _on_disk(model_dir: str) -> List[str]:
@@ -228,12 +228,15 @@ class Saver:
         self._next_keep_time = time.time() + self._keep_every_secs  # as TF's Saver
         self._protected = lambda path: False
         self.background = background
-        self._writer: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._pending: Optional[concurrent.futures.Future] = None
+        self._process: Optional[files.WriterProcess] = None
+        # (plan, sizes, kept, step, path) of the background save in flight
+        self._pending: Optional[tuple] = None
         # [(name, time)] the index lists, read from disk once, then kept here as
         # TF's Saver keeps its _last_checkpoints (this Saver is the one writer).
         self._kept: Optional[List[Tuple[str, float]]] = None
         _remove_temp_files(model_dir)
+        if background:   # started now, it is ready by the first save
+            self._writer_process()
 
     def protect(self, predicate) -> None:
         """Never delete a checkpoint for which `predicate(path)` is true (e.g. one
@@ -243,30 +246,69 @@ class Saver:
     def save(self, state: dict, global_step: int) -> str:
         """Write `state` as the checkpoint of `global_step`; returns its path.
 
-        With `background`, the state is serialized here and written by a writer
-        thread with the same atomicity (temp file, fsync, rename, index last);
-        a save waits for the one before it (at most one in flight, none
-        dropped) and raises its error if it failed; `wait()` completes the
-        last one."""
+        With `background`, the state is serialized here and handed to a
+        writer process, which writes it with the same atomicity (temp file,
+        fsync, rename, index last) while training goes on; a save waits for
+        the one before it (at most one in flight, none dropped) and raises its
+        error if it failed; `wait()` completes the last one, `close()` also
+        ends the writer process."""
         os.makedirs(self.model_dir, exist_ok=True)
         # Serialized here, as a plain loop's torch.save: the bytes are the copy
-        # training cannot change, and the writer thread then holds the
-        # interpreter lock only briefly (digest, files and fsyncs release it).
+        # training cannot change.
         data = _serialize(dict(state, rng=_rng_state()))
-        if not self.background:
-            return self._commit(data, global_step)
         self.wait()
-        if self._writer is None:
-            self._writer = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="checkpoint-writer")
-        self._pending = self._writer.submit(self._commit, data, global_step)
-        return os.path.join(self.model_dir, f"{PREFIX}-{global_step}")
+        name = f"{PREFIX}-{global_step}"
+        path = os.path.join(self.model_dir, name)
+        kept = self._kept if self._kept is not None else self._listed()
+        kept, dropped = self._retain([(n, t) for n, t in kept if n != name]
+                                     + [(name, time.time())])
+        # On the step, as a plain loop's torch.save: the bytes into a temp file.
+        # Then, here or by the writer process, the digest, the checkpoint made
+        # durable and renamed, then the index, whose directory fsync makes the
+        # three renames durable (a crash before it leaves the old index, or one
+        # naming a file whose rename was lost, which restore_latest passes over
+        # to the newest on disk); only then are the files the index no longer
+        # names deleted.
+        sizes = {path: len(data)}
+        tmp = _carry_out(lambda: files.write_temp(path, data), sizes)
+        plan = [("write", path + DIGEST_SUFFIX, _DIGESTS[DIGEST_SUFFIX](data).encode(), False),
+                ("settle", tmp, path, False),
+                ("write", os.path.join(self.model_dir, INDEX), _index(name, kept), True)]
+        plan += [("remove", os.path.join(self.model_dir, old + suffix))
+                 for old in dropped for suffix in ("", *_DIGESTS)]
+        if not self.background:
+            _carry_out(lambda: files.apply(plan), sizes)
+            self._saved(kept, global_step, path)
+            return path
+        try:
+            _carry_out(lambda: self._writer_process().submit(plan), sizes)
+        except BaseException as e:
+            self._failed(plan, e)
+            raise
+        self._pending = (plan, sizes, kept, global_step, path)
+        return path
 
     def wait(self) -> None:
         """Complete the save in flight, if any; raise its error."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.result()
+            plan, sizes, kept, global_step, path = pending
+            try:
+                _carry_out(self._process.result, sizes)
+            except BaseException as e:
+                self._failed(plan, e)
+                raise
+            self._saved(kept, global_step, path)
+
+    def close(self) -> None:
+        """`wait()`, then end the writer process, if any (a later save starts
+        another)."""
+        try:
+            self.wait()
+        finally:
+            process, self._process = self._process, None
+            if process is not None:
+                process.close()
 
     @property
     def in_flight(self) -> bool:
@@ -275,32 +317,26 @@ class Saver:
 
     def check(self) -> None:
         """Raise the error of a finished background save (called every step:
-        one attribute test when nothing is in flight)."""
-        if self._pending is not None and self._pending.done():
+        one attribute test when nothing is in flight, one poll of the writer
+        process's answer while a save is)."""
+        if self._pending is not None and self._process.answered():
             self.wait()
 
-    def _commit(self, data: bytes, global_step: int) -> str:
-        name = f"{PREFIX}-{global_step}"
-        path = os.path.join(self.model_dir, name)
-        digest = _DIGESTS[DIGEST_SUFFIX](data).encode()
-        # One directory fsync, the index's, makes the three renames durable; a
-        # crash before it leaves the old index, or one naming a file whose
-        # rename was lost, which restore_latest passes over to the newest on disk.
-        _write(path + DIGEST_SUFFIX, digest, sync_dir=False)
-        _write(path, data, sync_dir=False)
-        kept = self._kept if self._kept is not None else self._listed()
-        kept = [(n, t) for n, t in kept if n != name] + [(name, time.time())]
-        kept, dropped = self._retain(kept)
-        _write_index(self.model_dir, name, kept)   # durable before anything is deleted
+    def _writer_process(self) -> files.WriterProcess:
+        if self._process is None:
+            self._process = files.WriterProcess()
+            weakref.finalize(self, self._process.close)
+        return self._process
+
+    def _failed(self, plan, error: BaseException) -> None:
+        files.abandon(plan)   # its temp file, if the writer process died holding it
+        if isinstance(error, ChildProcessError):   # the next save starts another
+            self._process.close()
+            self._process = None
+
+    def _saved(self, kept, global_step: int, path: str) -> None:
         self._kept = kept
-        for old in dropped:
-            for stale in (old, *(old + suffix for suffix in _DIGESTS)):
-                try:
-                    os.remove(os.path.join(self.model_dir, stale))
-                except FileNotFoundError:
-                    pass
         logger.info("Saving checkpoints for %d into %s.", global_step, path)
-        return path
 
     def _listed(self) -> List[Tuple[str, float]]:
         """What the index on disk lists; the files on disk if it cannot be read."""
@@ -332,15 +368,16 @@ def _serialize(payload: dict) -> bytes:
     return buffer.getvalue()
 
 
-def _write(path: str, data: bytes, sync_dir: bool = True) -> None:
-    """`data` to `path` atomically; a full disk is an error naming the path."""
+def _carry_out(do, sizes: Dict[str, int]):
+    """`do()`; a full disk is said with the checkpoint file and its size."""
     try:
-        atomic_write_bytes(path, data, sync_dir=sync_dir)
+        return do()
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise OSError(errno.ENOSPC, f"No space left on device writing the checkpoint "
-                                        f"{path} ({len(data)} bytes); the previous "
-                                        "checkpoint is unchanged", path) from e
+                                        f"{e.filename} ({sizes.get(e.filename, 0)} bytes); "
+                                        "the previous checkpoint is unchanged",
+                          e.filename) from e
         raise
 
 

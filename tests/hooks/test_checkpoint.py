@@ -202,17 +202,20 @@ def test_no_good_checkpoint_starts_from_step_0_and_says_so(tmp_path, caplog):
 def test_the_index_is_durable_before_an_evicted_checkpoint_is_deleted(tmp_path, monkeypatch):
     """A crash between the index and the deletion leaves an extra file, never
     an index naming a deleted one (keep_checkpoint_max=1 used to lose both)."""
-    from hooks import checkpoint as saving
     saver = checkpoint.Saver(str(tmp_path), max_to_keep=1)
     saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
     order = []
-    real_remove, real_write = os.remove, saving._write_index
+    real_remove, real_replace, real_fsync = os.remove, os.replace, os.fsync
     monkeypatch.setattr(os, "remove", lambda p: (order.append(("remove", os.path.basename(p))),
                                                  real_remove(p)))
-    monkeypatch.setattr(saving, "_write_index",
-                        lambda *a: (order.append(("index",)), real_write(*a)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (order.append(("rename", os.path.basename(b))),
+                                                     real_replace(a, b)))
+    monkeypatch.setattr(os, "fsync", lambda fd: (order.append(("fsync",)), real_fsync(fd)))
     saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
-    assert order == [("index",), ("remove", "model.ckpt-1"), ("remove", "model.ckpt-1.crc32c"),
+    assert order == [("fsync",), ("rename", "model.ckpt-2.crc32c"),
+                     ("fsync",), ("rename", "model.ckpt-2"),
+                     ("fsync",), ("rename", "checkpoint"), ("fsync",),   # the directory's
+                     ("remove", "model.ckpt-1"), ("remove", "model.ckpt-1.crc32c"),
                      ("remove", "model.ckpt-1.sha256")]   # (an earlier version's digest: none)
 
 
@@ -230,15 +233,19 @@ def _writes_failing_at(monkeypatch, nth: int, error: OSError) -> list:
     return sizes
 
 
-def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5)
+@pytest.mark.parametrize("background", [False, True])
+def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
+                                                                    background):
+    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5, background=background)
     saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
+    saver.wait()
     _writes_failing_at(monkeypatch, 1, OSError(errno.ENOSPC, "No space left on device"))
     with pytest.raises(OSError, match=r"No space left on device writing the checkpoint "
                                       r".*model.ckpt-2") as info:
         saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
     assert info.value.errno == errno.ENOSPC
     monkeypatch.undo()
+    saver.close()
     assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-1")
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c"]
 
@@ -574,22 +581,103 @@ def test_background_saves_are_never_dropped_and_keep_max_holds(tmp_path):
     assert [checkpoint.step_of(p) for p in listed] == [4, 5]
 
 
-def test_a_failed_background_save_fails_the_next_step(tmp_path, monkeypatch):
-    """A write error (here ENOSPC) in the writer thread stops training on the
-    step after it with the error naming the path; the previous checkpoint stays."""
-    from hooks import checkpoint as saving
-    real = saving._write
+def _writer_processes() -> list:
+    """Pids of this process's checkpoint writer processes."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError):
+            continue
+        if ppid == os.getpid() and b"_checkpoint_writer" in cmdline:
+            pids.append(int(entry))
+    return pids
 
-    def failing(path, data, **kwargs):
-        if "model.ckpt-4" in path and not path.endswith(".crc32c"):
-            raise OSError(errno.ENOSPC, f"No space left on device writing {path}", path)
-        return real(path, data, **kwargs)
-    monkeypatch.setattr(saving, "_write", failing)
-    e = est.Estimator(regression_model_fn, config=est.RunConfig(
+
+class _AtStep(hooks.SessionRunHook):
+    """Calls `act()` once, after step `step`."""
+
+    def __init__(self, step, act):
+        self.step, self.act = step, act
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step == self.step:
+            self.act()
+
+
+def test_a_failed_background_save_fails_the_next_step(tmp_path):
+    """A write error in the writer process (here the file size limit: EFBIG as
+    the kernel gives it, on the index) stops training on the step after it
+    with the error naming the file; the previous checkpoint stays the latest."""
+    import resource
+
+    def limit_file_size():
+        [pid] = _writer_processes()
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (64, 64))   # the digest fits, the index not
+    e = est.Estimator(regression_model_fn, params={"lr": 0.1}, config=est.RunConfig(
         model_dir=str(tmp_path), save_checkpoints_steps=2, experimental_async_checkpoint=True))
-    with pytest.raises(OSError, match="model.ckpt-4"):
-        e.train(regression_input_fn(), max_steps=20)
+    with pytest.raises(OSError, match="File too large.*checkpoint") as info:
+        e.train(regression_input_fn(), max_steps=20, hooks=[_AtStep(3, limit_file_size)])
+    assert info.value.errno == errno.EFBIG
     assert checkpoint.step_of(checkpoint.latest_checkpoint(str(tmp_path))) == 2
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+    assert _writer_processes() == []
+
+
+def test_a_killed_writer_process_is_an_error_and_the_next_save_starts_another(tmp_path):
+    saver = checkpoint.Saver(str(tmp_path), background=True)
+    saver.save(_state(1.0, 1), 1)
+    saver.wait()
+    [pid] = _writer_processes()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ChildProcessError, match=rf"writer process \(pid {pid}\) ended: "
+                                                r"killed by signal 9"):
+        saver.save(_state(2.0, 2), 2)
+        saver.wait()
+    assert checkpoint.step_of(checkpoint.latest_checkpoint(str(tmp_path))) == 1
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+    saver.save(_state(3.0, 3), 3)
+    saver.close()
+    assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 3
+    assert _writer_processes() == []
+
+
+_WRITER_OF_A_KILLED_PROCESS = """
+import sys, time, torch
+sys.path[:0] = [{root!r}]
+from hooks import checkpoint
+saver = checkpoint.Saver(sys.argv[1], background=True)
+saver.save({{"modules": {{"w": {{"w": torch.ones(3)}}}}, "global_step": 1}}, 1)
+saver.wait()
+print(saver._process.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_writer_process_ends_with_a_process_killed_with_9(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER_OF_A_KILLED_PROCESS.format(root=ROOT),
+                             str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        writer = int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait(30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{writer}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":   # ended, not yet reaped
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(writer, signal.SIGKILL)
+        pytest.fail(f"the writer process {writer} outlived the process killed with -9")
+    assert checkpoint.step_of(checkpoint.latest_checkpoint(str(tmp_path))) == 1
 
 
 def test_train_returns_with_the_final_background_save_complete(tmp_path):
@@ -602,15 +690,20 @@ def test_train_returns_with_the_final_background_save_complete(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp") or ".tmp" in n]
 
 
-def test_a_background_save_in_flight_is_on_disk_when_training_fails(tmp_path, monkeypatch):
+def test_a_background_save_in_flight_is_on_disk_when_training_fails(tmp_path):
     """An error after a save was handed to the writer: train raises the error,
-    and the checkpoint of that save is complete and listed by then."""
-    slow = checkpoint.Saver._commit
+    and the checkpoint of that save is complete and listed by then (the writer
+    process is stopped, as a slow disk would hold it, until after the error)."""
+    import threading
+    resumed = []
 
-    def commit(self, payload, step):
-        time.sleep(0.5)   # still writing when the error comes
-        return slow(self, payload, step)
-    monkeypatch.setattr(checkpoint.Saver, "_commit", commit)
+    def stop_the_writer_for_a_second():
+        [pid] = _writer_processes()
+        os.kill(pid, signal.SIGSTOP)
+        timer = threading.Timer(1.0, lambda: (resumed.append(time.monotonic()),
+                                              os.kill(pid, signal.SIGCONT)))
+        timer.daemon = True
+        timer.start()
 
     def model_fn(features, labels, mode, params):
         if est.get_global_step() >= 12:
@@ -622,5 +715,6 @@ def test_a_background_save_in_flight_is_on_disk_when_training_fails(tmp_path, mo
     e = est.Estimator(model_fn, config=est.RunConfig(
         model_dir=str(tmp_path), save_checkpoints_steps=10, experimental_async_checkpoint=True))
     with pytest.raises(RuntimeError, match="the input broke at step 13"):
-        e.train(regression_input_fn(), steps=30)
+        e.train(regression_input_fn(), steps=30, hooks=[_AtStep(5, stop_the_writer_for_a_second)])
+    assert resumed, "train raised before the writer process was resumed"
     assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-10")
