@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import re
+import sys
 import time
 import weakref
 from typing import Dict, List, Optional, Tuple
@@ -229,7 +230,7 @@ class Saver:
         self._protected = lambda path: False
         self.background = background
         self._process: Optional[files.WriterProcess] = None
-        # (plan, sizes, kept, step, path) of the background save in flight
+        # (plan, sizes, kept) of the background save in flight
         self._pending: Optional[tuple] = None
         # [(name, time)] the index lists, read from disk once, then kept here as
         # TF's Saver keeps its _last_checkpoints (this Saver is the one writer).
@@ -253,12 +254,11 @@ class Saver:
         error if it failed; `wait()` completes the last one, `close()` also
         ends the writer process."""
         os.makedirs(self.model_dir, exist_ok=True)
-        # Serialized here, as a plain loop's torch.save: the bytes are the copy
-        # training cannot change.
-        data = _serialize(dict(state, rng=_rng_state()))
+        data = _serialize(dict(state, rng=_rng_state()))   # the copy training cannot change
         self.wait()
         name = f"{PREFIX}-{global_step}"
         path = os.path.join(self.model_dir, name)
+        logger.info("Saving checkpoints for %d into %s.", global_step, path)   # (TF: before)
         kept = self._kept if self._kept is not None else self._listed()
         kept, dropped = self._retain([(n, t) for n, t in kept if n != name]
                                      + [(name, time.time())])
@@ -276,29 +276,29 @@ class Saver:
                 ("write", os.path.join(self.model_dir, INDEX), _index(name, kept), True)]
         plan += [("remove", os.path.join(self.model_dir, old + suffix))
                  for old in dropped for suffix in ("", *_DIGESTS)]
-        if not self.background:
-            _carry_out(lambda: files.apply(plan), sizes)
-            self._saved(kept, global_step, path)
+        if self.background and self._writer_process() is not None:
+            try:
+                _carry_out(lambda: self._process.submit(plan), sizes)
+            except BaseException as e:
+                self._failed(plan, e)
+                raise
+            self._pending = (plan, sizes, kept)
             return path
-        try:
-            _carry_out(lambda: self._writer_process().submit(plan), sizes)
-        except BaseException as e:
-            self._failed(plan, e)
-            raise
-        self._pending = (plan, sizes, kept, global_step, path)
+        _carry_out(lambda: files.apply(plan), sizes)
+        self._kept = kept
         return path
 
     def wait(self) -> None:
         """Complete the save in flight, if any; raise its error."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            plan, sizes, kept, global_step, path = pending
+            plan, sizes, kept = pending
             try:
                 _carry_out(self._process.result, sizes)
             except BaseException as e:
                 self._failed(plan, e)
                 raise
-            self._saved(kept, global_step, path)
+            self._kept = kept
 
     def close(self) -> None:
         """`wait()`, then end the writer process, if any (a later save starts
@@ -322,9 +322,17 @@ class Saver:
         if self._pending is not None and self._process.answered():
             self.wait()
 
-    def _writer_process(self) -> files.WriterProcess:
+    def _writer_process(self) -> Optional[files.WriterProcess]:
+        """The writer process, started if need be; None, with saves made
+        synchronous and a warning, where no process can be started."""
         if self._process is None:
-            self._process = files.WriterProcess()
+            try:
+                self._process = files.WriterProcess()
+            except OSError as e:
+                logger.warning("Checkpoints are written on the step: the background writer "
+                               "process cannot start (%s: %s)", sys.executable, e)
+                self.background = False
+                return None
             weakref.finalize(self, self._process.close)
         return self._process
 
@@ -333,10 +341,6 @@ class Saver:
         if isinstance(error, ChildProcessError):   # the next save starts another
             self._process.close()
             self._process = None
-
-    def _saved(self, kept, global_step: int, path: str) -> None:
-        self._kept = kept
-        logger.info("Saving checkpoints for %d into %s.", global_step, path)
 
     def _listed(self) -> List[Tuple[str, float]]:
         """What the index on disk lists; the files on disk if it cannot be read."""

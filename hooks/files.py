@@ -163,23 +163,32 @@ class WriterProcess:
     thread because a thread doing this work takes the interpreter lock back
     after each of its system calls, and the training step waits for it each
     time (torch.distributed.checkpoint's async save offers a process for the
-    same reason). The child exits when this process closes it or dies, and
-    checks before each step of a plan that its parent is alive: a process
-    killed with -9 leaves no writer behind changing its model_dir."""
+    same reason). The child exits when this process closes it or dies (it
+    looks every second, and before each step of a plan): a process killed
+    with -9 leaves no writer behind changing its model_dir.
+
+    A plan goes into the pipe while the child sleeps on an eventfd, which
+    then wakes it: a pipe wakes its reader as a "sync" wake-up, which Linux
+    serves on the writer's CPU, where the child then takes its turn from
+    the training step instead of running on an idle core (bench/overhead.py
+    tiny_ckpt, 2 cores: 0.81 of the plain loop woken by the pipe, 0.89 with
+    the child pinned to the other core)."""
 
     def __init__(self):
         child_in, self._send = _pipe()
         self._receive, child_out = os.pipe()
+        self._wake = os.eventfd(0)
         try:
             self._proc = subprocess.Popen(
                 # -I -S: no site-packages, no PYTHON* variables: a bare
                 # interpreter, answering in about 10 ms.
-                [sys.executable, "-I", "-S", "-c", _CHILD, os.path.abspath(__file__), str(child_in),
-                 str(child_out), str(os.getpid())],
-                stdin=subprocess.DEVNULL, pass_fds=(child_in, child_out))
+                [sys.executable, "-I", "-S", "-c", _CHILD, os.path.abspath(__file__),
+                 str(child_in), str(child_out), str(self._wake), str(os.getpid())],
+                stdin=subprocess.DEVNULL, pass_fds=(child_in, child_out, self._wake))
         finally:
             os.close(child_in)
             os.close(child_out)
+        self._capacity = fcntl.fcntl(self._send, getattr(fcntl, "F_GETPIPE_SZ", 1032))
         self._poll = select.poll()
         self._poll.register(self._receive, select.POLLIN)
 
@@ -189,8 +198,14 @@ class WriterProcess:
 
     def submit(self, plan: list) -> None:
         """Hand `plan` to the child (one at a time: `result()` before the next)."""
+        message = marshal.dumps(list(plan))
+        fits = len(message) + 8 <= self._capacity   # else it is read while written
         try:
-            _send(self._send, marshal.dumps(list(plan)))
+            if not fits:
+                os.eventfd_write(self._wake, 1)
+            _send(self._send, message)
+            if fits:
+                os.eventfd_write(self._wake, 1)
         except BrokenPipeError:
             raise self._ended() from None
 
@@ -216,9 +231,11 @@ class WriterProcess:
         """End the child (once its plan in hand, if any, is done)."""
         if self._send < 0:
             return
-        os.close(self._send)
-        os.close(self._receive)
-        self._send = self._receive = -1
+        os.close(self._send)   # then woken, it reads the end of the pipe
+        os.eventfd_write(self._wake, 1)
+        for fd in (self._receive, self._wake):
+            os.close(fd)
+        self._send = self._receive = self._wake = -1
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -279,13 +296,18 @@ def _how_it_ended(proc: subprocess.Popen) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _serve(receive: int, send: int, parent: int) -> None:
-    """The child's loop: a plan in, None or its error out, until the parent
-    closes the pipe or dies (then it exits at once: nothing to tidy)."""
+def _serve(receive: int, send: int, wake: int, parent: int) -> None:
+    """The child's loop: woken, a plan in, None or its error out, until the
+    parent closes the pipe or dies (then it exits at once: nothing to tidy)."""
     def parent_alive() -> None:
         if os.getppid() != parent:
             os._exit(1)
+    woken = select.poll()
+    woken.register(wake, select.POLLIN)
     while True:
+        while not woken.poll(1000):
+            parent_alive()
+        os.eventfd_read(wake)
         message = _receive(receive)
         if message is None:
             os._exit(0)
@@ -308,5 +330,5 @@ import sys
 files = {"__name__": "_checkpoint_writer", "__file__": sys.argv[1]}
 with open(sys.argv[1], "rb") as f:
     exec(compile(f.read(), sys.argv[1], "exec"), files)
-files["_serve"](int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+files["_serve"](*map(int, sys.argv[2:]))
 """

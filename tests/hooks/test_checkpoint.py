@@ -645,6 +645,33 @@ def test_a_killed_writer_process_is_an_error_and_the_next_save_starts_another(tm
     assert _writer_processes() == []
 
 
+def test_a_plan_larger_than_the_pipe_reaches_the_writer_process_whole(tmp_path):
+    """A plan is read while it is written when it does not fit in the pipe
+    (an index listing thousands of kept checkpoints)."""
+    from hooks import files
+    writer = files.WriterProcess()
+    try:
+        data = os.urandom(3 * (1 << 20) + 17)
+        writer.submit([("write", str(tmp_path / "big"), data, True),
+                       ("remove", str(tmp_path / "not-there"))])
+        writer.result()
+        assert (tmp_path / "big").read_bytes() == data
+    finally:
+        writer.close()
+    assert writer._proc.returncode == 0
+
+
+def test_saves_are_made_on_the_step_where_no_writer_process_can_start(tmp_path, monkeypatch,
+                                                                      caplog):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    saver = checkpoint.Saver(str(tmp_path), background=True)
+    assert "the background writer process cannot start" in caplog.text
+    assert "no-python" in caplog.text
+    saver.save(_state(1.0, 1), 1)
+    assert not saver.in_flight
+    assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 1
+
+
 _WRITER_OF_A_KILLED_PROCESS = """
 import sys, time, torch
 sys.path[:0] = [{root!r}]
