@@ -236,8 +236,6 @@ class Saver:
         # TF's Saver keeps its _last_checkpoints (this Saver is the one writer).
         self._kept: Optional[List[Tuple[str, float]]] = None
         _remove_temp_files(model_dir)
-        if background:   # started now, it is ready by the first save
-            self._writer_process()
 
     def protect(self, predicate) -> None:
         """Never delete a checkpoint for which `predicate(path)` is true (e.g. one
@@ -328,7 +326,7 @@ class Saver:
         if self._process is None:
             try:
                 self._process = files.WriterProcess()
-            except OSError as e:
+            except Exception as e:   # noqa: BLE001 - any: saving on the step still works
                 logger.warning("Checkpoints are written on the step: the background writer "
                                "process cannot start (%s: %s)", sys.executable, e)
                 self.background = False

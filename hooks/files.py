@@ -177,18 +177,25 @@ class WriterProcess:
     def __init__(self):
         child_in, self._send = _pipe()
         self._receive, child_out = os.pipe()
-        self._wake = os.eventfd(0)
+        # (no eventfd outside Linux: there the child waits on the pipe itself)
+        self._wake = os.eventfd(0) if hasattr(os, "eventfd") else -1
         try:
             self._proc = subprocess.Popen(
                 # -I -S: no site-packages, no PYTHON* variables: a bare
                 # interpreter, answering in about 10 ms.
                 [sys.executable, "-I", "-S", "-c", _CHILD, os.path.abspath(__file__),
                  str(child_in), str(child_out), str(self._wake), str(os.getpid())],
-                stdin=subprocess.DEVNULL, pass_fds=(child_in, child_out, self._wake))
+                stdin=subprocess.DEVNULL,
+                pass_fds=(child_in, child_out) + ((self._wake,) if self._wake >= 0 else ()))
+        except BaseException:
+            for fd in (self._send, self._receive, self._wake):
+                if fd >= 0:
+                    os.close(fd)
+            raise
         finally:
             os.close(child_in)
             os.close(child_out)
-        self._capacity = fcntl.fcntl(self._send, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+        self._capacity = _capacity(self._send)
         self._poll = select.poll()
         self._poll.register(self._receive, select.POLLIN)
 
@@ -202,10 +209,10 @@ class WriterProcess:
         fits = len(message) + 8 <= self._capacity   # else it is read while written
         try:
             if not fits:
-                os.eventfd_write(self._wake, 1)
+                self._notify()
             _send(self._send, message)
             if fits:
-                os.eventfd_write(self._wake, 1)
+                self._notify()
         except BrokenPipeError:
             raise self._ended() from None
 
@@ -222,6 +229,10 @@ class WriterProcess:
         if error is not None:
             raise _error(*error)
 
+    def _notify(self) -> None:
+        if self._wake >= 0:
+            os.eventfd_write(self._wake, 1)
+
     def _ended(self) -> ChildProcessError:
         return ChildProcessError(f"The checkpoint writer process (pid {self._proc.pid}) "
                                  f"ended: {_how_it_ended(self._proc)}; the save it was "
@@ -232,9 +243,10 @@ class WriterProcess:
         if self._send < 0:
             return
         os.close(self._send)   # then woken, it reads the end of the pipe
-        os.eventfd_write(self._wake, 1)
+        self._notify()
         for fd in (self._receive, self._wake):
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         self._send = self._receive = self._wake = -1
         try:
             self._proc.wait(timeout)
@@ -248,10 +260,18 @@ def _pipe() -> Tuple[int, int]:
     so a multi-megabyte plan goes across in a few writes."""
     read, write = os.pipe()
     try:
-        fcntl.fcntl(write, getattr(fcntl, "F_SETPIPE_SZ", 1031), _CHUNK)
-    except OSError:
+        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, _CHUNK)
+    except (AttributeError, OSError):
         pass
     return read, write
+
+
+def _capacity(fd: int) -> int:
+    """Bytes the pipe holds (Linux says; elsewhere PIPE_BUF, which POSIX promises)."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except (AttributeError, OSError):
+        return 512
 
 
 def _send(fd: int, message: bytes) -> None:
@@ -303,11 +323,12 @@ def _serve(receive: int, send: int, wake: int, parent: int) -> None:
         if os.getppid() != parent:
             os._exit(1)
     woken = select.poll()
-    woken.register(wake, select.POLLIN)
+    woken.register(wake if wake >= 0 else receive, select.POLLIN)
     while True:
         while not woken.poll(1000):
             parent_alive()
-        os.eventfd_read(wake)
+        if wake >= 0:
+            os.eventfd_read(wake)
         message = _receive(receive)
         if message is None:
             os._exit(0)

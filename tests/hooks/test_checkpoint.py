@@ -581,9 +581,10 @@ def test_background_saves_are_never_dropped_and_keep_max_holds(tmp_path):
     assert [checkpoint.step_of(p) for p in listed] == [4, 5]
 
 
-def _writer_processes() -> list:
-    """Pids of this process's checkpoint writer processes."""
-    pids = []
+def _writer_processes() -> set:
+    """Pids of this process's checkpoint writer processes (those of Savers
+    still to be collected too)."""
+    pids = set()
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/stat") as f:
@@ -593,7 +594,7 @@ def _writer_processes() -> list:
         except (OSError, ValueError):
             continue
         if ppid == os.getpid() and b"_checkpoint_writer" in cmdline:
-            pids.append(int(entry))
+            pids.add(int(entry))
     return pids
 
 
@@ -613,9 +614,10 @@ def test_a_failed_background_save_fails_the_next_step(tmp_path):
     the kernel gives it, on the index) stops training on the step after it
     with the error naming the file; the previous checkpoint stays the latest."""
     import resource
+    others = _writer_processes()
 
     def limit_file_size():
-        [pid] = _writer_processes()
+        [pid] = _writer_processes() - others
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (64, 64))   # the digest fits, the index not
     e = est.Estimator(regression_model_fn, params={"lr": 0.1}, config=est.RunConfig(
         model_dir=str(tmp_path), save_checkpoints_steps=2, experimental_async_checkpoint=True))
@@ -624,14 +626,15 @@ def test_a_failed_background_save_fails_the_next_step(tmp_path):
     assert info.value.errno == errno.EFBIG
     assert checkpoint.step_of(checkpoint.latest_checkpoint(str(tmp_path))) == 2
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
-    assert _writer_processes() == []
+    assert _writer_processes() <= others
 
 
 def test_a_killed_writer_process_is_an_error_and_the_next_save_starts_another(tmp_path):
+    others = _writer_processes()
     saver = checkpoint.Saver(str(tmp_path), background=True)
     saver.save(_state(1.0, 1), 1)
     saver.wait()
-    [pid] = _writer_processes()
+    [pid] = _writer_processes() - others
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(ChildProcessError, match=rf"writer process \(pid {pid}\) ended: "
                                                 r"killed by signal 9"):
@@ -642,7 +645,7 @@ def test_a_killed_writer_process_is_an_error_and_the_next_save_starts_another(tm
     saver.save(_state(3.0, 3), 3)
     saver.close()
     assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 3
-    assert _writer_processes() == []
+    assert _writer_processes() <= others
 
 
 def test_a_plan_larger_than_the_pipe_reaches_the_writer_process_whole(tmp_path):
@@ -661,13 +664,24 @@ def test_a_plan_larger_than_the_pipe_reaches_the_writer_process_whole(tmp_path):
     assert writer._proc.returncode == 0
 
 
+def test_without_eventfd_the_writer_process_waits_on_its_pipe(tmp_path, monkeypatch):
+    """Outside Linux (no os.eventfd) the plan in the pipe wakes the writer."""
+    monkeypatch.delattr(os, "eventfd")
+    saver = checkpoint.Saver(str(tmp_path), max_to_keep=1, background=True)
+    for step in (1, 2):
+        saver.save(_state(float(step), step), step)
+    saver.close()
+    assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 2
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-2", "model.ckpt-2.crc32c"]
+
+
 def test_saves_are_made_on_the_step_where_no_writer_process_can_start(tmp_path, monkeypatch,
                                                                       caplog):
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
     saver = checkpoint.Saver(str(tmp_path), background=True)
+    saver.save(_state(1.0, 1), 1)
     assert "the background writer process cannot start" in caplog.text
     assert "no-python" in caplog.text
-    saver.save(_state(1.0, 1), 1)
     assert not saver.in_flight
     assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 1
 
@@ -720,12 +734,17 @@ def test_train_returns_with_the_final_background_save_complete(tmp_path):
 def test_a_background_save_in_flight_is_on_disk_when_training_fails(tmp_path):
     """An error after a save was handed to the writer: train raises the error,
     and the checkpoint of that save is complete and listed by then (the writer
-    process is stopped, as a slow disk would hold it, until after the error)."""
+    process is stopped, as a slow disk would hold it, from after the save of
+    step 5 until a second later)."""
     import threading
-    resumed = []
+    resumed, others = [], _writer_processes()
 
     def stop_the_writer_for_a_second():
-        [pid] = _writer_processes()
+        deadline = time.monotonic() + 30
+        while not (checkpoint.latest_checkpoint(str(tmp_path)) or "").endswith("-5"):
+            assert time.monotonic() < deadline, "the save of step 5 did not complete"
+            time.sleep(0.01)
+        [pid] = _writer_processes() - others
         os.kill(pid, signal.SIGSTOP)
         timer = threading.Timer(1.0, lambda: (resumed.append(time.monotonic()),
                                               os.kill(pid, signal.SIGCONT)))
@@ -740,8 +759,8 @@ def test_a_background_save_in_flight_is_on_disk_when_training_fails(tmp_path):
         return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
             lambda p: torch.optim.SGD(p, lr=0.05)))
     e = est.Estimator(model_fn, config=est.RunConfig(
-        model_dir=str(tmp_path), save_checkpoints_steps=10, experimental_async_checkpoint=True))
+        model_dir=str(tmp_path), save_checkpoints_steps=5, experimental_async_checkpoint=True))
     with pytest.raises(RuntimeError, match="the input broke at step 13"):
-        e.train(regression_input_fn(), steps=30, hooks=[_AtStep(5, stop_the_writer_for_a_second)])
+        e.train(regression_input_fn(), steps=30, hooks=[_AtStep(7, stop_the_writer_for_a_second)])
     assert resumed, "train raised before the writer process was resumed"
     assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-10")
