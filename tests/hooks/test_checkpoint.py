@@ -629,6 +629,18 @@ def test_a_failed_background_save_fails_the_next_step(tmp_path):
     assert _writer_processes() <= others
 
 
+def test_by_default_a_writer_process_saves_and_ends_with_train(tmp_path, monkeypatch):
+    monkeypatch.delenv("ESTIMATOR_ASYNC_CHECKPOINT", raising=False)
+    others, seen = _writer_processes(), []
+    e = est.Estimator(regression_model_fn, params={"lr": 0.1}, config=est.RunConfig(
+        model_dir=str(tmp_path), save_checkpoints_steps=2))
+    e.train(regression_input_fn(), max_steps=7,
+            hooks=[_AtStep(3, lambda: seen.extend(_writer_processes() - others))])
+    assert len(seen) == 1
+    assert _writer_processes() <= others
+    assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 7
+
+
 def test_a_killed_writer_process_is_an_error_and_the_next_save_starts_another(tmp_path):
     others = _writer_processes()
     saver = checkpoint.Saver(str(tmp_path), background=True)
