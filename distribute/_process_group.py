@@ -141,14 +141,19 @@ class ProcessGroup:
         destruction can abort the process ("terminate called without an
         active exception")."""
         try:
-            self.store.add("exited", 1)
+            # The count our own add returns: the last to arrive asks the store
+            # nothing more (its host may leave as soon as it sees everyone).
+            arrived = self.store.add("exited", 1)
             deadline = time.monotonic() + min(self.timeout, _EXIT_WAIT_SECS)
-            while (self.store.add("exited", 0) < self.world_size
-                   and time.monotonic() < deadline):
+            while arrived < self.world_size and time.monotonic() < deadline:
                 time.sleep(0.02)
+                arrived = self.store.add("exited", 0)
+        except Exception:  # a peer or the store's host is already gone: nothing to wait for
+            pass
+        try:   # destroyed in any case: left to C++ static destruction, it can abort
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:  # a peer or the store's host is already gone: nothing to wait for
+        except Exception:
             pass
 
     # -- the per-step collectives ---------------------------------------------------------

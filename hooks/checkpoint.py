@@ -274,6 +274,7 @@ class Saver:
                 ("write", os.path.join(self.model_dir, INDEX), _index(name, kept), True)]
         plan += [("remove", os.path.join(self.model_dir, old + suffix))
                  for old in dropped for suffix in ("", *_DIGESTS)]
+        sizes.update((step[1], len(step[2])) for step in plan if step[0] == "write")
         if self.background and self._writer_process() is not None:
             try:
                 _carry_out(lambda: self._process.submit(plan), sizes)
