@@ -37,9 +37,9 @@ _DEFAULT_REPLACEABLE_LIST = [
 # step serializes the state into a temp file (what a plain loop's torch.save
 # costs), a writer process fsyncs, renames and writes the index. Measured with
 # `python bench/overhead.py --workloads tiny_ckpt,mlp_ckpt --rounds 9` (2-core
-# VM, ratio to a plain loop calling torch.save every 100 steps, two runs):
-# tiny model 0.824 / 0.848 in the background against 0.791 / 0.833 on the
-# step; MLP 0.984 / 0.972 against 0.957 / 0.945.
+# VM, ratio to a plain loop calling torch.save every 100 steps, three runs):
+# tiny model 0.824 / 0.848 / 0.805 in the background against 0.791 / 0.833 /
+# 0.799 on the step; MLP 0.984 / 0.972 / 0.953 against 0.957 / 0.945 / 0.945.
 ASYNC_CHECKPOINT_DEFAULT = True
 # ... which the environment may change for every RunConfig that leaves it None
 # (a cluster on network storage; the fault-injection tests run both ways).
