@@ -4,7 +4,7 @@ model_dir, the resolved experiment, profiler traces), and `WriterProcess`,
 which carries such writes out in a child process while training goes on.
 
 Standard library only: the writer process runs this file alone (no torch,
-no import of the package), and starts in tens of milliseconds."""
+no import of the package), and starts in about 10 ms."""
 from __future__ import annotations
 
 import fcntl
@@ -257,8 +257,8 @@ class WriterProcess:
 
 
 def _pipe() -> Tuple[int, int]:
-    """(read end, write end) of a pipe holding 1 MiB where the system allows,
-    so a multi-megabyte plan goes across in a few writes."""
+    """(read end, write end) of a pipe holding 1 MiB where the system allows:
+    a plan fits whole (its largest part is the index, ~100 bytes a checkpoint)."""
     read, write = os.pipe()
     try:
         fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, _CHUNK)
