@@ -37,8 +37,9 @@ class Cluster:
         log = open(self.tmp / f"{name}.log", "w")
         self.logs[(role, index)] = self.tmp / f"{name}.log"
         proc = subprocess.Popen(
-            [sys.executable, TASK, json.dumps(self.spec), role, str(index), *extra],
-            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            [sys.executable, "-X", "faulthandler", TASK, json.dumps(self.spec), role,
+             str(index), *extra], stdout=log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", COORDINATOR_HOLD_DIR=str(self.tmp)))
         self.procs[(role, index)] = proc
         return proc
 
@@ -94,7 +95,12 @@ def test_trains_and_a_killed_worker_s_steps_run_elsewhere(cluster, tmp_path):
     chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "120")
     _wait_progress(cluster, tmp_path, 20)
     worker = cluster.procs[("worker", 1)]
-    worker.send_signal(signal.SIGKILL)   # mid-function: steps sleep 50 ms of their ~60
+    (tmp_path / f"hold-{worker.pid}").touch()   # its next step waits to be killed
+    deadline = time.monotonic() + TIMEOUT
+    while not (tmp_path / f"held-{worker.pid}").exists():
+        assert time.monotonic() < deadline, cluster.all_logs()
+        time.sleep(0.02)
+    worker.send_signal(signal.SIGKILL)   # mid-function
     worker.wait(timeout=30)
     time.sleep(1.0)
     restarted = cluster.start("worker", 1)   # rejoins under a new rank

@@ -7,6 +7,9 @@ import torch
 
 FEATURES = 4
 STEP_SECS = float(os.environ.get("COORDINATOR_STEP_SECS", "0.05"))
+# A test that must kill a worker mid-function creates HOLD_DIR/hold-<pid>:
+# that worker's next step writes HOLD_DIR/held-<pid> and waits there.
+HOLD_DIR = os.environ.get("COORDINATOR_HOLD_DIR")
 
 
 def make_net():
@@ -42,7 +45,10 @@ def train_step(iterator, net, optimizer, step):
     optimizer.zero_grad()
     loss = torch.nn.functional.cross_entropy(net(x), y)
     loss.backward()
-    time.sleep(STEP_SECS)   # a step long enough to be killed in
+    time.sleep(STEP_SECS)
+    if HOLD_DIR and os.path.exists(os.path.join(HOLD_DIR, f"hold-{os.getpid()}")):
+        open(os.path.join(HOLD_DIR, f"held-{os.getpid()}"), "w").close()
+        time.sleep(60)   # until the test kills this worker
     optimizer.step()
     return {"step": step, "loss": loss.detach(), "pid": os.getpid()}
 
