@@ -159,8 +159,8 @@ class CheckpointSaverHook(SessionRunHook):
 
     def end(self, session):
         step = session.global_step
-        if step != self._last_saved:
-            self._save(session, step)
+        if step != self._last_saved:   # waited for: on the step (no writer started for it)
+            self._save(session, step, background=False)
         self._saver.close()   # the last save is complete when training returns
         for listener in self._listeners:
             listener.end(session, step)
@@ -170,7 +170,7 @@ class CheckpointSaverHook(SessionRunHook):
         so a healthy checkpoint already taken is on disk when train raises."""
         self._saver.close()
 
-    def _save(self, session, step: int) -> bool:
+    def _save(self, session, step: int, background: Optional[bool] = None) -> bool:
         if session.diverged_at_step is not None:  # NanTensorHook(fail_on_nan_loss=False)
             logger.warning("Not saving a checkpoint at step %d: the loss went NaN at step "
                            "%d.", step, session.diverged_at_step)
@@ -185,7 +185,7 @@ class CheckpointSaverHook(SessionRunHook):
             raise NanLossDuringTrainingError(step, f"{bad} is not finite")
         for listener in self._listeners:
             listener.before_save(session, step)
-        self._saver.save(state, step)
+        self._saver.save(state, step, background=background)
         self._last_saved = step
         if self._listeners:   # they may read the checkpoint: it must be on disk
             self._saver.wait()

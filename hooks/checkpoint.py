@@ -242,15 +242,18 @@ class Saver:
         an evaluator has not yet seen)."""
         self._protected = predicate
 
-    def save(self, state: dict, global_step: int) -> str:
+    def save(self, state: dict, global_step: int, background: Optional[bool] = None) -> str:
         """Write `state` as the checkpoint of `global_step`; returns its path.
 
-        With `background`, the state is serialized here and handed to a
-        writer process, which writes it with the same atomicity (temp file,
-        fsync, rename, index last) while training goes on; a save waits for
-        the one before it (at most one in flight, none dropped) and raises its
-        error if it failed; `wait()` completes the last one, `close()` also
-        ends the writer process."""
+        With `background` (default: the Saver's), the state is serialized
+        here and handed to a writer process, which writes it with the same
+        atomicity (temp file, fsync, rename, index last) while training goes
+        on; a save waits for the one before it (at most one in flight, none
+        dropped) and raises its error if it failed; `wait()` completes the
+        last one, `close()` also ends the writer process. A save the caller
+        waits for anyway (the last of a `train` call) is best made with
+        `background=False`: starting a writer process only to wait for it
+        costs more than the save."""
         os.makedirs(self.model_dir, exist_ok=True)
         data = _serialize(dict(state, rng=_rng_state()))   # the copy training cannot change
         self.wait()
@@ -275,7 +278,9 @@ class Saver:
         plan += [("remove", os.path.join(self.model_dir, old + suffix))
                  for old in dropped for suffix in ("", *_DIGESTS)]
         sizes.update((step[1], len(step[2])) for step in plan if step[0] == "write")
-        if self.background and self._writer_process() is not None:
+        if background is None:
+            background = self.background
+        if background and self._writer_process() is not None:
             try:
                 _carry_out(lambda: self._process.submit(plan), sizes)
             except BaseException as e:

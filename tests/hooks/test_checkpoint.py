@@ -16,6 +16,7 @@ import torch
 import estimator as est
 import hooks
 from estimator import checkpoint
+from hooks import files as checkpoint_files
 from models import regression_input_fn, regression_model_fn
 from paths import ROOT, SUPPORT
 
@@ -641,6 +642,28 @@ def test_by_default_a_writer_process_saves_and_ends_with_train(tmp_path, monkeyp
     assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 7
 
 
+def test_the_last_save_of_train_is_made_on_the_step(tmp_path, monkeypatch):
+    """train waits for its last save: it starts no writer process for it
+    (starting one costs more than the save); saves during training use one."""
+    started = []
+
+    class Recorded(checkpoint_files.WriterProcess):
+        def __init__(self):
+            super().__init__()
+            started.append(self.pid)
+    monkeypatch.setattr(checkpoint_files, "WriterProcess", Recorded)
+    config = est.RunConfig(model_dir=str(tmp_path), save_checkpoints_steps=100,
+                           experimental_async_checkpoint=True)
+    e = est.Estimator(regression_model_fn, params={"lr": 0.1}, config=config)
+    e.train(regression_input_fn(), max_steps=7)
+    assert started == []
+    assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 7
+    e.train(regression_input_fn(), max_steps=210)   # saves at 107, 207 in the background
+    assert len(started) == 1
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == [
+        7, 107, 207, 210]
+
+
 def test_a_killed_writer_process_is_an_error_and_the_next_save_starts_another(tmp_path):
     others = _writer_processes()
     saver = checkpoint.Saver(str(tmp_path), background=True)
@@ -685,6 +708,25 @@ def test_without_eventfd_the_writer_process_waits_on_its_pipe(tmp_path, monkeypa
     saver.close()
     assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 2
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-2", "model.ckpt-2.crc32c"]
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no pidfd"])
+def test_closing_a_writer_process_that_does_not_end_kills_it(monkeypatch, pidfd):
+    """close() waits for the writer's exit (woken by it through a pidfd where
+    there is one), and kills a writer that has not ended within its timeout."""
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    writer = checkpoint_files.WriterProcess()
+    writer.submit([])
+    writer.result()
+    os.kill(writer.pid, signal.SIGSTOP)   # it cannot read the end of its pipe
+    start = time.monotonic()
+    writer.close(timeout=0.5)
+    assert 0.5 <= time.monotonic() - start < 5
+    assert writer._proc.returncode == -signal.SIGKILL
+    ended = checkpoint_files.WriterProcess()
+    ended.close()
+    assert ended._proc.returncode == 0
 
 
 def test_saves_are_made_on_the_step_where_no_writer_process_can_start(tmp_path, monkeypatch,
