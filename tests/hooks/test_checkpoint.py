@@ -497,8 +497,16 @@ def test_kill_9_at_random_points_of_saves_never_loses_the_newest_listed_checkpoi
             else:
                 pytest.fail(f"cycle {cycle}: no checkpoint within 60 s")
             time.sleep(rng.uniform(0, 0.05))   # a random point, often mid-save
+            writers = _writer_processes(proc.pid)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+            # A plan step the writer began before its parent died ends (the
+            # next it does not begin): what the index names once it is gone
+            # is what the next run resumes from.
+            deadline = time.time() + 10
+            while any(_running(pid) for pid in writers):
+                assert time.time() < deadline, f"writer {writers} outlived its parent by 10 s"
+                time.sleep(0.01)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -582,9 +590,10 @@ def test_background_saves_are_never_dropped_and_keep_max_holds(tmp_path):
     assert [checkpoint.step_of(p) for p in listed] == [4, 5]
 
 
-def _writer_processes() -> set:
-    """Pids of this process's checkpoint writer processes (those of Savers
-    still to be collected too)."""
+def _writer_processes(parent=None) -> set:
+    """Pids of the checkpoint writer processes of `parent` (this process by
+    default; those of Savers still to be collected too)."""
+    parent = os.getpid() if parent is None else parent
     pids = set()
     for entry in os.listdir("/proc"):
         try:
@@ -594,9 +603,18 @@ def _writer_processes() -> set:
                 cmdline = f.read()
         except (OSError, ValueError):
             continue
-        if ppid == os.getpid() and b"_checkpoint_writer" in cmdline:
+        if ppid == parent and b"_checkpoint_writer" in cmdline:
             pids.add(int(entry))
     return pids
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class _AtStep(hooks.SessionRunHook):
