@@ -40,6 +40,9 @@ _DEFAULT_REPLACEABLE_LIST = [
 # VM, ratio to a plain loop calling torch.save every 100 steps, three runs):
 # tiny model 0.824 / 0.848 / 0.805 in the background against 0.791 / 0.833 /
 # 0.799 on the step; MLP 0.984 / 0.972 / 0.953 against 0.957 / 0.945 / 0.945.
+# Later (the last save of a train call on the step, three runs): tiny 0.791 /
+# 0.752 / 0.774 against 0.767 / 0.750 / 0.769; MLP 0.959 / 0.982 / 0.977
+# against 0.946 / 0.930 / 0.975.
 ASYNC_CHECKPOINT_DEFAULT = True
 # ... which the environment may change for every RunConfig that leaves it None
 # (a cluster on network storage; the fault-injection tests run both ways).
