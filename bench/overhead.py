@@ -140,7 +140,9 @@ def plain_loop(name, batches, steps, ckpt_every=None):
         return steps / (_clock() - start)
 
 
-def estimator_loop(name, batches, steps, ckpt_every=None, async_checkpoint=None):
+def estimator_loop(name, batches, steps, ckpt_every=None, async_checkpoint=None,
+                   on_batch=None):
+    """`on_batch()`: called as input_fn hands out each batch (bench/save_timeline.py)."""
     factory, _, _, _, loss_kind, lr = MODELS[name]
     loss_fn = _loss_fn(loss_kind)
 
@@ -151,7 +153,14 @@ def estimator_loop(name, batches, steps, ckpt_every=None, async_checkpoint=None)
         return est.EstimatorSpec(mode, loss=loss, train_op=opt)
 
     def input_fn():
-        return (({"x": x}, y) for x, y in _cycle(batches, steps))
+        if on_batch is None:
+            return (({"x": x}, y) for x, y in _cycle(batches, steps))
+        return _observed(({"x": x}, y) for x, y in _cycle(batches, steps))
+
+    def _observed(pairs):
+        for pair in pairs:
+            on_batch()
+            yield pair
 
     with tempfile.TemporaryDirectory() as model_dir:
         torch.manual_seed(0)

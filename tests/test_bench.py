@@ -31,6 +31,13 @@ def _bench(name):
     return module
 
 
+def test_save_timeline_runs_every_mode(capsys):
+    results = _bench("save_timeline").main(["--steps", "300", "--runs", "1"])
+    assert set(results) == {"background", "on the step", "no save"}
+    assert all(save_step > 0 for [(save_step, _)] in results.values())
+    assert "window beyond steady" in capsys.readouterr().out
+
+
 def test_canned_benchmark_runs(capsys):
     ratio = _bench("canned").main(["--rounds", "1", "--steps", "5", "--batch", "32"])
     assert ratio > 0 and "canned" in capsys.readouterr().out
