@@ -164,9 +164,10 @@ class WriterProcess:
     thread because a thread doing this work takes the interpreter lock back
     after each of its system calls, and the training step waits for it each
     time (torch.distributed.checkpoint's async save offers a process for the
-    same reason). The child exits when this process closes it or dies (it
-    looks every second, and before each step of a plan): a process killed
-    with -9 leaves no writer behind changing its model_dir.
+    same reason). The child exits when this process closes it or dies (woken
+    by its exit through a pidfd; it also looks every second, and before each
+    step of a plan): a process killed with -9 leaves no writer behind
+    changing its model_dir.
 
     A plan goes into the pipe while the child sleeps on an eventfd, which
     then wakes it: a pipe wakes its reader as a "sync" wake-up, which Linux
@@ -343,9 +344,21 @@ def _serve(receive: int, send: int, wake: int, parent: int) -> None:
             os._exit(1)
     woken = select.poll()
     woken.register(wake if wake >= 0 else receive, select.POLLIN)
+    try:   # readable when the parent exits (Linux 5.3+)
+        exited = os.pidfd_open(parent)
+        woken.register(exited, select.POLLIN)
+    except (AttributeError, OSError):
+        exited = -1
+    parent_alive()
     while True:
-        while not woken.poll(1000):
-            parent_alive()
+        events = woken.poll(1000)
+        parent_alive()
+        if not events:
+            continue
+        if any(fd == exited for fd, _ in events):   # yet parent_alive() returned: only
+            woken.unregister(exited)   # its first thread ended; look every second from now
+            if len(events) == 1:
+                continue
         if wake >= 0:
             os.eventfd_read(wake)
         message = _receive(receive)

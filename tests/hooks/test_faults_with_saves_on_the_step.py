@@ -29,6 +29,7 @@ def test_the_environment_sets_the_default(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)   # the subset's own bound (900 s) is what counts, not pytest's 300 s
 def test_fault_injection_passes_with_saves_on_the_step():
     env = dict(os.environ, ESTIMATOR_ASYNC_CHECKPOINT="0")
     proc = subprocess.run(
