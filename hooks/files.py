@@ -311,15 +311,23 @@ def _error(errno, strerror, filename, text) -> Exception:
     return OSError(errno, strerror, filename)
 
 
+def _pidfd(pid: int) -> int:
+    """A descriptor of process `pid`, readable once it exits (Linux 5.3+); -1
+    where there are none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return -1
+
+
 def _await_exit(pid: int, timeout: float) -> float:
     """Wait up to `timeout` seconds for child `pid` to exit, woken by its exit
     (a pidfd: closing takes 0.4 ms here, against 1.2 ms with Popen.wait's
     timeout, which polls with sleeps); returns the time left (all of it
     where there are no pidfds)."""
     start = time.monotonic()
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
+    fd = _pidfd(pid)
+    if fd < 0:
         return timeout
     try:
         select.select([fd], [], [], timeout)
@@ -344,11 +352,9 @@ def _serve(receive: int, send: int, wake: int, parent: int) -> None:
             os._exit(1)
     woken = select.poll()
     woken.register(wake if wake >= 0 else receive, select.POLLIN)
-    try:   # readable when the parent exits (Linux 5.3+)
-        exited = os.pidfd_open(parent)
+    exited = _pidfd(parent)
+    if exited >= 0:
         woken.register(exited, select.POLLIN)
-    except (AttributeError, OSError):
-        exited = -1
     parent_alive()
     while True:
         events = woken.poll(1000)
