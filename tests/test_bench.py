@@ -17,7 +17,8 @@ def test_overhead_benchmark_runs_both_models(capsys, clock):
     results = overhead.main(["--rounds", "2", "--tiny_steps", "30", "--mlp_steps", "3",
                              "--ckpt_steps", "30", "--loader_steps", "3", "--clock", clock])
     assert set(results) == {"tiny", "mlp", "tiny_ckpt_async", "tiny_ckpt_sync",
-                            "mlp_ckpt_async", "mlp_ckpt_sync", "mlp_loader_read-ahead",
+                            "tiny_ckpt_end only", "mlp_ckpt_async", "mlp_ckpt_sync",
+                            "mlp_ckpt_end only", "mlp_loader_read-ahead",
                             "mlp_loader_no read-ahead"}
     assert all(r > 0 for r in results.values())
     out = capsys.readouterr().out
