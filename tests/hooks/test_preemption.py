@@ -136,10 +136,6 @@ def test_sigterm_to_one_of_two_multi_worker_workers_then_a_restart(tmp_path, tf_
     """Both workers stop at the agreed step (the chief saves there) and exit
     with PREEMPTION_EXIT_CODE; restarted, they finish at max_steps with the
     weights of an uninterrupted run."""
-    import numpy as np
-    import torch
-    import estimator as est
-    from models import regression_data
     out, model_dir = tmp_path / "out", tmp_path / "m"
     out.mkdir()
     script = tmp_path / "worker.py"
