@@ -8,6 +8,7 @@ no import of the package), and starts in about 10 ms."""
 from __future__ import annotations
 
 import fcntl
+import io
 import itertools
 import marshal
 import os
@@ -53,53 +54,39 @@ def write_temp(path: str, data: bytes) -> str:
 def stream_temp(path: str, produce: Callable[[IO[bytes]], None],
                 observe: Optional[Callable[[bytes], None]] = None) -> Tuple[str, int]:
     """(name, size) of a new temp file beside `path` (as `write_temp`) that
-    `produce(sink)` fills through `sink.write(bytes-like)`, as torch.save
-    writes into a file object: the bytes go to the file as they come, never
-    all held in memory (a 100 MB checkpoint held 100 MB more while it was
-    saved). Small writes are gathered into pieces of up to 1 MiB;
-    `observe(piece)` sees each piece before it is written (a digest)."""
-    sink = None
+    `produce(fileobj)` fills, as torch.save writes into a file object: the
+    bytes go to the file as they come, never all held in memory (a 100 MB
+    checkpoint held 100 MB more while it was saved). Small writes are
+    gathered into pieces of up to 1 MiB; `observe(piece)` sees each piece
+    before it is written (a digest)."""
+    pieces = None
 
     def fill(fd: int) -> None:
-        nonlocal sink
-        sink = _Sink(fd, observe)
-        produce(sink)
-        sink.flush()
-    return _write_temp(path, fill), sink.size
+        nonlocal pieces
+        pieces = _Pieces(fd, observe)
+        with io.BufferedWriter(pieces, buffer_size=_CHUNK) as f:   # (closing leaves fd open)
+            produce(f)
+    return _write_temp(path, fill), pieces.size
 
 
-class _Sink:
-    """The file object of `stream_temp`."""
-    _SMALL = 1 << 16   # smaller writes are gathered (torch.save writes each
-    # record's header, name and padding apart: ~14 writes a tensor)
+class _Pieces(io.RawIOBase):
+    """The file under `stream_temp`'s buffer: what it is given, observed, then
+    written in 1 MiB pieces."""
 
     def __init__(self, fd: int, observe: Optional[Callable[[bytes], None]]):
         self._fd, self._observe = fd, observe
-        self._held = bytearray()
         self.size = 0
 
+    def writable(self) -> bool:
+        return True
+
     def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        n = len(view)
-        self.size += n
-        if n < self._SMALL:
-            self._held += view
-            if len(self._held) >= _CHUNK:
-                self.flush()
-        else:
-            self.flush()
-            self._out(view)
-        return n
-
-    def flush(self) -> None:
-        if self._held:
-            self._out(self._held)
-            self._held = bytearray()
-
-    def _out(self, data) -> None:
         if self._observe is not None:
             self._observe(data)
         _write_all(self._fd, data)
+        n = memoryview(data).nbytes
+        self.size += n
+        return n
 
 
 def _write_all(fd: int, data) -> None:
@@ -107,7 +94,7 @@ def _write_all(fd: int, data) -> None:
     write() costs 2-7x the CPU of the same bytes in 1 MiB pieces (2.7 MB:
     1.4 ms while old checkpoints are deleted, 5.2 ms while the page cache
     grows, against 0.7 ms)."""
-    view = memoryview(data)
+    view = memoryview(data).cast("B")   # (bytes, whatever items the buffer holds)
     while view:
         view = view[os.write(fd, view[:_CHUNK]):]
 
