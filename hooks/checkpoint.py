@@ -175,7 +175,9 @@ def step_of(path: str) -> int:
 
 
 # -- RNG ------------------------------------------------------------------------
-def _rng_state() -> dict:
+def rng_state() -> dict:
+    """The RNG states a checkpoint saves (torch, CUDA, numpy, Python's), for
+    `restore_rng`."""
     np_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
@@ -255,7 +257,7 @@ class Saver:
         `background=False`: starting a writer process only to wait for it
         costs more than the save."""
         os.makedirs(self.model_dir, exist_ok=True)
-        payload = dict(state, rng=_rng_state())
+        payload = dict(state, rng=rng_state())
         self.wait()
         name = f"{PREFIX}-{global_step}"
         path = os.path.join(self.model_dir, name)

@@ -16,6 +16,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 
+from . import checkpoint
 from .mode_keys import ModeKeys
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,12 @@ class ModelScope:
 
     # -- creation (the interception point) ---------------------------------
     def create_module(self, name: str, factory: Callable[[], torch.nn.Module]):
-        module = factory()
+        if self._restore is None:
+            module = factory()
+        else:   # the checkpoint replaces its initial values: drawing them must not move
+            rng = checkpoint.rng_state()   # the RNG restored with it (dropout continues
+            module = factory()             # as in a run that was never stopped)
+            checkpoint.restore_rng(rng)
         if not isinstance(module, torch.nn.Module):
             raise TypeError(
                 f"get_module({name!r}): the factory must return a torch.nn.Module, "

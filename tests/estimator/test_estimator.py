@@ -216,6 +216,34 @@ def test_resume_restores_weights_optimizer_and_step(tmp_path):
     assert a.get_variable_value("global_step") == 14
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_a_dropout_batch_norm_model_resumed_trains_as_one_run(tmp_path, background):
+    """A restart continues exactly from the checkpoint: the dropout masks
+    (the RNG saved with it), batch-norm's moving statistics, Adam's slots and
+    step. Float64 input with a short last batch per epoch; 6 + 6 steps in two
+    train calls give every variable of one 12-step call."""
+    from models import bn_dropout_model_fn, iris_like_input_fn
+    batches = iris_like_input_fn(epochs=3)()   # 12 batches, every 4th of 4 rows
+
+    def estimator(name):
+        return est.Estimator(bn_dropout_model_fn, params={"width": 16}, config=est.RunConfig(
+            model_dir=str(tmp_path / name), save_checkpoints_steps=4, tf_random_seed=5,
+            experimental_async_checkpoint=background))
+    split = estimator("split")
+    split.train(lambda: batches[:6], steps=6)
+    split.train(lambda: batches[6:], steps=6)
+    one = estimator("one")
+    one.train(lambda: batches, steps=12)
+    names = one.get_variable_names()
+    assert {"dnn/1/running_mean", "dnn/1/num_batches_tracked", "optimizer/dnn/0/weight/exp_avg",
+            "global_step"} <= set(names)
+    assert split.get_variable_names() == names
+    for name in names:
+        np.testing.assert_array_equal(split.get_variable_value(name),
+                                      one.get_variable_value(name), err_msg=name)
+    assert one.get_variable_value("dnn/1/num_batches_tracked") == 12
+
+
 def test_resume_with_different_model_is_a_clear_error(tmp_path):
     e = make(tmp_path)
     e.train(regression_input_fn(), steps=2)
