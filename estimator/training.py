@@ -276,7 +276,12 @@ class _NewCheckpointListenerForEvaluate(CheckpointSaverListener):
         path = self._evaluator.estimator.latest_checkpoint()
         if path is None:
             raise RuntimeError("There was no new checkpoint after the training.")
-        self.eval_result, self.export_results = self._evaluator.evaluate_and_export(path, final)
+        rng = checkpoint.rng_state()   # training goes on as if it had not evaluated (TF
+        try:                           # evaluates in a graph of its own)
+            self.eval_result, self.export_results = self._evaluator.evaluate_and_export(
+                path, final)
+        finally:
+            checkpoint.restore_rng(rng)
 
 
 # -- evaluation shared by every mode -----------------------------------------------------
