@@ -35,29 +35,21 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None], sync_dir: bool =
     running as another user of the group can read checkpoints).
     `sync_dir=False`: the rename is made durable by a later atomic_write in
     the same directory (one directory fsync covers both renames)."""
-    def fill(fd: int) -> None:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            write(f)
-    settle(_write_temp(path, fill), path, sync_dir)
+    settle(stream_temp(path, write)[0], path, sync_dir)
 
 
 def atomic_write_bytes(path: str, data: bytes, sync_dir: bool = True) -> None:
     """`atomic_write` of `data`."""
-    settle(write_temp(path, data), path, sync_dir)
-
-
-def write_temp(path: str, data: bytes) -> str:
-    """`data` in a new temp file beside `path`, not yet durable: `settle` it."""
-    return _write_temp(path, lambda fd: _write_all(fd, data))
+    settle(_write_temp(path, lambda fd: _write_all(fd, data)), path, sync_dir)
 
 
 def stream_temp(path: str, produce: Callable[[IO[bytes]], None],
                 observe: Optional[Callable[[bytes], None]] = None) -> Tuple[str, int]:
-    """(name, size) of a new temp file beside `path` (as `write_temp`) that
-    `produce(fileobj)` fills, as torch.save writes into a file object: the
-    bytes go to the file as they come, never all held in memory (a 100 MB
-    checkpoint held 100 MB more while it was saved). Small writes are
-    gathered into pieces of up to 1 MiB; `observe(piece)` sees each piece
+    """(name, size) of a new temp file beside `path`, not yet durable (`settle`
+    it), that `produce(fileobj)` fills, as torch.save writes into a file
+    object: the bytes go to the file as they come, never all held in memory
+    (a 100 MB checkpoint held 100 MB more while it was saved). Small writes
+    are gathered into pieces of up to 1 MiB; `observe(piece)` sees each piece
     before it is written (a digest)."""
     pieces = None
 
@@ -160,7 +152,7 @@ def _create_temp(path: str):
 # -- plans, carried out here or by a writer process ------------------------------
 # A plan is a list of steps, done in order, stopping at the first error:
 #   ("write", path, data, sync_dir)   atomic_write_bytes(path, data, sync_dir)
-#   ("settle", tmp, path, sync_dir)   settle(tmp, path, sync_dir): a write_temp made durable
+#   ("settle", tmp, path, sync_dir)   settle(tmp, path, sync_dir): a stream_temp made durable
 #   ("remove", path)                  remove the file if it is there
 # Plain values only: marshal carries a plan to the writer process.
 
