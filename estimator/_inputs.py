@@ -3,12 +3,14 @@ function's signature."""
 from __future__ import annotations
 
 import inspect
+import logging
 import queue
 import threading
 from typing import Callable, Iterator
 
 import torch
 
+logger = logging.getLogger(__name__)
 
 def _arg_names(fn: Callable) -> set:
     try:
@@ -54,6 +56,7 @@ def split_batch(batch, mode: str, predict: bool):
 
 
 _END = object()
+_STOP_SECS = 10.0   # the longest a closed read-ahead waits for its thread
 
 
 def read_ahead(batches: Iterator, depth: int) -> Iterator:
@@ -62,7 +65,11 @@ def read_ahead(batches: Iterator, depth: int) -> Iterator:
     code, a DataLoader's collation, the move to the device) overlaps the
     steps. The end of the input ends this iterator; an exception in the
     input is raised here, in order; closing this iterator (the end of
-    training, Ctrl-C) stops the thread at its next batch.
+    training, Ctrl-C) stops the thread at its next batch and waits for it
+    (up to `_STOP_SECS`): no input code runs on after `train` returns, and
+    the thread frees nothing while the interpreter exits (a tensor that
+    came through pickle or torch.load, freed by a thread then, aborts the
+    process: "terminate called without an active exception").
 
     While it runs, torch's intra-op threads are one fewer (restored at the
     end), leaving a core to the input thread: otherwise the two compete for
@@ -73,12 +80,13 @@ def read_ahead(batches: Iterator, depth: int) -> Iterator:
     stop = threading.Event()
 
     def put(item) -> bool:
+        """Queue `item`; False once the reading is stopped."""
         while not stop.is_set():
             try:
                 out.put(item, timeout=0.1)
-                return True
             except queue.Full:
                 continue
+            return not stop.is_set()
         return False
 
     def produce():
@@ -106,5 +114,21 @@ def read_ahead(batches: Iterator, depth: int) -> Iterator:
             yield batch
     finally:
         stop.set()
-        if threads > 1:
-            torch.set_num_threads(threads)
+        try:
+            _drain(out)   # a put waiting for room returns now
+            thread.join(_STOP_SECS)
+            if thread.is_alive():
+                logger.warning("The input read-ahead thread is still in the input %.0f s after "
+                               "its end was asked for; leaving it to stop after the batch it "
+                               "is reading", _STOP_SECS)
+        finally:
+            if threads > 1:
+                torch.set_num_threads(threads)
+
+
+def _drain(out: "queue.Queue") -> None:
+    while True:
+        try:
+            out.get_nowait()
+        except queue.Empty:
+            return

@@ -1,6 +1,9 @@
 """Input read-ahead (RunConfig(experimental_prefetch_batches=N)): a thread
 reads the input ahead of the step; training sees the same batches, in order,
 and the same end of input and errors."""
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +14,7 @@ import torch
 import estimator as est
 from estimator import _inputs
 from models import regression_input_fn, regression_model_fn
+from paths import SUPPORT
 
 
 def test_order_end_and_errors_are_kept():
@@ -39,12 +43,81 @@ def test_closing_stops_the_thread():
     before = threading.active_count()
     it = _inputs.read_ahead(endless(), 2)
     assert [next(it) for _ in range(5)] == list(range(5))
-    it.close()
-    deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
-        time.sleep(0.02)
+    it.close()   # returns once the thread has stopped
     assert threading.active_count() == before
     assert len(produced) <= 5 + 2 + 2   # at most `depth` (and one in hand) ahead
+
+
+def test_closing_waits_for_the_batch_the_thread_is_reading():
+    """No input code runs on after the reading ends (TF's prefetch iterator
+    is cancelled and joined when destroyed)."""
+    inside = threading.Event()
+
+    def slow():
+        for i in range(100):
+            if i >= 1:
+                inside.set()
+                time.sleep(0.3)
+                inside.clear()
+            yield i
+    it = _inputs.read_ahead(slow(), 1)
+    assert next(it) == 0
+    assert inside.wait(5)   # the thread is in the input
+    it.close()
+    assert not inside.is_set()
+    assert not any(t.name == "input-read-ahead" for t in threading.enumerate())
+
+
+def test_an_input_stuck_past_the_bound_is_left_with_a_warning(monkeypatch, caplog):
+    release = threading.Event()
+
+    def stuck():
+        yield 0
+        release.wait(30)
+        yield 1
+    monkeypatch.setattr(_inputs, "_STOP_SECS", 0.2)
+    it = _inputs.read_ahead(stuck(), 1)
+    assert next(it) == 0
+    start = time.monotonic()
+    with caplog.at_level("WARNING"):
+        it.close()
+    assert time.monotonic() - start < 5
+    assert "still in the input" in caplog.text
+    release.set()
+
+
+# A program that trains reading ahead, then ends at once. Its input thread is
+# in the input (freeing tensors that came through pickle, as a DataLoader's
+# or torch.load's do) when train returns: a thread freeing such a tensor while
+# the interpreter exits aborts the process.
+_ENDS_AFTER_TRAINING = """
+import pickle, sys, time, torch
+import estimator as est
+from models import regression_model_fn
+blob = pickle.dumps(torch.ones(3))
+def input_fn():
+    for i in range(1000):
+        if i >= 4:   # the batches read ahead past the last step
+            end = time.monotonic() + 0.5
+            while time.monotonic() < end:
+                pickle.loads(blob)
+        yield {"x": torch.ones(4, 3)}, torch.ones(4, 1)
+est.Estimator(regression_model_fn, config=est.RunConfig(
+    model_dir=sys.argv[1], experimental_prefetch_batches=2)).train(input_fn, max_steps=3)
+print("trained", flush=True)
+"""
+
+
+def test_a_program_ending_right_after_training_exits_cleanly(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_ENDS_AFTER_TRAINING)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [SUPPORT] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "model")],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        assert "trained" in done.stdout
 
 
 def test_training_with_read_ahead_equals_training_without(tmp_path):

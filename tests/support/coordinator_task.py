@@ -67,11 +67,17 @@ def coordinate(cluster, args):
             with open(os.path.join(args.out, "progress"), "w") as f:
                 f.write(str(done))
             time.sleep(0.05)
-    threading.Thread(target=progress, daemon=True).start()
+    # Joined before the exit: a thread that frees the last reference to an
+    # unpickled tensor (one carrying a Python hook: `_backward_hooks`) while
+    # the interpreter finalizes aborts the process ("terminate called
+    # without an active exception"; seen here 1 run in ~35).
+    reporter = threading.Thread(target=progress, daemon=True)
+    reporter.start()
     try:
         coordinator.join()
     finally:
         finished.set()
+        reporter.join()
     results = [v.fetch() for v in values]
     state = coordinator.state_dict()
     out = {"steps": [r["step"] for r in results], "pids": sorted({r["pid"] for r in results}),
