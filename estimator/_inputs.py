@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import queue
+import sys
 import threading
 from typing import Callable, Iterator
 
@@ -116,11 +117,14 @@ def read_ahead(batches: Iterator, depth: int) -> Iterator:
         stop.set()
         try:
             _drain(out)   # a put waiting for room returns now
-            thread.join(_STOP_SECS)
-            if thread.is_alive():
-                logger.warning("The input read-ahead thread is still in the input %.0f s after "
-                               "its end was asked for; leaving it to stop after the batch it "
-                               "is reading", _STOP_SECS)
+            # (Closed while the interpreter exits, a kept traceback's generator:
+            # the thread can run no more then, and there is nothing to wait for.)
+            if not sys.is_finalizing():
+                thread.join(_STOP_SECS)
+                if thread.is_alive():
+                    logger.warning("The input read-ahead thread is still in the input %.0f s "
+                                   "after its end was asked for; leaving it to stop after the "
+                                   "batch it is reading", _STOP_SECS)
         finally:
             if threads > 1:
                 torch.set_num_threads(threads)
