@@ -70,7 +70,8 @@ def read_ahead(batches: Iterator, depth: int) -> Iterator:
     (up to `_STOP_SECS`): no input code runs on after `train` returns, and
     the thread frees nothing while the interpreter exits (a tensor that
     came through pickle or torch.load, freed by a thread then, aborts the
-    process: "terminate called without an active exception").
+    process: "terminate called without an active exception",
+    pytorch/pytorch#38228).
 
     While it runs, torch's intra-op threads are one fewer (restored at the
     end), leaving a core to the input thread: otherwise the two compete for

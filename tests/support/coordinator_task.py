@@ -70,7 +70,7 @@ def coordinate(cluster, args):
     # Joined before the exit: a thread that frees the last reference to an
     # unpickled tensor (one carrying a Python hook: `_backward_hooks`) while
     # the interpreter finalizes aborts the process ("terminate called
-    # without an active exception"; seen here 1 run in ~35).
+    # without an active exception", pytorch/pytorch#38228; seen here 1 run in ~35).
     reporter = threading.Thread(target=progress, daemon=True)
     reporter.start()
     try:
