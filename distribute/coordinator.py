@@ -501,6 +501,9 @@ def run_worker(cluster_spec, task_index: int, timeout: float, init_timeout: floa
             client.call(0, _cq._done, client.name, cid, result, what="reporting a result")
     finally:
         closing.set()
+        # No call of the heartbeat's in flight when the RPC agent shuts down
+        # (as the coordinator's poller in shutdown()).
+        beats.join(client.timeout + 5.0)
         client.close()
 
 
