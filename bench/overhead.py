@@ -234,11 +234,12 @@ def main(argv=None):
         # on a shared machine slows both sides of a round alike.
         line = f"{workload:9s} plain {statistics.median(plain):9.1f} steps/s"
         for side in list(sides)[1:]:
-            ratio = statistics.median(b / a for a, b in zip(plain, runs[side]))
+            ratios = [b / a for a, b in zip(plain, runs[side])]
+            ratio = statistics.median(ratios)
             results[workload if side == "Estimator.train" else f"{workload}_{side}"] = ratio
             line += (f"   {side} {statistics.median(runs[side]):9.1f} steps/s ratio "
-                     f"{ratio:.3f}")
-        print(line + f" (median of {args.rounds} rounds)", flush=True)
+                     f"{ratio:.3f} [{min(ratios):.2f}-{max(ratios):.2f}]")
+        print(line + f" (median of {args.rounds} rounds [lowest-highest])", flush=True)
     return results
 
 
