@@ -13,6 +13,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+
 def _arg_names(fn: Callable) -> set:
     try:
         params = inspect.signature(fn).parameters
