@@ -596,6 +596,32 @@ def test_nan_from_a_scripted_step_leaves_the_last_healthy_checkpoint_latest(tmp_
         assert all(torch.isfinite(v).all() for v in state.values())
 
 
+def test_the_save_time_check_names_the_first_tensor_not_finite_and_only_such_one():
+    """Finite values whose sum overflows (float32, float16) are finite; NaN or
+    inf anywhere, a module's or an optimizer slot's, is named, the first in order."""
+    from hooks.basic_session_run_hooks import _first_nonfinite
+
+    def state(weight, slot, half):
+        return {"modules": {"net": {"0.weight": weight, "0.bias": torch.zeros(2),
+                                    "bn.num_batches_tracked": torch.tensor(7),
+                                    "half": half}},
+                "optimizers": {"opt": {"state": {0: {"step": torch.tensor(3.0),
+                                                     "exp_avg": slot}},
+                                       "param_groups": [{"lr": 0.1, "params": [0]}]}},
+                "global_step": 3}
+    big = torch.full((4, 3), 3e38)                       # sum: inf in float32
+    half = torch.full((4,), 60000.0, dtype=torch.float16)   # sum: inf in float16
+    assert _first_nonfinite(state(big, torch.ones(3), half)) is None
+    assert _first_nonfinite({"global_step": 0}) is None
+    nan, inf = big.clone(), torch.ones(3)
+    nan[2, 1] = float("nan")
+    inf[0] = -float("inf")
+    assert _first_nonfinite(state(nan, inf, half)) == "net/0/weight"
+    assert _first_nonfinite(state(big, inf, half)) == "opt/state/0/exp_avg"
+    half[1] = float("inf")
+    assert _first_nonfinite(state(big, inf, half)) == "net/half"
+
+
 # -- background saves (RunConfig(experimental_async_checkpoint=True)) ------------------------
 def _state(value: float, step: int) -> dict:
     return {"modules": {"net": {"w": torch.full((3,), value)}}, "optimizers": {},
