@@ -111,10 +111,10 @@ print("trained", flush=True)
 def test_a_program_ending_right_after_training_exits_cleanly(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_ENDS_AFTER_TRAINING)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [SUPPORT] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-    for _ in range(2):
-        done = subprocess.run([sys.executable, str(script), str(tmp_path / "model")],
+    path = [SUPPORT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    for i in range(2):   # (a model_dir each: a second run there would not train)
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / f"model{i}")],
                               capture_output=True, text=True, timeout=120, env=env)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         assert "trained" in done.stdout
