@@ -295,8 +295,12 @@ _ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))
                     r"(?P<rest>/metadata|:predict|:classify|:regress)?$")
 
 
+_CLIENT_TIMEOUT_SECS = 60.0
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "estimator-serving"
+    timeout = _CLIENT_TIMEOUT_SECS   # a stalled client holds its thread no longer
 
     def log_message(self, fmt, *args):
         logger.debug("%s - %s", self.address_string(), fmt % args)
@@ -364,6 +368,11 @@ def make_server(path: str, host: str = "127.0.0.1", port: int = 8501,
     a base of timestamped exports); `server.serve_forever()` runs it."""
     model = Model(path, model_name)
     server = ThreadingHTTPServer((host, port), _Handler)
-    server.daemon_threads = True
+    # The requests in flight are answered before server_close() returns (Ctrl-C):
+    # a thread still running the model while the interpreter exits aborts the
+    # process (-6, "terminate called without an active exception",
+    # pytorch/pytorch#38228), as every Ctrl-C under load did.
+    server.daemon_threads = False
+    server.block_on_close = True
     server.model = model
     return server
