@@ -20,18 +20,17 @@ from paths import ROOT
 fc = est.feature_column
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def _trained_export(tmp, hidden_units=(6,), steps=30):
     """A binary DNNClassifier over two numeric columns, trained and exported
     with a raw receiver; (estimator, export base, features)."""
-    tmp = tmp_path_factory.mktemp("serving")
     rng = np.random.RandomState(0)
     x = rng.randn(64, 2).astype(np.float32)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
     features = {"a": x[:, 0], "b": x[:, 1]}
-    estimator = est.DNNClassifier([6], [fc.numeric_column("a"), fc.numeric_column("b")],
+    estimator = est.DNNClassifier(list(hidden_units), [fc.numeric_column("a"),
+                                                       fc.numeric_column("b")],
                                   model_dir=str(tmp / "model"))
-    estimator.train(lambda: [(features, y)] * 30, max_steps=30)
+    estimator.train(lambda: [(features, y)] * steps, max_steps=steps)
     base = tmp / "export"
     estimator.export_saved_model(str(base), est.export.build_raw_serving_input_receiver_fn(
         {"a": torch.zeros(2), "b": torch.zeros(2)}))
@@ -39,27 +38,42 @@ def exported(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(exported, tmp_path_factory):
+def exported(tmp_path_factory):
+    return _trained_export(tmp_path_factory.mktemp("serving"))
+
+
+def _start_server(base, model_name="census"):
+    """`estimator serve base` as a process on a free port, once it answers:
+    (process, the model's URL)."""
     import tf_cluster
     port = tf_cluster.free_ports(1)[0]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "estimator", "serve", exported[1], "--port", str(port),
-         "--model_name", "census"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "estimator", "serve", base, "--port", str(port),
+         "--model_name", model_name], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=dict(os.environ, PYTHONPATH=ROOT))
-    url = f"http://127.0.0.1:{port}/v1/models/census"
+    url = f"http://127.0.0.1:{port}/v1/models/{model_name}"
     deadline = time.monotonic() + 60
     while True:
         try:
             urllib.request.urlopen(url, timeout=2).read()
-            break
+            return proc, url
         except (urllib.error.URLError, ConnectionError):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the server did not start in 60 s"
             time.sleep(0.1)
-    yield url, proc
+
+
+def _end(proc):
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(exported):
+    proc, url = _start_server(exported[1])
+    yield url, proc
+    _end(proc)
 
 
 def _post(url, body, raw=None):
@@ -170,32 +184,10 @@ def test_ctrl_c_under_load_answers_the_requests_in_flight_and_exits_cleanly(tmp_
     """Ctrl-C while clients keep the server busy: the requests in flight are
     answered and the process exits 0. It aborted (-6, a request thread still
     in the model while the interpreter exited) in 8 of 8 tries before."""
-    import tf_cluster
-    rng = np.random.RandomState(0)
-    x = rng.randn(64, 2).astype(np.float32)
-    features, y = {"a": x[:, 0], "b": x[:, 1]}, (x[:, 0] > 0).astype(np.int64)
-    estimator = est.DNNClassifier([256, 256], [fc.numeric_column("a"), fc.numeric_column("b")],
-                                  model_dir=str(tmp_path / "model"))
-    estimator.train(lambda: [(features, y)] * 5, max_steps=5)
-    base = str(tmp_path / "export")
-    estimator.export_saved_model(base, est.export.build_raw_serving_input_receiver_fn(
-        {"a": torch.zeros(2), "b": torch.zeros(2)}))
-    port = tf_cluster.free_ports(1)[0]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "estimator", "serve", base, "--port", str(port)], cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONPATH=ROOT))
+    _, base, _ = _trained_export(tmp_path, hidden_units=(256, 256), steps=5)
+    proc, url = _start_server(base)
     try:
-        url = f"http://127.0.0.1:{port}/v1/models/default"
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2).read()
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, "the server did not start in 60 s"
-                time.sleep(0.1)
         body = {"instances": [{"a": float(i % 7), "b": 0.5} for i in range(3000)]}
         stop, answered = threading.Event(), []
 
@@ -219,9 +211,7 @@ def test_ctrl_c_under_load_answers_the_requests_in_flight_and_exits_cleanly(tmp_
         assert "stopped" in out
         assert answered and set(answered) == {200}, answered
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _end(proc)
 
 
 def test_census_tfrecord_pipeline_example(tmp_path):
