@@ -7,8 +7,8 @@ one module that touches them); this is their public face for users.
 from hooks.checkpoint import (DIGEST_SUFFIX, INDEX, PREFIX, Saver, all_checkpoints, flat_variables,
                               latest_checkpoint, list_variables, load,
                               load_variable, pin, resolve, restore_latest, restore_rng,
-                              rng_state, step_of)
+                              rng_preserved, rng_state, step_of)
 
 __all__ = ["DIGEST_SUFFIX", "INDEX", "PREFIX", "Saver", "all_checkpoints", "flat_variables",
            "latest_checkpoint", "list_variables", "load", "load_variable", "pin", "resolve",
-           "restore_latest", "restore_rng", "rng_state", "step_of"]
+           "restore_latest", "restore_rng", "rng_preserved", "rng_state", "step_of"]

@@ -276,12 +276,9 @@ class _NewCheckpointListenerForEvaluate(CheckpointSaverListener):
         path = self._evaluator.estimator.latest_checkpoint()
         if path is None:
             raise RuntimeError("There was no new checkpoint after the training.")
-        rng = checkpoint.rng_state()   # training goes on as if it had not evaluated (TF
-        try:                           # evaluates in a graph of its own)
-            self.eval_result, self.export_results = self._evaluator.evaluate_and_export(
-                path, final)
-        finally:
-            checkpoint.restore_rng(rng)
+        with checkpoint.rng_preserved():   # training goes on as if it had not evaluated
+            self.eval_result, self.export_results = (   # (TF evaluates in a graph of its own)
+                self._evaluator.evaluate_and_export(path, final))
 
 
 # -- evaluation shared by every mode -----------------------------------------------------

@@ -25,6 +25,7 @@ A checkpoint that was listed is never lost:
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -203,6 +204,18 @@ def restore_rng(state: dict) -> None:
                          n["has_gauss"], n["cached_gaussian"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def rng_preserved():
+    """The RNG states after the block as they were before it: work that draws
+    (building a model whose checkpoint replaces its initial values, an
+    evaluation during training) leaves the training's stream as it found it."""
+    state = rng_state()
+    try:
+        yield
+    finally:
+        restore_rng(state)
 
 
 def _python_rng(state: tuple) -> dict:

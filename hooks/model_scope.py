@@ -62,9 +62,8 @@ class ModelScope:
         if self._restore is None:
             module = factory()
         else:   # the checkpoint replaces its initial values: drawing them must not move
-            rng = checkpoint.rng_state()   # the RNG restored with it (dropout continues
-            module = factory()             # as in a run that was never stopped)
-            checkpoint.restore_rng(rng)
+            with checkpoint.rng_preserved():   # the RNG restored with it (dropout
+                module = factory()             # continues as in a run never stopped)
         if not isinstance(module, torch.nn.Module):
             raise TypeError(
                 f"get_module({name!r}): the factory must return a torch.nn.Module, "
