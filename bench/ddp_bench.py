@@ -18,7 +18,11 @@ threads), which other load on a shared machine disturbs far less. The
 medians of the rounds are reported with their ratio, and the median of each
 round's ratio.
 
-    python bench/ddp_bench.py [--rounds 5] [--steps 1000]
+    python bench/ddp_bench.py [--rounds 5] [--steps 1000] [--batch_norm]
+
+`--batch_norm`: a BatchNorm1d after each hidden layer; plain DDP broadcasts
+rank 0's statistics before each forward (its default), ours averages the
+replicas' after it (TF's reading of per-replica moving averages).
 
 Target (issue 4): ours >= 0.95 of plain DDP.
 """
@@ -44,12 +48,14 @@ from estimator.experiment.launch import _free_ports  # noqa: E402
 import hooks  # noqa: E402
 
 REPLICAS = 2
+BATCH_NORM = False   # --batch_norm (set before the processes fork)
 
 
 def _mlp():
-    return torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
-                               torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                               torch.nn.Linear(512, 10))
+    def hidden(n_in):
+        norm = [torch.nn.BatchNorm1d(512)] if BATCH_NORM else []
+        return [torch.nn.Linear(n_in, 512), *norm, torch.nn.ReLU()]
+    return torch.nn.Sequential(*hidden(784), *hidden(512), torch.nn.Linear(512, 10))
 
 
 def _data(n=64, batch=128):
@@ -151,7 +157,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="MirroredStrategy vs a plain DDP loop")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch_norm", action="store_true",
+                        help="a BatchNorm1d after each hidden layer")
     args = parser.parse_args(argv)
+    global BATCH_NORM
+    BATCH_NORM = args.batch_norm
     logging.basicConfig(level=logging.WARNING)
     batches = _data()
     plain_ddp(batches, WARM + 10)   # warm-up both paths
@@ -162,7 +172,8 @@ def main(argv=None):
         mine.append(ours(batches, args.steps))
         print("round: plain %6.1f steps/s (steady %6.1f, per CPU s %6.1f)   ours %6.1f steps/s "
               "(steady %6.1f, per CPU s %6.1f)" % (*plain[-1], *mine[-1]), flush=True)
-    print(f"mlp 784-512-512-10, batch 128 x {REPLICAS} CPU replicas (gloo), {args.steps} steps, "
+    print(f"mlp 784-512-512-10{' with batch norm' if BATCH_NORM else ''}, batch 128 x "
+          f"{REPLICAS} CPU replicas (gloo), {args.steps} steps, "
           f"{args.rounds} rounds:")
     ratios = []
     for what, k in (("whole call", 0), (f"steady (after step {WARM})", 1),

@@ -10,7 +10,9 @@ device, so here each replica is a process in a torch.distributed group
 - modules built through the model scope while gradients are on are wrapped
   in `DistributedDataParallel` (its bucketed gradient all-reduce overlaps
   the backward pass; it broadcasts rank 0's weights at wrap, so every replica
-  starts from the chief's state) and average the gradients;
+  starts from the chief's state) and average the gradients; the buffers a
+  step changes (batch-norm statistics) are averaged after each forward pass
+  (`_moving_buffers`: what TF reads from its per-replica moving averages);
 - each replica takes its own batch from the input (one step of N replicas
   consumes N batches; an `input_fn` that ignores `input_context` is sharded
   for it, see `input_lib`), the logged loss is the mean over replicas, and
@@ -46,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from . import device_util, input_lib
+from ._moving_buffers import MovingBuffers
 from ._process_group import _SUM as _SUM_OPTIONS, ProcessGroup, host_store
 from .cross_device_ops import CrossDeviceOps, _DefaultAllReduce
 from .launcher import ForkLauncher, InProcessLauncher, Launcher, in_replica_process
@@ -153,6 +156,7 @@ class _CollectiveExtended(StrategyExtended):
         self._loss_sum = None        # on GPUs, the loss all-reduce's buffer
         self._pending_loss = None
         self._loss_src = self._loss_mean = None
+        self._moving_buffers = MovingBuffers()   # batch-norm statistics: the replicas' mean
 
     # -- TF's public surface ---------------------------------------------------------
     @property
@@ -267,14 +271,18 @@ class _CollectiveExtended(StrategyExtended):
         if self._ops._reduce_to_one:
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor.data, 0)   # start from rank 0's state, as DDP does
+            self._moving_buffers.watch(module)
             return module
         size = sum(p.numel() * p.element_size() for p in module.parameters())
         cap = self._ops._bucket_cap_mb(size)
+        # Buffers are not broadcast from rank 0 before each forward (DDP's
+        # default): the Estimator's steps average the moving ones instead.
         ddp = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[self._device.index] if self._device.type == "cuda" else None,
-            **({"bucket_cap_mb": cap} if cap else {}))
-        # A custom loop's vote to stop is awaited before the next forward (where
-        # DDP may broadcast buffers); the Estimator's steps leave none pending.
+            broadcast_buffers=False, **({"bucket_cap_mb": cap} if cap else {}))
+        self._moving_buffers.watch(module)
+        # A custom loop's vote to stop is awaited before the next forward;
+        # the Estimator's steps leave none pending.
         ddp.register_forward_pre_hook(self._before_forward)
         return ddp
 
@@ -344,7 +352,8 @@ class _CollectiveExtended(StrategyExtended):
     # of [loss, "a hook of mine asked to stop after the last step", "I have no
     # batch after this one"]. A stop asked by a hook is carried by the next
     # step, which then makes no update on any replica (its forward and
-    # backward are wasted, once per training); a replica whose input runs out
+    # backward are wasted, once per training; the batch-norm statistics its
+    # forward moved are put back); a replica whose input runs out
     # says so one step ahead, and every replica stops after that step. On
     # GPUs the loss is summed on the device in an all-reduce of its own.
     def _start_step(self, loss: Optional[torch.Tensor]) -> None:
@@ -362,6 +371,7 @@ class _CollectiveExtended(StrategyExtended):
                 self._start_loss_sum(loss)
         self._step_work = self._group.start_sum(flags) if self._device.type == "cpu" \
             else self._group.control.allreduce([flags], _SUM_OPTIONS)
+        self._moving_buffers.start(self._group)
 
     def _finish_step(self) -> None:
         """The step's agreement: raises _StopAgreed when a replica asked to stop
@@ -369,9 +379,11 @@ class _CollectiveExtended(StrategyExtended):
         work, self._step_work = self._step_work, None
         work.wait()
         flags = self._step_flags
+        stop = bool(flags[1].item())
+        self._moving_buffers.finish(self._group.world_size, step_made=not stop)
         if flags[3].item():
             self.preempted = True   # some replica got SIGTERM/SIGINT
-        if flags[1].item():
+        if stop:
             self._vote = self._preempt_vote = False
             if self._pending_loss is not None:   # this step's loss: not one to log
                 self._pending_loss.wait()
@@ -465,6 +477,7 @@ class _CollectiveExtended(StrategyExtended):
             if work is not None:
                 work.wait()
         self._pending_stop = self._step_work = None
+        self._moving_buffers.finish(self._group.world_size, step_made=False)
         self._vote = self._preempt_vote = self._stop_after = self._step_agreed = False
 
     def end_training(self) -> None:
@@ -521,6 +534,7 @@ class _CollectiveExtended(StrategyExtended):
                                       context.input_pipeline_id, seed)
         if mode == _TRAIN:
             self._training = True
+            self._moving_buffers = MovingBuffers()   # this training's modules, created next
             self.preempted = False
             self._train_input = input_lib.TrainBatches(dataset, self._all_have)
             return self._train_input

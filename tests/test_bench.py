@@ -56,3 +56,10 @@ def test_coordinator_benchmark_runs(capsys):
     assert set(results) == {"one process", "1 worker(s)", "2 worker(s)"}
     assert all(rate > 0 for rate in results.values())
     assert "2 worker(s)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_ddp_benchmark_runs_with_batch_norm(capsys):
+    ratios = _bench("ddp_bench").main(["--rounds", "1", "--steps", "30", "--batch_norm"])
+    assert len(ratios) == 3 and all(r > 0 for r in ratios)
+    assert "with batch norm" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 started by the Estimator from this (pytest) process: equivalence with one
 process, chief-only files, restart, agreement to stop, failures."""
 import glob
+import json
 import multiprocessing
 import os
 import signal
@@ -18,7 +19,7 @@ import estimator as est
 import hooks
 from models import regression_model_fn
 from replica_helpers import OnReplica, RecordLoss, SaveWeights, batches, concatenated
-from paths import ROOT, SUPPORT
+from paths import FIXTURES, ROOT, SUPPORT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -97,6 +98,52 @@ def test_two_replicas_equal_one_process_on_concatenated_batches(tmp_path, kind):
     assert sorted(n for n in names if not n.startswith("events")) == \
         sorted(n for n in os.listdir(one.model_dir) if not n.startswith("events"))
     assert len(glob.glob(os.path.join(two.eval_dir(), "events.out.tfevents*"))) == 1
+
+
+def _batch_norm_model_fn(features, labels, mode):
+    """Batch norm on the input, learning rate 0: only the statistics move
+    (tests/support/fixtures/record_tf_batch_norm.py's model, TF momentum 0.9)."""
+    bn = est.get_module("bn", lambda: torch.nn.BatchNorm1d(2, momentum=0.1, eps=1e-3))
+    dense = est.get_module("dense", lambda: torch.nn.Linear(2, 1))
+    loss = torch.nn.functional.mse_loss(dense(bn(features["x"])), labels)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.0)))
+
+
+@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+def test_batch_norm_statistics_are_the_mean_over_the_replicas_as_in_tf(tmp_path, kind):
+    """Each replica's moving statistics follow its own batches; the
+    checkpoint holds their mean over the replicas, as TF's MirroredStrategy
+    reads them (recorded: the replicas see data around 0 and around 10), not
+    the chief's alone. The step that carries the stop makes no update, its
+    forward pass included."""
+    with open(os.path.join(FIXTURES, "tf_batch_norm.json")) as f:
+        tf = json.load(f)
+    data = [({"x": np.array(b, np.float32)}, np.zeros((4, 1), np.float32))
+            for b in tf["batches"]]                    # more batches than steps
+    e = est.Estimator(_batch_norm_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=STRATEGIES[kind]()))
+    e.train(lambda: data, steps=tf["steps"])
+    assert e.get_variable_value("global_step") == tf["steps"]
+    np.testing.assert_allclose(e.get_variable_value("bn/running_mean"), tf["moving_mean"],
+                               rtol=1e-6, atol=1e-6)
+
+    def replicas_mean(moment):   # the mean over replicas of each one's moving average
+        out = []
+        for replica in (0, 1):
+            value = np.zeros(2) if moment == "mean" else np.ones(2)
+            for b, _ in data[replica:2 * tf["steps"]:2]:
+                stat = {"mean": b["x"].mean(0), "biased": b["x"].var(0),
+                        "unbiased": b["x"].var(0, ddof=1)}[moment]
+                value = 0.9 * value + 0.1 * stat
+            out.append(value)
+        return np.mean(out, axis=0)
+
+    np.testing.assert_allclose(replicas_mean("mean"), tf["moving_mean"], rtol=1e-6)
+    np.testing.assert_allclose(replicas_mean("biased"), tf["moving_variance"], rtol=1e-6)
+    # torch's running variance is the unbiased one (TF's is not): the same rule.
+    np.testing.assert_allclose(e.get_variable_value("bn/running_var"),
+                               replicas_mean("unbiased"), rtol=1e-6)
 
 
 def test_restart_resumes_from_the_chiefs_checkpoint(tmp_path):

@@ -1,0 +1,103 @@
+"""The buffers a training step changes (batch-norm moving statistics) under
+synchronous replicas, kept as TF keeps them: each replica updates its copy
+with its own batch, and the value read (saved, evaluated, exported) is the
+mean over the replicas (TF creates moving averages as SyncOnRead variables
+with aggregation MEAN). Here the copies are averaged after every forward
+pass, so every replica holds what TF would read: the mean of the replicas'
+moving averages equals the moving average of their batches' mean moments.
+
+Which buffers move is learnt on the first step after modules are created:
+the floating buffers of every module (layer) whose buffers changed on any
+replica (batch-norm's kernels update its statistics without a version bump,
+so values are compared); constant buffers (position tables, masks) are
+never averaged, so they never drift by rounding.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+
+class MovingBuffers:
+    """Averages the moving buffers of the modules it watches, once per step:
+    `start` after the forward pass (an asynchronous sum, in flight during the
+    backward pass), `finish` when the step is agreed."""
+
+    def __init__(self):
+        self._unsorted: List[_Layer] = []
+        self._moving: List[torch.Tensor] = []
+        self._sum: Optional[_Flat] = None     # the step's sum
+        self._mean: Optional[_Flat] = None    # the last step's mean
+        self._have_mean = False
+        self._work = None
+
+    def watch(self, module: torch.nn.Module) -> None:
+        """A module every replica has just created (and synchronized)."""
+        self._unsorted += [_Layer(m) for m in module.modules()
+                           if next(m.buffers(recurse=False), None) is not None]
+
+    def start(self, group) -> None:
+        """After the step's forward pass: start summing the moving buffers."""
+        if self._unsorted:
+            self._learn(group)
+        if not self._moving:
+            return
+        if self._sum is None:
+            self._sum, self._mean = _Flat(self._moving), _Flat(self._moving)
+        torch._foreach_copy_(self._sum.pieces, self._moving)
+        self._work = group.start_sum(self._sum.flat)
+
+    def finish(self, world_size: int, step_made: bool) -> None:
+        """The sum is in: every replica takes the mean. A step agreed away
+        (`step_made` False: a replica asked to stop) makes no update, so its
+        forward pass's change is undone: the buffers go back to the last mean
+        (kept as they are on the first step of a training, which has none)."""
+        work, self._work = self._work, None
+        if work is None:
+            return
+        work.wait()
+        if step_made:
+            self._sum, self._mean = self._mean, self._sum
+            self._mean.flat.mul_(1.0 / world_size)
+            self._have_mean = True
+        if self._have_mean:
+            torch._foreach_copy_(self._moving, self._mean.pieces)
+
+    def _learn(self, group) -> None:
+        """The layers whose buffers changed on any replica (one all-reduce,
+        so that every replica sums the same list); the others are constant."""
+        changed = torch.tensor([float(layer.changed()) for layer in self._unsorted])
+        dist.all_reduce(changed, op=dist.ReduceOp.MAX, group=group.control)
+        for layer, moved in zip(self._unsorted, changed.tolist()):
+            if moved:
+                self._moving += layer.floating
+        self._unsorted = []
+        self._sum = self._mean = None
+        self._have_mean = False
+
+
+class _Layer:
+    """A module's own buffers as they were when it was created."""
+
+    def __init__(self, module: torch.nn.Module):
+        own = list(module.buffers(recurse=False))
+        self.floating = [b for b in own if b.is_floating_point()]
+        self._before = [(b, b._version, b.detach().clone()) for b in own]
+
+    def changed(self) -> bool:
+        return any(b._version != version or not torch.equal(b, copy)
+                   for b, version, copy in self._before)
+
+
+class _Flat:
+    """One float64 tensor on the buffers' device, viewed as one piece per buffer."""
+
+    def __init__(self, buffers: List[torch.Tensor]):
+        self.flat = torch.empty(sum(b.numel() for b in buffers), dtype=torch.float64,
+                                device=buffers[0].device)
+        self.pieces, offset = [], 0
+        for b in buffers:
+            self.pieces.append(self.flat[offset:offset + b.numel()].view(b.shape))
+            offset += b.numel()
