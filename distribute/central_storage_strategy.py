@@ -8,8 +8,10 @@ when there are several compute devices), and only it runs the optimizer.
 Each step the replicas' gradients are summed onto rank 0 (`dist.reduce`),
 averaged and applied there, and the updated weights are broadcast back
 (`dist.broadcast`): TF's "reduce to the parameter device, update, read from
-there". With the CPU as compute device the master copy is rank 0's module
-itself. One compute device: everything on it, no process started.
+there". Buffers a step moves (batch-norm statistics) are averaged over the
+replicas as under MirroredStrategy and copied to the master copy each step.
+With the CPU as compute device the master copy is rank 0's module itself.
+One compute device: everything on it, no process started.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class _CentralStorageExtended(_CollectiveExtended):
         super().__init__(strategy, topology, ReductionToOneDevice(), timeout)
         self._parameter_device = parameter_device
         self._working = {}   # id(master parameter) -> the replica's working parameter
+        self._buffers = []   # (master buffer, working buffer): statistics, copied back each step
 
     @property
     def parameter_devices(self):
@@ -44,8 +47,10 @@ class _CentralStorageExtended(_CollectiveExtended):
         module.to(self._parameter_device)   # the master copy: saved, and what the optimizer updates
         working = copy.deepcopy(module).to(self._device)
         self._broadcast(list(working.parameters()) + list(working.buffers()))
+        self._moving_buffers.watch(working)
         for master, replica in zip(module.parameters(), working.parameters()):
             self._working[id(master)] = replica
+        self._buffers += zip(module.buffers(), working.buffers())
         self._copy_to_master(module, working)
         return working
 
@@ -84,6 +89,8 @@ class _CentralStorageExtended(_CollectiveExtended):
                     for m, w in zip(masters, working):
                         if w is not m:
                             w.copy_(m)
+                    for m, w in self._buffers:   # the replicas' mean (batch-norm statistics)
+                        m.copy_(w)
             self._broadcast(working)
         except RuntimeError as e:
             raise self._explain(e, "the gradient reduction to the parameter device") from e

@@ -38,6 +38,11 @@ STRATEGIES = {
     "central_storage": lambda: distribute.CentralStorageStrategy(
         DEVICES, communication_options=options()),
 }
+# The variables on a device of their own, as on several GPUs (their default:
+# the CPU): torch.device("cpu", 0) is not the replicas' "cpu".
+WITH_PARAMETER_DEVICE = dict(STRATEGIES, central_storage_parameter_device=lambda: (
+    distribute.CentralStorageStrategy(DEVICES, parameter_device=torch.device("cpu", 0),
+                                      communication_options=options())))
 
 
 def make(model_dir, strategy=None, **config):
@@ -110,7 +115,7 @@ def _batch_norm_model_fn(features, labels, mode):
         lambda p: torch.optim.SGD(p, lr=0.0)))
 
 
-@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+@pytest.mark.parametrize("kind", sorted(WITH_PARAMETER_DEVICE))
 def test_batch_norm_statistics_are_the_mean_over_the_replicas_as_in_tf(tmp_path, kind):
     """Each replica's moving statistics follow its own batches; the
     checkpoint holds their mean over the replicas, as TF's MirroredStrategy
@@ -122,7 +127,7 @@ def test_batch_norm_statistics_are_the_mean_over_the_replicas_as_in_tf(tmp_path,
     data = [({"x": np.array(b, np.float32)}, np.zeros((4, 1), np.float32))
             for b in tf["batches"]]                    # more batches than steps
     e = est.Estimator(_batch_norm_model_fn, config=est.RunConfig(
-        model_dir=str(tmp_path), train_distribute=STRATEGIES[kind]()))
+        model_dir=str(tmp_path), train_distribute=WITH_PARAMETER_DEVICE[kind]()))
     e.train(lambda: data, steps=tf["steps"])
     assert e.get_variable_value("global_step") == tf["steps"]
     np.testing.assert_allclose(e.get_variable_value("bn/running_mean"), tf["moving_mean"],
