@@ -60,6 +60,8 @@ class _CentralStorageExtended(_CollectiveExtended):
                 m.copy_(w)
 
     def _broadcast(self, tensors) -> None:
+        if not tensors:   # a module of neither weights nor buffers (an activation)
+            return
         flat = torch._utils._flatten_dense_tensors([t.data for t in tensors])
         dist.broadcast(flat, 0)
         for t, r in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):

@@ -259,27 +259,29 @@ class _CollectiveExtended(StrategyExtended):
     # -- creation ----------------------------------------------------------------------
     def create_module(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
         module = module.to(self._device)
-        if (self._group is None or not torch.is_grad_enabled()
-                or not any(p.requires_grad for p in module.parameters())):
-            return module   # nothing to synchronize (evaluation, prediction, frozen)
+        if self._group is None or not torch.is_grad_enabled():
+            return module   # nothing to synchronize (evaluation, prediction)
         try:
             return self._wrap(module)
         except RuntimeError as e:
             raise self._explain(e, f"setting up module {name!r}") from e
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        if self._ops._reduce_to_one:
+        if self._ops._reduce_to_one or not any(p.requires_grad for p in module.parameters()):
+            # No DDP (gradients reduced by hand; or nothing to train: frozen,
+            # or buffers alone, as BatchNorm(affine=False)): start from rank
+            # 0's state, as DDP does, and average the moving buffers as well.
             for tensor in list(module.parameters()) + list(module.buffers()):
-                dist.broadcast(tensor.data, 0)   # start from rank 0's state, as DDP does
+                dist.broadcast(tensor.data, 0)
             self._moving_buffers.watch(module)
             return module
         size = sum(p.numel() * p.element_size() for p in module.parameters())
         cap = self._ops._bucket_cap_mb(size)
-        # Buffers are not broadcast from rank 0 before each forward (DDP's
-        # default): the Estimator's steps average the moving ones instead.
+        # Buffers are broadcast from rank 0 at wrap, not before each forward
+        # (DDP's default): the Estimator's steps average the moving ones.
         ddp = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[self._device.index] if self._device.type == "cuda" else None,
-            broadcast_buffers=False, **({"bucket_cap_mb": cap} if cap else {}))
+            forward_sync_buffers=False, **({"bucket_cap_mb": cap} if cap else {}))
         self._moving_buffers.watch(module)
         # A custom loop's vote to stop is awaited before the next forward;
         # the Estimator's steps leave none pending.

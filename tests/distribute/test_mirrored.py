@@ -110,7 +110,8 @@ def _batch_norm_model_fn(features, labels, mode):
     (tests/support/fixtures/record_tf_batch_norm.py's model, TF momentum 0.9)."""
     bn = est.get_module("bn", lambda: torch.nn.BatchNorm1d(2, momentum=0.1, eps=1e-3))
     dense = est.get_module("dense", lambda: torch.nn.Linear(2, 1))
-    loss = torch.nn.functional.mse_loss(dense(bn(features["x"])), labels)
+    relu = est.get_module("relu", torch.nn.ReLU)   # a module of neither weights nor buffers
+    loss = torch.nn.functional.mse_loss(relu(dense(bn(features["x"]))), labels)
     return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
         lambda p: torch.optim.SGD(p, lr=0.0)))
 
@@ -149,6 +150,50 @@ def test_batch_norm_statistics_are_the_mean_over_the_replicas_as_in_tf(tmp_path,
     # torch's running variance is the unbiased one (TF's is not): the same rule.
     np.testing.assert_allclose(e.get_variable_value("bn/running_var"),
                                replicas_mean("unbiased"), rtol=1e-6)
+
+
+class _RandomProjection(torch.nn.Module):
+    """A fixed random projection kept as a buffer, drawn from the OS's entropy
+    (so differently in each replica process, forked with one torch seed);
+    `trainable`: with a scale to train (DDP's path), else buffers alone."""
+
+    def __init__(self, trainable):
+        super().__init__()
+        self.register_buffer("proj", torch.from_numpy(
+            np.random.default_rng().random((2, 2), dtype=np.float32)))
+        self.scale = torch.nn.Parameter(torch.ones(1)) if trainable else None
+
+    def forward(self, x):
+        return x @ self.proj * (1 if self.scale is None else self.scale)
+
+
+def _projected_model_fn(features, labels, mode):
+    fixed = est.get_module("fixed", lambda: _RandomProjection(trainable=False))
+    scaled = est.get_module("scaled", lambda: _RandomProjection(trainable=True))
+    dense = est.get_module("dense", lambda: torch.nn.Linear(2, 1))
+    loss = torch.nn.functional.mse_loss(dense(scaled(fixed(features["x"]))), labels)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+def test_every_replica_starts_from_the_chiefs_buffers(tmp_path, kind):
+    """Buffers drawn differently in each replica are rank 0's everywhere, in
+    modules with weights to train (DDP's) and in modules of buffers alone."""
+    out = tmp_path / "out"
+    out.mkdir()
+    data = [({"x": np.random.RandomState(i).rand(4, 2).astype(np.float32)},
+             np.ones((4, 1), np.float32)) for i in range(8)]
+    e = est.Estimator(_projected_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "model"), train_distribute=STRATEGIES[kind]()))
+    e.train(lambda: data, steps=3, hooks=[SaveWeights(str(out))])
+    w0, w1 = torch.load(out / "weights-0.pt"), torch.load(out / "weights-1.pt")
+    for name in ("fixed", "scaled", "dense"):
+        for key in w0[name]:
+            assert torch.equal(w0[name][key], w1[name][key]), (name, key)
+    for name in ("fixed", "scaled"):
+        assert torch.equal(w0[name]["proj"],
+                           torch.from_numpy(e.get_variable_value(f"{name}/proj")))
 
 
 def test_restart_resumes_from_the_chiefs_checkpoint(tmp_path):
