@@ -59,14 +59,6 @@ class _CentralStorageExtended(_CollectiveExtended):
             for m, w in zip(master.state_dict().values(), working.state_dict().values()):
                 m.copy_(w)
 
-    def _broadcast(self, tensors) -> None:
-        if not tensors:   # a module of neither weights nor buffers (an activation)
-            return
-        flat = torch._utils._flatten_dense_tensors([t.data for t in tensors])
-        dist.broadcast(flat, 0)
-        for t, r in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
-            t.data.copy_(r)
-
     def apply_gradients(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer):
         if self._group is None:
             return super().apply_gradients(loss, optimizer)

@@ -271,8 +271,7 @@ class _CollectiveExtended(StrategyExtended):
             # No DDP (gradients reduced by hand; or nothing to train: frozen,
             # or buffers alone, as BatchNorm(affine=False)): start from rank
             # 0's state, as DDP does, and average the moving buffers as well.
-            for tensor in list(module.parameters()) + list(module.buffers()):
-                dist.broadcast(tensor.data, 0)
+            self._broadcast(list(module.parameters()) + list(module.buffers()))
             self._moving_buffers.watch(module)
             return module
         size = sum(p.numel() * p.element_size() for p in module.parameters())
@@ -287,6 +286,18 @@ class _CollectiveExtended(StrategyExtended):
         # the Estimator's steps leave none pending.
         ddp.register_forward_pre_hook(self._before_forward)
         return ddp
+
+    def _broadcast(self, tensors: List[torch.Tensor]) -> None:
+        """Rank 0's values into `tensors` on every replica: one broadcast per
+        dtype (a flat copy of them), so integer buffers stay exact."""
+        groups = {}
+        for t in tensors:
+            groups.setdefault(t.dtype, []).append(t.data)
+        for group in groups.values():
+            flat = torch._utils._flatten_dense_tensors(group)
+            dist.broadcast(flat, 0)
+            for t, r in zip(group, torch._utils._unflatten_dense_tensors(flat, group)):
+                t.copy_(r)
 
     def _before_forward(self, module, args):
         self._await_agreement()
