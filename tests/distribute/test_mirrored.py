@@ -116,6 +116,18 @@ def _batch_norm_model_fn(features, labels, mode):
         lambda p: torch.optim.SGD(p, lr=0.0)))
 
 
+def _replicas_mean(xs, stat, initial, momentum=0.1):
+    """TF's reading of a moving average under 2 replicas (the batches `xs` taken
+    in turn): the mean over the replicas of each one's average of `stat(batch)`."""
+    out = []
+    for replica in (0, 1):
+        value = np.full(2, initial, np.float64)
+        for x in xs[replica::2]:
+            value = (1 - momentum) * value + momentum * stat(x)
+        out.append(value)
+    return np.mean(out, axis=0)
+
+
 @pytest.mark.parametrize("kind", sorted(WITH_PARAMETER_DEVICE))
 def test_batch_norm_statistics_are_the_mean_over_the_replicas_as_in_tf(tmp_path, kind):
     """Each replica's moving statistics follow its own batches; the
@@ -134,22 +146,62 @@ def test_batch_norm_statistics_are_the_mean_over_the_replicas_as_in_tf(tmp_path,
     np.testing.assert_allclose(e.get_variable_value("bn/running_mean"), tf["moving_mean"],
                                rtol=1e-6, atol=1e-6)
 
-    def replicas_mean(moment):   # the mean over replicas of each one's moving average
-        out = []
-        for replica in (0, 1):
-            value = np.zeros(2) if moment == "mean" else np.ones(2)
-            for b, _ in data[replica:2 * tf["steps"]:2]:
-                stat = {"mean": b["x"].mean(0), "biased": b["x"].var(0),
-                        "unbiased": b["x"].var(0, ddof=1)}[moment]
-                value = 0.9 * value + 0.1 * stat
-            out.append(value)
-        return np.mean(out, axis=0)
-
-    np.testing.assert_allclose(replicas_mean("mean"), tf["moving_mean"], rtol=1e-6)
-    np.testing.assert_allclose(replicas_mean("biased"), tf["moving_variance"], rtol=1e-6)
+    xs = [f["x"] for f, _ in data[:2 * tf["steps"]]]
+    np.testing.assert_allclose(_replicas_mean(xs, lambda x: x.mean(0), 0.0),
+                               tf["moving_mean"], rtol=1e-6)
+    np.testing.assert_allclose(_replicas_mean(xs, lambda x: x.var(0), 1.0),
+                               tf["moving_variance"], rtol=1e-6)
     # torch's running variance is the unbiased one (TF's is not): the same rule.
     np.testing.assert_allclose(e.get_variable_value("bn/running_var"),
-                               replicas_mean("unbiased"), rtol=1e-6)
+                               _replicas_mean(xs, lambda x: x.var(0, ddof=1), 1.0), rtol=1e-6)
+
+
+_COLORS = {"red": 0, "green": 1, "blue": 2}
+
+
+def _users_model_fn(features, labels, mode):
+    """As a ported TF1 program: a string feature looked up, batch norm on the
+    numeric input, dropout, a classifier head."""
+    norm = est.get_module("norm", lambda: torch.nn.BatchNorm1d(2, momentum=0.1, eps=1e-3))
+    embed = est.get_module("color", lambda: torch.nn.Embedding(len(_COLORS), 3))
+    head = est.get_module("head", lambda: torch.nn.Sequential(
+        torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2)))
+    ids = torch.tensor([_COLORS[c] for c in features["color"]])
+    logits = head(torch.cat([norm(features["x"]), embed(ids)], dim=1))
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"logits": logits})
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    accuracy = est.metrics.accuracy(labels, logits.argmax(1))
+    return est.EstimatorSpec(
+        mode, loss=loss, eval_metric_ops={"accuracy": accuracy},
+        train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+def test_a_users_model_on_two_replicas_keeps_the_replicas_mean_statistics(tmp_path):
+    """Dropout, batch norm, a string feature, float64 input (as from pandas) and
+    uneven batches on two replicas: the saved statistics are the mean over the
+    replicas of each one's moving average of its own batches (their float32
+    values, torch's unbiased variance), whatever their sizes; evaluation is
+    deterministic (dropout off, statistics used, not updated)."""
+    rng = np.random.RandomState(0)
+    sizes = [5, 4, 5, 3, 6, 4, 5, 5]          # replica 0: 5, 5, 6; replica 1: 4, 3, 4
+    data = []
+    for i, n in enumerate(sizes):
+        x = rng.normal(10.0 * (i % 2), 1 + i % 2, (n, 2))          # float64
+        colors = np.array([list(_COLORS)[j % 3] for j in range(i, i + n)])
+        data.append(({"x": x, "color": colors}, rng.randint(0, 2, n)))
+    e = est.Estimator(_users_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=STRATEGIES["mirrored"](), tf_random_seed=1))
+    e.train(lambda: data, steps=3)
+    assert e.get_variable_value("global_step") == 3
+
+    xs = [f["x"].astype(np.float32) for f, _ in data[:6]]
+    np.testing.assert_allclose(e.get_variable_value("norm/running_mean"),
+                               _replicas_mean(xs, lambda x: x.mean(0), 0.0), rtol=1e-5)
+    np.testing.assert_allclose(e.get_variable_value("norm/running_var"),
+                               _replicas_mean(xs, lambda x: x.var(0, ddof=1), 1.0), rtol=1e-5)
+    first, again = e.evaluate(lambda: data), e.evaluate(lambda: data)
+    assert first == again and 0.0 <= first["accuracy"] <= 1.0
 
 
 class _RandomProjection(torch.nn.Module):
