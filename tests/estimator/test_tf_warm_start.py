@@ -1,7 +1,8 @@
 """Continuing a TF1 model here: canned estimators built with the same columns
 warm-start from checkpoints TF 2.15's tf.compat.v1.estimator wrote, then
-predict what TF predicted (recorded by
-``tests/support/fixtures/record_tf_checkpoints.py``)."""
+predict what TF predicted and evaluate what TF evaluated (recorded by
+``tests/support/fixtures/record_tf_checkpoints.py`` and
+``record_tf_canned_eval.py``)."""
 import json
 import os
 
@@ -10,25 +11,28 @@ import pytest
 import torch
 
 import estimator as est
-from canned_data import columns, make_census
+from canned_data import batches, columns, make_census
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_ckpt", "tf_checkpoints.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
+with open(os.path.join(FIXTURES, "tf_canned_eval.json"), encoding="utf-8") as _f:
+    TF_EVAL = json.load(_f)
 FROZEN = lambda params: torch.optim.SGD(params, lr=0.0)   # noqa: E731  (weights stay TF's)
 
 
-def _build(name, model_dir, warm):
+def _build(name, model_dir, warm, weight_column=None):
     deep, wide = columns()
     return {
         "dnn": lambda: est.DNNClassifier([8, 4], deep, model_dir=model_dir, optimizer=FROZEN,
-                                         warm_start_from=warm),
+                                         warm_start_from=warm, weight_column=weight_column),
         "linear": lambda: est.LinearClassifier(wide, model_dir=model_dir, optimizer=FROZEN,
-                                               warm_start_from=warm),
+                                               warm_start_from=warm,
+                                               weight_column=weight_column),
         "wide_deep": lambda: est.DNNLinearCombinedClassifier(
             model_dir=model_dir, linear_feature_columns=wide, dnn_feature_columns=deep,
             dnn_hidden_units=[8, 4], linear_optimizer=FROZEN, dnn_optimizer=FROZEN,
-            warm_start_from=warm),
+            warm_start_from=warm, weight_column=weight_column),
     }[name]()
 
 
@@ -43,6 +47,25 @@ def test_warm_started_from_tf_predicts_what_tf_predicted(name, tmp_path):
     rows = {k: v[:8] for k, v in features.items()}
     got = np.stack([p["probabilities"] for p in estimator.predict(lambda: [(rows, None)])])
     np.testing.assert_allclose(got, np.array(recorded["probabilities"]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("key", sorted(TF_EVAL["metrics"]))
+def test_evaluation_from_tfs_weights_gives_tfs_metrics(key, tmp_path):
+    """Every metric TF's evaluate reported, on uneven batches (32 x 6 and 11),
+    with and without a float64 weight column: `loss` the mean of the batches'
+    summed losses, `average_loss`, AUCs, precision and recall as TF's."""
+    name, weighted = key.replace("_weighted", ""), key.endswith("_weighted")
+    features, labels = make_census(TF_EVAL["rows"], TF_EVAL["seed"])
+    features["w"] = np.linspace(0.5, 2.0, TF_EVAL["rows"])
+    tf_dir = os.path.dirname(os.path.join(FIXTURES, TF["canned"][name]["prefix"]))
+    estimator = _build(name, str(tmp_path), tf_dir, "w" if weighted else None)
+    estimator.train(lambda: [(features, labels)], max_steps=1)
+    got = estimator.evaluate(lambda: batches(features, labels, TF_EVAL["batch_size"]))
+    expected = dict(TF_EVAL["metrics"][key])
+    del expected["global_step"]                  # TF's step is not warm-started
+    assert set(got) - {"global_step"} == set(expected)
+    for metric, value in expected.items():
+        assert got[metric] == pytest.approx(value, rel=1e-5, abs=1e-6), metric
 
 
 def test_a_missing_variable_lists_the_closest(tmp_path):
