@@ -68,6 +68,41 @@ def test_evaluation_from_tfs_weights_gives_tfs_metrics(key, tmp_path):
         assert got[metric] == pytest.approx(value, rel=1e-5, abs=1e-6), metric
 
 
+@pytest.mark.parametrize("name", sorted(TF_EVAL["after_one_step"]))
+def test_one_more_step_from_tfs_checkpoint_moves_the_weights_as_tf(name, tmp_path):
+    """Continuing a TF1 model: weights and the default optimizers' slots (DNN:
+    Adagrad at 0.05, linear: Ftrl at 0.2, wide & deep: 0.001 and 0.2) warm-start
+    from TF's checkpoint; one step on 32 rows gives the weights TF's step gave."""
+    recorded = TF["canned"][name]
+    tf_dir = os.path.dirname(os.path.join(FIXTURES, recorded["prefix"]))
+    deep, wide = columns()
+    settings = est.WarmStartSettings(tf_dir, vars_to_warm_start=[".*"])
+    estimator = {
+        "dnn": lambda: est.DNNClassifier([8, 4], deep, model_dir=str(tmp_path),
+                                         warm_start_from=settings),
+        "linear": lambda: est.LinearClassifier(wide, model_dir=str(tmp_path),
+                                               warm_start_from=settings),
+        "wide_deep": lambda: est.DNNLinearCombinedClassifier(
+            model_dir=str(tmp_path), linear_feature_columns=wide, dnn_feature_columns=deep,
+            dnn_hidden_units=[8, 4], warm_start_from=settings),
+    }[name]()
+    features, labels = make_census(200, 1)
+    rows = {k: v[:32] for k, v in features.items()}
+    estimator.train(lambda: [(rows, labels[:32])], max_steps=1)
+    after = TF_EVAL["after_one_step"][name]
+    weights = set(after) & set(estimator.get_variable_names()) - {"global_step"}
+    assert len(weights) >= 6                        # the model's weights; slots are named apart
+    moved = 0.0
+    for variable in sorted(weights):
+        tf_after = np.asarray(after[variable], np.float32)
+        np.testing.assert_allclose(estimator.get_variable_value(variable), tf_after,
+                                   rtol=1e-5, atol=1e-7, err_msg=variable)
+        before = recorded["variables"][variable].get("value")
+        if before is not None:
+            moved = max(moved, float(np.abs(tf_after - np.asarray(before)).max()))
+    assert moved > 1e-3                             # the step moved the weights
+
+
 def test_a_missing_variable_lists_the_closest(tmp_path):
     recorded = TF["canned"]["dnn"]
     settings = est.WarmStartSettings(
