@@ -16,7 +16,10 @@ inside a running program, so a plain `python train.py` works:
   with no word) terminates the others and is raised here, naming the
   replica; once one replica has finished, the others get `timeout` seconds
   to finish too; Ctrl-C is forwarded; no child outlives the call, and a
-  child whose parent dies is killed by the kernel (PR_SET_PDEATHSIG).
+  child whose parent dies is killed by the kernel (PR_SET_PDEATHSIG);
+- the replicas share the console: the first logs as the program does, the
+  others only their warnings and errors, so each INFO line (loss and step,
+  evaluation results) shows once, as from TF's one-process MirroredStrategy.
 """
 from __future__ import annotations
 
@@ -75,12 +78,29 @@ def _portable(exc: BaseException) -> BaseException:
     return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+class _WarningsAndAbove(logging.Filter):
+    def filter(self, record):
+        return record.levelno >= logging.WARNING
+
+
+def _log_warnings_only() -> None:
+    """Every logging handler this process has (forked copies: the parent's
+    keep logging everything) passes on warnings and errors only."""
+    only = _WarningsAndAbove()
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    for handler in {h for lg in loggers for h in lg.handlers}:
+        handler.addFilter(only)
+
+
 def _child(conn, index: int, setup: Callable, fn: Callable, args, kwargs):
     global _in_replica
     _in_replica = True
     ok = False
     try:
         _die_with_parent()
+        if index > 0:
+            _log_warnings_only()
         try:
             faulthandler.enable(file=sys.__stderr__)   # a crash prints where it happened
         except (AttributeError, OSError, ValueError):

@@ -431,3 +431,40 @@ def _alive(pid):
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+_CONSOLE_SCRIPT = r"""
+import logging, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import distribute, estimator as est
+from models import regression_model_fn
+from replica_helpers import batches, rank
+s = distribute.MirroredStrategy(["cpu:0", "cpu:1"])
+e = est.Estimator(regression_model_fn, config=est.RunConfig(
+    model_dir={model_dir!r}, train_distribute=s, eval_distribute=s, log_step_count_steps=5),
+    params={{}})
+
+def input_fn():
+    logging.getLogger("user").warning("input_fn on replica %d", rank())
+    return batches()
+e.train(input_fn)                       # 16 batches: 8 steps
+e.evaluate(input_fn, steps=2)
+"""
+
+
+def test_the_console_shows_each_info_line_once_and_every_replicas_warnings(tmp_path):
+    """Under TF's one-process MirroredStrategy the loss, step and evaluation
+    lines show once; here the replicas are processes sharing the console."""
+    script = tmp_path / "train.py"
+    script.write_text(_CONSOLE_SCRIPT.format(root=ROOT, tests=SUPPORT,
+                                             model_dir=str(tmp_path / "m")))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100)
+    err = proc.stderr
+    assert proc.returncode == 0, err
+    assert err.count(", step = ") == 2, err                         # steps 1 and 6
+    assert err.count("Loss for final step") == 1, err
+    assert err.count("Saving dict for global step 8") == 1, err
+    for replica in (0, 1):                                           # training and evaluation
+        assert err.count(f"input_fn on replica {replica}") == 2, err
+        assert err.count(f"replica {replica} of 2 reads the whole input") == 2, err
