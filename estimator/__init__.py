@@ -10,7 +10,7 @@ from . import checkpoint, export, feature_column, metrics, optimizers, summary
 from hooks.model_scope import (get_global_step, get_module, get_optimizer, is_training,
                                 named_tensor)
 from .estimator import Estimator
-from . import data, io, losses, serving
+from . import data, inputs, io, losses, serving
 from .canned import (BaselineClassifier, BaselineRegressor, DNNClassifier,
                      DNNLinearCombinedClassifier, DNNLinearCombinedRegressor, DNNRegressor,
                      LinearClassifier, LinearRegressor)
