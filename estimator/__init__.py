@@ -10,7 +10,7 @@ from . import checkpoint, export, feature_column, metrics, optimizers, summary
 from hooks.model_scope import (get_global_step, get_module, get_optimizer, is_training,
                                 named_tensor)
 from .estimator import Estimator
-from . import data, inputs, io, losses, serving
+from . import data, experimental, inputs, io, losses, serving
 from .canned import (BaselineClassifier, BaselineRegressor, DNNClassifier,
                      DNNLinearCombinedClassifier, DNNLinearCombinedRegressor, DNNRegressor,
                      LinearClassifier, LinearRegressor)
@@ -31,5 +31,5 @@ __all__ = [
     "DNNClassifier", "DNNRegressor", "LinearClassifier", "LinearRegressor",
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
     "BaselineClassifier", "BaselineRegressor", "add_metrics", "forward_features", "losses",
-    "data", "io", "serving",
+    "data", "experimental", "inputs", "io", "serving",
 ]

@@ -257,11 +257,22 @@ class Estimator:
         return _run(strategy, self._evaluate, user_hooks,   # sharded over replicas: rank 0's
                     strategy, input_fn, steps, user_hooks, path, name)
 
-    def _evaluate(self, strategy, input_fn, steps, user_hooks, path, name):
-        """The body of `evaluate`, in this process or on each replica."""
-        scope = model_scope.ModelScope(ModeKeys.EVAL, strategy, restore=checkpoint.load(path),
-                                       restore_path=path)
-        logger.info("Starting evaluation of %s", path)
+    def _evaluate_in_memory(self, training: model_scope.ModelScope, input_fn, steps,
+                            user_hooks, name) -> dict:
+        """An evaluation of the training's current state, no checkpoint read
+        (InMemoryEvaluatorHook); the training's random state is left as it was."""
+        with checkpoint.rng_preserved():
+            return self._evaluate(training.strategy, input_fn, steps, user_hooks, None, name,
+                                  state=training.state())[0]
+
+    def _evaluate(self, strategy, input_fn, steps, user_hooks, path, name, state=None):
+        """The body of `evaluate`, in this process or on each replica; of the
+        checkpoint at `path`, or of `state` (a ModelScope's) when given."""
+        scope = model_scope.ModelScope(ModeKeys.EVAL, strategy,
+                                       restore=checkpoint.load(path) if state is None else state,
+                                       restore_path=path or "the training's state")
+        logger.info("Starting evaluation of %s", path or
+                    f"the training's state at global step {scope.global_step}")
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.EVAL, strategy)
             first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy)
