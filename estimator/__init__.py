@@ -13,7 +13,8 @@ from .estimator import Estimator
 from . import data, experimental, inputs, io, losses, serving
 from .canned import (BaselineClassifier, BaselineRegressor, DNNClassifier,
                      DNNLinearCombinedClassifier, DNNLinearCombinedRegressor, DNNRegressor,
-                     LinearClassifier, LinearRegressor)
+                     LinearClassifier, LinearRegressor, classifier_parse_example_spec,
+                     regressor_parse_example_spec)
 from .extenders import add_metrics, forward_features
 from .exporter import BestExporter, Exporter, FinalExporter, LatestExporter
 from hooks.mode_keys import ModeKeys
@@ -30,6 +31,7 @@ __all__ = [
     "Exporter", "LatestExporter", "BestExporter", "FinalExporter",
     "DNNClassifier", "DNNRegressor", "LinearClassifier", "LinearRegressor",
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
-    "BaselineClassifier", "BaselineRegressor", "add_metrics", "forward_features", "losses",
+    "BaselineClassifier", "BaselineRegressor", "classifier_parse_example_spec",
+    "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
     "data", "experimental", "inputs", "io", "serving",
 ]

@@ -5,9 +5,11 @@ from .baseline import BaselineClassifier, BaselineRegressor
 from .dnn import DNNClassifier, DNNRegressor
 from .dnn_linear_combined import DNNLinearCombinedClassifier, DNNLinearCombinedRegressor
 from .linear import LinearClassifier, LinearRegressor
+from .parsing_utils import classifier_parse_example_spec, regressor_parse_example_spec
 
 __all__ = [
     "DNNClassifier", "DNNRegressor", "LinearClassifier", "LinearRegressor",
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
     "BaselineClassifier", "BaselineRegressor",
+    "classifier_parse_example_spec", "regressor_parse_example_spec",
 ]
