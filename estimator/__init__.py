@@ -21,10 +21,11 @@ from hooks.mode_keys import ModeKeys
 from .model_fn import EstimatorSpec
 from .run_config import DistributeConfig, RunConfig
 from .training import EvalSpec, TrainSpec, train_and_evaluate
-from .warm_start import WarmStartSettings
+from .warm_start import VocabInfo, WarmStartSettings
 
 __all__ = [
     "Estimator", "EstimatorSpec", "ModeKeys", "RunConfig", "DistributeConfig", "WarmStartSettings",
+    "VocabInfo",
     "get_module", "get_optimizer", "get_global_step", "is_training", "named_tensor",
     "checkpoint", "feature_column", "metrics", "optimizers", "summary",
     "TrainSpec", "EvalSpec", "train_and_evaluate", "export",

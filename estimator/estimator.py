@@ -140,7 +140,7 @@ class Estimator:
 
     def _train(self, strategy, input_fn, user_hooks, steps, max_steps, listeners):
         """The body of `train`, in this process or on each replica."""
-        scope = self._training_scope(strategy)
+        scope, warm = self._training_scope(strategy)
         stop = [hooks_lib.StopAtStepHook(num_steps=steps, last_step=max_steps)] \
             if steps is not None or max_steps is not None else []
         with scope, strategy.scope():
@@ -149,6 +149,8 @@ class Estimator:
             if first is None:
                 logger.warning("input_fn returned no data: nothing to train on")
                 return _outcome(None, user_hooks + listeners)
+            if warm is not None:   # the model is built: TF's check of the settings
+                warm.check_used()
             first = first[0]
             is_chief = self._is_chief(strategy)
             all_hooks = (stop + user_hooks + self._default_worker_hooks()
@@ -173,22 +175,23 @@ class Estimator:
                 raise preempted
         return _outcome(None, user_hooks + listeners)
 
-    def _training_scope(self, strategy) -> model_scope.ModelScope:
-        """Resume from the newest good checkpoint (falling back past a damaged
-        one), else start fresh: seeded, warm-started."""
+    def _training_scope(self, strategy) -> tuple:
+        """(scope, warm starter or None): resume from the newest good
+        checkpoint (falling back past a damaged one), else start fresh:
+        seeded, warm-started."""
         latest, state = checkpoint.restore_latest(self._model_dir)
         if latest is not None:
             logger.info("Resuming from %s (model_dir %s)", latest, self._model_dir)
             checkpoint.restore_rng(state["rng"])
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
-                                          restore_path=latest)
+                                          restore_path=latest), None
         seed = self._config.tf_random_seed
         if seed is not None:
             random.seed(seed)
             np.random.seed(seed)
             torch.manual_seed(seed)
         warm = _WarmStarter(self._warm_start_settings) if self._warm_start_settings else None
-        return model_scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm)
+        return model_scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm), warm
 
     def _train_step_fn(self, batches, strategy) -> Callable:
         """The per-step function: next batch -> model_fn -> apply train_op.

@@ -7,19 +7,93 @@ elsewhere and only when `model_dir` has no checkpoint yet.
 """
 from __future__ import annotations
 
+import collections
 import collections.abc
 import difflib
 import logging
 import re
-from typing import Dict, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import torch
 
 from hooks import tf_checkpoint
 
 from . import checkpoint
+from .feature_column._vocabulary import read_vocabulary_file
 
 logger = logging.getLogger(__name__)
+
+
+class VocabInfo(collections.namedtuple("VocabInfo", [
+        "new_vocab", "new_vocab_size", "num_oov_buckets", "old_vocab", "old_vocab_size",
+        "backup_initializer", "axis"])):
+    """How a variable indexed by a vocabulary moves to a new vocabulary
+    (tf.estimator.VocabInfo): along `axis` (0: rows, as embeddings and linear
+    weights; 1: columns, as a logits kernel over the label vocabulary), entry i
+    of the first `new_vocab_size` lines of the file `new_vocab` takes the old
+    variable's entry for the same line of `old_vocab` (its first
+    `old_vocab_size` lines; -1: all); entries not in the old vocabulary and the
+    `num_oov_buckets` OOV entries after them start as `backup_initializer`
+    leaves them (called with the variable's shape; None: zeros, as TF). The
+    axis is that of the variable as this framework names and shapes it: the
+    canned estimators' variables are TF's."""
+
+    def __new__(cls, new_vocab: str, new_vocab_size: int, num_oov_buckets: int,
+                old_vocab: str, old_vocab_size: int = -1,
+                backup_initializer: Optional[Callable] = None, axis: int = 0):
+        if axis not in (0, 1):
+            raise ValueError("The only supported values for the axis argument are 0 and 1.  "
+                             f"Provided axis: {axis}")
+        if not (new_vocab and new_vocab_size and old_vocab):
+            raise ValueError("Invalid args: Must provide all of [new_vocab, new_vocab_size, "
+                             f"old_vocab]; got {new_vocab!r}, {new_vocab_size!r}, "
+                             f"{old_vocab!r}")
+        if num_oov_buckets < 0:
+            raise ValueError(f"num_oov_buckets must be >= 0, got {num_oov_buckets}")
+        return super().__new__(cls, new_vocab, new_vocab_size, num_oov_buckets, old_vocab,
+                               old_vocab_size, backup_initializer, axis)
+
+
+def _remapped(old: torch.Tensor, info: VocabInfo, shape: tuple, name: str,
+              prev: str) -> torch.Tensor:
+    """`old` (the checkpoint's `prev`) remapped to the new vocabulary as `info`
+    says, in `shape` (the variable `name`'s)."""
+    what = f"Warm-start: VocabInfo of {name!r}"
+    axis = info.axis
+    if len(shape) <= axis or old.dim() != len(shape):
+        raise ValueError(f"{what}: axis {axis} does not fit {name!r} of shape {shape} "
+                         f"(and {prev!r} of shape {tuple(old.shape)})")
+    if shape[axis] != info.new_vocab_size + info.num_oov_buckets:
+        raise ValueError(f"{what}: {name!r} has {shape[axis]} entries along axis {axis}, but "
+                         f"new_vocab_size {info.new_vocab_size} + num_oov_buckets "
+                         f"{info.num_oov_buckets} = "
+                         f"{info.new_vocab_size + info.num_oov_buckets}")
+    other = [d for d in range(len(shape)) if d != axis]
+    if [shape[d] for d in other] != [old.shape[d] for d in other]:
+        raise ValueError(f"{what}: {name!r} has shape {shape} but {prev!r} has shape "
+                         f"{tuple(old.shape)}: only axis {axis} may differ")
+    new_vocab = read_vocabulary_file(info.new_vocab, name, info.new_vocab_size, True,
+                                     what=f"{what}: new_vocab")
+    old_vocab = read_vocabulary_file(info.old_vocab, name, None if info.old_vocab_size == -1
+                                     else info.old_vocab_size, True, what=f"{what}: old_vocab")
+    if len(old_vocab) > old.shape[axis]:
+        raise ValueError(f"{what}: old_vocab lists {len(old_vocab)} entries but {prev!r} has "
+                         f"{old.shape[axis]} along axis {axis}")
+    where = {token: i for i, token in enumerate(old_vocab)}
+    pairs = [(i, where[t]) for i, t in enumerate(new_vocab) if t in where]
+    if info.backup_initializer is None:
+        out = torch.zeros(shape, dtype=old.dtype)
+    else:
+        out = torch.as_tensor(info.backup_initializer(shape), dtype=old.dtype).clone()
+        if tuple(out.shape) != tuple(shape):
+            raise ValueError(f"{what}: backup_initializer({shape}) gave shape "
+                             f"{tuple(out.shape)}")
+    if pairs:
+        new_ids, old_ids = (torch.tensor(ids) for ids in zip(*pairs))
+        out.index_copy_(axis, new_ids, old.index_select(axis, old_ids))
+    logger.info("Warm-started %s from %s: %d of %d vocabulary entries found in the old "
+                "vocabulary", name, prev, len(pairs), len(new_vocab))
+    return out
 
 
 class WarmStartSettings:
@@ -35,21 +109,27 @@ class WarmStartSettings:
     - `vars_to_warm_start`: a regex (matched from the start, as TF), default
       every module variable; or a list of them (names such as `"net/0/weight"`
       match themselves), which also reaches optimizer slots, as in TF.
+    - `var_name_to_vocab_info`: {name: VocabInfo} for variables whose
+      vocabulary changed (warm-started even when `vars_to_warm_start` is None).
     - `var_name_to_prev_var_name`: {new name: name in the old checkpoint}.
+    As in TF, an entry of the two dicts that names no warm-started variable is
+    an error once the model is built.
     """
 
     def __init__(self, ckpt_to_initialize_from: str,
                  vars_to_warm_start: Union[str, Sequence[str], None] = ".*",
-                 var_name_to_vocab_info=None,
+                 var_name_to_vocab_info: Optional[Dict[str, VocabInfo]] = None,
                  var_name_to_prev_var_name: Optional[Dict[str, str]] = None):
         if not ckpt_to_initialize_from:
             raise ValueError("WarmStartSettings: ckpt_to_initialize_from must be a "
                              "checkpoint path or directory")
-        if var_name_to_vocab_info:
-            raise ValueError("WarmStartSettings: var_name_to_vocab_info is not supported "
-                             "(no vocabulary variables in this framework)")
+        for name, info in (var_name_to_vocab_info or {}).items():
+            if not isinstance(info, VocabInfo):
+                raise TypeError(f"WarmStartSettings: var_name_to_vocab_info[{name!r}] must be "
+                                f"a VocabInfo, got {type(info).__name__}")
         self.ckpt_to_initialize_from = ckpt_to_initialize_from
         self.vars_to_warm_start = vars_to_warm_start
+        self.var_name_to_vocab_info = dict(var_name_to_vocab_info or {})
         self.var_name_to_prev_var_name = dict(var_name_to_prev_var_name or {})
 
     def __repr__(self):
@@ -121,8 +201,24 @@ class _WarmStarter:
             self.path = checkpoint.resolve(settings.ckpt_to_initialize_from)
             self._variables = checkpoint.flat_variables(checkpoint.load(self.path))
         self._settings = settings
-        self._used = set()
+        self._names = []              # every module variable offered, in order
+        self._renamed, self._remapped = set(), set()
         logger.info("Warm-starting from %s", self.path)
+
+    def check_used(self) -> None:
+        """TF's check, once the model is built: every renaming and VocabInfo
+        names a warm-started variable."""
+        for what, given, used in (
+                ("var_name_to_prev_var_name", self._settings.var_name_to_prev_var_name,
+                 self._renamed),
+                ("var_name_to_vocab_info", self._settings.var_name_to_vocab_info,
+                 self._remapped)):
+            unused = sorted(set(given) - used)
+            if unused:
+                raise ValueError(f"You provided the following variables in {what} that were "
+                                 f"not used: {unused}. Perhaps you misspelled them, or "
+                                 "vars_to_warm_start leaves them out? Here is the list of "
+                                 f"viable variable names: {self._names}")
 
     def apply_optimizer(self, optimizer: torch.optim.Optimizer, var_names: Sequence[str]):
         """Optimizer slots, when `vars_to_warm_start` is a list naming them (as
@@ -163,14 +259,20 @@ class _WarmStarter:
         return any(re.match(p, name) for p in patterns)   # TF: a list of regex scopes
 
     def apply(self, owner: str, module: torch.nn.Module) -> None:
+        settings = self._settings
         with torch.no_grad():
             for key, tensor in module.state_dict(keep_vars=True).items():
                 name = owner + "/" + key.replace(".", "/")
-                if not self._wanted(name):
+                self._names.append(name)
+                info = settings.var_name_to_vocab_info.get(name)
+                if not self._wanted(name) and not (
+                        info is not None and settings.vars_to_warm_start is None):
                     continue
-                prev = self._settings.var_name_to_prev_var_name.get(name, name)
+                prev = settings.var_name_to_prev_var_name.get(name, name)
+                if name in settings.var_name_to_prev_var_name:
+                    self._renamed.add(name)
                 if prev not in self._variables:
-                    if isinstance(self._settings.vars_to_warm_start, str):
+                    if isinstance(settings.vars_to_warm_start, str) and info is None:
                         logger.warning("Warm-start: %s is not in %s; left as initialised",
                                        prev, self.path)
                         continue
@@ -180,10 +282,14 @@ class _WarmStarter:
                                      f"checkpoint {self.path}" + (
                                          f"; the closest names: {close}" if close else ""))
                 value = self._variables[prev]
-                if isinstance(self._variables, _TFVariables):
+                if info is not None:
+                    value = _remapped(value, info, tuple(tensor.shape), name, prev)
+                    self._remapped.add(name)
+                elif isinstance(self._variables, _TFVariables):
                     value = _torch_layout(value, tuple(tensor.shape), prev)
                 if tuple(value.shape) != tuple(tensor.shape):
                     raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "
                                      f"{prev!r} in {self.path} has shape {tuple(value.shape)}")
                 tensor.copy_(value)
-                logger.info("Warm-started %s from %s", name, prev)
+                if info is None:
+                    logger.info("Warm-started %s from %s", name, prev)

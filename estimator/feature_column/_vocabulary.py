@@ -82,13 +82,14 @@ class Vocabulary:
 
 
 def read_vocabulary_file(path: str, key: str, vocabulary_size: Optional[int],
-                         is_string: bool) -> list:
+                         is_string: bool, what: Optional[str] = None) -> list:
     """The first `vocabulary_size` lines of `path` (all when None), one entry a
     line without its line ending, as TF's ``TextFileIndex.WHOLE_LINE`` keys;
-    ints parsed for an integer column."""
+    ints parsed for an integer column. Errors start with `what` (by default
+    the vocabulary file column of `key`)."""
+    what = what or f"categorical_column_with_vocabulary_file({key!r})"
     if not os.path.isfile(path):
-        raise ValueError(f"categorical_column_with_vocabulary_file({key!r}): the vocabulary "
-                         f"file {path!r} does not exist")
+        raise ValueError(f"{what}: the vocabulary file {path!r} does not exist")
     with open(path, "rb") as f:
         data = f.read()
     lines = data.split(b"\n")
@@ -98,7 +99,7 @@ def read_vocabulary_file(path: str, key: str, vocabulary_size: Optional[int],
     if vocabulary_size is not None:
         if vocabulary_size > len(lines):
             raise ValueError(
-                f"categorical_column_with_vocabulary_file({key!r}): vocabulary_size "
+                f"{what}: vocabulary_size "
                 f"{vocabulary_size} is larger than the {len(lines)} lines of {path!r}")
         lines = lines[:vocabulary_size]
     if is_string:
@@ -112,13 +113,13 @@ def read_vocabulary_file(path: str, key: str, vocabulary_size: Optional[int],
         try:
             entries = [int(line) for line in lines]
         except ValueError as e:
-            raise ValueError(f"categorical_column_with_vocabulary_file({key!r}): {path!r} "
+            raise ValueError(f"{what}: {path!r} "
                              f"has a line that is not an integer: {e}") from None
     seen = {}
     for i, entry in enumerate(entries):
         if entry in seen:
             raise ValueError(
-                f"categorical_column_with_vocabulary_file({key!r}): {path!r} lists "
+                f"{what}: {path!r} lists "
                 f"{entry!r} twice (lines {seen[entry] + 1} and {i + 1}); TF's table "
                 "refuses a key with two values")
         seen[entry] = i
