@@ -140,9 +140,18 @@ class Experiment:
         settings = self.config.get("warm_start")
         if settings is None:
             return None
-        from ..warm_start import WarmStartSettings
-        return _located(lambda: WarmStartSettings(**settings), self._tree, ("warm_start",),
-                        "WarmStartSettings", keys=settings)
+        from ..warm_start import VocabInfo, WarmStartSettings
+
+        def build():   # each VocabInfo a mapping of its arguments
+            infos = settings.get("var_name_to_vocab_info") or {}
+            for name, info in infos.items():
+                if not isinstance(info, dict):
+                    raise TypeError(f"var_name_to_vocab_info[{name!r}] must be a mapping of "
+                                    "VocabInfo's arguments (new_vocab, new_vocab_size, "
+                                    f"num_oov_buckets, old_vocab, ...), got {info!r}")
+            return WarmStartSettings(**dict(settings, var_name_to_vocab_info={
+                name: VocabInfo(**info) for name, info in infos.items()}))
+        return _located(build, self._tree, ("warm_start",), "WarmStartSettings", keys=settings)
 
     def estimator(self):
         """The Estimator: model_fn, RunConfig, params, warm start; or the canned

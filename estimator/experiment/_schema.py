@@ -250,7 +250,8 @@ def _run_config_fields() -> Dict[str, _Field]:
 def _warm_start_fields() -> Dict[str, _Field]:
     return {"ckpt_to_initialize_from": _Field(STR, _REQUIRED),
             "vars_to_warm_start": _Field(_Optional(_ListOf(STR, allow_single=True)), ".*"),
-            "var_name_to_prev_var_name": _Field(MAPPING, {})}
+            "var_name_to_prev_var_name": _Field(MAPPING, {}),
+            "var_name_to_vocab_info": _Field(MAPPING, {})}
 
 
 def _schema() -> Dict[str, Any]:

@@ -118,3 +118,65 @@ def test_warm_start_refused_where_tf_refuses_it(workdir):
     exp = experiment.load(write(workdir, text))
     with pytest.raises(ExperimentError, match="BaselineClassifier takes no warm_start_from"):
         exp.estimator()
+
+
+VOCAB_MODULE = '''
+import estimator as est
+
+
+def columns():
+    return [est.feature_column.categorical_column_with_vocabulary_file(
+        "occupation", VOCAB, num_oov_buckets=2)]
+'''
+
+
+def test_warm_start_with_vocab_info_from_yaml(workdir):
+    """TF's VocabInfo as a mapping of its arguments: the settings the
+    experiment builds move TF's linear weights to the new vocabulary file as
+    tests/estimator/test_vocab_info.py checks against TF."""
+    import json
+    import numpy as np
+    import torch
+    import estimator as est
+    from paths import FIXTURES
+    vocab = os.path.join(FIXTURES, "tf_ckpt", "vocab")
+    (workdir / "vmod.py").write_text(VOCAB_MODULE.replace(
+        "VOCAB,", repr(os.path.join(vocab, "new_occupations.txt")) + ","))
+    text = f"""estimator:
+  LinearClassifier:
+    feature_columns: vmod.py:columns
+train_spec: {{input_fn: mod.py:input_fn, max_steps: 1}}
+run_config: {{model_dir: run}}
+warm_start:
+  ckpt_to_initialize_from: {vocab}/wide_deep
+  vars_to_warm_start: linear/linear_model/occupation/.*
+  var_name_to_vocab_info:
+    linear/linear_model/occupation/weights:
+      new_vocab: {vocab}/new_occupations.txt
+      new_vocab_size: 5
+      num_oov_buckets: 2
+      old_vocab: {vocab}/old_occupations.txt
+"""
+    exp = experiment.load(write(workdir, text))
+    settings = exp.warm_start_settings()
+    name = "linear/linear_model/occupation/weights"
+    assert settings.var_name_to_vocab_info == {name: est.VocabInfo(
+        f"{vocab}/new_occupations.txt", 5, 2, f"{vocab}/old_occupations.txt")}
+    sys.path.insert(0, str(workdir))
+    try:
+        import vmod
+        estimator = est.LinearClassifier(vmod.columns(), model_dir=str(workdir / "py"),
+                                         optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
+                                         warm_start_from=settings)
+    finally:
+        sys.path.remove(str(workdir))
+        sys.modules.pop("vmod", None)
+    occupation = np.array(["pilot", "nurse", "teacher", "clerk"] * 4)
+    estimator.train(lambda: [({"occupation": occupation}, np.arange(16) % 2)], max_steps=1)
+    with open(os.path.join(FIXTURES, "tf_vocab_warm_start.json")) as f:
+        tf_after = json.load(f)["wide_deep"]["after"][name]
+    np.testing.assert_allclose(estimator.get_variable_value(name), tf_after, atol=1e-7)
+    bad = text.replace("      new_vocab_size: 5\n", "      new_vocab_size: 5\n      size: 3\n")
+    with pytest.raises(ExperimentError, match=r"warm_start.*VocabInfo.*unexpected keyword "
+                                              r"argument 'size'"):
+        experiment.load(write(workdir, bad)).warm_start_settings()
