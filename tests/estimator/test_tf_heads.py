@@ -1,0 +1,73 @@
+"""The canned regression and multi-class heads against TF's: models TF 2.15
+trained (a DNNRegressor with label_dimension=2 and a weight column, a
+LinearRegressor, a 3-class DNNClassifier over a label vocabulary with a weight
+column) warm-start here, then evaluate (uneven batches 16 x 3 + 5, float64
+weights) and predict what TF did (recorded by
+tests/support/fixtures/record_tf_heads.py)."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_heads.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+LABELS = ["low", "mid", "high"]
+FROZEN = lambda params: torch.optim.SGD(params, lr=0.0)   # noqa: E731
+
+
+def rows(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    w = np.linspace(0.5, 2.0, n)
+    y2 = np.stack([x @ [1.0, -2.0, 0.5], x[:, 0] * x[:, 1]], 1).astype(np.float32)
+    y1 = (x @ [0.5, 1.0, -1.0]).astype(np.float32)[:, None]
+    words = np.array(LABELS)[np.digitize(x[:, 0], [-0.5, 0.5])]
+    return {"x": x, "w": w}, y2, y1, words
+
+
+def make(name, model_dir):
+    x = [est.feature_column.numeric_column("x", shape=3)]
+    warm = os.path.join(FIXTURES, "tf_ckpt", "heads", name)
+    return {
+        "dnn_regressor_2d": (lambda: est.DNNRegressor(
+            [6], x, model_dir=model_dir, label_dimension=2, weight_column="w",
+            optimizer=FROZEN, warm_start_from=warm), 1),
+        "linear_regressor": (lambda: est.LinearRegressor(
+            x, model_dir=model_dir, optimizer=FROZEN, warm_start_from=warm), 2),
+        "dnn_classifier_3": (lambda: est.DNNClassifier(
+            [6], x, model_dir=model_dir, n_classes=3, label_vocabulary=LABELS,
+            weight_column="w", optimizer=FROZEN, warm_start_from=warm), 3),
+    }[name]
+
+
+@pytest.mark.parametrize("name", sorted(TF["models"]))
+def test_evaluation_and_predictions_are_tfs(name, tmp_path):
+    recorded = TF["models"][name]
+    build, target = make(name, str(tmp_path))
+    estimator = build()
+    train, eval_ = rows(64, 0), rows(53, 1)
+    estimator.train(est.inputs.numpy_input_fn(train[0], train[target], 16, None, False),
+                    steps=1)
+    got = estimator.evaluate(est.inputs.numpy_input_fn(eval_[0], eval_[target], 16, 1, False))
+    expected = {k: v for k, v in recorded["evaluation"].items() if k != "global_step"}
+    assert set(got) - {"global_step"} == set(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    few = {k: v[:5] for k, v in eval_[0].items()}
+    predictions = list(estimator.predict(est.inputs.numpy_input_fn(few, None, 5, 1, False)))
+    assert len(predictions) == 5
+    for ours, theirs in zip(predictions, recorded["predictions"]):
+        assert set(ours) == set(theirs)
+        for key, value in theirs.items():
+            mine = np.asarray(ours[key])
+            if mine.dtype.kind in "SUO":
+                assert [v.decode() if isinstance(v, bytes) else v
+                        for v in mine.reshape(-1).tolist()] == value, key
+            else:
+                np.testing.assert_allclose(mine, np.asarray(value), rtol=1e-5, atol=1e-6,
+                                           err_msg=key)
