@@ -22,20 +22,20 @@ Features are what the input_fn gives: tensors and numpy arrays are dense
 parsing a ``VarLenFeature`` gives); strings stay numpy / lists of str. See
 `make_parse_example_spec` for the parsing spec of a set of columns.
 
-Not here: ``shared_embedding_columns``, sequence columns, the Keras
-``DenseFeatures`` / ``LinearModel`` layers, and ``ckpt_to_load_from`` (warm
-start instead).
+Not here: sequence columns, the Keras ``DenseFeatures`` / ``LinearModel``
+layers, shared embedding columns in ``linear_model``, and
+``ckpt_to_load_from`` (warm start instead).
 """
 from ._columns import (BucketizedColumn, CategoricalColumn, CrossedColumn, DenseColumn,
                        EmbeddingColumn, FeatureColumn, HashedCategoricalColumn,
                        IdentityCategoricalColumn, IndicatorColumn, NumericColumn,
-                       VocabularyFileCategoricalColumn, VocabularyListCategoricalColumn,
-                       WeightedCategoricalColumn, bucketized_column,
-                       categorical_column_with_hash_bucket, categorical_column_with_identity,
-                       categorical_column_with_vocabulary_file,
+                       SharedEmbeddingColumn, VocabularyFileCategoricalColumn,
+                       VocabularyListCategoricalColumn, WeightedCategoricalColumn,
+                       bucketized_column, categorical_column_with_hash_bucket,
+                       categorical_column_with_identity, categorical_column_with_vocabulary_file,
                        categorical_column_with_vocabulary_list, crossed_column,
                        embedding_column, indicator_column, numeric_column,
-                       weighted_categorical_column)
+                       shared_embedding_columns, weighted_categorical_column)
 from ._inputs import Builder as FeatureTransformationCache
 from ._inputs import transformation_cache
 from ._layers import input_layer, linear_model
@@ -47,11 +47,13 @@ __all__ = [
     "numeric_column", "bucketized_column", "categorical_column_with_vocabulary_list",
     "categorical_column_with_vocabulary_file", "categorical_column_with_hash_bucket",
     "categorical_column_with_identity", "crossed_column", "embedding_column",
-    "indicator_column", "weighted_categorical_column", "make_parse_example_spec",
+    "indicator_column", "weighted_categorical_column", "shared_embedding_columns",
+    "make_parse_example_spec",
     "input_layer", "linear_model", "FeatureTransformationCache", "transformation_cache",
     "serialize_feature_column", "deserialize_feature_column", "recorded", "FixedLenFeature", "VarLenFeature",
     "FeatureColumn", "DenseColumn", "CategoricalColumn", "NumericColumn", "BucketizedColumn",
     "HashedCategoricalColumn", "VocabularyListCategoricalColumn",
     "VocabularyFileCategoricalColumn", "IdentityCategoricalColumn",
-    "WeightedCategoricalColumn", "CrossedColumn", "EmbeddingColumn", "IndicatorColumn",
+    "WeightedCategoricalColumn", "CrossedColumn", "EmbeddingColumn", "SharedEmbeddingColumn",
+    "IndicatorColumn",
 ]

@@ -533,15 +533,9 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
 
 
 # -- embedding / indicator -------------------------------------------------------------------
-class EmbeddingColumn(DenseColumn, collections.namedtuple(
-        "EmbeddingColumn", ("categorical_column", "dimension", "combiner", "initializer",
-                            "ckpt_to_load_from", "tensor_name_in_ckpt", "max_norm",
-                            "trainable"))):
-    """See `embedding_column`."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.categorical_column.name}_embedding"
+class _Embedding(DenseColumn):
+    """An embedding's lookup: `categorical_column`'s ids in a table
+    [num_buckets, `dimension`], combined by `combiner`."""
 
     @property
     def _parse_example_spec(self) -> dict:
@@ -568,6 +562,33 @@ class EmbeddingColumn(DenseColumn, collections.namedtuple(
     def _dense(self, builder, variables):
         table = getattr(variables, "module", variables).embedding_weights   # (DDP wraps it)
         return variables(**moved(self._lookup_inputs(builder), table.device))
+
+
+class EmbeddingColumn(_Embedding, collections.namedtuple(
+        "EmbeddingColumn", ("categorical_column", "dimension", "combiner", "initializer",
+                            "ckpt_to_load_from", "tensor_name_in_ckpt", "max_norm",
+                            "trainable"))):
+    """See `embedding_column`."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.categorical_column.name}_embedding"
+
+
+class SharedEmbeddingColumn(_Embedding, collections.namedtuple(
+        "SharedEmbeddingColumn", ("categorical_column", "dimension", "combiner",
+                                  "initializer", "shared_embedding_collection_name",
+                                  "ckpt_to_load_from", "tensor_name_in_ckpt", "max_norm",
+                                  "trainable"))):
+    """See `shared_embedding_columns`."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.categorical_column.name}_shared_embedding"
+
+    @property
+    def _var_scope_name(self) -> str:
+        return self.shared_embedding_collection_name
 
 
 class IndicatorColumn(DenseColumn, collections.namedtuple(
@@ -844,34 +865,90 @@ def embedding_column(categorical_column, dimension, combiner="mean", initializer
     truncated normal, mean 0, stddev 1/sqrt(dimension)). `max_norm` clips each
     looked-up vector to that l2 norm. Loading from a TF checkpoint
     (`ckpt_to_load_from`) is not supported: warm start instead."""
-    if dimension is None or not isinstance(dimension, (int, np.integer)) or dimension < 1:
-        raise ValueError(f"Invalid dimension {dimension}.")
     if not isinstance(categorical_column, CategoricalColumn):
         raise ValueError("embedding_column needs a categorical column. Given: "
                          f"{categorical_column}")
+    dimension, initializer, max_norm = _embedding_arguments(
+        f"embedding_column({categorical_column.name!r})", dimension, combiner, initializer,
+        ckpt_to_load_from, tensor_name_in_ckpt, max_norm)
+    return EmbeddingColumn(categorical_column, dimension, combiner, initializer, None, None,
+                           max_norm, bool(trainable))
+
+
+def _embedding_arguments(what: str, dimension, combiner, initializer, ckpt_to_load_from,
+                         tensor_name_in_ckpt, max_norm) -> tuple:
+    """(dimension, initializer, max_norm) checked as TF checks an embedding's."""
+    if dimension is None or not isinstance(dimension, (int, np.integer)) or dimension < 1:
+        raise ValueError(f"Invalid dimension {dimension}.")
     if ckpt_to_load_from is not None:
         raise NotImplementedError(
-            f"embedding_column({categorical_column.name!r}): ckpt_to_load_from is not "
-            "supported (it reads a TensorFlow checkpoint). Initialise the embedding from a "
-            "checkpoint of this framework with est.WarmStartSettings(ckpt_to_initialize_from"
-            "=..., vars_to_warm_start=..., var_name_to_prev_var_name=...) instead.")
+            f"{what}: ckpt_to_load_from is not supported (it reads a TensorFlow checkpoint). "
+            "Initialise the embedding from a checkpoint with est.WarmStartSettings("
+            "ckpt_to_initialize_from=..., vars_to_warm_start=..., "
+            "var_name_to_prev_var_name=...) instead.")
     if tensor_name_in_ckpt is not None:
         raise ValueError("Must specify both `ckpt_to_load_from` and `tensor_name_in_ckpt` or "
                          "none of them.")
     if combiner not in COMBINERS:
         raise ValueError(f"combiner must be one of {list(COMBINERS)}, got {combiner!r} "
-                         f"(column {categorical_column.name!r})")
+                         f"({what})")
     if initializer is not None and not callable(initializer):
-        raise ValueError("initializer must be callable if specified. Embedding of "
-                         f"column_name: {categorical_column.name}")
+        raise ValueError(f"initializer must be callable if specified. {what}")
     if initializer is None:
         initializer = default_embedding_initializer(int(dimension))
     if max_norm is not None:
         max_norm = float(max_norm)
         if not max_norm > 0:
             raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    return EmbeddingColumn(categorical_column, int(dimension), combiner, initializer, None,
-                           None, max_norm, bool(trainable))
+    return int(dimension), initializer, max_norm
+
+
+def shared_embedding_columns(categorical_columns, dimension, combiner="mean", initializer=None,
+                             shared_embedding_collection_name=None, ckpt_to_load_from=None,
+                             tensor_name_in_ckpt=None, max_norm=None,
+                             trainable=True) -> list:
+    """One embedding column per categorical column, all looking up one table
+    (TF: ``tf.compat.v1.feature_column.shared_embedding_columns``). The
+    columns must be of one type (a weighted column's: its categorical
+    column's) with one number of buckets. The table is
+    ``<scope>/input_layer/<collection>/embedding_weights`` [num_buckets,
+    dimension], `<collection>` the columns' names joined by ``_`` (sorted) +
+    ``_shared_embedding`` unless `shared_embedding_collection_name` is given;
+    as TF's graph collection, it is made by the first `input_layer` of the
+    model that uses the columns and shared by every later one (two towers).
+    Not usable in `linear_model` here."""
+    columns = list(categorical_columns)
+    if not columns:
+        raise ValueError("shared_embedding_columns needs at least one categorical column")
+    for column in columns:
+        if not isinstance(column, CategoricalColumn):
+            raise ValueError("All categorical_columns must be categorical columns "
+                             f"(est.feature_column.categorical_column_with_*). Given: "
+                             f"{column}, of type: {type(column).__name__}")
+    kind = lambda c: type(c.categorical_column if isinstance(   # noqa: E731
+        c, WeightedCategoricalColumn) else c)
+    for column in columns[1:]:
+        if kind(column) is not kind(columns[0]):
+            raise ValueError(
+                "To use shared_embedding_column, all categorical_columns must have the same "
+                f"type, or be weighted_categorical_column of the same type. Given column: "
+                f"{column} of type: {kind(column).__name__} does not match given column: "
+                f"{columns[0]} of type: {kind(columns[0]).__name__}")
+        if column.num_buckets != columns[0].num_buckets:
+            raise ValueError(
+                "To use shared_embedding_column, all categorical_columns must have the same "
+                f"number of buckets. Given column: {columns[0]} with buckets: "
+                f"{columns[0].num_buckets} does not match column: {column} with buckets: "
+                f"{column.num_buckets}")
+    if not shared_embedding_collection_name:
+        shared_embedding_collection_name = "_".join(
+            c.name for c in sorted(columns, key=lambda c: c.name)) + "_shared_embedding"
+    dimension, initializer, max_norm = _embedding_arguments(
+        f"shared_embedding_columns({shared_embedding_collection_name!r})", dimension, combiner,
+        initializer, ckpt_to_load_from, tensor_name_in_ckpt, max_norm)
+    return [SharedEmbeddingColumn(c, dimension, combiner, initializer,
+                                  shared_embedding_collection_name, None, None, max_norm,
+                                  bool(trainable)) for c in columns]
 
 
 def indicator_column(categorical_column) -> IndicatorColumn:
@@ -886,5 +963,5 @@ def indicator_column(categorical_column) -> IndicatorColumn:
 for _cls in (NumericColumn, BucketizedColumn, HashedCategoricalColumn,
              VocabularyListCategoricalColumn, VocabularyFileCategoricalColumn,
              IdentityCategoricalColumn, WeightedCategoricalColumn, CrossedColumn,
-             EmbeddingColumn, IndicatorColumn):
+             EmbeddingColumn, SharedEmbeddingColumn, IndicatorColumn):
     _cls.__repr__ = _columns_repr

@@ -31,7 +31,8 @@ import torch
 from distribute import device_util
 from hooks import model_scope
 
-from ._columns import CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn
+from ._columns import (CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn,
+                       SharedEmbeddingColumn)
 from ._inputs import Builder, transformation_cache
 from ._variables import (COMBINERS, ColumnVariables, LinearModelVariables, fused_bag_inputs,
                          moved)
@@ -137,11 +138,16 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
     ordered, factories = _planned(("input_layer", prefix, bool(trainable)), feature_columns,
                                   lambda: _input_layer_plan(feature_columns, prefix, trainable))
     builder = _builder(features)
-    modules, tensors = [], []
+    modules, tensors, shared = [], [], {}
     for column, (name, factory) in zip(ordered, factories):
         variables = None
-        if factory is not None:
+        if isinstance(column, SharedEmbeddingColumn):
+            variables = shared.get(name)
+            if variables is None:
+                variables = shared[name] = _variables(_shared_name(name, column), factory)
+        elif factory is not None:
             variables = _variables(name, factory)
+        if variables is not None:
             modules.append(variables)
         if cols_to_vars is not None:
             cols_to_vars[column] = list(variables.parameters()) if variables is not None else []
@@ -152,6 +158,17 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
     if cols_to_output_tensors is not None:
         cols_to_output_tensors.update(zip(ordered, tensors))
     return torch.cat(tensors, 1)
+
+
+def _shared_name(name: str, column) -> str:
+    """Where a shared embedding's table lives: under the first layer of the
+    model that made it (TF's graph collection), else `name` (this layer's)."""
+    try:
+        made = model_scope.current().modules
+    except RuntimeError:
+        return name
+    own = "input_layer/" + column._var_scope_name
+    return next((m for m in made if m == own or m.endswith("/" + own)), name)
 
 
 def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
@@ -271,6 +288,10 @@ def _linear_plan(feature_columns, units: int, trainable) -> tuple:
         if not isinstance(column, (DenseColumn, CategoricalColumn)):
             raise ValueError("Items of feature_columns must be either a DenseColumn or "
                              f"CategoricalColumn. Given: {column}")
+        if isinstance(column, SharedEmbeddingColumn):
+            raise ValueError(f"linear_model: {column.name!r} is a shared embedding column, "
+                             "which linear_model does not take here; give it the categorical "
+                             "column (or an embedding_column)")
     ordered = sorted(columns, key=lambda c: c._var_scope_name)
     trainable = bool(trainable)
     out = []

@@ -21,7 +21,8 @@ _CLASSES = {cls.__name__: cls for cls in (
     _columns.NumericColumn, _columns.BucketizedColumn, _columns.HashedCategoricalColumn,
     _columns.VocabularyListCategoricalColumn, _columns.VocabularyFileCategoricalColumn,
     _columns.IdentityCategoricalColumn, _columns.WeightedCategoricalColumn,
-    _columns.CrossedColumn, _columns.EmbeddingColumn, _columns.IndicatorColumn)}
+    _columns.CrossedColumn, _columns.EmbeddingColumn, _columns.SharedEmbeddingColumn,
+    _columns.IndicatorColumn)}
 _DROPPED = {"initializer"}
 
 
