@@ -12,22 +12,12 @@ import pytest
 import torch
 
 import estimator as est
+from head_data import LABELS, rows
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_heads.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
-LABELS = ["low", "mid", "high"]
 FROZEN = lambda params: torch.optim.SGD(params, lr=0.0)   # noqa: E731
-
-
-def rows(n, seed):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 3)).astype(np.float32)
-    w = np.linspace(0.5, 2.0, n)
-    y2 = np.stack([x @ [1.0, -2.0, 0.5], x[:, 0] * x[:, 1]], 1).astype(np.float32)
-    y1 = (x @ [0.5, 1.0, -1.0]).astype(np.float32)[:, None]
-    words = np.array(LABELS)[np.digitize(x[:, 0], [-0.5, 0.5])]
-    return {"x": x, "w": w}, y2, y1, words
 
 
 def make(name, model_dir):
