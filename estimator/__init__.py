@@ -10,7 +10,7 @@ from . import checkpoint, export, feature_column, metrics, optimizers, summary
 from hooks.model_scope import (get_global_step, get_module, get_optimizer, is_training,
                                 named_tensor)
 from .estimator import Estimator
-from . import data, experimental, inputs, io, losses, serving
+from . import data, experimental, inputs, io, learning_rate_decay, losses, serving
 from .canned import (BaselineClassifier, BaselineRegressor, DNNClassifier,
                      DNNLinearCombinedClassifier, DNNLinearCombinedRegressor, DNNRegressor,
                      LinearClassifier, LinearRegressor, classifier_parse_example_spec,
@@ -34,5 +34,5 @@ __all__ = [
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
     "BaselineClassifier", "BaselineRegressor", "classifier_parse_example_spec",
     "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
-    "data", "experimental", "inputs", "io", "serving",
+    "data", "experimental", "inputs", "io", "learning_rate_decay", "serving",
 ]

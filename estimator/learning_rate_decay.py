@@ -1,0 +1,140 @@
+"""TF1's learning-rate schedules (``tf.compat.v1.train.exponential_decay`` and
+the rest) as functions of the global step, with TF's formulas: each returns
+the learning rate (a float) for the step it is given.
+
+    def model_fn(features, labels, mode, params):
+        ...
+        optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+        lr = est.learning_rate_decay.exponential_decay(
+            0.1, est.get_global_step(), decay_steps=1000, decay_rate=0.96, staircase=True)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return est.EstimatorSpec(mode, loss=loss, train_op=optimizer)
+
+In a `model_fn`, `est.get_global_step()` is the step before this one's
+update, the value TF's graph reads, so the same step gets the same rate. TF
+computes in float32; these in float64 (they agree to float32's precision).
+`noisy_linear_cosine_decay` (random) is not here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from ._checks import is_number
+
+
+def _step(global_step, name: str) -> float:
+    if global_step is None:
+        raise ValueError(f"global_step is required for {name}.")
+    if isinstance(global_step, torch.Tensor):
+        global_step = global_step.item()
+    if not is_number(global_step):
+        raise TypeError(f"{name}: global_step must be a number (est.get_global_step()), got "
+                        f"{type(global_step).__name__}")
+    return float(global_step)
+
+
+def _positive(value, what: str, name: str) -> float:
+    if not is_number(value) or value <= 0:
+        raise ValueError(f"{name}: {what} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _progress(global_step, decay_steps, staircase: bool, name: str) -> float:
+    p = _step(global_step, name) / _positive(decay_steps, "decay_steps", name)
+    return math.floor(p) if staircase else p
+
+
+def exponential_decay(learning_rate, global_step, decay_steps, decay_rate,
+                      staircase: bool = False, name=None) -> float:
+    """`learning_rate * decay_rate ** (global_step / decay_steps)`, the
+    exponent floored when `staircase`."""
+    return learning_rate * decay_rate ** _progress(global_step, decay_steps, staircase,
+                                                   "exponential_decay")
+
+
+def natural_exp_decay(learning_rate, global_step, decay_steps, decay_rate,
+                      staircase: bool = False, name=None) -> float:
+    """`learning_rate * exp(-decay_rate * global_step / decay_steps)`, the
+    ratio floored when `staircase`."""
+    return learning_rate * math.exp(-decay_rate * _progress(global_step, decay_steps, staircase,
+                                                            "natural_exp_decay"))
+
+
+def inverse_time_decay(learning_rate, global_step, decay_steps, decay_rate,
+                       staircase: bool = False, name=None) -> float:
+    """`learning_rate / (1 + decay_rate * global_step / decay_steps)`, the
+    ratio floored when `staircase`."""
+    return learning_rate / (1.0 + decay_rate * _progress(global_step, decay_steps, staircase,
+                                                         "inverse_time_decay"))
+
+
+def piecewise_constant(x, boundaries: Sequence, values: Sequence, name=None):
+    """`values[0]` while `x <= boundaries[0]`, `values[i]` while
+    `boundaries[i-1] < x <= boundaries[i]`, `values[-1]` after the last."""
+    if len(values) != len(boundaries) + 1:
+        raise ValueError("The length of boundaries should be 1 less than the length of values "
+                         f"(got {len(boundaries)} boundaries and {len(values)} values)")
+    if list(boundaries) != sorted(boundaries):
+        raise ValueError(f"piecewise_constant: boundaries must be increasing, got {boundaries}")
+    x = _step(x, "piecewise_constant")
+    for boundary, value in zip(boundaries, values):
+        if x <= boundary:
+            return value
+    return values[-1]
+
+
+def polynomial_decay(learning_rate, global_step, decay_steps, end_learning_rate=0.0001,
+                     power=1.0, cycle: bool = False, name=None) -> float:
+    """From `learning_rate` to `end_learning_rate` over `decay_steps` along
+    `(1 - step / decay_steps) ** power`; then `end_learning_rate`, or with
+    `cycle` again from the top over the next multiple of `decay_steps`."""
+    step = _step(global_step, "polynomial_decay")
+    decay_steps = _positive(decay_steps, "decay_steps", "polynomial_decay")
+    if cycle:
+        decay_steps *= 1.0 if step == 0 else math.ceil(step / decay_steps)
+    else:
+        step = min(step, decay_steps)
+    return (learning_rate - end_learning_rate) * (1.0 - step / decay_steps) ** power \
+        + end_learning_rate
+
+
+def cosine_decay(learning_rate, global_step, decay_steps, alpha=0.0, name=None) -> float:
+    """A half cosine from `learning_rate` down to `alpha * learning_rate` over
+    `decay_steps`, then flat."""
+    decay_steps = _positive(decay_steps, "decay_steps", "cosine_decay")
+    step = min(_step(global_step, "cosine_decay"), decay_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * step / decay_steps))
+    return learning_rate * ((1.0 - alpha) * cosine + alpha)
+
+
+def cosine_decay_restarts(learning_rate, global_step, first_decay_steps, t_mul=2.0,
+                          m_mul=1.0, alpha=0.0, name=None) -> float:
+    """SGDR: cosine decays restarting at `learning_rate` (times `m_mul` more
+    each restart), each period `t_mul` times the one before, the first
+    `first_decay_steps` long."""
+    fraction = _step(global_step, "cosine_decay_restarts") / _positive(
+        first_decay_steps, "first_decay_steps", "cosine_decay_restarts")
+    if t_mul == 1.0:
+        restart = math.floor(fraction)
+        fraction -= restart
+    else:
+        restart = math.floor(math.log(1.0 - fraction * (1.0 - t_mul)) / math.log(t_mul))
+        done = (1.0 - t_mul ** restart) / (1.0 - t_mul)
+        fraction = (fraction - done) / t_mul ** restart
+    cosine = 0.5 * m_mul ** restart * (1.0 + math.cos(math.pi * fraction))
+    return learning_rate * ((1.0 - alpha) * cosine + alpha)
+
+
+def linear_cosine_decay(learning_rate, global_step, decay_steps, num_periods=0.5, alpha=0.0,
+                        beta=0.001, name=None) -> float:
+    """`learning_rate * ((alpha + linear) * cosine + beta)`: `linear` from 1
+    to 0 over `decay_steps`, `cosine` over `num_periods` periods."""
+    decay_steps = _positive(decay_steps, "decay_steps", "linear_cosine_decay")
+    step = min(_step(global_step, "linear_cosine_decay"), decay_steps)
+    linear = (decay_steps - step) / decay_steps
+    cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_periods * step / decay_steps))
+    return learning_rate * ((alpha + linear) * cosine + beta)
