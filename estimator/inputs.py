@@ -127,7 +127,7 @@ def pandas_input_fn(x, y=None, batch_size: int = 128, num_epochs: Optional[int] 
         raise TypeError("target_column must be a string type")
     if not (hasattr(x, "columns") and hasattr(x, "index")):
         raise TypeError(f"x must be a pandas DataFrame; got {type(x).__name__}")
-    features = {c: x[c].to_numpy() for c in x.columns}
+    features = {c: x[c].to_numpy(copy=True) for c in x.columns}   # TF copies x too
     labels = None
     if y is not None:
         if not (hasattr(y, "index") and hasattr(y, "to_numpy")):
@@ -138,8 +138,8 @@ def pandas_input_fn(x, y=None, batch_size: int = 128, num_epochs: Optional[int] 
         if not np.array_equal(np.asarray(x.index), np.asarray(y.index)):
             raise ValueError("Index for x and y are mismatched: x's index "
                              f"{_head(x.index)}, y's index {_head(y.index)}")
-        labels = ({c: y[c].to_numpy() for c in y.columns} if hasattr(y, "columns")
-                  else y.to_numpy())
+        labels = ({c: y[c].to_numpy(copy=True) for c in y.columns} if hasattr(y, "columns")
+                  else y.to_numpy(copy=True))
     return _input_fn(len(x), batch_size, num_epochs, shuffle, features, labels)
 
 
