@@ -94,3 +94,39 @@ def test_serialized_and_back():
 def test_errors(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+def _tower_batches(n_batches, size, seed=0):
+    rng = np.random.default_rng(seed)
+    return [({"q": rng.choice(["x", "y", "z"], (size, 2)),
+              "d": rng.choice(["u", "v", "w"], (size, 1))}, rng.integers(0, 2, size))
+            for _ in range(n_batches)]
+
+
+def _concatenated(batches):
+    out = []
+    for a, b in zip(batches[::2], batches[1::2]):
+        out.append(({k: np.concatenate([a[0][k], b[0][k]]) for k in a[0]},
+                    np.concatenate([a[1], b[1]])))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_replicas_train_the_shared_table_as_one_process(tmp_path):
+    """Two towers over one table (the table's module called twice a step)
+    under MirroredStrategy: the same weights as one process on the
+    concatenated batches."""
+    import distribute
+    batches = _tower_batches(8, 6)
+    config = dict(tf_random_seed=2, save_checkpoints_steps=100)
+    two = est.Estimator(_two_towers, config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), train_distribute=distribute.MirroredStrategy(
+            ["cpu:0", "cpu:1"]), **config))
+    two.train(lambda: batches, max_steps=4)
+    one = est.Estimator(_two_towers, config=est.RunConfig(model_dir=str(tmp_path / "one"),
+                                                          **config))
+    one.train(lambda: _concatenated(batches), max_steps=4)
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(two.get_variable_value(name), one.get_variable_value(name),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
