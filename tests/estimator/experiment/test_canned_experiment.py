@@ -68,6 +68,24 @@ def test_a_canned_estimator_runs_from_yaml(workdir):
     assert results["global_step"] == 40 and results["accuracy"] > 0.9
 
 
+def test_in_memory_evaluator_hook_from_yaml(workdir):
+    """TF's InMemoryEvaluatorHook by its bare name: the run's Estimator is
+    given to it, its input_fn is an import path; it evaluates at step 0,
+    every 10 steps and at the end into eval_inmem."""
+    from hooks.event_files import read_scalars
+    text = HEAD.replace("  max_steps: 40\n", "  max_steps: 25\n  hooks:\n"
+                        "    - InMemoryEvaluatorHook: {input_fn: mod.py:input_fn, "
+                        "every_n_iter: 10, name: inmem}\n")
+    path = write(workdir, text + "run_config: {model_dir: run, tf_random_seed: 1}\n")
+    exp = experiment.load(path)
+    estimator = exp.estimator()
+    spec = exp.train_spec(estimator)
+    estimator.train(spec.input_fn, hooks=spec.hooks, max_steps=spec.max_steps)
+    scalars = read_scalars(str(workdir / "run" / "eval_inmem" / "*tfevents*"))
+    assert sorted(scalars) == [0, 10, 20, 25]
+    assert scalars[25]["accuracy"] > scalars[0]["accuracy"]
+
+
 def test_premade_iris_config_reaches_tfs_accuracy(tmp_path, monkeypatch):
     """configs/premade_iris.yaml: TF's premade Iris program as an experiment
     (1000 steps); TF reaches 1.0 on this split (tests/estimator/test_canned.py)."""
