@@ -1,4 +1,5 @@
-"""Streaming metrics (TF: `tf.compat.v1.metrics`).
+"""Streaming metrics (TF: `tf.compat.v1.metrics`; the functions listed in
+`__all__`, checked against TF 2.15).
 
 Used inside a model_fn, which runs once per batch::
 
@@ -42,6 +43,15 @@ __all__ = [
     "mean", "accuracy", "mean_squared_error", "root_mean_squared_error",
     "mean_absolute_error", "precision", "recall", "auc", "precision_at_k",
     "recall_at_k", "precision_at_top_k", "recall_at_top_k",
+    "ConditionCount", "CountsAtThresholds", "PrecisionAtThresholds", "RecallAtThresholds",
+    "SensitivityAtSpecificity", "SpecificityAtSensitivity", "MeanPerClassAccuracy", "MeanIoU",
+    "MeanRelativeError", "MeanCosineDistance", "PercentageBelow",
+    "true_positives", "false_positives", "true_negatives", "false_negatives",
+    "true_positives_at_thresholds", "false_positives_at_thresholds",
+    "true_negatives_at_thresholds", "false_negatives_at_thresholds",
+    "precision_at_thresholds", "recall_at_thresholds", "sensitivity_at_specificity",
+    "specificity_at_sensitivity", "mean_per_class_accuracy", "mean_iou",
+    "mean_relative_error", "mean_cosine_distance", "percentage_below",
 ]
 
 _F64 = torch.float64
@@ -164,8 +174,8 @@ class Metric(torch.nn.Module):
 class Mean(Metric):
     """Weighted mean: total / count (TF: `tf.compat.v1.metrics.mean`)."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, **config):
+        super().__init__(**config)
         self._add_state("total")
         self._add_state("count")
 
@@ -330,6 +340,28 @@ class RecallAtK(PrecisionAtK):
         return _set_counts(labels, idx, self.config["class_id"])
 
 
+def _counts_at_thresholds(labels, predictions, weights, thresholds: torch.Tensor):
+    """Weighted (tp, fn, tn, fp) at each of the sorted float32 `thresholds`
+    (on the labels' device): a prediction is positive when strictly above a
+    threshold, compared in float32; labels cast to bool (TF:
+    `_confusion_matrix_at_thresholds`)."""
+    dev = thresholds.device
+    labels, predictions = _match(labels, predictions, dev)
+    labels, predictions = labels.to(torch.bool), predictions.to(torch.float32)
+    w = _weights(weights, predictions.shape, dev)
+    w = torch.ones(predictions.shape, dtype=_F64, device=dev) if w is None else w
+    n = thresholds.numel()
+    # Bucket b = number of thresholds strictly below the prediction: positive
+    # at thresholds t < b. Weighted histogram per label, then cumulative sums.
+    bucket = torch.searchsorted(thresholds, predictions.reshape(-1).contiguous())
+    hist = torch.zeros(2 * (n + 1), dtype=_F64, device=dev)
+    hist.scatter_add_(0, labels.reshape(-1).long() * (n + 1) + bucket, w.reshape(-1))
+    hist = hist.view(2, n + 1)
+    above = hist.flip(-1).cumsum(-1).flip(-1)[:, 1:]    # weight with bucket > t
+    below = hist.cumsum(-1)[:, :-1]                     # weight with bucket <= t
+    return above[1], below[1], below[0], above[0]
+
+
 class AUC(Metric):
     """Area under the ROC or PR curve from confusion counts at fixed thresholds
     (TF: `metrics.auc`: thresholds `[-1e-7, 1/(n-1), ..., (n-2)/(n-1), 1+1e-7]`,
@@ -374,25 +406,12 @@ class AUC(Metric):
         return t
 
     def update_state(self, labels, predictions, weights=None) -> None:
-        dev = self.device
-        labels, predictions = _match(labels, predictions, dev)
-        labels, predictions = labels.to(torch.bool), predictions.to(torch.float32)
-        w = _weights(weights, predictions.shape, dev)
-        w = torch.ones(predictions.shape, dtype=_F64, device=dev) if w is None else w
-        thr = self._thresholds(dev)
-        n = thr.numel()
-        # Bucket b = number of thresholds strictly below the prediction: positive
-        # at thresholds t < b. Weighted histogram per label, then cumulative sums.
-        bucket = torch.searchsorted(thr, predictions.reshape(-1).contiguous())
-        hist = torch.zeros(2 * (n + 1), dtype=_F64, device=dev)
-        hist.scatter_add_(0, labels.reshape(-1).long() * (n + 1) + bucket, w.reshape(-1))
-        hist = hist.view(2, n + 1)
-        above = hist.flip(-1).cumsum(-1).flip(-1)[:, 1:]    # weight with bucket > t
-        below = hist.cumsum(-1)[:, :-1]                     # weight with bucket <= t
-        self.false_positives += above[0]
-        self.true_negatives += below[0]
-        self.true_positives += above[1]
-        self.false_negatives += below[1]
+        tp, fn, tn, fp = _counts_at_thresholds(labels, predictions, weights,
+                                               self._thresholds(self.device))
+        self.true_positives += tp
+        self.false_negatives += fn
+        self.true_negatives += tn
+        self.false_positives += fp
 
     def result(self) -> torch.Tensor:
         tp, fn = self.true_positives, self.false_negatives
@@ -425,6 +444,239 @@ class AUC(Metric):
                             _div_no_nan(p[:-1], p[1:].clamp(min=0)), torch.ones_like(p[1:]))
         return _div_no_nan(slope * (dtp + intercept * ratio.log()),
                            (tp[1:] + fn[1:]).clamp(min=0)).sum()
+
+
+# -- confusion counts and matrices ---------------------------------------------------------
+_CONDITIONS = {
+    "true_positives": lambda labels, predictions: labels & predictions,
+    "false_positives": lambda labels, predictions: ~labels & predictions,
+    "true_negatives": lambda labels, predictions: ~labels & ~predictions,
+    "false_negatives": lambda labels, predictions: labels & ~predictions,
+}
+
+
+class ConditionCount(Metric):
+    """Weighted count of the examples whose bool-cast label and prediction
+    meet `condition`: "true_positives", "false_positives", "true_negatives"
+    or "false_negatives" (TF: `metrics.true_positives` and the others)."""
+
+    def __init__(self, condition: str):
+        if condition not in _CONDITIONS:
+            raise ValueError(f"condition must be one of {sorted(_CONDITIONS)}, got {condition!r}")
+        super().__init__(condition=condition)
+        self._add_state("count")
+
+    def update_state(self, labels, predictions, weights=None) -> None:
+        labels, predictions = _match(labels, predictions, self.device, torch.bool)
+        hit = _CONDITIONS[self.config["condition"]](labels, predictions)
+        self.count += _wsum(hit, _weights(weights, hit.shape, self.device))
+
+    def result(self) -> torch.Tensor:
+        return self.count
+
+
+class _AtThresholds(Metric):
+    """tp, fn, tn and fp at each of `thresholds` (in their given order)."""
+
+    def __init__(self, points: Sequence[float], **config):
+        thresholds = tuple(float(t) for t in points)
+        if not thresholds:
+            raise ValueError("thresholds must not be empty")
+        super().__init__(**config)
+        order = sorted(range(len(thresholds)), key=thresholds.__getitem__)
+        self._sorted = [thresholds[i] for i in order]
+        self._unsort = sorted(range(len(order)), key=order.__getitem__)
+        self._on = {}                       # device -> (sorted thresholds, unsort index)
+        for name in ("true_positives", "false_negatives", "true_negatives", "false_positives"):
+            self._add_state(name, (len(thresholds),))
+
+    def update_state(self, labels, predictions, weights=None) -> None:
+        dev = self.device
+        if dev not in self._on:
+            self._on[dev] = (torch.tensor(self._sorted, dtype=torch.float32, device=dev),
+                             torch.tensor(self._unsort, dtype=torch.long, device=dev))
+        thresholds, unsort = self._on[dev]
+        tp, fn, tn, fp = _counts_at_thresholds(labels, predictions, weights, thresholds)
+        self.true_positives += tp[unsort]
+        self.false_negatives += fn[unsort]
+        self.true_negatives += tn[unsort]
+        self.false_positives += fp[unsort]
+
+
+class CountsAtThresholds(_AtThresholds):
+    """One of the counts (`condition`, as `ConditionCount`) at each threshold,
+    a prediction being positive when above it (TF: `metrics.true_positives_at_thresholds`
+    and the others)."""
+
+    def __init__(self, thresholds: Sequence[float], condition: str):
+        if condition not in _CONDITIONS:
+            raise ValueError(f"condition must be one of {sorted(_CONDITIONS)}, got {condition!r}")
+        thresholds = tuple(float(t) for t in thresholds)
+        super().__init__(thresholds, thresholds=thresholds, condition=condition)
+
+    def result(self) -> torch.Tensor:
+        return getattr(self, self.config["condition"])
+
+
+class PrecisionAtThresholds(_AtThresholds):
+    """tp / (tp + fp + 1e-7) at each threshold (TF: `metrics.precision_at_thresholds`)."""
+
+    def __init__(self, thresholds: Sequence[float]):
+        thresholds = tuple(float(t) for t in thresholds)
+        super().__init__(thresholds, thresholds=thresholds)
+
+    def result(self) -> torch.Tensor:
+        return self.true_positives / (1e-7 + self.true_positives + self.false_positives)
+
+
+class RecallAtThresholds(PrecisionAtThresholds):
+    """tp / (tp + fn + 1e-7) at each threshold (TF: `metrics.recall_at_thresholds`)."""
+
+    def result(self) -> torch.Tensor:
+        return self.true_positives / (1e-7 + self.true_positives + self.false_negatives)
+
+
+def _curve_thresholds(num_thresholds: int, last: float) -> list:
+    if not isinstance(num_thresholds, int) or num_thresholds < 2:
+        raise ValueError(f"num_thresholds must be an int >= 2, got {num_thresholds!r}")
+    inner = [(i + 1) * 1.0 / (num_thresholds - 1) for i in range(num_thresholds - 2)]
+    return [0.0 - 1e-7] + inner + [last]
+
+
+def _check_rate(value, name: str) -> float:
+    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"`{name}` must be in the range [0, 1]. Currently, `{name}` got "
+                         f"{value!r}.")
+    return float(value)
+
+
+class SensitivityAtSpecificity(_AtThresholds):
+    """The sensitivity at the threshold whose specificity is nearest to
+    `specificity` (the first such; TF: `metrics.sensitivity_at_specificity`)."""
+
+    def __init__(self, specificity: float, num_thresholds: int = 200):
+        self.target = _check_rate(specificity, "specificity")
+        super().__init__(_curve_thresholds(num_thresholds, 1.0 + 1e-7),
+                         specificity=self.target, num_thresholds=num_thresholds)
+
+    def result(self) -> torch.Tensor:
+        tp, fn = self.true_positives, self.false_negatives
+        specificity = self.true_negatives / (self.true_negatives + self.false_positives + 1e-7)
+        i = (specificity - self.target).abs().argmin()
+        return tp[i] / (tp[i] + fn[i] + 1e-7)
+
+
+class SpecificityAtSensitivity(_AtThresholds):
+    """The specificity at the threshold whose sensitivity is nearest to
+    `sensitivity` (the last such; TF: `metrics.specificity_at_sensitivity`,
+    whose last threshold is 1 - 1e-7)."""
+
+    def __init__(self, sensitivity: float, num_thresholds: int = 200):
+        self.target = _check_rate(sensitivity, "sensitivity")
+        super().__init__(_curve_thresholds(num_thresholds, 1.0 - 1e-7),
+                         sensitivity=self.target, num_thresholds=num_thresholds)
+
+    def result(self) -> torch.Tensor:
+        tn, fp = self.true_negatives, self.false_positives
+        sensitivity = self.true_positives / (self.true_positives + self.false_negatives + 1e-7)
+        gap = (sensitivity - self.target).abs()
+        i = (gap == gap.min()).nonzero()[-1, 0]
+        return tn[i] / (tn[i] + fp[i] + 1e-7)
+
+
+def _class_ids(labels, predictions, device, weights):
+    """Flat int64 labels and predictions and their float64 weights (TF
+    reshapes each to [-1])."""
+    labels, predictions = _match(labels, predictions, device, torch.int64)
+    w = _weights(weights, labels.shape, device)
+    w = torch.ones(labels.shape, dtype=_F64, device=device) if w is None else w
+    return labels.reshape(-1), predictions.reshape(-1), w.reshape(-1)
+
+
+def _check_num_classes(num_classes) -> int:
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    return num_classes
+
+
+class MeanPerClassAccuracy(Metric):
+    """The mean over all `num_classes` classes of each class's (weighted)
+    accuracy; a class no label names counts as 0, as in TF
+    (`metrics.mean_per_class_accuracy`)."""
+
+    def __init__(self, num_classes: int):
+        super().__init__(num_classes=_check_num_classes(num_classes))
+        self._add_state("total", (num_classes,))
+        self._add_state("count", (num_classes,))
+
+    def update_state(self, labels, predictions, weights=None) -> None:
+        labels, predictions, w = _class_ids(labels, predictions, self.device, weights)
+        self.total.scatter_add_(0, labels, w)
+        self.count.scatter_add_(0, labels, w * (predictions == labels))
+
+    def result(self) -> torch.Tensor:
+        return _div_no_nan(self.count, self.total.clamp(min=0)).mean()
+
+
+class MeanIoU(Metric):
+    """Mean intersection over union of the classes that occur (as label or
+    prediction) (TF: `metrics.mean_iou`); 0 when none does."""
+
+    def __init__(self, num_classes: int):
+        super().__init__(num_classes=_check_num_classes(num_classes))
+        self._add_state("total_confusion_matrix", (num_classes, num_classes))
+
+    def update_state(self, labels, predictions, weights=None) -> None:
+        labels, predictions, w = _class_ids(labels, predictions, self.device, weights)
+        n = self.config["num_classes"]
+        self.total_confusion_matrix.view(-1).scatter_add_(0, labels * n + predictions, w)
+
+    def result(self) -> torch.Tensor:
+        cm = self.total_confusion_matrix
+        diagonal = cm.diagonal()
+        union = cm.sum(0) + cm.sum(1) - diagonal
+        valid = (union != 0).sum()
+        iou = diagonal / torch.where(union > 0, union, torch.ones_like(union))
+        return torch.where(valid > 0, iou.sum() / valid.clamp(min=1), torch.zeros_like(iou.sum()))
+
+
+class MeanRelativeError(Mean):
+    """Mean of |labels - predictions| / normalizer, 0 where the normalizer is
+    0 (TF: `metrics.mean_relative_error`)."""
+
+    def update_state(self, labels, predictions, normalizer, weights=None) -> None:
+        labels, predictions = _match(labels, predictions, self.device, _F64)
+        normalizer = _as(normalizer, self.device, _F64)
+        if normalizer.dim() == predictions.dim() + 1 and normalizer.shape[-1] == 1:
+            normalizer = normalizer.squeeze(-1)
+        error = (labels - predictions).abs() / torch.where(normalizer == 0, 1.0, normalizer)
+        self._accumulate(torch.where(normalizer == 0, 0.0, error), weights)
+
+
+class MeanCosineDistance(Mean):
+    """1 - the mean over examples of sum(labels * predictions) along `dim`
+    (unit vectors: their cosine distance; TF: `metrics.mean_cosine_distance`)."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim=dim)
+
+    def update_state(self, labels, predictions, weights=None) -> None:
+        labels, predictions = _match(labels, predictions, self.device, _F64)
+        self._accumulate((labels * predictions).sum(self.config["dim"], keepdim=True), weights)
+
+    def result(self) -> torch.Tensor:
+        return 1.0 - super().result()
+
+
+class PercentageBelow(Mean):
+    """The (weighted) fraction of values below `threshold` (TF: `metrics.percentage_below`)."""
+
+    def __init__(self, threshold: float):
+        super().__init__(threshold=threshold)
+
+    def update_state(self, values, weights=None) -> None:
+        values = _as(values, self.device)
+        self._accumulate((values < self.config["threshold"]).to(_F64), weights)
 
 
 # -- the tf.compat.v1.metrics functions ------------------------------------------------
@@ -533,3 +785,127 @@ def recall_at_top_k(labels, predictions_idx, k=None, class_id=None, weights=None
     return _streaming(name or _at_k_name("recall", k, class_id), RecallAtK,
                       (labels, predictions_idx, weights), k=k, class_id=class_id,
                       indices=True)
+
+
+def _count(condition: str, labels, predictions, weights, name) -> ConditionCount:
+    return _streaming(name or condition, ConditionCount, (labels, predictions, weights),
+                      condition=condition)
+
+
+def true_positives(labels, predictions, weights=None, name=None) -> ConditionCount:
+    """TF: `tf.compat.v1.metrics.true_positives` (inputs cast to bool)."""
+    return _count("true_positives", labels, predictions, weights, name)
+
+
+def false_positives(labels, predictions, weights=None, name=None) -> ConditionCount:
+    """TF: `tf.compat.v1.metrics.false_positives` (inputs cast to bool)."""
+    return _count("false_positives", labels, predictions, weights, name)
+
+
+def true_negatives(labels, predictions, weights=None, name=None) -> ConditionCount:
+    """TF: `tf.compat.v1.metrics.true_negatives` (inputs cast to bool)."""
+    return _count("true_negatives", labels, predictions, weights, name)
+
+
+def false_negatives(labels, predictions, weights=None, name=None) -> ConditionCount:
+    """TF: `tf.compat.v1.metrics.false_negatives` (inputs cast to bool)."""
+    return _count("false_negatives", labels, predictions, weights, name)
+
+
+def _count_at(condition: str, labels, predictions, thresholds, weights,
+              name) -> CountsAtThresholds:
+    return _streaming(name or condition, CountsAtThresholds, (labels, predictions, weights),
+                      thresholds=tuple(float(t) for t in thresholds), condition=condition)
+
+
+def true_positives_at_thresholds(labels, predictions, thresholds, weights=None,
+                                 name=None) -> CountsAtThresholds:
+    """TF: `tf.compat.v1.metrics.true_positives_at_thresholds` (predictions in
+    [0, 1], positive when above a threshold; TF's default name `true_positives`)."""
+    return _count_at("true_positives", labels, predictions, thresholds, weights, name)
+
+
+def false_positives_at_thresholds(labels, predictions, thresholds, weights=None,
+                                  name=None) -> CountsAtThresholds:
+    """TF: `tf.compat.v1.metrics.false_positives_at_thresholds`."""
+    return _count_at("false_positives", labels, predictions, thresholds, weights, name)
+
+
+def true_negatives_at_thresholds(labels, predictions, thresholds, weights=None,
+                                 name=None) -> CountsAtThresholds:
+    """TF: `tf.compat.v1.metrics.true_negatives_at_thresholds`."""
+    return _count_at("true_negatives", labels, predictions, thresholds, weights, name)
+
+
+def false_negatives_at_thresholds(labels, predictions, thresholds, weights=None,
+                                  name=None) -> CountsAtThresholds:
+    """TF: `tf.compat.v1.metrics.false_negatives_at_thresholds`."""
+    return _count_at("false_negatives", labels, predictions, thresholds, weights, name)
+
+
+def precision_at_thresholds(labels, predictions, thresholds, weights=None,
+                            name=None) -> PrecisionAtThresholds:
+    """TF: `tf.compat.v1.metrics.precision_at_thresholds`."""
+    return _streaming(name or "precision_at_thresholds", PrecisionAtThresholds,
+                      (labels, predictions, weights),
+                      thresholds=tuple(float(t) for t in thresholds))
+
+
+def recall_at_thresholds(labels, predictions, thresholds, weights=None,
+                         name=None) -> RecallAtThresholds:
+    """TF: `tf.compat.v1.metrics.recall_at_thresholds`."""
+    return _streaming(name or "recall_at_thresholds", RecallAtThresholds,
+                      (labels, predictions, weights),
+                      thresholds=tuple(float(t) for t in thresholds))
+
+
+def sensitivity_at_specificity(labels, predictions, specificity, weights=None,
+                               num_thresholds=200, name=None) -> SensitivityAtSpecificity:
+    """TF: `tf.compat.v1.metrics.sensitivity_at_specificity`."""
+    return _streaming(name or "sensitivity_at_specificity", SensitivityAtSpecificity,
+                      (labels, predictions, weights), specificity=specificity,
+                      num_thresholds=num_thresholds)
+
+
+def specificity_at_sensitivity(labels, predictions, sensitivity, weights=None,
+                               num_thresholds=200, name=None) -> SpecificityAtSensitivity:
+    """TF: `tf.compat.v1.metrics.specificity_at_sensitivity`."""
+    return _streaming(name or "specificity_at_sensitivity", SpecificityAtSensitivity,
+                      (labels, predictions, weights), sensitivity=sensitivity,
+                      num_thresholds=num_thresholds)
+
+
+def mean_per_class_accuracy(labels, predictions, num_classes, weights=None,
+                            name=None) -> MeanPerClassAccuracy:
+    """TF: `tf.compat.v1.metrics.mean_per_class_accuracy` (TF's default name
+    `mean_accuracy`)."""
+    return _streaming(name or "mean_accuracy", MeanPerClassAccuracy,
+                      (labels, predictions, weights), num_classes=num_classes)
+
+
+def mean_iou(labels, predictions, num_classes, weights=None, name=None) -> MeanIoU:
+    """TF: `tf.compat.v1.metrics.mean_iou`."""
+    return _streaming(name or "mean_iou", MeanIoU, (labels, predictions, weights),
+                      num_classes=num_classes)
+
+
+def mean_relative_error(labels, predictions, normalizer, weights=None,
+                        name=None) -> MeanRelativeError:
+    """TF: `tf.compat.v1.metrics.mean_relative_error`."""
+    return _streaming(name or "mean_relative_error", MeanRelativeError,
+                      (labels, predictions, normalizer, weights))
+
+
+def mean_cosine_distance(labels, predictions, dim, weights=None,
+                         name=None) -> MeanCosineDistance:
+    """TF: `tf.compat.v1.metrics.mean_cosine_distance` (labels and predictions
+    unit-normalised along `dim`)."""
+    return _streaming(name or "mean_cosine_distance", MeanCosineDistance,
+                      (labels, predictions, weights), dim=dim)
+
+
+def percentage_below(values, threshold, weights=None, name=None) -> PercentageBelow:
+    """TF: `tf.compat.v1.metrics.percentage_below` (TF's default name
+    `percentage_below_threshold`)."""
+    return _streaming(name or "percentage_below_threshold", PercentageBelow,
+                      (values, weights), threshold=threshold)
