@@ -96,3 +96,20 @@ def test_nothing_counted_and_ties():
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_replicas_summed_state_gives_tfs_value(case):
+    """What the SUM all-reduce across replicas relies on: float64 sums whose
+    total over two halves of the rows gives the whole's value."""
+    function, args, kwargs = CASES[case]
+    halves = []
+    for part in (slice(0, 9), slice(9, None)):
+        halves.append(getattr(metrics, function)(
+            **{k: np.asarray(v)[part] for k, v in args.items()}, **kwargs))
+    assert all(b.dtype == torch.float64 for b in halves[0].buffers())
+    merged = type(halves[0])(**halves[0].config)
+    for name, buffer in merged.named_buffers():
+        buffer.copy_(sum(dict(h.named_buffers())[name] for h in halves))
+    np.testing.assert_allclose(merged.result().numpy(), TF["values"][case], rtol=2e-6,
+                               atol=1e-6)
