@@ -105,3 +105,16 @@ def test_ps_coordinator_example_trains_iris(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["accuracy"] >= 0.9 and result["last_loss"] < result["first_loss"], result
+
+
+def test_census_pandas_evaluates_in_memory_while_it_trains(tmp_path):
+    """examples/census_pandas.py: pandas_input_fn and InMemoryEvaluatorHook in
+    TF 1.x's tutorial shape; the last in-memory evaluation is the final one."""
+    import census_pandas
+    from hooks.event_files import read_scalars
+    results = census_pandas.run(str(tmp_path), train_steps=300, every_n_iter=100)
+    scalars = read_scalars(str(tmp_path / "eval_test" / "*tfevents*"))
+    assert sorted(scalars) == [0, 100, 200, 300]
+    assert scalars[300]["accuracy"] == pytest.approx(results["accuracy"], rel=1e-6)
+    assert results["accuracy"] > results["accuracy_baseline"] + 0.02
+    assert scalars[300]["auc"] > scalars[0]["auc"] + 0.05
