@@ -52,6 +52,8 @@ __all__ = [
     "precision_at_thresholds", "recall_at_thresholds", "sensitivity_at_specificity",
     "specificity_at_sensitivity", "mean_per_class_accuracy", "mean_iou",
     "mean_relative_error", "mean_cosine_distance", "percentage_below",
+    "AveragePrecisionAtK", "average_precision_at_k", "sparse_average_precision_at_k",
+    "sparse_average_precision_at_top_k",
 ]
 
 _F64 = torch.float64
@@ -293,6 +295,27 @@ def _set_counts(a: torch.Tensor, b: torch.Tensor, class_id: Optional[int]):
     return (first & in_b).sum(-1), (first & ~in_b).sum(-1)
 
 
+def _top_k(labels, predictions, k, indices: bool, device):
+    """(labels [..., n] as int64, the top-k class ids [..., k], the number of
+    classes or None): `predictions` are scores (ties: the lower id first, as
+    TF's top_k), or with `indices` the ids already."""
+    idx = _as(predictions, device)
+    classes = None if indices or idx.dim() < 1 else idx.shape[-1]
+    if not indices:
+        if idx.dim() < 1 or idx.shape[-1] < k:
+            raise ValueError(f"k={k} exceeds the number of classes of predictions "
+                             f"shape {tuple(idx.shape)}")
+        idx = idx.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+    idx = idx.long()
+    labels = _as(labels, device, torch.long)
+    if labels.dim() == idx.dim() - 1:
+        labels = labels.unsqueeze(-1)
+    if labels.shape[:-1] != idx.shape[:-1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} does not match "
+                         f"predictions shape {tuple(idx.shape)}")
+    return labels, idx, classes
+
+
 class PrecisionAtK(_Ratio):
     """Precision of the top-k predicted classes against the label set (TF:
     `metrics.precision_at_k`; with `indices=True`, `precision_at_top_k`, the
@@ -307,20 +330,8 @@ class PrecisionAtK(_Ratio):
         super().__init__(k=k, class_id=class_id, indices=indices)
 
     def _counts(self, labels, predictions, weights=None):
-        idx = _as(predictions, self.device)
-        if not self.config["indices"]:
-            k = self.config["k"]
-            if idx.dim() < 1 or idx.shape[-1] < k:
-                raise ValueError(f"k={k} exceeds the number of classes of predictions "
-                                 f"shape {tuple(idx.shape)}")
-            idx = idx.sort(dim=-1, descending=True, stable=True).indices[..., :k]
-        idx = idx.long()
-        labels = _as(labels, self.device, torch.long)
-        if labels.dim() == idx.dim() - 1:
-            labels = labels.unsqueeze(-1)
-        if labels.shape[:-1] != idx.shape[:-1]:
-            raise ValueError(f"labels shape {tuple(labels.shape)} does not match "
-                             f"predictions shape {tuple(idx.shape)}")
+        labels, idx, _ = _top_k(labels, predictions, self.config["k"], self.config["indices"],
+                                self.device)
         tp, other = self._sets(labels, idx)
         w = _weights(weights, tp.shape, self.device)
         return _wsum(tp, w), _wsum(other, w)
@@ -338,6 +349,41 @@ class RecallAtK(PrecisionAtK):
 
     def _sets(self, labels, idx):
         return _set_counts(labels, idx, self.config["class_id"])
+
+
+class AveragePrecisionAtK(Metric):
+    """The mean over examples of the average precision of the top-k predicted
+    classes against the label set: the sum of precision@i at each relevant
+    rank i, over min(number of labels in range, k) (TF:
+    `metrics.average_precision_at_k`; with `indices=True`,
+    `sparse_average_precision_at_top_k`, the predictions being the top-k
+    ids). As TF: a label repeated in a row counts once as relevant but each
+    time in the divisor, and a row with no label in range makes it NaN."""
+
+    def __init__(self, k: Optional[int], indices: bool = False):
+        if not indices and (not isinstance(k, int) or k < 1):
+            raise ValueError(f"Invalid k={k!r}. `k` should be >= 1.")
+        super().__init__(k=k, indices=indices)
+        self._add_state("total")
+        self._add_state("max")
+
+    def update_state(self, labels, predictions, weights=None) -> None:
+        labels, idx, classes = _top_k(labels, predictions, self.config["k"],
+                                      self.config["indices"], self.device)
+        if classes is not None:   # ids past the classes are no label (TF's cleaning)
+            labels = torch.where(labels >= classes, -1, labels)
+        k = idx.shape[-1]
+        relevant = (idx.unsqueeze(-1) == labels.unsqueeze(-2)).any(-1).to(_F64)
+        ranks = torch.arange(1, k + 1, dtype=_F64, device=idx.device)
+        precision_sum = (relevant.cumsum(-1) / ranks * relevant).sum(-1)
+        num_relevant = (labels >= 0).sum(-1).clamp(max=k).to(_F64)
+        average_precision = precision_sum / num_relevant
+        w = _weights(weights, average_precision.shape, self.device)
+        self.total += _wsum(average_precision, w)
+        self.max += average_precision.numel() if w is None else w.sum()
+
+    def result(self) -> torch.Tensor:
+        return _div_no_nan(self.total, self.max)
 
 
 def _counts_at_thresholds(labels, predictions, weights, thresholds: torch.Tensor):
@@ -909,3 +955,23 @@ def percentage_below(values, threshold, weights=None, name=None) -> PercentageBe
     `percentage_below_threshold`)."""
     return _streaming(name or "percentage_below_threshold", PercentageBelow,
                       (values, weights), threshold=threshold)
+
+
+def average_precision_at_k(labels, predictions, k, weights=None,
+                           name=None) -> AveragePrecisionAtK:
+    """TF: `tf.compat.v1.metrics.average_precision_at_k` (also
+    `sparse_average_precision_at_k`). `labels`: int class ids (N,) or (N,
+    num_labels); `predictions`: scores (N, C)."""
+    return _streaming(name or f"average_precision_at_{k}", AveragePrecisionAtK,
+                      (labels, predictions, weights), k=k, indices=False)
+
+
+sparse_average_precision_at_k = average_precision_at_k
+
+
+def sparse_average_precision_at_top_k(labels, predictions_idx, weights=None,
+                                      name=None) -> AveragePrecisionAtK:
+    """TF: `tf.compat.v1.metrics.sparse_average_precision_at_top_k` (the
+    predictions are the top-k class ids)."""
+    return _streaming(name or "average_precision_at_top_k", AveragePrecisionAtK,
+                      (labels, predictions_idx, weights), k=None, indices=True)

@@ -25,6 +25,13 @@ _v = _u + 0.5 * _rng.normal(size=(_N, 3))
 UNIT_LABELS = (_u / np.linalg.norm(_u, axis=1, keepdims=True)).astype(np.float32)
 UNIT_PREDICTIONS = (_v / np.linalg.norm(_v, axis=1, keepdims=True)).astype(np.float32)
 THRESHOLDS = [0.0, 0.25, 0.5, 0.9]
+CLASS_SCORES = _rng.normal(size=(_N, 5)).astype(np.float32)
+CLASS_SCORES[4] = 0.0                                              # ties: lower ids first
+LABEL_SETS = _rng.integers(-1, 6, (_N, 3)).astype(np.int64)       # -1, 5: out of range
+LABEL_SETS[:, 0] = _rng.integers(0, 5, _N)                        # each row has a label
+LABEL_SETS[6] = [2, 2, 2]                                          # duplicates
+SOME_WITHOUT = LABEL_SETS.copy()
+SOME_WITHOUT[7] = [-1, 5, -1]                                      # no label in range
 
 _classes = dict(labels=CLASS_LABELS, predictions=CLASS_PREDICTIONS)
 _decisions = dict(labels=BINARY, predictions=DECISIONS)
@@ -70,4 +77,12 @@ CASES = {
         labels=UNIT_LABELS, predictions=UNIT_PREDICTIONS, weights=WEIGHTS[:, None]),
         dict(dim=1)),
     "percentage_below": ("percentage_below", dict(values=TARGETS, **_w), dict(threshold=0.2)),
+    "average_precision_at_3": ("average_precision_at_k", dict(
+        labels=LABEL_SETS, predictions=CLASS_SCORES, **_w), dict(k=3)),
+    "average_precision_at_1_single_label": ("average_precision_at_k", dict(
+        labels=CLASS_LABELS, predictions=CLASS_SCORES), dict(k=1)),
+    "average_precision_at_5": ("average_precision_at_k", dict(
+        labels=LABEL_SETS, predictions=CLASS_SCORES), dict(k=5)),
+    "average_precision_at_2_a_row_without_labels": ("average_precision_at_k", dict(
+        labels=SOME_WITHOUT, predictions=CLASS_SCORES), dict(k=2)),
 }
