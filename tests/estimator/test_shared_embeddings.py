@@ -130,3 +130,21 @@ def test_two_replicas_train_the_shared_table_as_one_process(tmp_path):
     for name in one.get_variable_names():
         np.testing.assert_allclose(two.get_variable_value(name), one.get_variable_value(name),
                                    rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_an_export_over_shared_columns_predicts_as_the_estimator(tmp_path):
+    """The export records the shared columns' transform: served tf.Examples
+    give what Estimator.predict gives."""
+    from estimator.host_transform import example_of
+    sd, sq = columns()
+    estimator = est.DNNClassifier([4], [sd, sq], model_dir=str(tmp_path / "m"))
+    batches = _tower_batches(5, 6)
+    estimator.train(lambda: batches, max_steps=5)
+    spec = fc.make_parse_example_spec([sd, sq])
+    export = estimator.export_saved_model(
+        str(tmp_path / "export"), est.export.build_parsing_serving_input_receiver_fn(spec))
+    rows = {"q": [["x", "z"], ["y"], []], "d": [["w"], ["u", "v"], ["v"]]}
+    expected = np.stack([p["logistic"] for p in estimator.predict(lambda: [rows])])
+    examples = [example_of({k: v[i] for k, v in rows.items()}, spec) for i in range(3)]
+    served = est.export.load(export).signatures["predict"](examples=examples)
+    np.testing.assert_allclose(served["logistic"].numpy(), expected, rtol=1e-5, atol=1e-6)
