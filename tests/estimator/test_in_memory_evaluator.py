@@ -116,3 +116,21 @@ def test_on_two_local_replicas_the_metrics_cover_the_whole_input(tmp_path):
     one = make(tmp_path).evaluate(EVAL, name="one")               # one process, checkpoint 8
     assert scalars[8]["mae"] == pytest.approx(one["mae"], rel=1e-5)
     assert scalars[8]["loss"] == pytest.approx(one["loss"], rel=1e-5)
+
+
+def test_early_stopping_reads_its_evaluations(tmp_path):
+    """TF's pattern: an early-stopping hook reading the in-memory evaluations
+    from the eval dir. Learning rate 0: the loss never decreases, so training
+    stops once 20 steps passed without a decrease, far before max_steps."""
+    def frozen(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        loss = ((net(features["x"]).squeeze(-1) - labels) ** 2).mean()
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.0)))
+    estimator = est.Estimator(frozen, model_dir=str(tmp_path))
+    evaluator = est.experimental.InMemoryEvaluatorHook(estimator, EVAL, every_n_iter=10)
+    stop = est.experimental.stop_if_no_decrease_hook(
+        estimator, "loss", max_steps_without_decrease=20, run_every_secs=None,
+        run_every_steps=5)
+    estimator.train(TRAIN, max_steps=500, hooks=[evaluator, stop])
+    assert 20 <= estimator.get_variable_value("global_step") <= 30
