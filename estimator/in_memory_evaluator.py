@@ -12,17 +12,22 @@ this `train` call, and one at the end; each evaluates the training's current
 weights (no checkpoint is written or read), logs its results and writes them
 to `estimator.eval_dir(name)` at the training's global step. Training goes on
 as if it had not evaluated: its modules stay in train mode and its random
-state is unchanged. Single machine only (TF's rule: no ps, one worker); under
+state is unchanged. When training is preempted (SIGTERM/SIGINT) the final
+evaluation is skipped, so the preemption checkpoint is not delayed by it.
+Single machine only (TF's rule: no ps, one worker); under
 a local MirroredStrategy every replica evaluates its share of the input and the
 metrics are reduced over the replicas, as `evaluate` does.
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable, Optional
 
 from hooks.session_run_hook import SessionRunHook, check_hooks
 
 from . import _checks
+
+logger = logging.getLogger(__name__)
 
 
 class InMemoryEvaluatorHook(SessionRunHook):
@@ -58,6 +63,10 @@ class InMemoryEvaluatorHook(SessionRunHook):
             self._evaluate(run_context.session)
 
     def end(self, session):
+        if session.preempted:   # the preemption checkpoint waits for the hooks' end
+            logger.warning("Skipping the final in-memory evaluation: training was preempted "
+                           "(%s); the checkpoint is saved next", session.preempted)
+            return
         self._evaluate(session)
 
     def _evaluate(self, session) -> None:

@@ -71,13 +71,24 @@ class _Session:
     """What hooks receive as `session` (there is no tf.Session): the model scope,
     the global step, the strategy and where the chief writes."""
 
-    def __init__(self, scope, model_dir: Optional[str], is_chief: bool, fetch_last=None):
+    def __init__(self, scope, model_dir: Optional[str], is_chief: bool, fetch_last=None,
+                 preempted: Optional[Callable[[], Optional[str]]] = None):
         self.scope = scope
         self.model_dir = model_dir
         self.is_chief = is_chief
         self.diverged_at_step: Optional[int] = None  # set by NanTensorHook: save no checkpoint
         self._fetch_last = fetch_last
+        self._preempted = preempted or (lambda: None)
         self._runs = 0   # steps run in this session (hooks' iteration count)
+
+    @property
+    def preempted(self) -> Optional[str]:
+        """Why the session is stopping early, when a SIGTERM/SIGINT made it
+        (the signal's name, or "a peer's signal"), else None. The hooks' `end`
+        runs before the preemption checkpoint is saved: one that would do
+        slow work (an evaluation) should skip it then, or the grace period
+        before the kill may run out first."""
+        return self._preempted()
 
     def run(self, fetches, feed_dict: Optional[dict] = None):
         """The host values of `fetches` (a name, a list or dict of names) as the
@@ -113,7 +124,8 @@ class MonitoredSession:
         self._hooks: List[SessionRunHook] = check_hooks(hooks)
         if is_chief is None:
             is_chief = scope.strategy.extended.should_checkpoint
-        self._session = _Session(scope, model_dir, is_chief, self._fetch_last)
+        self._session = _Session(scope, model_dir, is_chief, self._fetch_last,
+                                 lambda: self.preempted)
         self._last_outputs = _NO_STEP  # the last step's outputs and named tensors,
         self._last_named: dict = {}    # for session.run in hooks (`end`)
         self._train = scope.mode == ModeKeys.TRAIN

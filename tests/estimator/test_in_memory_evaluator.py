@@ -3,6 +3,7 @@ evaluations of the training's current weights during `train`, on a model
 with dropout and batch norm, uneven evaluation batches and float64 input."""
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -134,3 +135,26 @@ def test_early_stopping_reads_its_evaluations(tmp_path):
         run_every_steps=5)
     estimator.train(TRAIN, max_steps=500, hooks=[evaluator, stop])
     assert 20 <= estimator.get_variable_value("global_step") <= 30
+
+
+class _SigtermAt(hooks_lib.SessionRunHook):
+    """Sends this process SIGTERM after the step reaching `step` (a preemption)."""
+
+    def __init__(self, step):
+        self._step = step
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step == self._step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_preemption_skips_the_final_evaluation_and_saves_at_once(tmp_path):
+    """The hooks' `end` runs before the preemption checkpoint is saved: a final
+    evaluation there would spend the grace period before the kill."""
+    estimator = make(tmp_path)
+    hook = est.experimental.InMemoryEvaluatorHook(estimator, EVAL, every_n_iter=100)
+    with pytest.raises(SystemExit) as info:
+        estimator.train(TRAIN, max_steps=50, hooks=[hook, _SigtermAt(7)])
+    assert info.value.code == hooks_lib.PREEMPTION_EXIT_CODE
+    assert estimator.latest_checkpoint().endswith("model.ckpt-7")
+    assert sorted(read_scalars(os.path.join(estimator.eval_dir(), "*tfevents*"))) == [0]
