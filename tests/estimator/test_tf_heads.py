@@ -1,9 +1,11 @@
 """The canned regression and multi-class heads against TF's: models TF 2.15
 trained (a DNNRegressor with label_dimension=2 and a weight column, a
 LinearRegressor, a 3-class DNNClassifier over a label vocabulary with a weight
-column) warm-start here, then evaluate (uneven batches 16 x 3 + 5, float64
-weights) and predict what TF did (recorded by
-tests/support/fixtures/record_tf_heads.py)."""
+column, binary DNNClassifiers with elu and dropout, and with batch norm)
+warm-start here and take one step at learning rate 0, then evaluate (uneven
+batches 16 x 3 + 5, float64 weights) and predict what TF did (recorded by
+tests/support/fixtures/record_tf_heads.py): dropout off, batch norm's
+statistics moved by the step's batch and used in evaluation, as TF's."""
 import json
 import os
 
@@ -32,6 +34,12 @@ def make(name, model_dir):
         "dnn_classifier_3": (lambda: est.DNNClassifier(
             [6], x, model_dir=model_dir, n_classes=3, label_vocabulary=LABELS,
             weight_column="w", optimizer=FROZEN, warm_start_from=warm), 3),
+        "dnn_dropout": (lambda: est.DNNClassifier(
+            [8, 4], x, model_dir=model_dir, activation_fn=torch.nn.functional.elu,
+            dropout=0.3, optimizer=FROZEN, warm_start_from=warm), 4),
+        "dnn_batch_norm": (lambda: est.DNNClassifier(   # the statistics too, as recorded
+            [8, 4], x, model_dir=model_dir, batch_norm=True, optimizer=FROZEN,
+            warm_start_from=est.WarmStartSettings(warm, [".*"])), 4),
     }[name]
 
 

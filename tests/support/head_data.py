@@ -7,11 +7,11 @@ LABELS = ["low", "mid", "high"]
 
 def rows(n, seed):
     """Features (x: 3 floats, w: a float64 weight), a 2-d regression target,
-    a 1-d one and a word label."""
+    a 1-d one, a word label and a 0/1 label."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, 3)).astype(np.float32)
     w = np.linspace(0.5, 2.0, n)
     y2 = np.stack([x @ [1.0, -2.0, 0.5], x[:, 0] * x[:, 1]], 1).astype(np.float32)
     y1 = (x @ [0.5, 1.0, -1.0]).astype(np.float32)[:, None]
     words = np.array(LABELS)[np.digitize(x[:, 0], [-0.5, 0.5])]
-    return {"x": x, "w": w}, y2, y1, words
+    return {"x": x, "w": w}, y2, y1, words, (y1[:, 0] > 0).astype(np.int64)
