@@ -191,7 +191,10 @@ class Estimator:
             np.random.seed(seed)
             torch.manual_seed(seed)
         warm = _WarmStarter(self._warm_start_settings) if self._warm_start_settings else None
-        return model_scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm), warm
+        scope = model_scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm)
+        if warm is not None and warm.global_step() is not None:
+            scope.global_step = warm.global_step()
+        return scope, warm
 
     def _train_step_fn(self, batches, strategy) -> Callable:
         """The per-step function: next batch -> model_fn -> apply train_op.

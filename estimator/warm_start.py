@@ -108,7 +108,8 @@ class WarmStartSettings:
       where the shapes say so.
     - `vars_to_warm_start`: a regex (matched from the start, as TF), default
       every module variable; or a list of them (names such as `"net/0/weight"`
-      match themselves), which also reaches optimizer slots, as in TF.
+      match themselves), which also reaches optimizer slots and `global_step`
+      (the run then starts at the checkpoint's step), as in TF.
     - `var_name_to_vocab_info`: {name: VocabInfo} for variables whose
       vocabulary changed (warm-started even when `vars_to_warm_start` is None).
     - `var_name_to_prev_var_name`: {new name: name in the old checkpoint}.
@@ -204,6 +205,19 @@ class _WarmStarter:
         self._names = []              # every module variable offered, in order
         self._renamed, self._remapped = set(), set()
         logger.info("Warm-starting from %s", self.path)
+
+    def global_step(self) -> Optional[int]:
+        """The step a warm-started run starts from: the checkpoint's when
+        `vars_to_warm_start` is a list reaching `global_step` (TF's list form
+        takes every global variable, the step included), else None (0)."""
+        patterns = self._settings.vars_to_warm_start
+        if not isinstance(patterns, (list, tuple)) or "global_step" not in self._variables:
+            return None
+        if not any(re.match(p, "global_step") for p in patterns):
+            return None
+        step = int(self._variables["global_step"].reshape(-1)[0])
+        logger.info("Warm-started global_step from %s: %d", self.path, step)
+        return step
 
     def check_used(self) -> None:
         """TF's check, once the model is built: every renaming and VocabInfo

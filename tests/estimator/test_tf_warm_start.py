@@ -88,7 +88,8 @@ def test_one_more_step_from_tfs_checkpoint_moves_the_weights_as_tf(name, tmp_pat
     }[name]()
     features, labels = make_census(200, 1)
     rows = {k: v[:32] for k, v in features.items()}
-    estimator.train(lambda: [(rows, labels[:32])], max_steps=1)
+    estimator.train(lambda: [(rows, labels[:32])], steps=1)
+    assert estimator.get_variable_value("global_step") == 21   # TF's list form: its step too
     after = TF_EVAL["after_one_step"][name]
     weights = set(after) & set(estimator.get_variable_names()) - {"global_step"}
     assert len(weights) >= 6                        # the model's weights; slots are named apart
@@ -164,7 +165,7 @@ def test_adagrad_and_ftrl_slots_warm_start_when_listed(tmp_path):
             dnn_optimizer=lambda p: torch.optim.Adagrad(p, lr=0.0,
                                                         initial_accumulator_value=0.1),
             warm_start_from=est.WarmStartSettings(prefix, vars_to_warm_start))
-        estimator.train(lambda: [(features, labels)], max_steps=1)
+        estimator.train(lambda: [(features, labels)], steps=1)
         return (estimator.get_variable_value("dnn_optimizer/dnn/logits/kernel/sum"),
                 estimator.get_variable_value(
                     "linear_optimizer/linear/linear_model/gender/weights/accum"))
