@@ -71,3 +71,34 @@ def test_evaluation_and_predictions_are_tfs(name, tmp_path):
             else:
                 np.testing.assert_allclose(mine, np.asarray(value), rtol=1e-5, atol=1e-6,
                                            err_msg=key)
+
+
+with open(os.path.join(FIXTURES, "tf_sparse_combiner.json"), encoding="utf-8") as _f:
+    TF_COMBINER = json.load(_f)
+
+
+@pytest.mark.parametrize("combiner", sorted(TF_COMBINER["models"]))
+def test_linear_sparse_combiners_over_multi_valued_columns_are_tfs(combiner, tmp_path):
+    """LinearClassifier(sparse_combiner=...) over a padded multi-valued string
+    column (repeats, empty rows), a weighted identity column and a cross,
+    from TF's checkpoint (tests/support/fixtures/record_tf_sparse_combiner.py)."""
+    from head_data import TAGS, tag_rows
+    fc = est.feature_column
+    columns = [fc.categorical_column_with_vocabulary_list("tags", TAGS, num_oov_buckets=1),
+               fc.weighted_categorical_column(fc.categorical_column_with_identity("ids", 5),
+                                              "scores"),
+               fc.crossed_column(["tags", "flag"], 11)]
+    estimator = est.LinearClassifier(
+        columns, model_dir=str(tmp_path), sparse_combiner=combiner, optimizer=FROZEN,
+        warm_start_from=os.path.join(FIXTURES, "tf_ckpt", "combiner", combiner))
+    train, eval_ = tag_rows(64, 0), tag_rows(53, 1)
+    estimator.train(est.inputs.numpy_input_fn(train[0], train[1], 16, None, False), steps=1)
+    got = estimator.evaluate(est.inputs.numpy_input_fn(eval_[0], eval_[1], 16, 1, False))
+    recorded = TF_COMBINER["models"][combiner]
+    for key, value in recorded["evaluation"].items():
+        if key != "global_step":
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    few = {k: v[:5] for k, v in eval_[0].items()}
+    probabilities = [p["probabilities"] for p in estimator.predict(
+        est.inputs.numpy_input_fn(few, None, 5, 1, False))]
+    np.testing.assert_allclose(probabilities, recorded["probabilities"], rtol=1e-5, atol=1e-6)

@@ -15,3 +15,21 @@ def rows(n, seed):
     y1 = (x @ [0.5, 1.0, -1.0]).astype(np.float32)[:, None]
     words = np.array(LABELS)[np.digitize(x[:, 0], [-0.5, 0.5])]
     return {"x": x, "w": w}, y2, y1, words, (y1[:, 0] > 0).astype(np.int64)
+
+
+TAGS = ["red", "green", "blue", "grey"]
+
+
+def tag_rows(n, seed):
+    """Multi-valued rows: `tags` 0 to 3 strings a row (a string matrix padded
+    with "", repeats included), `ids` and `scores` (two weighted ids a row),
+    `flag` one string; and 0/1 labels."""
+    rng = np.random.default_rng(seed)
+    words = np.array(TAGS + ["pink"])
+    count = rng.integers(0, 4, n)
+    tags = np.where(np.arange(3) < count[:, None], rng.choice(words, (n, 3)), "")
+    ids = rng.integers(0, 5, (n, 2))
+    scores = rng.uniform(0.5, 2.0, (n, 2)).astype(np.float32)
+    flag = rng.choice(["y", "n"], (n, 1))
+    labels = ((tags == "red").sum(1) + (ids == 2).sum(1) > 0).astype(np.int64)
+    return {"tags": tags, "ids": ids.astype(np.int64), "scores": scores, "flag": flag}, labels
