@@ -53,7 +53,6 @@ __all__ = [
     "specificity_at_sensitivity", "mean_per_class_accuracy", "mean_iou",
     "mean_relative_error", "mean_cosine_distance", "percentage_below",
     "AveragePrecisionAtK", "average_precision_at_k", "sparse_average_precision_at_k",
-    "sparse_average_precision_at_top_k",
 ]
 
 _F64 = torch.float64
@@ -355,23 +354,21 @@ class AveragePrecisionAtK(Metric):
     """The mean over examples of the average precision of the top-k predicted
     classes against the label set: the sum of precision@i at each relevant
     rank i, over min(number of labels in range, k) (TF:
-    `metrics.average_precision_at_k`; with `indices=True`,
-    `sparse_average_precision_at_top_k`, the predictions being the top-k
-    ids). As TF: a label repeated in a row counts once as relevant but each
-    time in the divisor, and a row with no label in range makes it NaN."""
+    `metrics.average_precision_at_k`). As TF: a label repeated in a row
+    counts once as relevant but each time in the divisor, and a row with no
+    label in range makes it NaN."""
 
-    def __init__(self, k: Optional[int], indices: bool = False):
-        if not indices and (not isinstance(k, int) or k < 1):
+    def __init__(self, k: int):
+        if not isinstance(k, int) or k < 1:
             raise ValueError(f"Invalid k={k!r}. `k` should be >= 1.")
-        super().__init__(k=k, indices=indices)
+        super().__init__(k=k)
         self._add_state("total")
         self._add_state("max")
 
     def update_state(self, labels, predictions, weights=None) -> None:
-        labels, idx, classes = _top_k(labels, predictions, self.config["k"],
-                                      self.config["indices"], self.device)
-        if classes is not None:   # ids past the classes are no label (TF's cleaning)
-            labels = torch.where(labels >= classes, -1, labels)
+        labels, idx, classes = _top_k(labels, predictions, self.config["k"], False,
+                                      self.device)
+        labels = torch.where(labels >= classes, -1, labels)   # past the classes: no label
         k = idx.shape[-1]
         relevant = (idx.unsqueeze(-1) == labels.unsqueeze(-2)).any(-1).to(_F64)
         ranks = torch.arange(1, k + 1, dtype=_F64, device=idx.device)
@@ -963,15 +960,7 @@ def average_precision_at_k(labels, predictions, k, weights=None,
     `sparse_average_precision_at_k`). `labels`: int class ids (N,) or (N,
     num_labels); `predictions`: scores (N, C)."""
     return _streaming(name or f"average_precision_at_{k}", AveragePrecisionAtK,
-                      (labels, predictions, weights), k=k, indices=False)
+                      (labels, predictions, weights), k=k)
 
 
 sparse_average_precision_at_k = average_precision_at_k
-
-
-def sparse_average_precision_at_top_k(labels, predictions_idx, weights=None,
-                                      name=None) -> AveragePrecisionAtK:
-    """TF: `tf.compat.v1.metrics.sparse_average_precision_at_top_k` (the
-    predictions are the top-k class ids)."""
-    return _streaming(name or "average_precision_at_top_k", AveragePrecisionAtK,
-                      (labels, predictions_idx, weights), k=None, indices=True)
