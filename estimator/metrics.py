@@ -53,6 +53,7 @@ __all__ = [
     "specificity_at_sensitivity", "mean_per_class_accuracy", "mean_iou",
     "mean_relative_error", "mean_cosine_distance", "percentage_below",
     "AveragePrecisionAtK", "average_precision_at_k", "sparse_average_precision_at_k",
+    "sparse_precision_at_k",
 ]
 
 _F64 = torch.float64
@@ -779,8 +780,8 @@ def recall(labels, predictions, weights=None, name=None) -> Recall:
     return _streaming(name or "recall", Recall, (labels, predictions, weights))
 
 
-def auc(labels, predictions, weights=None, num_thresholds=200, curve="ROC",
-        summation_method="trapezoidal", name=None, thresholds=None) -> AUC:
+def auc(labels, predictions, weights=None, num_thresholds=200, curve="ROC", name=None,
+        summation_method="trapezoidal", thresholds=None) -> AUC:
     """TF: `tf.compat.v1.metrics.auc` (bucketed thresholds; labels cast to bool,
     predictions in [0, 1])."""
     return _streaming(name or "auc", AUC, (labels, predictions, weights),
@@ -803,6 +804,9 @@ def precision_at_k(labels, predictions, k, class_id=None, weights=None,
     return _streaming(name or _at_k_name("precision", k, class_id), PrecisionAtK,
                       (labels, predictions, weights), k=k, class_id=class_id,
                       indices=False)
+
+
+sparse_precision_at_k = precision_at_k     # TF's older name
 
 
 def recall_at_k(labels, predictions, k, class_id=None, weights=None,

@@ -857,14 +857,16 @@ def crossed_column(keys, hash_bucket_size, hash_key=None) -> CrossedColumn:
 
 def embedding_column(categorical_column, dimension, combiner="mean", initializer=None,
                      ckpt_to_load_from=None, tensor_name_in_ckpt=None, max_norm=None,
-                     trainable=True) -> EmbeddingColumn:
+                     trainable=True, use_safe_embedding_lookup=True) -> EmbeddingColumn:
     """Dense embedding of a categorical column (TF: ``embedding_column``): a
     variable ``embedding_weights`` [num_buckets, dimension] combined per
     example by `combiner` ("mean", "sqrtn" or "sum", weighted for a weighted
     column). `initializer(shape)` returns the initial values (default TF's:
     truncated normal, mean 0, stddev 1/sqrt(dimension)). `max_norm` clips each
     looked-up vector to that l2 norm. Loading from a TF checkpoint
-    (`ckpt_to_load_from`) is not supported: warm start instead."""
+    (`ckpt_to_load_from`) is not supported: warm start instead. Lookups are
+    always TF's safe ones (an empty row gives zeros); `use_safe_embedding_lookup`
+    is accepted for TF's signature."""
     if not isinstance(categorical_column, CategoricalColumn):
         raise ValueError("embedding_column needs a categorical column. Given: "
                          f"{categorical_column}")
@@ -905,8 +907,8 @@ def _embedding_arguments(what: str, dimension, combiner, initializer, ckpt_to_lo
 
 def shared_embedding_columns(categorical_columns, dimension, combiner="mean", initializer=None,
                              shared_embedding_collection_name=None, ckpt_to_load_from=None,
-                             tensor_name_in_ckpt=None, max_norm=None,
-                             trainable=True) -> list:
+                             tensor_name_in_ckpt=None, max_norm=None, trainable=True,
+                             use_safe_embedding_lookup=True) -> list:
     """One embedding column per categorical column, all looking up one table
     (TF: ``tf.compat.v1.feature_column.shared_embedding_columns``). The
     columns must be of one type (a weighted column's: its categorical

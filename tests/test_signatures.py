@@ -1,0 +1,32 @@
+"""The TF1 names this project ports take TF's arguments in TF's order (TF
+2.15's signatures, recorded by tests/support/fixtures/record_tf_signatures.py),
+so that a TF1 program's calls port by search and replace."""
+import inspect
+import json
+import os
+
+import pytest
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_signatures.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)["signatures"]
+OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental,
+        "metrics": est.metrics, "learning_rate_decay": est.learning_rate_decay,
+        "feature_column": est.feature_column}
+# Where this project deliberately differs (said in its docs): extra arguments
+# only, after TF's.
+EXTRA = {"estimator.RunConfig": ["random_seed", "experimental_async_checkpoint",
+                                 "experimental_prefetch_batches"],
+         "estimator.EvalSpec": ["checkpoint_policy"],
+         "feature_column.input_layer": ["scope"], "feature_column.linear_model": ["scope"]}
+ABSENT = {"metrics.mean_tensor"}     # said absent in docs/migration.md
+
+
+@pytest.mark.parametrize("name", sorted(set(TF) - ABSENT))
+def test_arguments_are_tfs(name):
+    group, attr = name.split(".", 1)
+    ours = inspect.signature(getattr(OURS[group], attr)).parameters
+    assert [p for p in ours if p not in EXTRA.get(name, [])] == TF[name]
+    assert list(ours)[:len(TF[name])] == TF[name]
