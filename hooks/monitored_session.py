@@ -434,15 +434,16 @@ def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
 _USE_DEFAULT = object()
 
 
-def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, is_chief: Optional[bool] = None,
+def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
+                             checkpoint_dir: Optional[str] = None, scaffold=None,
                              hooks: Iterable[SessionRunHook] = (),
                              chief_only_hooks: Iterable[SessionRunHook] = (),
                              save_checkpoint_secs=_USE_DEFAULT, save_summaries_steps=100,
-                             save_summaries_secs=None, log_step_count_steps=100,
-                             save_checkpoint_steps=None, summary_dir=None,
-                             keep_checkpoint_max=5, strategy=None, scaffold=None, config=None,
-                             stop_grace_period_secs=120, max_wait_secs=7200,
-                             save_graph_def=True) -> MonitoredSession:
+                             save_summaries_secs=None, config=None,
+                             stop_grace_period_secs=120, log_step_count_steps=100,
+                             max_wait_secs=7200, save_checkpoint_steps=None, summary_dir=None,
+                             save_graph_def=True, keep_checkpoint_max=5,
+                             strategy=None) -> MonitoredSession:
     """A training MonitoredSession for a custom loop
     (tf.compat.v1.train.MonitoredTrainingSession).
 
@@ -451,12 +452,13 @@ def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, is_chief: Opt
     `est.get_optimizer`), and on the chief saves checkpoints every
     `save_checkpoint_secs` (default 600) or `save_checkpoint_steps`. `strategy`
     defaults to the current one; `is_chief` to its `should_checkpoint`.
-    `scaffold`, `config`, `stop_grace_period_secs`, `max_wait_secs` and
-    `save_graph_def` are TF's and do nothing here (no graph, no session to
-    create or wait for): setting one logs a warning.
+    TF's arguments in TF's order; `master`, `scaffold`, `config`,
+    `stop_grace_period_secs`, `max_wait_secs` and `save_graph_def` do nothing
+    here (no graph, no session to create or wait for): setting one logs a
+    warning. `keep_checkpoint_max` and `strategy` are this project's.
     """
     ignored = [name for name, value, default in (
-        ("scaffold", scaffold, None), ("config", config, None),
+        ("master", master, ""), ("scaffold", scaffold, None), ("config", config, None),
         ("stop_grace_period_secs", stop_grace_period_secs, 120),
         ("max_wait_secs", max_wait_secs, 7200), ("save_graph_def", save_graph_def, True))
         if value != default]

@@ -8,19 +8,23 @@ import os
 import pytest
 
 import estimator as est
+import hooks
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_signatures.json"), encoding="utf-8") as _f:
     TF = json.load(_f)["signatures"]
 OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental,
         "metrics": est.metrics, "learning_rate_decay": est.learning_rate_decay,
-        "feature_column": est.feature_column}
+        "feature_column": est.feature_column, "hooks": hooks}
 # Where this project deliberately differs (said in its docs): extra arguments
 # only, after TF's.
 EXTRA = {"estimator.RunConfig": ["random_seed", "experimental_async_checkpoint",
                                  "experimental_prefetch_batches"],
          "estimator.EvalSpec": ["checkpoint_policy"],
-         "feature_column.input_layer": ["scope"], "feature_column.linear_model": ["scope"]}
+         "feature_column.input_layer": ["scope"], "feature_column.linear_model": ["scope"],
+         "hooks.MonitoredTrainingSession": ["keep_checkpoint_max", "strategy"],
+         "hooks.GlobalStepWaiterHook": ["timeout_secs", "poll_secs"],
+         "hooks.NanTensorHook": ["every_n_iter"]}
 ABSENT = {"metrics.mean_tensor"}     # said absent in docs/migration.md
 
 
