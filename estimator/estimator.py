@@ -370,9 +370,16 @@ class Estimator:
     # -- export -----------------------------------------------------------------------
     def export_saved_model(self, export_dir_base: str, serving_input_receiver_fn: Callable,
                            assets_extra: Optional[dict] = None, as_text: bool = False,
-                           checkpoint_path: Optional[str] = None) -> str:
+                           checkpoint_path: Optional[str] = None,
+                           experimental_mode: str = ModeKeys.PREDICT) -> str:
         """Export the PREDICT path as a torch.export program in a new
-        `export_dir_base/<timestamp>` directory; returns it (see estimator.export)."""
+        `export_dir_base/<timestamp>` directory; returns it (see estimator.export).
+        TF's `experimental_mode` TRAIN and EVAL exports are not built here."""
+        if experimental_mode != ModeKeys.PREDICT:
+            raise NotImplementedError(
+                f"export_saved_model(experimental_mode={experimental_mode!r}): only "
+                f"{ModeKeys.PREDICT!r} exports are built here (TF's TRAIN/EVAL exports hold "
+                "a graph's training or evaluation ops; there is no graph)")
         from .export import export_saved_model
         return export_saved_model(self, export_dir_base, serving_input_receiver_fn,
                                   assets_extra=assets_extra, as_text=as_text,

@@ -15,7 +15,8 @@ with open(os.path.join(FIXTURES, "tf_signatures.json"), encoding="utf-8") as _f:
     TF = json.load(_f)["signatures"]
 OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental,
         "metrics": est.metrics, "learning_rate_decay": est.learning_rate_decay,
-        "feature_column": est.feature_column, "hooks": hooks}
+        "feature_column": est.feature_column, "hooks": hooks,
+        "estimator_methods": est.Estimator, "exporters": est, "export": est.export}
 # Where this project deliberately differs (said in its docs): extra arguments
 # only, after TF's.
 EXTRA = {"estimator.RunConfig": ["random_seed", "experimental_async_checkpoint",
@@ -24,13 +25,21 @@ EXTRA = {"estimator.RunConfig": ["random_seed", "experimental_async_checkpoint",
          "feature_column.input_layer": ["scope"], "feature_column.linear_model": ["scope"],
          "hooks.MonitoredTrainingSession": ["keep_checkpoint_max", "strategy"],
          "hooks.GlobalStepWaiterHook": ["timeout_secs", "poll_secs"],
-         "hooks.NanTensorHook": ["every_n_iter"]}
+         "hooks.NanTensorHook": ["every_n_iter"],
+         "export.ServingInputReceiver": ["dynamic_batch"]}
 ABSENT = {"metrics.mean_tensor"}     # said absent in docs/migration.md
 
 
 @pytest.mark.parametrize("name", sorted(set(TF) - ABSENT))
 def test_arguments_are_tfs(name):
     group, attr = name.split(".", 1)
-    ours = inspect.signature(getattr(OURS[group], attr)).parameters
+    ours = [p for p in inspect.signature(getattr(OURS[group], attr)).parameters
+            if p != "self"]
     assert [p for p in ours if p not in EXTRA.get(name, [])] == TF[name]
     assert list(ours)[:len(TF[name])] == TF[name]
+
+
+def test_only_predict_exports(tmp_path):
+    with pytest.raises(NotImplementedError, match="only 'infer' exports are built here"):
+        est.Estimator(lambda features, labels, mode: None, model_dir=str(tmp_path)
+                      ).export_saved_model(str(tmp_path), lambda: None, experimental_mode="eval")
