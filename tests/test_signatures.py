@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+import distribute
 import estimator as est
 import hooks
 from paths import FIXTURES
@@ -16,7 +17,8 @@ with open(os.path.join(FIXTURES, "tf_signatures.json"), encoding="utf-8") as _f:
 OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental,
         "metrics": est.metrics, "learning_rate_decay": est.learning_rate_decay,
         "feature_column": est.feature_column, "hooks": hooks,
-        "estimator_methods": est.Estimator, "exporters": est, "export": est.export}
+        "estimator_methods": est.Estimator, "exporters": est, "export": est.export,
+        "distribute": distribute, "distribute.experimental": distribute.experimental}
 # Where this project deliberately differs (said in its docs): extra arguments
 # only, after TF's.
 EXTRA = {"estimator.RunConfig": ["random_seed", "experimental_async_checkpoint",
@@ -26,13 +28,18 @@ EXTRA = {"estimator.RunConfig": ["random_seed", "experimental_async_checkpoint",
          "hooks.MonitoredTrainingSession": ["keep_checkpoint_max", "strategy"],
          "hooks.GlobalStepWaiterHook": ["timeout_secs", "poll_secs"],
          "hooks.NanTensorHook": ["every_n_iter"],
-         "export.ServingInputReceiver": ["dynamic_batch"]}
+         "export.ServingInputReceiver": ["dynamic_batch"],
+         "distribute.MirroredStrategy": ["communication_options"],
+         "distribute.experimental.CentralStorageStrategy": ["communication_options"],
+         "distribute.MultiWorkerMirroredStrategy": ["communication"],
+         "distribute.experimental.ParameterServerStrategy": [
+             "placement", "timeout_secs", "init_timeout_secs"]}
 ABSENT = {"metrics.mean_tensor"}     # said absent in docs/migration.md
 
 
 @pytest.mark.parametrize("name", sorted(set(TF) - ABSENT))
 def test_arguments_are_tfs(name):
-    group, attr = name.split(".", 1)
+    group, attr = name.rsplit(".", 1)
     ours = [p for p in inspect.signature(getattr(OURS[group], attr)).parameters
             if p != "self"]
     assert [p for p in ours if p not in EXTRA.get(name, [])] == TF[name]
