@@ -141,7 +141,11 @@ class CheckpointSaverHook(SessionRunHook):
             listener.begin()
 
     def after_create_session(self, session, coord):
-        self._last_saved = session.global_step
+        # What is on disk already: a session that makes no step (a warm start
+        # past max_steps, a hook stopping at once) still leaves its state
+        # saved at the end, as TF's saver at session start does.
+        latest = checkpoint.latest_checkpoint(self._saver.model_dir)
+        self._last_saved = checkpoint.step_of(latest) if latest else None
         self._timer.update_last_triggered_step(session.global_step)
 
     def after_run(self, run_context, run_values):

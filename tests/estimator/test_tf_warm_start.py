@@ -179,3 +179,20 @@ def test_adagrad_and_ftrl_slots_warm_start_when_listed(tmp_path):
     np.testing.assert_allclose(accum_with - tf_accum, accum_without - 0.1, rtol=1e-4,
                                atol=1e-6)
     assert not np.allclose(tf_sum, 0.1)
+
+
+def test_a_list_warm_start_past_max_steps_still_saves_the_warm_started_model(tmp_path):
+    """TF's list form carries the step (20 here); with max_steps below it no
+    step runs, and TF's saver has written the warm-started model at session
+    start: so is it here, at the end."""
+    recorded = TF["canned"]["dnn"]
+    deep, _ = columns()
+    estimator = est.DNNClassifier([8, 4], deep, model_dir=str(tmp_path), warm_start_from=(
+        est.WarmStartSettings(os.path.dirname(os.path.join(FIXTURES, recorded["prefix"])),
+                              [".*"])))
+    features, labels = make_census(50, 1)
+    estimator.train(lambda: [(features, labels)], max_steps=1)
+    assert estimator.latest_checkpoint().endswith("model.ckpt-20")
+    np.testing.assert_array_equal(estimator.get_variable_value("dnn/logits/kernel"),
+                                  np.array(recorded["variables"]["dnn/logits/kernel"]["value"],
+                                           np.float32))
