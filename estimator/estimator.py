@@ -192,8 +192,9 @@ class Estimator:
             torch.manual_seed(seed)
         warm = _WarmStarter(self._warm_start_settings) if self._warm_start_settings else None
         scope = model_scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm)
-        if warm is not None and warm.global_step() is not None:
-            scope.global_step = warm.global_step()
+        step = warm.global_step() if warm is not None else None
+        if step is not None:
+            scope.global_step = step
         return scope, warm
 
     def _train_step_fn(self, batches, strategy) -> Callable:

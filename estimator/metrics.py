@@ -599,14 +599,14 @@ class SensitivityAtSpecificity(_AtThresholds):
     `specificity` (the first such; TF: `metrics.sensitivity_at_specificity`)."""
 
     def __init__(self, specificity: float, num_thresholds: int = 200):
-        self.target = _check_rate(specificity, "specificity")
         super().__init__(_curve_thresholds(num_thresholds, 1.0 + 1e-7),
-                         specificity=self.target, num_thresholds=num_thresholds)
+                         specificity=_check_rate(specificity, "specificity"),
+                         num_thresholds=num_thresholds)
 
     def result(self) -> torch.Tensor:
         tp, fn = self.true_positives, self.false_negatives
         specificity = self.true_negatives / (self.true_negatives + self.false_positives + 1e-7)
-        i = (specificity - self.target).abs().argmin()
+        i = (specificity - self.config["specificity"]).abs().argmin()
         return tp[i] / (tp[i] + fn[i] + 1e-7)
 
 
@@ -616,14 +616,14 @@ class SpecificityAtSensitivity(_AtThresholds):
     whose last threshold is 1 - 1e-7)."""
 
     def __init__(self, sensitivity: float, num_thresholds: int = 200):
-        self.target = _check_rate(sensitivity, "sensitivity")
         super().__init__(_curve_thresholds(num_thresholds, 1.0 - 1e-7),
-                         sensitivity=self.target, num_thresholds=num_thresholds)
+                         sensitivity=_check_rate(sensitivity, "sensitivity"),
+                         num_thresholds=num_thresholds)
 
     def result(self) -> torch.Tensor:
         tn, fp = self.true_negatives, self.false_positives
         sensitivity = self.true_positives / (self.true_positives + self.false_negatives + 1e-7)
-        gap = (sensitivity - self.target).abs()
+        gap = (sensitivity - self.config["sensitivity"]).abs()
         i = (gap == gap.min()).nonzero()[-1, 0]
         return tn[i] / (tn[i] + fp[i] + 1e-7)
 

@@ -24,6 +24,7 @@ transformed once (a canned wide & deep model passes one to both parts).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -160,15 +161,23 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
     return torch.cat(tensors, 1)
 
 
+_SHARED_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # scope -> {name: where}
+
+
 def _shared_name(name: str, column) -> str:
     """Where a shared embedding's table lives: under the first layer of the
-    model that made it (TF's graph collection), else `name` (this layer's)."""
+    model that made it (TF's graph collection), else `name` (this layer's).
+    Found once per model scope, not on every step."""
     try:
-        made = model_scope.current().modules
+        scope = model_scope.current()
     except RuntimeError:
         return name
-    own = "input_layer/" + column._var_scope_name
-    return next((m for m in made if m == own or m.endswith("/" + own)), name)
+    found = _SHARED_NAMES.setdefault(scope, {})
+    if name not in found:
+        own = "input_layer/" + column._var_scope_name
+        found[name] = next((m for m in scope.modules if m == own or m.endswith("/" + own)),
+                           name)
+    return found[name]
 
 
 def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
