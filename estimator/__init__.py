@@ -11,10 +11,11 @@ from hooks.model_scope import (get_global_step, get_module, get_optimizer, is_tr
                                 named_tensor)
 from .estimator import Estimator
 from . import data, experimental, inputs, io, learning_rate_decay, losses, serving
-from .canned import (BaselineClassifier, BaselineRegressor, DNNClassifier,
-                     DNNLinearCombinedClassifier, DNNLinearCombinedRegressor, DNNRegressor,
-                     LinearClassifier, LinearRegressor, classifier_parse_example_spec,
-                     regressor_parse_example_spec)
+from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
+                     DNNClassifier, DNNEstimator, DNNLinearCombinedClassifier,
+                     DNNLinearCombinedEstimator, DNNLinearCombinedRegressor, DNNRegressor,
+                     LinearClassifier, LinearEstimator, LinearRegressor, MultiLabelHead,
+                     classifier_parse_example_spec, regressor_parse_example_spec)
 from .extenders import add_metrics, forward_features
 from .exporter import BestExporter, Exporter, FinalExporter, LatestExporter
 from hooks.mode_keys import ModeKeys
@@ -33,6 +34,8 @@ __all__ = [
     "DNNClassifier", "DNNRegressor", "LinearClassifier", "LinearRegressor",
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
     "BaselineClassifier", "BaselineRegressor", "classifier_parse_example_spec",
+    "DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator",
+    "MultiLabelHead",
     "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
     "data", "experimental", "inputs", "io", "learning_rate_decay", "serving",
 ]

@@ -24,6 +24,7 @@ OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental
 EXTRA = {"estimator.RunConfig": ["random_seed", "experimental_async_checkpoint",
                                  "experimental_prefetch_batches"],
          "estimator.EvalSpec": ["checkpoint_policy"],
+         "estimator.DNNLinearCombinedEstimator": ["warm_start_from"],
          "feature_column.input_layer": ["scope"], "feature_column.linear_model": ["scope"],
          "hooks.MonitoredTrainingSession": ["keep_checkpoint_max", "strategy"],
          "hooks.GlobalStepWaiterHook": ["timeout_secs", "poll_secs"],

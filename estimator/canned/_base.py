@@ -13,6 +13,7 @@ from hooks import model_scope
 from .. import feature_column
 from ..estimator import Estimator
 from ..optimizers import optimizer_factory
+from ._head import Head
 
 
 class CannedEstimator(Estimator):
@@ -21,6 +22,9 @@ class CannedEstimator(Estimator):
     features, so that the model's parts transform each column once."""
 
     def __init__(self, head, model_dir=None, config=None, warm_start_from=None):
+        if not isinstance(head, Head):
+            raise TypeError(f"head must be a head of this library (est.MultiLabelHead(...)), "
+                            f"got {type(head).__name__}")
         self._head = head
         super().__init__(self._canned_model_fn, model_dir=model_dir, config=config,
                          warm_start_from=warm_start_from)

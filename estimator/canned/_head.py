@@ -130,7 +130,7 @@ class Head:
                              "the second value of input_fn")
         labels = self._labels(labels, logits)
         weights = self._weights(features, logits)
-        unreduced = self._unreduced_loss(labels, logits)
+        unreduced = self._unreduced_loss(labels, logits, features)
         loss = compute_weighted_loss(unreduced, weights, self._reduction)
         if mode == ModeKeys.EVAL:
             predictions = self._predictions(logits)
@@ -276,7 +276,7 @@ class ClassificationHead(Head):
             torch._assert_async(((ids >= 0) & (ids <= high)).all(),
                                 f"Labels must be in [0, n_classes - 1] = [0, {high}]")
 
-    def _unreduced_loss(self, labels, logits) -> torch.Tensor:
+    def _unreduced_loss(self, labels, logits, features) -> torch.Tensor:
         if self._n_classes == 2:
             return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype),
                                                       reduction="none")
@@ -330,7 +330,7 @@ class RegressionHead(Head):
         labels = self._label_tensor(labels, logits)
         return self._shaped(labels.to(logits.dtype), logits, self.logits_dimension)
 
-    def _unreduced_loss(self, labels, logits):
+    def _unreduced_loss(self, labels, logits, features):
         return (logits - labels).square()
 
     def _metrics(self, labels, predictions, weights, unreduced):

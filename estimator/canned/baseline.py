@@ -53,6 +53,14 @@ class BaselineClassifier(_Baseline):
         super().__init__(head, model_dir, optimizer, config)
 
 
+class BaselineEstimator(_Baseline):
+    """One learned bias per logit under a given head (TF:
+    ``tf.compat.v1.estimator.BaselineEstimator``), e.g. `MultiLabelHead`."""
+
+    def __init__(self, head, model_dir=None, optimizer="Ftrl", config=None):
+        super().__init__(head, model_dir, optimizer, config)
+
+
 class BaselineRegressor(_Baseline):
     """Predicts the mean label (TF: ``tf.compat.v1.estimator.BaselineRegressor``)."""
 

@@ -156,6 +156,19 @@ class DNNClassifier(_DNN):
                          activation_fn, dropout, config, warm_start_from, batch_norm)
 
 
+class DNNEstimator(_DNN):
+    """A feed-forward network under a given head (TF:
+    ``tf.compat.v1.estimator.DNNEstimator``), e.g. `MultiLabelHead`."""
+
+    def __init__(self, head, hidden_units, feature_columns, model_dir=None,
+                 optimizer="Adagrad", activation_fn=torch.relu, dropout=None,
+                 input_layer_partitioner=None, config=None, warm_start_from=None,
+                 batch_norm=False):
+        del input_layer_partitioner
+        super().__init__(head, hidden_units, feature_columns, model_dir, optimizer,
+                         activation_fn, dropout, config, warm_start_from, batch_norm)
+
+
 class DNNRegressor(_DNN):
     """A feed-forward regressor (TF: ``tf.compat.v1.estimator.DNNRegressor``)."""
 

@@ -100,6 +100,23 @@ class DNNLinearCombinedClassifier(_DNNLinearCombined):
                          linear_sparse_combiner)
 
 
+class DNNLinearCombinedEstimator(_DNNLinearCombined):
+    """Wide & deep under a given head (TF:
+    ``tf.compat.v1.estimator.DNNLinearCombinedEstimator``), e.g. `MultiLabelHead`.
+    `warm_start_from`, after TF's arguments, is ours (TF's has none)."""
+
+    def __init__(self, head, model_dir=None, linear_feature_columns=None,
+                 linear_optimizer="Ftrl", dnn_feature_columns=None, dnn_optimizer="Adagrad",
+                 dnn_hidden_units=None, dnn_activation_fn=torch.relu, dnn_dropout=None,
+                 input_layer_partitioner=None, config=None, batch_norm=False,
+                 linear_sparse_combiner="sum", warm_start_from=None):
+        del input_layer_partitioner
+        super().__init__(head, model_dir, linear_feature_columns, linear_optimizer,
+                         dnn_feature_columns, dnn_optimizer, dnn_hidden_units,
+                         dnn_activation_fn, dnn_dropout, config, warm_start_from, batch_norm,
+                         linear_sparse_combiner)
+
+
 class DNNLinearCombinedRegressor(_DNNLinearCombined):
     """Wide & deep regressor (TF: ``tf.compat.v1.estimator.DNNLinearCombinedRegressor``)."""
 

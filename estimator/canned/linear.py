@@ -90,6 +90,17 @@ class LinearClassifier(_Linear):
                          warm_start_from, sparse_combiner)
 
 
+class LinearEstimator(_Linear):
+    """A linear model under a given head (TF: ``tf.compat.v1.estimator.LinearEstimator``),
+    e.g. `MultiLabelHead`."""
+
+    def __init__(self, head, feature_columns, model_dir=None, optimizer="Ftrl", config=None,
+                 partitioner=None, sparse_combiner="sum", warm_start_from=None):
+        del partitioner
+        super().__init__(head, feature_columns, model_dir, optimizer, config,
+                         warm_start_from, sparse_combiner)
+
+
 class LinearRegressor(_Linear):
     """A linear regressor (TF: ``tf.compat.v1.estimator.LinearRegressor``)."""
 

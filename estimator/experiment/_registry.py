@@ -78,12 +78,20 @@ def _is_estimator(name, obj):
     return inspect.isclass(obj) and issubclass(obj, base) and obj is not base
 
 
+def _is_head(name, obj):
+    """A head of the estimator package (est.MultiLabelHead), for `head:` of a
+    head-taking canned estimator."""
+    return (inspect.isclass(obj) and name.endswith("Head") and not name.startswith("_")
+            and obj.__module__.split(".")[0] == "estimator")
+
+
 KINDS: Dict[str, _Kind] = {
     "strategy": _Kind("strategy", ("distribute",), _is_subclass("distribute", "Strategy")),
     "hook": _Kind("hook", ("hooks", "estimator", "estimator.experimental"), _is_hook),
     "exporter": _Kind("exporter", ("estimator", "estimator.exporter"), _is_exporter),
     "saving_listener": _Kind("saving listener", ("hooks",), _is_listener),
     "estimator": _Kind("estimator", ("estimator",), _is_estimator),
+    "head": _Kind("head", ("estimator",), _is_head),
     "cross_device_ops": _Kind("cross-device ops", ("distribute",),
                               _is_subclass("distribute", "CrossDeviceOps")),
 }

@@ -177,7 +177,8 @@ class _Component(_Type):
                         "saving_listener": "{package.module:MyListener: {}}",
                         "estimator": "{DNNClassifier: {hidden_units: [10, 10], "
                                      "feature_columns: pkg.mod:feature_columns}}",
-                        "cross_device_ops": "NcclAllReduce"}.get(kind, "Name")
+                        "cross_device_ops": "NcclAllReduce",
+                        "head": "{MultiLabelHead: {n_classes: 3}}"}.get(kind, "Name")
 
     def check(self, value, ctx, path):
         return ctx.component(path, value, self)
@@ -426,6 +427,9 @@ class _Checker:
                 shown = self.resolve_ref(apath, val, "feature_columns")
                 fn = self.objects.pop(apath, None)
                 val = _INVALID if fn is None else _Built(fn, val, {}, (), apath)
+            elif ctype.kind == "estimator" and arg == "head":
+                shown = self.component(apath, val, _Component("head"))
+                val = self.objects.get(apath, _INVALID)
             elif arg in _DEVICE_ARGS and val is not None:
                 val = shown = self.devices(apath, val)
             elif arg == "cross_device_ops" and val is not None and "cross_device_ops" in \

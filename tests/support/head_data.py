@@ -33,3 +33,16 @@ def tag_rows(n, seed):
     flag = rng.choice(["y", "n"], (n, 1))
     labels = ((tags == "red").sum(1) + (ids == 2).sum(1) > 0).astype(np.int64)
     return {"tags": tags, "ids": ids.astype(np.int64), "scores": scores, "flag": flag}, labels
+
+
+def multi_label_rows(n, seed):
+    """Features (x: 3 floats, w: a float64 weight) and each row's labels of
+    three classes: multi-hot ids [n, 3] (rows with none and with all three)
+    and the same as words (`LABELS`), a string matrix padded with ""."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    w = np.linspace(0.5, 2.0, n)
+    hot = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0.3, x[:, 0] * x[:, 2] > 0.2], 1)
+    words = np.where(hot, np.array(LABELS), "")
+    words = np.array([sorted(r, key=lambda v: v == "") for r in words.tolist()])
+    return {"x": x, "w": w}, hot.astype(np.int64), words

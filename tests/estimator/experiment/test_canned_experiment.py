@@ -119,6 +119,14 @@ BAD = [
     ("params with a canned estimator", HEAD + "params: {lr: 0.1}\n",
      "{f}:10: params: a canned estimator takes no params; give its arguments under "
      "estimator: {{Name: {{argument: value}}}}"),
+    ("unknown head", HEAD.replace("LinearClassifier:\n", "LinearEstimator:\n    head: "
+                                  "{MultiLableHead: {n_classes: 2}}\n"),
+     "{f}:3: estimator.LinearEstimator.head.MultiLableHead: unknown head 'MultiLableHead'; did "
+     "you mean 'MultiLabelHead'?"),
+    ("bad head argument", HEAD.replace("LinearClassifier:\n", "LinearEstimator:\n    head: "
+                                       "{MultiLabelHead: {n_class: 2}}\n"),
+     "{f}:3: estimator.LinearEstimator.head.MultiLabelHead.n_class: MultiLabelHead has no "
+     "argument 'n_class'; did you mean 'n_classes'?"),
 ]
 
 
@@ -128,6 +136,46 @@ def test_bad_canned_experiments(workdir, text, expected):
     with pytest.raises(ExperimentError) as info:
         experiment.load(path)
     assert expected.format(f=path) in str(info.value)
+
+
+MULTI_LABEL_MODULE = '''
+import numpy as np
+
+
+def input_fn(mode):
+    x = np.linspace(-1, 1, 64).astype(np.float32)
+    words = np.where(np.stack([x > 0.2, x < -0.2], 1), np.array(["up", "down"]), "")
+    return [({"x": x[i:i + 16]}, words[i:i + 16]) for i in range(0, 64, 16)] * (
+        20 if mode == "train" else 1)
+'''
+
+
+def test_a_head_taking_estimator_from_yaml(workdir):
+    """`head: {MultiLabelHead: {...}}` under DNNEstimator (TF's
+    `DNNEstimator(head=MultiLabelHead(...))`), run by the CLI."""
+    import estimator as est
+    (workdir / "mlmod.py").write_text(MULTI_LABEL_MODULE)
+    text = """estimator:
+  DNNEstimator:
+    head: {MultiLabelHead: {n_classes: 2, label_vocabulary: [up, down], thresholds: [0.5]}}
+    hidden_units: [8]
+    feature_columns: mod.py:columns
+    optimizer: Adam
+train_spec: {input_fn: mlmod.py:input_fn, max_steps: 60}
+eval_spec: {input_fn: mlmod.py:input_fn, throttle_secs: 0}
+run_config: {model_dir: run, tf_random_seed: 1}
+"""
+    path = write(workdir, text)
+    try:
+        exp = experiment.load(path)
+        estimator = exp.estimator()
+        assert type(estimator) is est.DNNEstimator
+        assert cli.main(["run", path, "-q"]) == 0
+        results = exp.estimator().evaluate(lambda: __import__("mlmod").input_fn("eval"))
+    finally:
+        sys.modules.pop("mlmod", None)
+    assert results["global_step"] == 60
+    assert results["accuracy/positive_threshold_0.5"] > 0.9 and results["auc"] > 0.95
 
 
 def test_warm_start_refused_where_tf_refuses_it(workdir):
