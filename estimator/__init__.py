@@ -12,9 +12,10 @@ from hooks.model_scope import (get_global_step, get_module, get_optimizer, is_tr
 from .estimator import Estimator
 from . import data, experimental, inputs, io, learning_rate_decay, losses, serving
 from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
-                     DNNClassifier, DNNEstimator, DNNLinearCombinedClassifier,
+                     BinaryClassHead, DNNClassifier, DNNEstimator, DNNLinearCombinedClassifier,
                      DNNLinearCombinedEstimator, DNNLinearCombinedRegressor, DNNRegressor,
-                     LinearClassifier, LinearEstimator, LinearRegressor, MultiLabelHead,
+                     LinearClassifier, LinearEstimator, LinearRegressor, LogisticRegressionHead,
+                     MultiClassHead, MultiLabelHead, PoissonRegressionHead, RegressionHead,
                      classifier_parse_example_spec, regressor_parse_example_spec)
 from .extenders import add_metrics, forward_features
 from .exporter import BestExporter, Exporter, FinalExporter, LatestExporter
@@ -35,7 +36,8 @@ __all__ = [
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
     "BaselineClassifier", "BaselineRegressor", "classifier_parse_example_spec",
     "DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator",
-    "MultiLabelHead",
+    "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
+    "PoissonRegressionHead", "LogisticRegressionHead",
     "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
     "data", "experimental", "inputs", "io", "learning_rate_decay", "serving",
 ]

@@ -6,6 +6,8 @@ from .dnn import DNNClassifier, DNNEstimator, DNNRegressor
 from .dnn_linear_combined import (DNNLinearCombinedClassifier, DNNLinearCombinedEstimator,
                                   DNNLinearCombinedRegressor)
 from .linear import LinearClassifier, LinearEstimator, LinearRegressor
+from .heads import (BinaryClassHead, LogisticRegressionHead, MultiClassHead,
+                    PoissonRegressionHead, RegressionHead)
 from .multi_label_head import MultiLabelHead
 from .parsing_utils import classifier_parse_example_spec, regressor_parse_example_spec
 
@@ -14,6 +16,7 @@ __all__ = [
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
     "BaselineClassifier", "BaselineRegressor",
     "DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator",
-    "MultiLabelHead",
+    "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
+    "PoissonRegressionHead", "LogisticRegressionHead",
     "classifier_parse_example_spec", "regressor_parse_example_spec",
 ]

@@ -1,6 +1,7 @@
 """The heads of the canned estimators: from logits and labels to the spec of
 each mode (TF1: ``canned/head.py``'s binary logistic, multi-class softmax and
-regression heads).
+regression heads). TF2's heads (`heads`, `multi_label_head`) are these with
+TF2's options (`Head`).
 
 A head makes the predictions (TF's `PredictionKeys`), the loss (per-example
 loss times the weight column, reduced with SUM, TF1's default), the
@@ -23,6 +24,7 @@ with a `label_vocabulary` are strings (a numpy array or a list).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -101,16 +103,91 @@ def _is_strings(labels) -> bool:
     return isinstance(labels, (str, bytes))
 
 
+def _reduction(loss_reduction: str) -> str:
+    """A TF1 loss reduction (`est.losses.Reduction`) or TF2's Keras name
+    (``'sum_over_batch_size'``, ``'sum'``), as `compute_weighted_loss` takes it."""
+    keras = {"sum_over_batch_size": Reduction.SUM_OVER_BATCH_SIZE, "sum": Reduction.SUM}
+    if loss_reduction in keras:
+        return keras[loss_reduction]
+    if loss_reduction not in Reduction.all() or loss_reduction == Reduction.NONE:
+        raise ValueError(f"Invalid loss_reduction: {loss_reduction!r}; one of "
+                         f"'sum_over_batch_size', 'sum' or est.losses.Reduction's")
+    return loss_reduction
+
+
+def _check_thresholds(thresholds) -> tuple:
+    thresholds = tuple(float(t) for t in thresholds or ())
+    for t in thresholds:
+        if not 0.0 < t < 1.0:
+            raise ValueError(f"thresholds must be in (0, 1) range. Given: {t}")
+    return thresholds
+
+
+def _threshold_metrics(key, labels, probabilities, weights, thresholds) -> dict:
+    """TF2's ``accuracy/positive_threshold_<t>``, ``precision/...`` and
+    ``recall/...`` (Keras's BinaryAccuracy, Precision, Recall at `t`) over
+    every (example, class) pair."""
+    ops = {}
+    for t in thresholds:
+        above = (probabilities > t).to(labels.dtype)
+        for name, fn in (("accuracy", metrics.accuracy), ("precision", metrics.precision),
+                         ("recall", metrics.recall)):
+            k = key(f"{name}/positive_threshold_{t:g}")
+            ops[k] = fn(labels, above, weights, name=k)
+    return ops
+
+
 class Head:
-    """What the three heads share: weights, label shape and the spec."""
+    """What the heads share: weights, label shape, the loss and the spec.
+    TF1's canned heads reduce with SUM; TF2's heads (`est.BinaryClassHead`,
+    ...) add a `loss_fn`, a `name` suffixing their metric keys, and compute
+    the precision-recall AUC by interpolation (Keras's AUC) where TF1's sums
+    trapezoids."""
 
     logits_dimension = 1
+    _PR_SUMMATION = "trapezoidal"
 
-    def __init__(self, weight_column=None, loss_reduction: str = Reduction.SUM):
+    def __init__(self, weight_column=None, loss_reduction: str = Reduction.SUM, loss_fn=None,
+                 name: Optional[str] = None):
         self._weight_column = _weight_column(weight_column)
-        if loss_reduction not in Reduction.all() or loss_reduction == Reduction.NONE:
-            raise ValueError(f"Invalid loss_reduction: {loss_reduction}")
-        self._reduction = loss_reduction
+        self._reduction = _reduction(loss_reduction)
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(f"loss_fn must be callable, got {loss_fn!r}")
+        self._loss_fn = loss_fn
+        self._name = name
+
+    @property
+    def name(self) -> Optional[str]:
+        return self._name
+
+    def _key(self, key: str) -> str:
+        """A metric key, suffixed with the head's name (TF2's ``auc/<name>``)."""
+        return f"{key}/{self._name}" if self._name else key
+
+    def _loss(self, labels, logits, features) -> torch.Tensor:
+        """The unreduced loss [batch, n]: the head's own, or TF2's
+        ``loss_fn(labels, logits[, features])``, checked to be [batch, n]
+        ([batch] where n is 1)."""
+        if self._loss_fn is None:
+            return self._unreduced_loss(labels, logits)
+        kwargs = {}
+        if "features" in inspect.signature(self._loss_fn).parameters:
+            kwargs["features"] = features
+        loss = self._loss_fn(labels=labels, logits=logits, **kwargs)
+        if not isinstance(loss, torch.Tensor):
+            raise ValueError(f"loss_fn must return a tensor, got {type(loss).__name__}")
+        n = self._loss_dimension
+        if loss.dim() == 1 and n == 1:
+            loss = loss.unsqueeze(-1)
+        if list(loss.shape) != [logits.shape[0], n]:
+            raise ValueError(f"loss_fn must return a Tensor of shape [batch_size, {n}]"
+                             f"{' (or [batch_size])' if n == 1 else ''}, got "
+                             f"{list(loss.shape)}")
+        return loss
+
+    @property
+    def _loss_dimension(self) -> int:
+        return 1
 
     def create_estimator_spec(self, features, mode, logits, labels=None,
                               train_op_fn: Optional[Callable] = None) -> EstimatorSpec:
@@ -130,7 +207,7 @@ class Head:
                              "the second value of input_fn")
         labels = self._labels(labels, logits)
         weights = self._weights(features, logits)
-        unreduced = self._unreduced_loss(labels, logits, features)
+        unreduced = self._loss(labels, logits, features)
         loss = compute_weighted_loss(unreduced, weights, self._reduction)
         if mode == ModeKeys.EVAL:
             predictions = self._predictions(logits)
@@ -188,8 +265,10 @@ class ClassificationHead(Head):
 
     def __init__(self, n_classes: int = 2, weight_column=None,
                  label_vocabulary: Optional[Sequence[str]] = None,
-                 loss_reduction: str = Reduction.SUM):
-        super().__init__(weight_column, loss_reduction)
+                 loss_reduction: str = Reduction.SUM, thresholds=None, loss_fn=None,
+                 name: Optional[str] = None):
+        super().__init__(weight_column, loss_reduction, loss_fn, name)
+        self._thresholds = _check_thresholds(thresholds)   # (TF2's binary head's)
         self._vocabulary = _check_classes(n_classes, label_vocabulary)
         self._ids = None if self._vocabulary is None else {
             v: i for i, v in enumerate(self._vocabulary)}
@@ -276,7 +355,7 @@ class ClassificationHead(Head):
             torch._assert_async(((ids >= 0) & (ids <= high)).all(),
                                 f"Labels must be in [0, n_classes - 1] = [0, {high}]")
 
-    def _unreduced_loss(self, labels, logits, features) -> torch.Tensor:
+    def _unreduced_loss(self, labels, logits) -> torch.Tensor:
         if self._n_classes == 2:
             return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype),
                                                       reduction="none")
@@ -284,23 +363,29 @@ class ClassificationHead(Head):
 
     # -- metrics ------------------------------------------------------------------
     def _metrics(self, labels, predictions, weights, unreduced) -> dict:
-        class_ids = predictions["class_ids"]
-        ops = {"average_loss": metrics.mean(unreduced, weights, name="average_loss"),
-               "accuracy": metrics.accuracy(labels, class_ids, weights, name="accuracy")}
+        class_ids, key = predictions["class_ids"], self._key
+        ops = {key("average_loss"): metrics.mean(unreduced, weights, name=key("average_loss")),
+               key("accuracy"): metrics.accuracy(labels, class_ids, weights,
+                                                 name=key("accuracy"))}
         if self._n_classes != 2:
             return ops
-        logistic = predictions["logistic"]
+        logistic, pr = predictions["logistic"], self._PR_SUMMATION
         ops.update({
-            "precision": metrics.precision(labels, class_ids, weights, name="precision"),
-            "recall": metrics.recall(labels, class_ids, weights, name="recall"),
-            "prediction/mean": metrics.mean(logistic, weights, name="prediction/mean"),
-            "label/mean": metrics.mean(labels, weights, name="label/mean"),
-            "accuracy_baseline": _streaming("accuracy_baseline", _AccuracyBaseline,
-                                            labels, weights),
-            "auc": metrics.auc(labels, logistic, weights, name="auc"),
-            "auc_precision_recall": metrics.auc(labels, logistic, weights, curve="PR",
-                                                name="auc_precision_recall"),
+            key("precision"): metrics.precision(labels, class_ids, weights,
+                                                name=key("precision")),
+            key("recall"): metrics.recall(labels, class_ids, weights, name=key("recall")),
+            key("prediction/mean"): metrics.mean(logistic, weights,
+                                                 name=key("prediction/mean")),
+            key("label/mean"): metrics.mean(labels, weights, name=key("label/mean")),
+            key("accuracy_baseline"): _streaming(key("accuracy_baseline"), _AccuracyBaseline,
+                                                 labels, weights),
+            key("auc"): metrics.auc(labels, logistic, weights, name=key("auc")),
+            key("auc_precision_recall"): metrics.auc(labels, logistic, weights, curve="PR",
+                                                     summation_method=pr,
+                                                     name=key("auc_precision_recall")),
         })
+        ops.update(_threshold_metrics(key, labels.to(logistic.dtype), logistic, weights,
+                                      self._thresholds))
         return ops
 
 
@@ -308,14 +393,24 @@ class RegressionHead(Head):
     """Mean squared error regression of `label_dimension` values per example."""
 
     def __init__(self, label_dimension: int = 1, weight_column=None,
-                 loss_reduction: str = Reduction.SUM):
-        super().__init__(weight_column, loss_reduction)
+                 loss_reduction: str = Reduction.SUM, loss_fn=None,
+                 inverse_link_fn: Optional[Callable] = None, name: Optional[str] = None):
+        super().__init__(weight_column, loss_reduction, loss_fn, name)
         if not isinstance(label_dimension, int) or label_dimension < 1:
             raise ValueError(f"Invalid label_dimension {label_dimension}.")
+        if inverse_link_fn is not None and not callable(inverse_link_fn):
+            raise ValueError(f"inverse_link_fn must be callable, got {inverse_link_fn!r}")
+        self._inverse_link_fn = inverse_link_fn   # (TF2's: predictions from the logits)
         self.logits_dimension = label_dimension
 
+    @property
+    def _loss_dimension(self) -> int:
+        return self.logits_dimension
+
     def _predictions(self, logits):
-        return {"predictions": logits}
+        if self._inverse_link_fn is None:
+            return {"predictions": logits}
+        return {"predictions": self._inverse_link_fn(logits), "logits": logits}
 
     def _string_predictions(self, predictions):
         return {}
@@ -330,11 +425,11 @@ class RegressionHead(Head):
         labels = self._label_tensor(labels, logits)
         return self._shaped(labels.to(logits.dtype), logits, self.logits_dimension)
 
-    def _unreduced_loss(self, labels, logits, features):
+    def _unreduced_loss(self, labels, logits):
         return (logits - labels).square()
 
     def _metrics(self, labels, predictions, weights, unreduced):
-        value = predictions["predictions"]
-        return {"average_loss": metrics.mean(unreduced, weights, name="average_loss"),
-                "prediction/mean": metrics.mean(value, weights, name="prediction/mean"),
-                "label/mean": metrics.mean(labels, weights, name="label/mean")}
+        value, key = predictions["predictions"], self._key
+        return {key(name): metrics.mean(values, weights, name=key(name)) for name, values in
+                (("average_loss", unreduced), ("prediction/mean", value),
+                 ("label/mean", labels))}

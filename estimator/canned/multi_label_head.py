@@ -27,7 +27,6 @@ with Keras metrics; the values are the same.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Optional, Sequence
 
 import numpy as np
@@ -35,48 +34,31 @@ import torch
 import torch.nn.functional as F
 
 from .. import export, metrics
-from ..losses import Reduction
-from ._head import CLASSIFY, PREDICT, SERVING_DEFAULT, Head, _is_strings
-
-# TF2's loss reductions (Keras's names) and TF1's, as this head takes them.
-_REDUCTIONS = {"sum_over_batch_size": Reduction.SUM_OVER_BATCH_SIZE, "sum": Reduction.SUM,
-               Reduction.SUM_OVER_BATCH_SIZE: Reduction.SUM_OVER_BATCH_SIZE,
-               Reduction.SUM: Reduction.SUM}
+from ._head import (CLASSIFY, PREDICT, SERVING_DEFAULT, Head, _check_thresholds, _is_strings,
+                    _threshold_metrics)
 
 
 class MultiLabelHead(Head):
     """Multi-label classification head (TF: ``tf.estimator.MultiLabelHead``, same
     arguments and defaults)."""
 
+    _PR_SUMMATION = "careful_interpolation"   # (Keras's AUC, as TF2's heads)
+
     def __init__(self, n_classes: int, weight_column=None,
                  thresholds: Optional[Sequence[float]] = None,
                  label_vocabulary: Optional[Sequence[str]] = None,
                  loss_reduction: str = "sum_over_batch_size", loss_fn=None,
                  classes_for_class_based_metrics=None, name: Optional[str] = None):
-        if loss_reduction not in _REDUCTIONS:
-            raise ValueError(f"Invalid loss_reduction: {loss_reduction!r}; one of "
-                             "'sum_over_batch_size', 'sum'")
-        super().__init__(weight_column, _REDUCTIONS[loss_reduction])
+        super().__init__(weight_column, loss_reduction, loss_fn, name)
         if not isinstance(n_classes, int) or isinstance(n_classes, bool) or n_classes < 2:
             raise ValueError(f"n_classes must be > 1 for multi-label classification. "
                              f"Given: {n_classes}")
-        self._thresholds = tuple(float(t) for t in thresholds or ())
-        for t in self._thresholds:
-            if not 0.0 < t < 1.0:
-                raise ValueError(f"thresholds must be in (0, 1) range. Given: {t}")
+        self._thresholds = _check_thresholds(thresholds)
         self._vocabulary = self._check_vocabulary(label_vocabulary, n_classes)
-        if loss_fn is not None and not callable(loss_fn):
-            raise ValueError(f"loss_fn must be callable, got {loss_fn!r}")
-        self._loss_fn = loss_fn
-        self._name = name
         self.logits_dimension = n_classes
         names = self._vocabulary or [str(i) for i in range(n_classes)]
         self._class_names = np.array([n.encode() for n in names], dtype=object)
         self._class_metrics = self._check_classes(classes_for_class_based_metrics)
-
-    @property
-    def name(self) -> Optional[str]:
-        return self._name
 
     @staticmethod
     def _check_vocabulary(vocabulary, n_classes) -> Optional[tuple]:
@@ -111,9 +93,6 @@ class MultiLabelHead(Head):
                                  f"[0, {self.logits_dimension - 1}] or label_vocabulary "
                                  f"words. Given: {c!r}")
         return tuple(out)
-
-    def _key(self, key: str) -> str:
-        return f"{key}/{self._name}" if self._name else key
 
     # -- predictions ------------------------------------------------------------
     def _predictions(self, logits):
@@ -174,26 +153,9 @@ class MultiLabelHead(Head):
                 out[r, index[word]] = 1.0
         return out
 
-    def _unreduced_loss(self, labels, logits, features) -> torch.Tensor:
-        if self._loss_fn is not None:
-            return self._custom_loss(labels, logits, features)
+    def _unreduced_loss(self, labels, logits) -> torch.Tensor:
         per_class = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
         return per_class.mean(-1, keepdim=True)
-
-    def _custom_loss(self, labels, logits, features) -> torch.Tensor:
-        """TF's ``loss_fn(labels, logits[, features])``: [batch, 1] (or [batch])."""
-        kwargs = {}
-        if "features" in inspect.signature(self._loss_fn).parameters:
-            kwargs["features"] = features
-        loss = self._loss_fn(labels=labels, logits=logits, **kwargs)
-        if not isinstance(loss, torch.Tensor):
-            raise ValueError(f"loss_fn must return a tensor, got {type(loss).__name__}")
-        if loss.dim() == 1:
-            loss = loss.unsqueeze(-1)
-        if list(loss.shape) != [logits.shape[0], 1]:
-            raise ValueError(f"loss_fn must return a Tensor of shape [batch_size, 1] (or "
-                             f"[batch_size]), got {list(loss.shape)}")
-        return loss
 
     # -- metrics ------------------------------------------------------------------
     def _metrics(self, labels, predictions, weights, unreduced) -> dict:
@@ -203,14 +165,8 @@ class MultiLabelHead(Head):
                key("auc"): metrics.auc(labels, probabilities, weights, name=key("auc")),
                key("auc_precision_recall"): metrics.auc(
                    labels, probabilities, weights, curve="PR",
-                   summation_method="careful_interpolation",
-                   name=key("auc_precision_recall"))}
-        for t in self._thresholds:
-            above = (probabilities > t).to(labels.dtype)
-            for name, fn in (("accuracy", metrics.accuracy), ("precision", metrics.precision),
-                             ("recall", metrics.recall)):
-                k = key(f"{name}/positive_threshold_{t:g}")
-                ops[k] = fn(labels, above, weights, name=k)
+                   summation_method=self._PR_SUMMATION, name=key("auc_precision_recall"))}
+        ops.update(_threshold_metrics(key, labels, probabilities, weights, self._thresholds))
         for part, i in self._class_metrics:
             k = key(f"probability_mean/{part}")
             ops[k] = metrics.mean(probabilities[:, i], weights, name=k)
@@ -218,5 +174,5 @@ class MultiLabelHead(Head):
             ops[k] = metrics.auc(labels[:, i], probabilities[:, i], weights, name=k)
             k = key(f"auc_precision_recall/{part}")
             ops[k] = metrics.auc(labels[:, i], probabilities[:, i], weights, curve="PR",
-                                 summation_method="careful_interpolation", name=k)
+                                 summation_method=self._PR_SUMMATION, name=k)
         return ops

@@ -46,3 +46,19 @@ def multi_label_rows(n, seed):
     words = np.where(hot, np.array(LABELS), "")
     words = np.array([sorted(r, key=lambda v: v == "") for r in words.tolist()])
     return {"x": x, "w": w}, hot.astype(np.int64), words
+
+
+def v2_labels(data, target):
+    """`rows(...)`'s labels of the TF2-head tests: an index into the rows, or
+    "yes_no" (words), "positive" (0 or 2), "counts" (0 to 4), "fraction" (in
+    [0, 1])."""
+    if target == "yes_no":
+        return np.where(data[4] == 1, "yes", "no")
+    y = data[2][:, 0]
+    if target == "positive":
+        return ((y > 0) * 2.0).astype(np.float32)
+    if target == "counts":
+        return np.clip(np.round(y + 2), 0, 4).astype(np.float32)
+    if target == "fraction":
+        return (1 / (1 + np.exp(-y))).astype(np.float32)
+    return data[target]

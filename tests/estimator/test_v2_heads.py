@@ -1,0 +1,146 @@
+"""TF2's heads (`est.BinaryClassHead`, `MultiClassHead`, `RegressionHead`,
+`PoissonRegressionHead`, `LogisticRegressionHead`) under `DNNEstimator`
+against TF's: DNNEstimators TF 2.15 trained under each
+(tests/support/fixtures/record_tf_v2_heads.py: thresholds, a weight column,
+string labels, SUM reduction, a named head, two label dimensions, an inverse
+link) warm-start here, then evaluate (uneven batches 16 x 3 + 5, float64
+weights) and predict what TF did, and one SGD step from TF's checkpoint moves
+every weight as TF's did."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from head_data import LABELS, rows, v2_labels
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_v2_heads.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+HEADS = {
+    "binary": (lambda: est.BinaryClassHead(weight_column="w", thresholds=[0.3, 0.7]), 4),
+    "binary_vocabulary_sum": (lambda: est.BinaryClassHead(
+        label_vocabulary=["no", "yes"], loss_reduction="sum"), "yes_no"),
+    "multi_class_named": (lambda: est.MultiClassHead(
+        3, weight_column="w", label_vocabulary=LABELS, name="kind"), 3),
+    "regression_2d": (lambda: est.RegressionHead(label_dimension=2, weight_column="w"), 1),
+    "regression_exp": (lambda: est.RegressionHead(inverse_link_fn=torch.exp), "positive"),
+    "poisson": (lambda: est.PoissonRegressionHead(weight_column="w"), "counts"),
+    "logistic_regression": (lambda: est.LogisticRegressionHead(weight_column="w"),
+                            "fraction"),
+}
+
+
+def make(name, model_dir, rate):
+    head, target = HEADS[name]
+    estimator = est.DNNEstimator(
+        head(), [6], [est.feature_column.numeric_column("x", shape=3)], model_dir=model_dir,
+        optimizer=lambda params: torch.optim.SGD(params, lr=rate),
+        warm_start_from=os.path.join(FIXTURES, "tf_ckpt", "v2_heads", name))
+    return estimator, target
+
+
+def first_16(data):
+    return tuple({k: v[:16] for k, v in part.items()} if isinstance(part, dict) else part[:16]
+                 for part in data)
+
+
+def test_every_head_is_recorded():
+    assert sorted(HEADS) == sorted(TF["models"])
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_evaluation_and_predictions_are_tfs(name, tmp_path):
+    recorded = TF["models"][name]
+    estimator, target = make(name, str(tmp_path), 0.0)
+    train, eval_ = first_16(rows(64, 0)), rows(53, 1)
+    estimator.train(est.inputs.numpy_input_fn(train[0], v2_labels(train, target), 16, 1,
+                                              False), steps=1)
+    got = estimator.evaluate(est.inputs.numpy_input_fn(eval_[0], v2_labels(eval_, target),
+                                                       16, 1, False))
+    expected = {k: v for k, v in recorded["evaluation"].items() if k != "global_step"}
+    assert set(got) - {"global_step"} == set(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    few = {k: v[:5] for k, v in eval_[0].items()}
+    predictions = list(estimator.predict(est.inputs.numpy_input_fn(few, None, 5, 1, False)))
+    assert len(predictions) == 5
+    for ours, theirs in zip(predictions, recorded["predictions"]):
+        assert set(ours) == set(theirs)
+        for key, value in theirs.items():
+            mine = np.asarray(ours[key])
+            if mine.dtype.kind in "SUO":
+                assert [v.decode() for v in mine.reshape(-1).tolist()] == value, key
+            else:
+                np.testing.assert_allclose(mine, value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_one_training_step_from_tfs_checkpoint_moves_the_weights_as_tfs(name, tmp_path):
+    estimator, target = make(name, str(tmp_path), 0.1)
+    train = first_16(rows(64, 0))
+    estimator.train(est.inputs.numpy_input_fn(train[0], v2_labels(train, target), 16, 1,
+                                              False), steps=1)
+    for variable, value in TF["models"][name]["after_one_sgd_step"].items():
+        np.testing.assert_allclose(estimator.get_variable_value(variable), value,
+                                   rtol=1e-5, atol=1e-6, err_msg=variable)
+
+
+def test_a_model_fn_hands_its_logits_to_a_head_with_its_own_loss(tmp_path):
+    """TF2's `loss_fn(labels, logits, features)`: its unreduced loss is the
+    one trained and evaluated (here twice the head's own)."""
+    def doubled(labels, logits, features):
+        assert sorted(features) == ["w", "x"]
+        return 2 * torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, labels.float(), reduction="none")
+
+    def model_fn_of(head):
+        def model_fn(features, labels, mode):
+            net = est.get_module("logits", lambda: torch.nn.Linear(3, 1))
+            opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.5))
+            return head.create_estimator_spec(features, mode, net(features["x"]), labels,
+                                              train_op_fn=lambda loss: opt)
+        return model_fn
+    data = rows(64, 0)
+    estimator = est.Estimator(model_fn_of(est.BinaryClassHead(loss_fn=doubled, name="b")),
+                              model_dir=str(tmp_path))
+    estimator.train(est.inputs.numpy_input_fn(data[0], data[4], 16, None, False), steps=30)
+    results = estimator.evaluate(est.inputs.numpy_input_fn(data[0], data[4], 16, 1, False))
+    plain = est.Estimator(model_fn_of(est.BinaryClassHead(name="b")), model_dir=str(tmp_path)
+                          ).evaluate(est.inputs.numpy_input_fn(data[0], data[4], 16, 1, False))
+    assert results["average_loss/b"] == pytest.approx(2 * plain["average_loss/b"])
+    assert results["accuracy/b"] == plain["accuracy/b"] > 0.8
+
+
+@pytest.mark.parametrize("make_head, error", [
+    (lambda: est.MultiClassHead(2), r"n_classes must be > 2: 2 \(BinaryClassHead for two\)"),
+    (lambda: est.BinaryClassHead(thresholds=[0.0]), r"thresholds must be in \(0, 1\)"),
+    (lambda: est.RegressionHead(loss_reduction="none"), "Invalid loss_reduction: 'none'"),
+    (lambda: est.RegressionHead(inverse_link_fn="exp"), "inverse_link_fn must be callable"),
+    (lambda: est.PoissonRegressionHead(label_dimension=0), "Invalid label_dimension 0"),
+])
+def test_bad_arguments_are_named(make_head, error):
+    with pytest.raises(ValueError, match=error):
+        make_head()
+
+
+@pytest.mark.parametrize("head, labels, error", [
+    (est.LogisticRegressionHead(), np.array([[0.5], [1.5]], np.float32),
+     r"Labels must be in range \[0, 1\]; got 1.5"),
+    (est.RegressionHead(label_dimension=2, loss_fn=lambda labels, logits: logits[:, 0]),
+     np.zeros((2, 2), np.float32),
+     r"loss_fn must return a Tensor of shape \[batch_size, 2\], got \[2\]"),
+    (est.BinaryClassHead(), np.array([[0], [2]]), r"Labels must be in \[0, n_classes - 1\]"),
+])
+def test_bad_labels_are_named(head, labels, error, tmp_path):
+    def model_fn(features, labels, mode):
+        net = est.get_module("logits", lambda: torch.nn.Linear(3, head.logits_dimension))
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+        return head.create_estimator_spec(features, mode, net(features["x"]), labels,
+                                          train_op_fn=lambda loss: opt)
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match=error):
+        est.Estimator(model_fn, model_dir=str(tmp_path)).train(
+            lambda: iter([({"x": x}, labels)]), steps=1)
