@@ -254,16 +254,23 @@ class PredictOutput(ExportOutput):
 class ClassificationOutput(ExportOutput):
     """`scores` [batch, classes] and/or `classes` (TF: ClassificationOutput,
     keys `scores` and `classes`; torch has no string tensors, so `classes`
-    here is a tensor, such as class ids)."""
+    here is a tensor, such as class ids). `class_names` (ours): the name of
+    each class id, TF's string classes: the export records them, and
+    `estimator serve` answers with the names, as TF Serving does."""
 
     method_name = "tensorflow/serving/classify"
 
-    def __init__(self, scores=None, classes=None):
+    def __init__(self, scores=None, classes=None, class_names=None):
         if scores is None and classes is None:
             raise ValueError("ClassificationOutput: at least one of scores and classes "
                              "must be set")
+        if class_names is not None and (isinstance(class_names, (str, bytes)) or not all(
+                isinstance(n, str) for n in class_names)):
+            raise ValueError(f"ClassificationOutput: class_names must be a list of str, got "
+                             f"{class_names!r:.100}")
         super().__init__({k: v for k, v in (("scores", scores), ("classes", classes))
                           if v is not None})
+        self.class_names = None if class_names is None else list(class_names)
 
 
 class RegressionOutput(ExportOutput):
@@ -441,7 +448,9 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         predictions = {f"{name}/{key}": t for name, sig in outputs.items()
                        for key, t in sig.items()}
         signatures = {name: {"method_name": output.method_name,
-                             "outputs": _describe(outputs[name], batch_dim)}
+                             "outputs": _describe(outputs[name], batch_dim),
+                             **({"class_names": output.class_names}
+                                if getattr(output, "class_names", None) else {})}
                       for name, output in module.signatures.items()}
     signature = {
         "format": "torch.export",

@@ -12,8 +12,10 @@ when the export has one input), answered by ``{"predictions": [...]}`` (a
 dict per example when the signature has several outputs); `inputs` are
 columns, answered by ``{"outputs": ...}``. `examples` are feature dicts,
 matched to the export's inputs by name; `:classify` answers
-``{"results": [[[class, score], ...], ...]}`` and `:regress`
-``{"results": [value, ...]}``. A bad request gets a 400 with
+``{"result": [[[class, score], ...], ...]}`` (the class names the export
+recorded, or the class ids as strings) and `:regress` ``{"result": [value,
+...]}``; `:predict` on a classification signature answers its `classes`
+with those names too, as TF Serving gives TF's string classes. A bad request gets a 400 with
 ``{"error": "..."}`` naming the field; an unknown model or version a 404.
 
 Given a base directory of timestamped exports, the newest version is
@@ -91,7 +93,8 @@ class Model:
             export.DEFAULT_SERVING_SIGNATURE_DEF_KEY: {"outputs": signature["outputs"]}}
         self.signatures = {name: {"method_name": s.get("method_name",
                                                       "tensorflow/serving/predict"),
-                                  "outputs": [o["name"] for o in s["outputs"]]}
+                                  "outputs": [o["name"] for o in s["outputs"]],
+                                  "class_names": s.get("class_names")}
                            for name, s in described.items()}
         self._lock = threading.Lock()
 
@@ -130,16 +133,16 @@ class Model:
             raise RequestError(f"signature {name!r} has no 'scores' to classify with")
         scores = scores.reshape(len(scores), -1)
         labels = (classes.reshape(len(classes), -1) if classes is not None
-                  else np.tile(np.arange(scores.shape[1]), (len(scores), 1)))
-        return {"results": [[[str(c), float(s)] for c, s in zip(row_c, row_s)]
-                            for row_c, row_s in zip(labels.tolist(), scores.tolist())]}
+                  else self._named(name, np.tile(np.arange(scores.shape[1]), (len(scores), 1))))
+        return {"result": [[[str(c), float(s)] for c, s in zip(row_c, row_s)]
+                           for row_c, row_s in zip(labels.tolist(), scores.tolist())]}
 
     def regress(self, body: dict) -> dict:
         name = self._signature(body, "tensorflow/serving/regress")
         outputs = self._run(name, self._examples(body))
         if "outputs" not in outputs:
             raise RequestError(f"signature {name!r} has no regression 'outputs'")
-        return {"results": outputs["outputs"].reshape(-1).tolist()}
+        return {"result": outputs["outputs"].reshape(-1).tolist()}
 
     # -- helpers ---------------------------------------------------------------------
     def _signature(self, body: dict, method: Optional[str] = None) -> str:
@@ -252,7 +255,18 @@ class Model:
                 outputs = self.loaded.signatures[signature](**tensors)
             except Exception as e:   # the program's own checks (shapes, dtypes)
                 raise RequestError(f"the model rejected the inputs: {e}") from None
-        return {k: v.detach().cpu().numpy() for k, v in outputs.items()}
+        outputs = {k: v.detach().cpu().numpy() for k, v in outputs.items()}
+        if "classes" in outputs:
+            outputs["classes"] = self._named(signature, outputs["classes"])
+        return outputs
+
+    def _named(self, signature: str, ids: np.ndarray) -> np.ndarray:
+        """Class ids as the class names the export recorded for `signature`
+        (TF's string classes); the ids themselves where it recorded none."""
+        names = self.signatures[signature]["class_names"]
+        if not names:
+            return ids
+        return np.asarray(names, dtype=object)[ids.astype(np.int64)]
 
 
 def _strings(name: str, values):

@@ -300,8 +300,9 @@ class ClassificationHead(Head):
 
     def _export_outputs(self, predictions: dict) -> dict:
         numeric = {k: v for k, v in predictions.items() if isinstance(v, torch.Tensor)}
-        classification = export.ClassificationOutput(scores=predictions["probabilities"],
-                                                     classes=predictions["all_class_ids"])
+        classification = export.ClassificationOutput(
+            scores=predictions["probabilities"], classes=predictions["all_class_ids"],
+            class_names=[n.decode() for n in self._class_names])
         outputs = {SERVING_DEFAULT: classification, CLASSIFY: classification,
                    PREDICT: export.PredictOutput(numeric)}
         if self._n_classes == 2:

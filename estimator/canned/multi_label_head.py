@@ -107,7 +107,9 @@ class MultiLabelHead(Head):
         probabilities = numeric["probabilities"]
         ids = torch.arange(self.logits_dimension, dtype=torch.int32,
                            device=probabilities.device).expand(probabilities.shape[0], -1)
-        classification = export.ClassificationOutput(scores=probabilities, classes=ids)
+        classification = export.ClassificationOutput(
+            scores=probabilities, classes=ids,
+            class_names=[n.decode() for n in self._class_names])
         return {SERVING_DEFAULT: classification, CLASSIFY: classification,
                 PREDICT: export.PredictOutput(numeric)}
 

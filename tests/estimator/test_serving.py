@@ -125,13 +125,13 @@ def test_classify_and_regress_equal_estimator_predict(server, exported):
     status, body = _post(url + ":classify", {"examples": examples})
     assert status == 200, body
     probabilities = _predicted(estimator, first, "probabilities")
-    assert [[c for c, _ in r] for r in body["results"]] == [["0", "1"]] * 4
-    np.testing.assert_allclose([[s for _, s in r] for r in body["results"]], probabilities,
+    assert [[c for c, _ in r] for r in body["result"]] == [["0", "1"]] * 4
+    np.testing.assert_allclose([[s for _, s in r] for r in body["result"]], probabilities,
                                rtol=1e-5)
     status, body = _post(url + ":regress", {"signature_name": "regression",
                                             "examples": examples})
     assert status == 200, body
-    np.testing.assert_allclose(body["results"], _predicted(estimator, first, "logistic")[:, 0],
+    np.testing.assert_allclose(body["result"], _predicted(estimator, first, "logistic")[:, 0],
                                rtol=1e-5)
 
 
@@ -221,6 +221,54 @@ def test_census_tfrecord_pipeline_example(tmp_path):
     example = importlib.import_module("examples.census_tfrecord_serving")
     out = example.main(["--workdir", str(tmp_path), "--train_steps", "60"])
     assert out["eval"]["global_step"] == 60 and out["eval"]["auc"] > 0.6
-    probability = out["classify"]["results"][0][1][1]
+    probability = out["classify"]["result"][0][1][1]
     assert probability == pytest.approx(out["predict"]["predictions"][0]["logistic"][0],
                                         rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["three_classes", "multi_label"])
+def test_classify_answers_with_the_class_names_as_tf_serving(tmp_path, kind):
+    """TF Serving answers `:classify` with TF's string classes (the label
+    vocabulary), under the key "result"; `:predict` on the classification
+    signature gives them as `classes` too. A 3-class DNNClassifier and a
+    multi-label DNNEstimator, each over a label vocabulary."""
+    rng = np.random.RandomState(1)
+    x = rng.randn(64, 2).astype(np.float32)
+    features = {"a": x[:, 0], "b": x[:, 1]}
+    columns = [fc.numeric_column("a"), fc.numeric_column("b")]
+    words = ["cat", "dog", "eel"]
+    if kind == "three_classes":
+        labels = np.array(words)[(x[:, 0] > 0).astype(int) + (x[:, 1] > 0)]
+        estimator = est.DNNClassifier([4], columns, model_dir=str(tmp_path / "m"), n_classes=3,
+                                      label_vocabulary=words)
+    else:
+        labels = np.where(np.stack([x[:, 0] > 0, x[:, 1] > 0, x.sum(1) > 1], 1),
+                          np.array(words), "")
+        estimator = est.DNNEstimator(est.MultiLabelHead(3, label_vocabulary=words), [4],
+                                     columns, model_dir=str(tmp_path / "m"))
+    estimator.train(lambda: [(features, labels)] * 10, max_steps=10)
+    base = str(tmp_path / "export")
+    estimator.export_saved_model(base, est.export.build_raw_serving_input_receiver_fn(
+        {"a": torch.zeros(2), "b": torch.zeros(2)}))
+    proc, url = _start_server(base)
+    try:
+        examples = [{"a": float(a), "b": float(b)} for a, b in zip(x[:3, 0], x[:3, 1])]
+        status, body = _post(url + ":classify", {"examples": examples})
+        assert status == 200, body
+        assert set(body) == {"result"}
+        assert [[c for c, _ in r] for r in body["result"]] == [words] * 3
+        probabilities = _predicted(estimator, {k: v[:3] for k, v in features.items()},
+                                   "probabilities")
+        np.testing.assert_allclose([[s for _, s in r] for r in body["result"]], probabilities,
+                                   rtol=1e-5)
+        status, body = _post(url + ":predict", {"signature_name": "classification",
+                                                "instances": examples})
+        assert status == 200, body
+        assert [p["classes"] for p in body["predictions"]] == [words] * 3
+    finally:
+        _end(proc)
+
+
+def test_class_names_must_be_strings():
+    with pytest.raises(ValueError, match="class_names must be a list of str, got 'ab'"):
+        est.export.ClassificationOutput(scores=torch.zeros(1, 2), class_names="ab")
