@@ -225,38 +225,59 @@ DEFAULT_SERVING_SIGNATURE_DEF_KEY = "serving_default"
 
 class ExportOutput:
     """One serving signature of an export (tf.estimator.export.ExportOutput):
-    `outputs` is {output key: tensor}, `method_name` TF Serving's method."""
+    `outputs` is {output key: tensor}, `method_name` TF Serving's method.
+
+    Torch programs hold no strings, so TF's string classes are class ids
+    here; `class_names` (the name of each id) and `named_outputs` ({string
+    output: the id output it names}) are recorded with the export, and
+    `estimator serve` answers with the names, as TF Serving answers with
+    TF's string tensors."""
 
     method_name = ""
 
-    def __init__(self, outputs: Dict[str, torch.Tensor]):
+    def __init__(self, outputs: Dict[str, torch.Tensor], class_names=None,
+                 named_outputs: Optional[Dict[str, str]] = None):
+        name = type(self).__name__
         for key, value in outputs.items():
             if not isinstance(value, torch.Tensor):
-                raise ValueError(f"{type(self).__name__}: output {key!r} must be a tensor, "
+                raise ValueError(f"{name}: output {key!r} must be a tensor, "
                                  f"got {type(value).__name__}")
+        if class_names is not None and (isinstance(class_names, (str, bytes)) or not all(
+                isinstance(n, str) for n in class_names)):
+            raise ValueError(f"{name}: class_names must be a list of str, got "
+                             f"{class_names!r:.100}")
+        named_outputs = dict(named_outputs or {}) if class_names is not None else {}
+        for new, ids in named_outputs.items():
+            if ids not in outputs:
+                raise ValueError(f"{name}: named output {new!r} names the ids of output "
+                                 f"{ids!r}, which it does not have ({sorted(outputs)})")
         self.outputs = outputs
+        self.class_names = None if class_names is None else list(class_names)
+        self.named_outputs = named_outputs
 
 
 class PredictOutput(ExportOutput):
-    """Any tensors (TF: PredictOutput; a single tensor is keyed `output`)."""
+    """Any tensors (TF: PredictOutput; a single tensor is keyed `output`).
+    `class_names` and `named_outputs` (ours, see `ExportOutput`): e.g.
+    ``{"classes": "class_ids"}`` serves TF's string ``classes``."""
 
     method_name = "tensorflow/serving/predict"
 
-    def __init__(self, outputs):
+    def __init__(self, outputs, class_names=None, named_outputs=None):
         if isinstance(outputs, torch.Tensor):
             outputs = {"output": outputs}
         if not isinstance(outputs, dict) or not outputs:
             raise ValueError(f"PredictOutput: outputs must be a tensor or a non-empty dict "
                              f"of tensors, got {type(outputs).__name__}")
-        super().__init__(dict(outputs))
+        super().__init__(dict(outputs), class_names, named_outputs)
 
 
 class ClassificationOutput(ExportOutput):
     """`scores` [batch, classes] and/or `classes` (TF: ClassificationOutput,
     keys `scores` and `classes`; torch has no string tensors, so `classes`
     here is a tensor, such as class ids). `class_names` (ours): the name of
-    each class id, TF's string classes: the export records them, and
-    `estimator serve` answers with the names, as TF Serving does."""
+    each class id (see `ExportOutput`); `classes` are served as those names,
+    and without `classes`, each score is labelled with its class's name."""
 
     method_name = "tensorflow/serving/classify"
 
@@ -264,13 +285,9 @@ class ClassificationOutput(ExportOutput):
         if scores is None and classes is None:
             raise ValueError("ClassificationOutput: at least one of scores and classes "
                              "must be set")
-        if class_names is not None and (isinstance(class_names, (str, bytes)) or not all(
-                isinstance(n, str) for n in class_names)):
-            raise ValueError(f"ClassificationOutput: class_names must be a list of str, got "
-                             f"{class_names!r:.100}")
         super().__init__({k: v for k, v in (("scores", scores), ("classes", classes))
-                          if v is not None})
-        self.class_names = None if class_names is None else list(class_names)
+                          if v is not None}, class_names,
+                         {"classes": "classes"} if classes is not None else None)
 
 
 class RegressionOutput(ExportOutput):
@@ -449,8 +466,9 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                        for key, t in sig.items()}
         signatures = {name: {"method_name": output.method_name,
                              "outputs": _describe(outputs[name], batch_dim),
-                             **({"class_names": output.class_names}
-                                if getattr(output, "class_names", None) else {})}
+                             **({"class_names": output.class_names,
+                                 "named_outputs": output.named_outputs}
+                                if output.class_names is not None else {})}
                       for name, output in module.signatures.items()}
     signature = {
         "format": "torch.export",

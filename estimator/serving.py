@@ -93,8 +93,11 @@ class Model:
             export.DEFAULT_SERVING_SIGNATURE_DEF_KEY: {"outputs": signature["outputs"]}}
         self.signatures = {name: {"method_name": s.get("method_name",
                                                       "tensorflow/serving/predict"),
-                                  "outputs": [o["name"] for o in s["outputs"]],
-                                  "class_names": s.get("class_names")}
+                                  "outputs": [o["name"] for o in s["outputs"]] + [
+                                      n for n in s.get("named_outputs", {})
+                                      if n not in {o["name"] for o in s["outputs"]}],
+                                  "class_names": s.get("class_names"),
+                                  "named_outputs": s.get("named_outputs", {})}
                            for name, s in described.items()}
         self._lock = threading.Lock()
 
@@ -256,13 +259,14 @@ class Model:
             except Exception as e:   # the program's own checks (shapes, dtypes)
                 raise RequestError(f"the model rejected the inputs: {e}") from None
         outputs = {k: v.detach().cpu().numpy() for k, v in outputs.items()}
-        if "classes" in outputs:
-            outputs["classes"] = self._named(signature, outputs["classes"])
+        described = self.signatures[signature]
+        for new, ids in described["named_outputs"].items():   # TF's string classes
+            outputs[new] = self._named(signature, outputs[ids])
         return outputs
 
     def _named(self, signature: str, ids: np.ndarray) -> np.ndarray:
-        """Class ids as the class names the export recorded for `signature`
-        (TF's string classes); the ids themselves where it recorded none."""
+        """Class ids as the class names the export recorded for `signature`;
+        the ids themselves where it recorded none."""
         names = self.signatures[signature]["class_names"]
         if not names:
             return ids

@@ -304,7 +304,9 @@ class ClassificationHead(Head):
             scores=predictions["probabilities"], classes=predictions["all_class_ids"],
             class_names=[n.decode() for n in self._class_names])
         outputs = {SERVING_DEFAULT: classification, CLASSIFY: classification,
-                   PREDICT: export.PredictOutput(numeric)}
+                   PREDICT: export.PredictOutput(
+                       numeric, classification.class_names,
+                       {"classes": "class_ids", "all_classes": "all_class_ids"})}
         if self._n_classes == 2:
             outputs[REGRESS] = export.RegressionOutput(predictions["logistic"])
         return outputs

@@ -265,10 +265,26 @@ def test_classify_answers_with_the_class_names_as_tf_serving(tmp_path, kind):
                                                 "instances": examples})
         assert status == 200, body
         assert [p["classes"] for p in body["predictions"]] == [words] * 3
+        if kind == "three_classes":   # TF's predict signature: classes and all_classes
+            status, body = _post(url + ":predict", {"signature_name": "predict",
+                                                    "instances": examples})
+            assert status == 200, body
+            predicted = list(estimator.predict(lambda: [({k: v[:3] for k, v in
+                                                          features.items()}, None)]))
+            assert [p["classes"] for p in body["predictions"]] == [
+                [p["classes"][0].decode()] for p in predicted]
+            assert [p["all_classes"] for p in body["predictions"]] == [words] * 3
+            metadata = json.loads(urllib.request.urlopen(url + "/metadata").read())
+            outputs = metadata["metadata"]["signature_def"]["signature_def"]["predict"]
+            assert {"classes", "all_classes", "class_ids"} <= set(outputs["outputs"])
     finally:
         _end(proc)
 
 
 def test_class_names_must_be_strings():
-    with pytest.raises(ValueError, match="class_names must be a list of str, got 'ab'"):
+    with pytest.raises(ValueError, match="ClassificationOutput: class_names must be a list "
+                                         "of str, got 'ab'"):
         est.export.ClassificationOutput(scores=torch.zeros(1, 2), class_names="ab")
+    with pytest.raises(ValueError, match="named output 'classes' names the ids of output "
+                                         "'ids', which it does not have"):
+        est.export.PredictOutput({"scores": torch.zeros(1, 2)}, ["a", "b"], {"classes": "ids"})
