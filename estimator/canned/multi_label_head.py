@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import export, metrics
-from ._head import (CLASSIFY, PREDICT, SERVING_DEFAULT, Head, _check_thresholds, _is_strings,
-                    _threshold_metrics)
+from ._head import (CLASSIFY, PREDICT, SERVING_DEFAULT, Head, _check_classes,
+                    _check_thresholds, _is_strings, _threshold_metrics)
 
 
 class MultiLabelHead(Head):
@@ -50,9 +50,6 @@ class MultiLabelHead(Head):
                  loss_reduction: str = "sum_over_batch_size", loss_fn=None,
                  classes_for_class_based_metrics=None, name: Optional[str] = None):
         super().__init__(weight_column, loss_reduction, loss_fn, name)
-        if not isinstance(n_classes, int) or isinstance(n_classes, bool) or n_classes < 2:
-            raise ValueError(f"n_classes must be > 1 for multi-label classification. "
-                             f"Given: {n_classes}")
         self._thresholds = _check_thresholds(thresholds)
         self._vocabulary = self._check_vocabulary(label_vocabulary, n_classes)
         self.logits_dimension = n_classes
@@ -62,19 +59,11 @@ class MultiLabelHead(Head):
 
     @staticmethod
     def _check_vocabulary(vocabulary, n_classes) -> Optional[tuple]:
-        if vocabulary is None:
-            return None
-        if not isinstance(vocabulary, (list, tuple)) or not all(
-                isinstance(v, str) for v in vocabulary):
-            raise ValueError("label_vocabulary must be a list or tuple of str. Given type: "
-                             f"{type(vocabulary)}")
-        if len(vocabulary) != n_classes:
-            raise ValueError(f"Length of label_vocabulary must be n_classes ({n_classes}). "
-                             f"Given: {len(vocabulary)}")
-        if len(set(vocabulary)) != len(vocabulary) or "" in vocabulary:
-            raise ValueError(f"label_vocabulary has duplicates or an empty string (the "
-                             f"padding of string labels): {list(vocabulary)}")
-        return tuple(vocabulary)
+        vocabulary = _check_classes(n_classes, vocabulary)
+        if vocabulary is not None and "" in vocabulary:
+            raise ValueError(f"label_vocabulary has an empty string, the padding of string "
+                             f"labels: {list(vocabulary)}")
+        return vocabulary
 
     def _check_classes(self, classes) -> tuple:
         """[(key part, class id)] of `classes_for_class_based_metrics`: ids, or

@@ -15,6 +15,8 @@ import torch
 import estimator as est
 from head_data import LABELS, multi_label_rows
 from paths import FIXTURES
+from tf_recorded import (assert_evaluation_is_tfs, assert_predictions_are_tfs,
+                         assert_variables_are_tfs)
 
 with open(os.path.join(FIXTURES, "tf_multi_label.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
@@ -58,19 +60,11 @@ def test_evaluation_and_predictions_are_tfs(name, tmp_path):
     train, eval_ = first_16(multi_label_rows(64, 0)), multi_label_rows(53, 1)
     estimator.train(est.inputs.numpy_input_fn(train[0], train[target], 16, 1, False), steps=1)
     got = estimator.evaluate(est.inputs.numpy_input_fn(eval_[0], eval_[target], 16, 1, False))
-    expected = {k: v for k, v in recorded["evaluation"].items() if k != "global_step"}
-    assert set(got) - {"global_step"} == set(expected)
-    for key, value in expected.items():
-        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert_evaluation_is_tfs(got, recorded["evaluation"])
     few = {k: v[:5] for k, v in eval_[0].items()}
-    predictions = list(estimator.predict(est.inputs.numpy_input_fn(few, None, 5, 1, False)))
-    assert len(predictions) == 5
-    for ours, theirs in zip(predictions, recorded["predictions"]):
-        assert set(ours) == set(theirs)
-        assert [c.decode() for c in ours["classes"]] == theirs["classes"]
-        for key in ("logits", "probabilities"):
-            np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, atol=1e-6,
-                                       err_msg=key)
+    assert_predictions_are_tfs(
+        list(estimator.predict(est.inputs.numpy_input_fn(few, None, 5, 1, False))),
+        recorded["predictions"])
 
 
 @pytest.mark.parametrize("name", sorted(TF["models"]))
@@ -78,9 +72,7 @@ def test_one_training_step_from_tfs_checkpoint_moves_the_weights_as_tfs(name, tm
     estimator, target = make(name, str(tmp_path), 0.1)
     train = first_16(multi_label_rows(64, 0))
     estimator.train(est.inputs.numpy_input_fn(train[0], train[target], 16, 1, False), steps=1)
-    for variable, value in TF["models"][name]["after_one_sgd_step"].items():
-        np.testing.assert_allclose(estimator.get_variable_value(variable), value,
-                                   rtol=1e-5, atol=1e-6, err_msg=variable)
+    assert_variables_are_tfs(estimator, TF["models"][name]["after_one_sgd_step"])
 
 
 # -- used as TF programs use it ---------------------------------------------------
@@ -186,10 +178,10 @@ def test_a_model_fn_hands_its_logits_to_the_head(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, error", [
-    ({"n_classes": 1}, "n_classes must be > 1"),
+    ({"n_classes": 1}, "n_classes must be > 1: 1"),
     ({"n_classes": 3, "thresholds": [0.5, 1.0]}, r"thresholds must be in \(0, 1\)"),
     ({"n_classes": 3, "loss_reduction": "mean"}, "Invalid loss_reduction: 'mean'"),
-    ({"n_classes": 3, "label_vocabulary": ["a", "b"]}, "must be n_classes"),
+    ({"n_classes": 3, "label_vocabulary": ["a", "b"]}, "has 2 entries, but n_classes is 3"),
     ({"n_classes": 2, "label_vocabulary": ["a", ""]}, "empty string"),
     ({"n_classes": 3, "classes_for_class_based_metrics": [3]}, r"class ids in \[0, 2\]"),
     ({"n_classes": 3, "classes_for_class_based_metrics": ["mid"]}, "'mid' is not in"),

@@ -16,6 +16,7 @@ import torch
 import estimator as est
 from head_data import LABELS, rows
 from paths import FIXTURES
+from tf_recorded import assert_evaluation_is_tfs, assert_predictions_are_tfs
 
 with open(os.path.join(FIXTURES, "tf_heads.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
@@ -52,25 +53,13 @@ def test_evaluation_and_predictions_are_tfs(name, tmp_path):
     estimator.train(est.inputs.numpy_input_fn(train[0], train[target], 16, None, False),
                     steps=1)
     got = estimator.evaluate(est.inputs.numpy_input_fn(eval_[0], eval_[target], 16, 1, False))
-    expected = {k: v for k, v in recorded["evaluation"].items() if k != "global_step"}
-    assert set(got) - {"global_step"} == set(expected)
     if name == "dnn_batch_norm":   # TF's list form warm-starts the step too: 5, then 6
         assert got["global_step"] == recorded["evaluation"]["global_step"] == 6
-    for key, value in expected.items():
-        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert_evaluation_is_tfs(got, recorded["evaluation"])
     few = {k: v[:5] for k, v in eval_[0].items()}
-    predictions = list(estimator.predict(est.inputs.numpy_input_fn(few, None, 5, 1, False)))
-    assert len(predictions) == 5
-    for ours, theirs in zip(predictions, recorded["predictions"]):
-        assert set(ours) == set(theirs)
-        for key, value in theirs.items():
-            mine = np.asarray(ours[key])
-            if mine.dtype.kind in "SUO":
-                assert [v.decode() if isinstance(v, bytes) else v
-                        for v in mine.reshape(-1).tolist()] == value, key
-            else:
-                np.testing.assert_allclose(mine, np.asarray(value), rtol=1e-5, atol=1e-6,
-                                           err_msg=key)
+    assert_predictions_are_tfs(
+        list(estimator.predict(est.inputs.numpy_input_fn(few, None, 5, 1, False))),
+        recorded["predictions"])
 
 
 with open(os.path.join(FIXTURES, "tf_sparse_combiner.json"), encoding="utf-8") as _f:

@@ -16,6 +16,8 @@ import torch
 import estimator as est
 from head_data import LABELS, rows, v2_labels
 from paths import FIXTURES
+from tf_recorded import (assert_evaluation_is_tfs, assert_predictions_are_tfs,
+                         assert_variables_are_tfs)
 
 with open(os.path.join(FIXTURES, "tf_v2_heads.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
@@ -60,21 +62,11 @@ def test_evaluation_and_predictions_are_tfs(name, tmp_path):
                                               False), steps=1)
     got = estimator.evaluate(est.inputs.numpy_input_fn(eval_[0], v2_labels(eval_, target),
                                                        16, 1, False))
-    expected = {k: v for k, v in recorded["evaluation"].items() if k != "global_step"}
-    assert set(got) - {"global_step"} == set(expected)
-    for key, value in expected.items():
-        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert_evaluation_is_tfs(got, recorded["evaluation"])
     few = {k: v[:5] for k, v in eval_[0].items()}
-    predictions = list(estimator.predict(est.inputs.numpy_input_fn(few, None, 5, 1, False)))
-    assert len(predictions) == 5
-    for ours, theirs in zip(predictions, recorded["predictions"]):
-        assert set(ours) == set(theirs)
-        for key, value in theirs.items():
-            mine = np.asarray(ours[key])
-            if mine.dtype.kind in "SUO":
-                assert [v.decode() for v in mine.reshape(-1).tolist()] == value, key
-            else:
-                np.testing.assert_allclose(mine, value, rtol=1e-5, atol=1e-6, err_msg=key)
+    assert_predictions_are_tfs(
+        list(estimator.predict(est.inputs.numpy_input_fn(few, None, 5, 1, False))),
+        recorded["predictions"])
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))
@@ -83,9 +75,7 @@ def test_one_training_step_from_tfs_checkpoint_moves_the_weights_as_tfs(name, tm
     train = first_16(rows(64, 0))
     estimator.train(est.inputs.numpy_input_fn(train[0], v2_labels(train, target), 16, 1,
                                               False), steps=1)
-    for variable, value in TF["models"][name]["after_one_sgd_step"].items():
-        np.testing.assert_allclose(estimator.get_variable_value(variable), value,
-                                   rtol=1e-5, atol=1e-6, err_msg=variable)
+    assert_variables_are_tfs(estimator, TF["models"][name]["after_one_sgd_step"])
 
 
 def test_a_model_fn_hands_its_logits_to_a_head_with_its_own_loss(tmp_path):
