@@ -6,6 +6,11 @@ differently, and the canned estimators' optimizer names.
 - `RMSProp`: ``tf.compat.v1.train.RMSPropOptimizer`` (kernels ``ApplyRMSProp``
   / ``ApplyCenteredRMSProp``): its mean-square slot starts at ones and epsilon
   sits inside the square root, unlike ``torch.optim.RMSprop``.
+- `ProximalAdagrad`, `ProximalGradientDescent`:
+  ``tf.compat.v1.train.ProximalAdagradOptimizer`` /
+  ``ProximalGradientDescentOptimizer`` (FOBOS with L1 and L2; kernels
+  ``ApplyProximalAdagrad`` / ``ApplyProximalGradientDescent``), which TF's
+  canned-estimator docs pass as ``optimizer=``; torch has neither.
 - `optimizer_factory(optimizer, learning_rate)`: a canned estimator's
   ``optimizer=`` (TF: ``canned/optimizers.py``'s ``get_optimizer_instance``)
   as a factory ``params -> torch.optim.Optimizer``.
@@ -23,7 +28,8 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-__all__ = ["Ftrl", "RMSProp", "optimizer_factory", "OPTIMIZER_NAMES"]
+__all__ = ["Ftrl", "RMSProp", "ProximalAdagrad", "ProximalGradientDescent",
+           "optimizer_factory", "OPTIMIZER_NAMES"]
 
 
 def _learning_rate(learning_rate, lr, name: str) -> float:
@@ -199,6 +205,89 @@ class RMSProp(_PerParameter):
             torch.add(rms, eps, out=tmp)
         mom.mul_(group["momentum"]).add_(torch.mul(g, group["lr"]).div_(tmp.sqrt_()))
         w.sub_(mom)
+
+
+def _check_l1_l2(l1: float, l2: float) -> None:
+    for name, value in (("l1_regularization_strength", l1), ("l2_regularization_strength", l2)):
+        if value < 0.0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _proximal_step(w: torch.Tensor, rate: torch.Tensor, rate_l1, rate_l2) -> None:
+    """TF's proximal (FOBOS) step on `w`, which already holds ``w - rate * g``:
+    ``sign(w) * max(|w| - rate_l1, 0) / (1 + rate_l2)`` (no L1 term when
+    `rate_l1` is None)."""
+    if rate_l1 is not None:
+        shrunk = torch.sub(w.abs(), rate_l1).clamp_min_(0.0)
+        w.sign_().mul_(shrunk)
+    w.div_(rate_l2 + 1.0)
+
+
+class ProximalAdagrad(_PerParameter):
+    """``tf.compat.v1.train.ProximalAdagradOptimizer`` with dense gradients.
+
+    State per parameter: ``accumulator`` (TF's slot ``<var>/ProximalAdagrad``,
+    starting at `initial_accumulator_value`)::
+
+        accumulator += g^2
+        rate = learning_rate / sqrt(accumulator)
+        v    = w - rate * g
+        w    = sign(v) * max(|v| - rate * l1, 0) / (1 + rate * l2)
+
+    `lr=` is accepted for `learning_rate`; strengths must be >= 0.
+    """
+
+    def __init__(self, params: Iterable, learning_rate: Optional[float] = None,
+                 initial_accumulator_value: float = 0.1,
+                 l1_regularization_strength: float = 0.0,
+                 l2_regularization_strength: float = 0.0, *, lr: Optional[float] = None):
+        learning_rate = _learning_rate(learning_rate, lr, "ProximalAdagrad")
+        if not initial_accumulator_value > 0.0:
+            raise ValueError(f"initial_accumulator_value must be positive: "
+                             f"{initial_accumulator_value}")
+        _check_l1_l2(l1_regularization_strength, l2_regularization_strength)
+        super().__init__(params, dict(lr=learning_rate,
+                                      initial_accumulator_value=initial_accumulator_value,
+                                      l1_regularization_strength=l1_regularization_strength,
+                                      l2_regularization_strength=l2_regularization_strength))
+
+    def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
+        f = _in_dtype(w.dtype)
+        if not state:
+            state["accumulator"] = torch.full_like(w, group["initial_accumulator_value"],
+                                                   memory_format=torch.preserve_format)
+        accumulator = state["accumulator"]
+        accumulator.addcmul_(g, g)
+        rate = accumulator.rsqrt().mul_(f(group["lr"]))
+        w.sub_(torch.mul(g, rate))
+        l1, l2 = group["l1_regularization_strength"], group["l2_regularization_strength"]
+        _proximal_step(w, rate, rate * f(l1) if l1 > 0 else None, rate * f(l2))
+
+
+class ProximalGradientDescent(_PerParameter):
+    """``tf.compat.v1.train.ProximalGradientDescentOptimizer``: no state::
+
+        v = w - learning_rate * g
+        w = sign(v) * max(|v| - learning_rate * l1, 0) / (1 + learning_rate * l2)
+
+    `lr=` is accepted for `learning_rate`; strengths must be >= 0.
+    """
+
+    def __init__(self, params: Iterable, learning_rate: Optional[float] = None,
+                 l1_regularization_strength: float = 0.0,
+                 l2_regularization_strength: float = 0.0, *, lr: Optional[float] = None):
+        learning_rate = _learning_rate(learning_rate, lr, "ProximalGradientDescent")
+        _check_l1_l2(l1_regularization_strength, l2_regularization_strength)
+        super().__init__(params, dict(lr=learning_rate,
+                                      l1_regularization_strength=l1_regularization_strength,
+                                      l2_regularization_strength=l2_regularization_strength))
+
+    def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
+        f = _in_dtype(w.dtype)
+        rate = f(group["lr"])
+        l1, l2 = group["l1_regularization_strength"], group["l2_regularization_strength"]
+        w.sub_(torch.mul(g, rate))
+        _proximal_step(w, rate, f(rate * f(l1)) if l1 > 0 else None, f(f(l2) * rate))
 
 
 def _adagrad(params, learning_rate):

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import estimator as est
-from estimator.optimizers import OPTIMIZER_NAMES, Ftrl, RMSProp, optimizer_factory
+from estimator.optimizers import (OPTIMIZER_NAMES, Ftrl, ProximalAdagrad,
+                                  ProximalGradientDescent, RMSProp, optimizer_factory)
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_optimizers.json"), encoding="utf-8") as _f:
@@ -25,7 +26,8 @@ BY_NAME = {c["name"]: c for c in TF["by_name"]}
 # initial one): a value that cancels to ~0 (0.05 - 0.0499999) is not held to
 # 1e-6 of itself. Slots are held relative to themselves; Adam's `v` to 2e-5,
 # since TF1 computes 1 - beta2 from float32(0.999) (0.00099998713, not 0.001).
-RTOL = {"Adagrad": 1e-6, "Adam": 1e-5, "Ftrl": 1e-6, "RMSProp": 1e-6, "SGD": 1e-6}
+RTOL = {"Adagrad": 1e-6, "Adam": 1e-5, "Ftrl": 1e-6, "RMSProp": 1e-6, "SGD": 1e-6,
+        "ProximalAdagrad": 1e-6, "ProximalGradientDescent": 1e-6}
 SLOT_RTOL = {"Adam": 2e-5}
 # TF slot -> torch state key, for torch's own optimizers
 TORCH_SLOTS = {"Adagrad": {"accumulator": "sum"}, "Adam": {"m": "exp_avg", "v": "exp_avg_sq"}}
@@ -77,10 +79,13 @@ def test_fixture_covers_the_settings():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_ftrl_and_rmsprop_equal_tf1(case):
+def test_ftrl_rmsprop_and_proximal_equal_tf1(case):
     recorded = CASES[case]
     cls = {"tf.compat.v1.train.FtrlOptimizer": Ftrl,
-           "tf.compat.v1.train.RMSPropOptimizer": RMSProp}[recorded["tf"]]
+           "tf.compat.v1.train.RMSPropOptimizer": RMSProp,
+           "tf.compat.v1.train.ProximalAdagradOptimizer": ProximalAdagrad,
+           "tf.compat.v1.train.ProximalGradientDescentOptimizer": ProximalGradientDescent,
+           }[recorded["tf"]]
     values, w, opt = _steps(lambda p: cls(p, **recorded["kwargs"]))
     _check(values, opt, w, recorded, cls.__name__)
 
@@ -136,7 +141,8 @@ def test_slots_are_named_as_tf_says():
                    l2_shrinkage_regularization_strength=0.1),
     lambda p: RMSProp(p, learning_rate=0.01, momentum=0.9, centered=True),
     optimizer_factory("Adagrad", 0.05),
-], ids=["ftrl", "rmsprop", "adagrad"])
+    lambda p: ProximalAdagrad(p, learning_rate=0.1, l1_regularization_strength=0.05),
+], ids=["ftrl", "rmsprop", "adagrad", "proximal_adagrad"])
 def test_state_dict_round_trip_continues_identically(make):
     """Two steps; the state saved (torch.save), loaded into a fresh optimizer on
     a fresh parameter; three more steps: bit-identical to five in one go."""
@@ -157,8 +163,12 @@ def test_state_dict_round_trip_continues_identically(make):
 
 
 @pytest.mark.parametrize("make", [lambda p: Ftrl(p, learning_rate=0.1),
-                                  lambda p: RMSProp(p, learning_rate=0.1)],
-                         ids=["ftrl", "rmsprop"])
+                                  lambda p: RMSProp(p, learning_rate=0.1),
+                                  lambda p: ProximalAdagrad(p, learning_rate=0.1,
+                                                            l1_regularization_strength=0.1),
+                                  lambda p: ProximalGradientDescent(
+                                      p, learning_rate=0.1, l2_regularization_strength=0.1)],
+                         ids=["ftrl", "rmsprop", "proximal_adagrad", "proximal_sgd"])
 def test_parameter_without_gradient_is_untouched(make):
     a = torch.nn.Parameter(torch.ones(2))
     b = torch.nn.Parameter(torch.ones(2))
@@ -189,10 +199,10 @@ def test_step_returns_the_closures_loss():
     assert opt.step(closure).item() == 5.0 and w.grad is not None
 
 
-@pytest.mark.parametrize("cls", [Ftrl, RMSProp])
+@pytest.mark.parametrize("cls", [Ftrl, RMSProp, ProximalAdagrad, ProximalGradientDescent])
 def test_the_param_groups_lr_is_used(cls):
     """A scheduler changes group["lr"]: the next step uses it (RMSProp without
-    momentum: a step three times as long)."""
+    momentum and the proximal ones without L1 or L2: a step three times as long)."""
     _, a, opt_a = _steps(lambda p: cls(p, learning_rate=0.1), TF["gradients"][:1])
     _, b, opt_b = _steps(lambda p: cls(p, learning_rate=0.1), TF["gradients"][:1])
     before = a.detach().clone()
@@ -201,7 +211,7 @@ def test_the_param_groups_lr_is_used(cls):
         w.grad = torch.tensor(TF["gradients"][1])
         opt.step()
     assert not torch.equal(a, b)
-    if cls is RMSProp:
+    if cls is not Ftrl:
         torch.testing.assert_close(before - b.detach(), 3 * (before - a.detach()))
 
 
@@ -287,7 +297,7 @@ def test_rmsprop_arguments_checked(kwargs, match):
         RMSProp([torch.nn.Parameter(torch.zeros(1))], **kwargs)
 
 
-@pytest.mark.parametrize("cls", [Ftrl, RMSProp])
+@pytest.mark.parametrize("cls", [Ftrl, RMSProp, ProximalAdagrad, ProximalGradientDescent])
 def test_rebuilt_from_defaults_as_a_parameter_server_does(cls):
     """A ps builds the trainers' optimizer as cls(param_groups, **defaults)."""
     opt = cls([torch.nn.Parameter(torch.zeros(2))], learning_rate=0.3)
@@ -295,3 +305,34 @@ def test_rebuilt_from_defaults_as_a_parameter_server_does(cls):
     assert again.defaults == opt.defaults
     with pytest.raises(TypeError, match="needs learning_rate"):
         cls([torch.nn.Parameter(torch.zeros(2))])
+
+
+@pytest.mark.parametrize("cls, kwargs, match", [
+    (ProximalAdagrad, {"initial_accumulator_value": 0.0}, "initial_accumulator_value must be "
+                                                          "positive: 0.0"),
+    (ProximalAdagrad, {"l1_regularization_strength": -0.1}, "l1_regularization_strength must "
+                                                            "be >= 0, got -0.1"),
+    (ProximalGradientDescent, {"l2_regularization_strength": -1.0},
+     "l2_regularization_strength must be >= 0"),
+    (ProximalGradientDescent, {"learning_rate": 0.0}, "learning_rate must be positive"),
+])
+def test_proximal_arguments_checked(cls, kwargs, match):
+    kwargs = {"learning_rate": 0.1, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+
+
+def test_a_canned_estimator_takes_proximal_adagrad_as_tfs_docs_show(tmp_path):
+    """TF's DNNClassifier docstring: ``optimizer=ProximalAdagradOptimizer(
+    learning_rate=0.1, l1_regularization_strength=0.001)``; here the factory of it."""
+    from estimator.feature_column import numeric_column
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 2)).astype(np.float32)
+    y = (x.sum(1) > 0).astype(np.int64)
+    classifier = est.DNNClassifier([4], [numeric_column("x", shape=2)], model_dir=str(tmp_path),
+                                   optimizer=lambda p: est.optimizers.ProximalAdagrad(
+                                       p, learning_rate=0.1, l1_regularization_strength=0.001))
+    classifier.train(est.inputs.numpy_input_fn({"x": x}, y, 16, None, True), max_steps=60)
+    results = classifier.evaluate(est.inputs.numpy_input_fn({"x": x}, y, 16, 1, False))
+    assert results["accuracy"] > 0.9
+    assert "accumulator" in {key.rsplit("/", 1)[-1] for key in classifier.get_variable_names()}
