@@ -15,7 +15,8 @@ from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
                      BinaryClassHead, DNNClassifier, DNNEstimator, DNNLinearCombinedClassifier,
                      DNNLinearCombinedEstimator, DNNLinearCombinedRegressor, DNNRegressor,
                      LinearClassifier, LinearEstimator, LinearRegressor, LogisticRegressionHead,
-                     MultiClassHead, MultiLabelHead, PoissonRegressionHead, RegressionHead,
+                     MultiClassHead, MultiHead, MultiLabelHead, PoissonRegressionHead,
+                     RegressionHead,
                      classifier_parse_example_spec, regressor_parse_example_spec)
 from .extenders import add_metrics, forward_features
 from .exporter import BestExporter, Exporter, FinalExporter, LatestExporter
@@ -37,7 +38,7 @@ __all__ = [
     "BaselineClassifier", "BaselineRegressor", "classifier_parse_example_spec",
     "DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator",
     "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
-    "PoissonRegressionHead", "LogisticRegressionHead",
+    "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
     "data", "experimental", "inputs", "io", "learning_rate_decay", "serving",
 ]

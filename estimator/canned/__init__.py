@@ -8,6 +8,7 @@ from .dnn_linear_combined import (DNNLinearCombinedClassifier, DNNLinearCombined
 from .linear import LinearClassifier, LinearEstimator, LinearRegressor
 from .heads import (BinaryClassHead, LogisticRegressionHead, MultiClassHead,
                     PoissonRegressionHead, RegressionHead)
+from .multi_head import MultiHead
 from .multi_label_head import MultiLabelHead
 from .parsing_utils import classifier_parse_example_spec, regressor_parse_example_spec
 
@@ -17,6 +18,6 @@ __all__ = [
     "BaselineClassifier", "BaselineRegressor",
     "DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator",
     "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
-    "PoissonRegressionHead", "LogisticRegressionHead",
+    "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "classifier_parse_example_spec", "regressor_parse_example_spec",
 ]

@@ -193,37 +193,56 @@ class Head:
                               train_op_fn: Optional[Callable] = None) -> EstimatorSpec:
         """TF's ``head.create_estimator_spec``: `train_op_fn(loss)` gives the
         spec's train_op in TRAIN."""
+        self._check_logits(logits)
+        if mode == ModeKeys.PREDICT:
+            predictions = self._all_predictions(logits)
+            return EstimatorSpec(mode, predictions=predictions,
+                                 export_outputs=self._export_outputs(predictions))
+        labels, weights, unreduced, loss = self._losses(features, logits, labels, mode)
+        if mode == ModeKeys.EVAL:
+            predictions = self._predictions(logits)
+            return EstimatorSpec(mode, predictions=predictions, loss=loss,
+                                 eval_metric_ops=self._metrics(labels, predictions, weights,
+                                                               unreduced))
+        loss = self._training_loss(loss, weights, unreduced)
+        # (no predictions in TRAIN: nothing reads them, and they would cost each step)
+        return EstimatorSpec(mode, loss=loss, train_op=train_op_fn(loss))
+
+    def _check_logits(self, logits) -> None:
         if logits.dim() != 2 or logits.shape[-1] != self.logits_dimension:
             raise ValueError(f"logits shape must be [batch, {self.logits_dimension}], "
                              f"got {list(logits.shape)}")
-        if mode == ModeKeys.PREDICT:
-            predictions = self._predictions(logits)
-            if not torch.compiler.is_exporting():   # strings: not in a torch program
-                predictions.update(self._string_predictions(predictions))
-            return EstimatorSpec(mode, predictions=predictions,
-                                 export_outputs=self._export_outputs(predictions))
+
+    def _all_predictions(self, logits) -> dict:
+        """PREDICT's predictions: the strings too, except in an export (a torch
+        program holds none)."""
+        predictions = self._predictions(logits)
+        if not torch.compiler.is_exporting():
+            predictions.update(self._string_predictions(predictions))
+        return predictions
+
+    def _losses(self, features, logits, labels, mode) -> tuple:
+        """(labels, weights, unreduced loss, loss reduced as the head says)."""
         if labels is None:
             raise ValueError(f"labels must not be None in mode {mode!r}: give the labels as "
                              "the second value of input_fn")
         labels = self._labels(labels, logits)
         weights = self._weights(features, logits)
         unreduced = self._loss(labels, logits, features)
-        loss = compute_weighted_loss(unreduced, weights, self._reduction)
-        if mode == ModeKeys.EVAL:
-            predictions = self._predictions(logits)
-            return EstimatorSpec(mode, predictions=predictions, loss=loss,
-                                 eval_metric_ops=self._metrics(labels, predictions, weights,
-                                                               unreduced))
-        if self._reduction == Reduction.SUM:
-            if summary.should_record_summaries():
-                count = (unreduced.numel() if weights is None
-                         else (weights * torch.ones_like(unreduced)).sum())
-                summary.scalar("average_loss", loss.detach() / count)
-            replicas = _replicas()
-            if replicas > 1:
-                loss = loss * replicas
-        # (no predictions in TRAIN: nothing reads them, and they would cost each step)
-        return EstimatorSpec(mode, loss=loss, train_op=train_op_fn(loss))
+        return labels, weights, unreduced, compute_weighted_loss(unreduced, weights,
+                                                                 self._reduction)
+
+    def _training_loss(self, loss, weights, unreduced) -> torch.Tensor:
+        """TRAIN's loss: a SUM loss times the replicas in sync (see the module
+        doc), with TF1's ``average_loss`` summary."""
+        if self._reduction != Reduction.SUM:
+            return loss
+        if summary.should_record_summaries():
+            count = (unreduced.numel() if weights is None
+                     else (weights * torch.ones_like(unreduced)).sum())
+            summary.scalar(self._key("average_loss"), loss.detach() / count)
+        replicas = _replicas()
+        return loss * replicas if replicas > 1 else loss
 
     def _weights(self, features, logits) -> Optional[torch.Tensor]:
         """The weight column as float32 [batch, 1] (TF:

@@ -1,4 +1,4 @@
-"""TF2's heads for the head-taking estimators (`DNNEstimator`, ...) or a
+"""TF2's single-task heads for the head-taking estimators (`DNNEstimator`, ...) or a
 model_fn's ``head.create_estimator_spec`` (TF: ``tf.estimator.BinaryClassHead``,
 ``MultiClassHead``, ``RegressionHead``, ``PoissonRegressionHead``,
 ``LogisticRegressionHead``, also under ``tf.compat.v1.estimator``; TF1 programs:

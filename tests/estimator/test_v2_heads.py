@@ -32,6 +32,9 @@ HEADS = {
     "poisson": (lambda: est.PoissonRegressionHead(weight_column="w"), "counts"),
     "logistic_regression": (lambda: est.LogisticRegressionHead(weight_column="w"),
                             "fraction"),
+    "multi_head": (lambda: est.MultiHead(
+        [est.MultiClassHead(3, weight_column="w", label_vocabulary=LABELS, name="kind"),
+         est.RegressionHead(name="score")], head_weights=[1.0, 0.5]), "multi"),
 }
 
 
@@ -134,3 +137,101 @@ def test_bad_labels_are_named(head, labels, error, tmp_path):
     with pytest.raises(ValueError, match=error):
         est.Estimator(model_fn, model_dir=str(tmp_path)).train(
             lambda: iter([({"x": x}, labels)]), steps=1)
+
+
+# -- MultiHead, used as TF programs use it ----------------------------------------------
+def multi_task_model_fn(head):
+    """A model_fn with a logits dict by head name (TF's other MultiHead form)."""
+    def model_fn(features, labels, mode):
+        trunk = est.get_module("trunk", lambda: torch.nn.Linear(3, 8))(features["x"]).relu()
+        logits = {h.name: est.get_module(h.name, lambda h=h: torch.nn.Linear(
+            8, h.logits_dimension))(trunk) for h in head.heads}
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+        return head.create_estimator_spec(features, mode, logits, labels,
+                                          train_op_fn=lambda loss: opt)
+    return model_fn
+
+
+def two_heads(reduction="sum_over_batch_size"):
+    return est.MultiHead([est.BinaryClassHead(name="flag", loss_reduction=reduction),
+                          est.RegressionHead(name="score", weight_column="w")],
+                         head_weights=[2.0, 1.0])
+
+
+def multi_labels(data):
+    return {"flag": data[4], "score": data[2]}
+
+
+def test_a_multi_task_model_fn_exports_tfs_signatures(tmp_path):
+    data = rows(64, 0)
+    head = two_heads()
+    estimator = est.Estimator(multi_task_model_fn(head), model_dir=str(tmp_path / "m"))
+    estimator.train(est.inputs.numpy_input_fn(data[0], multi_labels(data), 16, None, False),
+                    steps=20)
+    results = estimator.evaluate(est.inputs.numpy_input_fn(data[0], multi_labels(data), 16, 1,
+                                                           False))
+    assert {"loss", "loss/flag", "loss/score", "accuracy/flag", "auc/flag",
+            "average_loss/score", "label/mean/score"} <= set(results)
+    assert results["loss"] == pytest.approx(2 * results["loss/flag"] + results["loss/score"],
+                                            rel=1e-5)
+    few = {k: v[:4] for k, v in data[0].items()}
+    predicted = list(estimator.predict(est.inputs.numpy_input_fn(few, None, 4, 1, False)))
+    assert ("flag", "logistic") in predicted[0] and ("score", "predictions") in predicted[0]
+    receiver = est.export.build_raw_serving_input_receiver_fn(
+        {"x": torch.zeros(2, 3), "w": torch.zeros(2, dtype=torch.float64)})
+    served = est.export.load(estimator.export_saved_model(str(tmp_path / "e"), receiver))
+    assert set(served.signatures) == {
+        "serving_default", "predict", "flag", "flag/classification", "flag/regression",
+        "flag/predict", "score", "score/regression", "score/predict"}
+    outputs = served.signatures["predict"](x=torch.from_numpy(few["x"]),
+                                           w=torch.from_numpy(few["w"]))
+    assert {"flag/logistic", "score/predictions"} <= set(outputs)
+    np.testing.assert_allclose(outputs["flag/logistic"].numpy(),
+                               [p[("flag", "logistic")] for p in predicted], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_replicas_train_a_multi_head_as_one_process(tmp_path):
+    """A SUM-reduced head beside a mean-reduced one: two Mirrored replicas of 16
+    rows end with the weights of one process on 32."""
+    import distribute
+    data = rows(96, 0)
+
+    def trained(name, strategy, batch):
+        estimator = est.Estimator(multi_task_model_fn(two_heads("sum")),
+                                  model_dir=str(tmp_path / name),
+                                  config=est.RunConfig(train_distribute=strategy,
+                                                       tf_random_seed=3))
+        estimator.train(est.inputs.numpy_input_fn(data[0], multi_labels(data), batch, None,
+                                                  False), max_steps=6)
+        return {n: estimator.get_variable_value(n) for n in estimator.get_variable_names()
+                if not n.startswith("optimizer") and n != "global_step"}
+    one = trained("one", None, 32)
+    two = trained("two", distribute.MirroredStrategy(["cpu:0", "cpu:1"]), 16)
+    assert one.keys() == two.keys() and one
+    for name in one:
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda: est.MultiHead([]), "Must specify heads"),
+    (lambda: est.MultiHead([est.BinaryClassHead()]), "All given heads must have name"),
+    (lambda: est.MultiHead([est.BinaryClassHead(name="a"), est.RegressionHead(name="a")]),
+     r"distinct names, got \['a', 'a'\]"),
+    (lambda: est.MultiHead([est.BinaryClassHead(name="a")], head_weights=[1.0, 2.0]),
+     "Given len\\(heads\\): 1. Given len\\(head_weights\\): 2"),
+])
+def test_bad_multi_heads_are_named(make, error):
+    with pytest.raises(ValueError, match=error):
+        make()
+
+
+@pytest.mark.parametrize("labels, error", [
+    (lambda data: data[4], "labels must be a dict {head name: labels} for MultiHead"),
+    (lambda data: {"flag": data[4]}, r"labels has no entry for head\(s\) \['score'\]"),
+])
+def test_bad_multi_head_labels_are_named(labels, error, tmp_path):
+    data = rows(16, 0)
+    estimator = est.Estimator(multi_task_model_fn(two_heads()), model_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=error):
+        estimator.train(est.inputs.numpy_input_fn(data[0], labels(data), 16, 1, False), steps=1)

@@ -51,7 +51,9 @@ def multi_label_rows(n, seed):
 def v2_labels(data, target):
     """`rows(...)`'s labels of the TF2-head tests: an index into the rows, or
     "yes_no" (words), "positive" (0 or 2), "counts" (0 to 4), "fraction" (in
-    [0, 1])."""
+    [0, 1]), "multi" (a dict: "kind", the words, and "score", the 1-d target)."""
+    if target == "multi":
+        return {"kind": data[3], "score": data[2]}
     if target == "yes_no":
         return np.where(data[4] == 1, "yes", "no")
     y = data[2][:, 0]

@@ -15,9 +15,11 @@ def assert_evaluation_is_tfs(got: dict, recorded: dict) -> None:
 
 
 def assert_predictions_are_tfs(predictions: list, recorded: list) -> None:
-    """Each prediction's keys and values as TF's (strings read back as bytes)."""
+    """Each prediction's keys and values as TF's (strings read back as bytes; a
+    MultiHead's keys (head, key) recorded as "head/key")."""
     assert len(predictions) == len(recorded)
     for ours, theirs in zip(predictions, recorded):
+        ours = {"/".join(k) if isinstance(k, tuple) else k: v for k, v in ours.items()}
         assert set(ours) == set(theirs)
         for key, value in theirs.items():
             mine = np.asarray(ours[key])
