@@ -210,6 +210,9 @@ class Experiment:
         for key, value in kwargs.items():
             if isinstance(value, _Built):
                 kwargs[key] = self._build(value, context)
+            elif isinstance(value, list) and any(isinstance(v, _Built) for v in value):
+                kwargs[key] = [self._build(v, context) if isinstance(v, _Built) else v
+                               for v in value]   # (MultiHead's heads)
         for name in built.inject:
             if name in context:
                 kwargs[name] = context[name]

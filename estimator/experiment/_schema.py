@@ -430,6 +430,12 @@ class _Checker:
             elif ctype.kind == "estimator" and arg == "head":
                 shown = self.component(apath, val, _Component("head"))
                 val = self.objects.get(apath, _INVALID)
+            elif ctype.kind == "head" and arg == "heads" and isinstance(val, list):
+                shown = [self.component(apath + (i,), v, _Component("head"))
+                         for i, v in enumerate(val)]   # (MultiHead's)
+                val = [self.objects.get(apath + (i,), _INVALID) for i in range(len(val))]
+                if _INVALID in shown or _INVALID in val:
+                    val = _INVALID
             elif arg in _DEVICE_ARGS and val is not None:
                 val = shown = self.devices(apath, val)
             elif arg == "cross_device_ops" and val is not None and "cross_device_ops" in \

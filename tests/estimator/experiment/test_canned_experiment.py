@@ -178,6 +178,34 @@ run_config: {model_dir: run, tf_random_seed: 1}
     assert results["accuracy/positive_threshold_0.5"] > 0.9 and results["auc"] > 0.95
 
 
+def test_a_multi_head_from_yaml(workdir):
+    """`head: {MultiHead: {heads: [...]}}`: each head built from its own entry."""
+    import estimator as est
+    text = """estimator:
+  LinearEstimator:
+    head:
+      MultiHead:
+        heads:
+          - BinaryClassHead: {name: up}
+          - {RegressionHead: {name: size, label_dimension: 2}}
+        head_weights: [1.0, 0.5]
+    feature_columns: mod.py:columns
+train_spec: {input_fn: mod.py:input_fn, max_steps: 1}
+"""
+    estimator = experiment.load(write(workdir, text)).estimator()
+    assert type(estimator) is est.LinearEstimator
+    heads = estimator._head.heads
+    assert [type(h).__name__ for h in heads] == ["BinaryClassHead", "RegressionHead"]
+    assert [h.name for h in heads] == ["up", "size"] and heads[1].logits_dimension == 2
+    bad = text.replace("          - BinaryClassHead: {name: up}\n",
+                       "          - BinaryClasHead: {name: up}\n")
+    with pytest.raises(ExperimentError, match=r"exp.yaml:6: estimator.LinearEstimator.head."
+                                              r"MultiHead.heads\[0\].BinaryClasHead: unknown "
+                                              r"head 'BinaryClasHead'; did you mean "
+                                              r"'BinaryClassHead'\?"):
+        experiment.load(write(workdir, bad))
+
+
 def test_warm_start_refused_where_tf_refuses_it(workdir):
     text = HEAD.replace("LinearClassifier:\n    feature_columns: mod.py:columns\n",
                         "BaselineClassifier: {n_classes: 2}\n") + "warm_start: other_run\n"
