@@ -154,6 +154,8 @@ class Head:
         if loss_fn is not None and not callable(loss_fn):
             raise ValueError(f"loss_fn must be callable, got {loss_fn!r}")
         self._loss_fn = loss_fn
+        self._loss_fn_takes_features = (   # (asked once, not on every step)
+            loss_fn is not None and "features" in inspect.signature(loss_fn).parameters)
         self._name = name
 
     @property
@@ -170,9 +172,7 @@ class Head:
         ([batch] where n is 1)."""
         if self._loss_fn is None:
             return self._unreduced_loss(labels, logits)
-        kwargs = {}
-        if "features" in inspect.signature(self._loss_fn).parameters:
-            kwargs["features"] = features
+        kwargs = {"features": features} if self._loss_fn_takes_features else {}
         loss = self._loss_fn(labels=labels, logits=logits, **kwargs)
         if not isinstance(loss, torch.Tensor):
             raise ValueError(f"loss_fn must return a tensor, got {type(loss).__name__}")
