@@ -229,14 +229,14 @@ class ExportOutput:
 
     Torch programs hold no strings, so TF's string classes are class ids
     here; `class_names` (the name of each id) and `named_outputs` ({string
-    output: the id output it names}) are recorded with the export, and
-    `estimator serve` answers with the names, as TF Serving answers with
-    TF's string tensors."""
+    output: the id output it names, or None for every class name per
+    example}) are recorded with the export, and `estimator serve` answers
+    with the names, as TF Serving answers with TF's string tensors."""
 
     method_name = ""
 
     def __init__(self, outputs: Dict[str, torch.Tensor], class_names=None,
-                 named_outputs: Optional[Dict[str, str]] = None):
+                 named_outputs: Optional[Dict[str, Optional[str]]] = None):
         name = type(self).__name__
         for key, value in outputs.items():
             if not isinstance(value, torch.Tensor):
@@ -248,7 +248,7 @@ class ExportOutput:
                              f"{class_names!r:.100}")
         named_outputs = dict(named_outputs or {}) if class_names is not None else {}
         for new, ids in named_outputs.items():
-            if ids not in outputs:
+            if ids is not None and ids not in outputs:
                 raise ValueError(f"{name}: named output {new!r} names the ids of output "
                                  f"{ids!r}, which it does not have ({sorted(outputs)})")
         self.outputs = outputs

@@ -261,7 +261,12 @@ class Model:
         outputs = {k: v.detach().cpu().numpy() for k, v in outputs.items()}
         described = self.signatures[signature]
         for new, ids in described["named_outputs"].items():   # TF's string classes
-            outputs[new] = self._named(signature, outputs[ids])
+            if ids is None:   # every class name, per example
+                batch = len(next(iter(outputs.values())))
+                ids = np.tile(np.arange(len(described["class_names"])), (batch, 1))
+                outputs[new] = self._named(signature, ids)
+            else:
+                outputs[new] = self._named(signature, outputs[ids])
         return outputs
 
     def _named(self, signature: str, ids: np.ndarray) -> np.ndarray:

@@ -100,7 +100,8 @@ class MultiLabelHead(Head):
             scores=probabilities, classes=ids,
             class_names=[n.decode() for n in self._class_names])
         return {SERVING_DEFAULT: classification, CLASSIFY: classification,
-                PREDICT: export.PredictOutput(numeric)}
+                PREDICT: export.PredictOutput(numeric, classification.class_names,
+                                              {"classes": None})}
 
     # -- labels and loss -------------------------------------------------------------
     def _labels(self, labels, logits) -> torch.Tensor:

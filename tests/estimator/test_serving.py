@@ -265,10 +265,12 @@ def test_classify_answers_with_the_class_names_as_tf_serving(tmp_path, kind):
                                                 "instances": examples})
         assert status == 200, body
         assert [p["classes"] for p in body["predictions"]] == [words] * 3
-        if kind == "three_classes":   # TF's predict signature: classes and all_classes
-            status, body = _post(url + ":predict", {"signature_name": "predict",
-                                                    "instances": examples})
-            assert status == 200, body
+        status, body = _post(url + ":predict", {"signature_name": "predict",
+                                                "instances": examples})
+        assert status == 200, body
+        if kind == "multi_label":   # TF's predict signature: every class name
+            assert [p["classes"] for p in body["predictions"]] == [words] * 3
+        else:   # TF's predict signature: classes and all_classes
             predicted = list(estimator.predict(lambda: [({k: v[:3] for k, v in
                                                           features.items()}, None)]))
             assert [p["classes"] for p in body["predictions"]] == [
