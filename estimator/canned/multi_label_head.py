@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .. import export, metrics
 from ._head import (CLASSIFY, PREDICT, SERVING_DEFAULT, Head, _check_classes,
-                    _check_thresholds, _is_strings, _threshold_metrics)
+                    _check_thresholds, _threshold_metrics)
 
 
 class MultiLabelHead(Head):
@@ -126,8 +126,10 @@ class MultiLabelHead(Head):
         return self._shaped(hot, logits, self.logits_dimension).to(logits.dtype)
 
     def _multi_hot(self, labels) -> np.ndarray:
-        """Each example's label words -> a multi-hot row ("" is padding)."""
-        if not _is_strings(labels):
+        """Each example's label words -> a multi-hot row ("" is padding; an
+        example may have none)."""
+        if isinstance(labels, np.ndarray) and labels.dtype.kind not in "USO" or not isinstance(
+                labels, (np.ndarray, list, tuple)):
             raise ValueError("With label_vocabulary, labels must be strings: a string "
                              "matrix padded with \"\", or a list of lists of str. Instead "
                              f"got {getattr(labels, 'dtype', type(labels).__name__)}")
@@ -136,6 +138,9 @@ class MultiLabelHead(Head):
         index = {v: i for i, v in enumerate(self._vocabulary)}
         for r, row in enumerate(rows):
             for value in ([row] if isinstance(row, (str, bytes)) else row):
+                if not isinstance(value, (str, bytes)):
+                    raise ValueError(f"With label_vocabulary, labels must be strings; example "
+                                     f"{r} has {value!r} ({type(value).__name__})")
                 word = value.decode() if isinstance(value, bytes) else value
                 if word == "":
                     continue

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import estimator as est
-from head_data import LABELS, multi_label_rows
+from canned_data import batches
+from head_data import LABELS, head_model_fn, multi_label_rows
 from paths import FIXTURES
 from tf_recorded import (assert_evaluation_is_tfs, assert_predictions_are_tfs,
                          assert_variables_are_tfs)
@@ -76,18 +77,6 @@ def test_one_training_step_from_tfs_checkpoint_moves_the_weights_as_tfs(name, tm
 
 
 # -- used as TF programs use it ---------------------------------------------------
-def rows_input(rows, target, batch=16, repeat=False):
-    features, labels = rows[0], rows[target]
-
-    def input_fn():
-        while True:
-            for i in range(0, len(labels), batch):
-                yield {k: v[i:i + batch] for k, v in features.items()}, labels[i:i + batch]
-            if not repeat:
-                return
-    return input_fn
-
-
 X = [est.feature_column.numeric_column("x", shape=3)]
 
 
@@ -104,7 +93,8 @@ def test_two_replicas_train_what_one_process_trains(tmp_path):
         estimator = est.DNNEstimator(
             est.MultiLabelHead(3, weight_column="w"), [5], X, model_dir=str(tmp_path / name),
             optimizer="SGD", config=est.RunConfig(train_distribute=strategy, tf_random_seed=3))
-        estimator.train(rows_input(rows, 1, batch, repeat=True), max_steps=6)
+        estimator.train(est.inputs.numpy_input_fn(rows[0], rows[1], batch, None, False),
+                        max_steps=6)
         return {n: estimator.get_variable_value(n) for n in estimator.get_variable_names()
                 if n.startswith("dnn/")}
     one = trained("one", None, 32)
@@ -118,7 +108,8 @@ def test_exported_model_serves_what_predict_gives(tmp_path):
     rows = multi_label_rows(64, 0)
     estimator = est.DNNEstimator(est.MultiLabelHead(3, label_vocabulary=LABELS), [6], X,
                                  model_dir=str(tmp_path / "m"), dropout=0.3)
-    estimator.train(rows_input(rows, 2, repeat=True), max_steps=10)
+    estimator.train(est.inputs.numpy_input_fn(rows[0], rows[2], 16, None, False),
+                    max_steps=10)
     receiver = est.export.build_raw_serving_input_receiver_fn({"x": torch.zeros(2, 3)})
     served = est.export.load(estimator.export_saved_model(str(tmp_path / "export"), receiver))
     assert set(served.signatures) == {"serving_default", "classification", "predict"}
@@ -146,32 +137,28 @@ def test_a_model_fn_hands_its_logits_to_the_head(tmp_path):
             logits, labels, reduction="none")
         return 2.0 * per_class.mean(-1)   # [batch]: taken as [batch, 1]
     head = est.MultiLabelHead(3, label_vocabulary=LABELS, loss_fn=loss_fn)
-
-    def model_fn(features, labels, mode):
-        net = est.get_module("logits", lambda: torch.nn.Linear(3, 3))
-        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.5))
-        return head.create_estimator_spec(features, mode, net(features["x"]), labels,
-                                          train_op_fn=lambda loss: opt)
     features, _, words = multi_label_rows(64, 0)
     lists = [[w for w in row if w] for row in words.tolist()]
     assert {len(r) for r in lists} == {0, 1, 2, 3}
-    estimator = est.Estimator(model_fn, model_dir=str(tmp_path))
-    data = ({"x": features["x"]}, lists)
-    estimator.train(rows_input(data, 1, repeat=True), max_steps=40)
-    results = estimator.evaluate(rows_input(data, 1))
+    estimator = est.Estimator(head_model_fn(head, lr=0.5), model_dir=str(tmp_path))
+    x = {"x": features["x"]}
+    estimator.train(lambda: batches(x, lists, 16, repeat=True), max_steps=40)
+    results = estimator.evaluate(lambda: batches(x, lists, 16))
     assert seen[0] == ["x"]
     assert results["auc"] > 0.8
     # The same labels as a string matrix padded with "" evaluate alike.
-    again = estimator.evaluate(rows_input(({"x": features["x"]}, words), 1))
+    again = estimator.evaluate(est.inputs.numpy_input_fn(x, words, 16, 1, False))
     assert again["average_loss"] == pytest.approx(results["average_loss"])
-
-    def default_loss_model_fn(features, labels, mode):
-        net = est.get_module("logits", lambda: torch.nn.Linear(3, 3))
-        return est.MultiLabelHead(3, label_vocabulary=LABELS).create_estimator_spec(
-            features, mode, net(features["x"]), labels)
-    default = est.Estimator(default_loss_model_fn, model_dir=str(tmp_path))
+    # Batches that start with examples without labels.
+    order = np.argsort([len(r) for r in lists], kind="stable")
+    assert not lists[order[0]] and not lists[order[1]]
+    sorted_ = estimator.evaluate(lambda: batches({"x": x["x"][order]},
+                                                 [lists[i] for i in order], 16))
+    assert sorted_["average_loss"] == pytest.approx(results["average_loss"])
+    default = est.Estimator(head_model_fn(est.MultiLabelHead(3, label_vocabulary=LABELS)),
+                            model_dir=str(tmp_path))
     assert results["loss"] == pytest.approx(
-        2 * default.evaluate(rows_input(data, 1))["loss"], rel=1e-6)
+        2 * default.evaluate(lambda: batches(x, lists, 16))["loss"], rel=1e-6)
     predictions = next(iter(estimator.predict(
         est.inputs.numpy_input_fn({"x": features["x"]}, None, 16, 1, False))))
     assert [c.decode() for c in predictions["classes"]] == LABELS
@@ -204,18 +191,15 @@ def test_a_canned_estimator_refuses_what_is_not_a_head():
      r"Label 'top' \(example 1\) is not in label_vocabulary"),
     (est.MultiLabelHead(3, label_vocabulary=LABELS), np.zeros((4, 3), np.int64),
      "labels must be strings"),
+    (est.MultiLabelHead(3, label_vocabulary=LABELS), [["low"], [], ["mid", 2], []],
+     r"labels must be strings; example 2 has 2 \(int\)"),
     (est.MultiLabelHead(3, loss_fn=lambda labels, logits: logits), np.zeros((4, 3), np.int64),
      r"loss_fn must return a Tensor of shape \[batch_size, 1\].*got \[4, 3\]"),
 ])
 def test_bad_labels_are_named(head, labels, error, tmp_path):
-    def model_fn(features, labels, mode):
-        net = est.get_module("logits", lambda: torch.nn.Linear(3, 3))
-        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
-        return head.create_estimator_spec(features, mode, net(features["x"]), labels,
-                                          train_op_fn=lambda loss: opt)
     x = np.zeros((4, 3), np.float32)
     with pytest.raises(ValueError, match=error):
-        est.Estimator(model_fn, model_dir=str(tmp_path)).train(
+        est.Estimator(head_model_fn(head), model_dir=str(tmp_path)).train(
             lambda: iter([({"x": x}, labels)]), steps=1)
     assert not [n for n in os.listdir(tmp_path) if n.startswith("model.ckpt")]
 
@@ -224,7 +208,8 @@ def test_a_baseline_learns_each_class_frequency(tmp_path):
     rows = multi_label_rows(64, 0)
     estimator = est.BaselineEstimator(est.MultiLabelHead(3), model_dir=str(tmp_path),
                                       optimizer=lambda p: torch.optim.SGD(p, lr=2.0))
-    estimator.train(rows_input(rows, 1, repeat=True), max_steps=300)
+    estimator.train(est.inputs.numpy_input_fn(rows[0], rows[1], 16, None, False),
+                    max_steps=300)
     probabilities = next(iter(estimator.predict(
         est.inputs.numpy_input_fn({"x": rows[0]["x"]}, None, 16, 1, False))))["probabilities"]
     np.testing.assert_allclose(probabilities, rows[1].mean(0), atol=0.02)

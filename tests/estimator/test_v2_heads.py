@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import estimator as est
-from head_data import LABELS, rows, v2_labels
+from head_data import LABELS, head_model_fn, rows, v2_labels
 from paths import FIXTURES
 from tf_recorded import (assert_evaluation_is_tfs, assert_predictions_are_tfs,
                          assert_variables_are_tfs)
@@ -89,19 +89,12 @@ def test_a_model_fn_hands_its_logits_to_a_head_with_its_own_loss(tmp_path):
         return 2 * torch.nn.functional.binary_cross_entropy_with_logits(
             logits, labels.float(), reduction="none")
 
-    def model_fn_of(head):
-        def model_fn(features, labels, mode):
-            net = est.get_module("logits", lambda: torch.nn.Linear(3, 1))
-            opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.5))
-            return head.create_estimator_spec(features, mode, net(features["x"]), labels,
-                                              train_op_fn=lambda loss: opt)
-        return model_fn
     data = rows(64, 0)
-    estimator = est.Estimator(model_fn_of(est.BinaryClassHead(loss_fn=doubled, name="b")),
-                              model_dir=str(tmp_path))
+    estimator = est.Estimator(head_model_fn(est.BinaryClassHead(loss_fn=doubled, name="b"),
+                                            lr=0.5), model_dir=str(tmp_path))
     estimator.train(est.inputs.numpy_input_fn(data[0], data[4], 16, None, False), steps=30)
     results = estimator.evaluate(est.inputs.numpy_input_fn(data[0], data[4], 16, 1, False))
-    plain = est.Estimator(model_fn_of(est.BinaryClassHead(name="b")), model_dir=str(tmp_path)
+    plain = est.Estimator(head_model_fn(est.BinaryClassHead(name="b")), model_dir=str(tmp_path)
                           ).evaluate(est.inputs.numpy_input_fn(data[0], data[4], 16, 1, False))
     assert results["average_loss/b"] == pytest.approx(2 * plain["average_loss/b"])
     assert results["accuracy/b"] == plain["accuracy/b"] > 0.8
@@ -128,14 +121,9 @@ def test_bad_arguments_are_named(make_head, error):
     (est.BinaryClassHead(), np.array([[0], [2]]), r"Labels must be in \[0, n_classes - 1\]"),
 ])
 def test_bad_labels_are_named(head, labels, error, tmp_path):
-    def model_fn(features, labels, mode):
-        net = est.get_module("logits", lambda: torch.nn.Linear(3, head.logits_dimension))
-        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
-        return head.create_estimator_spec(features, mode, net(features["x"]), labels,
-                                          train_op_fn=lambda loss: opt)
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(ValueError, match=error):
-        est.Estimator(model_fn, model_dir=str(tmp_path)).train(
+        est.Estimator(head_model_fn(head), model_dir=str(tmp_path)).train(
             lambda: iter([({"x": x}, labels)]), steps=1)
 
 

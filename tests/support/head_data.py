@@ -1,6 +1,10 @@
 """The rows of the canned-head tests, the same as
-`tests/support/fixtures/record_tf_heads.py` gives TensorFlow."""
+`tests/support/fixtures/record_tf_heads.py` gives TensorFlow, and a model_fn
+handing a linear layer's logits to a head."""
 import numpy as np
+import torch
+
+import estimator as est
 
 LABELS = ["low", "mid", "high"]
 
@@ -64,3 +68,15 @@ def v2_labels(data, target):
     if target == "fraction":
         return (1 / (1 + np.exp(-y))).astype(np.float32)
     return data[target]
+
+
+def head_model_fn(head, lr=0.1):
+    """A model_fn of one linear layer on ``features["x"]`` (3 values) whose
+    logits go to ``head.create_estimator_spec`` (TF's custom-model_fn use of a
+    head), trained by SGD at `lr`."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("logits", lambda: torch.nn.Linear(3, head.logits_dimension))
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
+        return head.create_estimator_spec(features, mode, net(features["x"]), labels,
+                                          train_op_fn=lambda loss: opt)
+    return model_fn
