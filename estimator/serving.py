@@ -14,8 +14,8 @@ columns, answered by ``{"outputs": ...}``. `examples` are feature dicts,
 matched to the export's inputs by name; `:classify` answers
 ``{"result": [[[class, score], ...], ...]}`` (the class names the export
 recorded, or the class ids as strings) and `:regress` ``{"result": [value,
-...]}``; `:predict` on a classification signature answers its `classes`
-with those names too, as TF Serving gives TF's string classes. A bad request gets a 400 with
+...]}``; `:predict` answers the `classes` an export names with those names
+too, as TF Serving gives TF's string classes. A bad request gets a 400 with
 ``{"error": "..."}`` naming the field; an unknown model or version a 404.
 
 Given a base directory of timestamped exports, the newest version is
@@ -260,13 +260,13 @@ class Model:
                 raise RequestError(f"the model rejected the inputs: {e}") from None
         outputs = {k: v.detach().cpu().numpy() for k, v in outputs.items()}
         described = self.signatures[signature]
-        for new, ids in described["named_outputs"].items():   # TF's string classes
-            if ids is None:   # every class name, per example
+        for new, source in described["named_outputs"].items():   # TF's string classes
+            if source is None:   # every class name, per example
                 batch = len(next(iter(outputs.values())))
                 ids = np.tile(np.arange(len(described["class_names"])), (batch, 1))
-                outputs[new] = self._named(signature, ids)
             else:
-                outputs[new] = self._named(signature, outputs[ids])
+                ids = outputs[source]
+            outputs[new] = self._named(signature, ids)
         return outputs
 
     def _named(self, signature: str, ids: np.ndarray) -> np.ndarray:
