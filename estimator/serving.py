@@ -2,7 +2,7 @@
 client works unchanged.
 
     GET  /v1/models/NAME                      version status
-    GET  /v1/models/NAME/metadata             the signatures
+    GET  /v1/models/NAME/metadata             the signatures (TF's TensorInfo JSON)
     POST /v1/models/NAME[/versions/V]:predict {"signature_name": ..., "instances": [...]}
                                               or {"inputs": {...}}
     POST /v1/models/NAME:classify / :regress  {"signature_name": ..., "examples": [{...}]}
@@ -93,9 +93,7 @@ class Model:
             export.DEFAULT_SERVING_SIGNATURE_DEF_KEY: {"outputs": signature["outputs"]}}
         self.signatures = {name: {"method_name": s.get("method_name",
                                                       "tensorflow/serving/predict"),
-                                  "outputs": [o["name"] for o in s["outputs"]] + [
-                                      n for n in s.get("named_outputs", {})
-                                      if n not in {o["name"] for o in s["outputs"]}],
+                                  "outputs": _with_named(s),
                                   "class_names": s.get("class_names"),
                                   "named_outputs": s.get("named_outputs", {})}
                            for name, s in described.items()}
@@ -108,10 +106,14 @@ class Model:
                                                      "error_message": ""}}]}
 
     def metadata(self) -> dict:
+        """TF Serving's GetModelMetadataResponse as JSON: each signature's
+        inputs and outputs as TensorInfo (dtype, shape, name)."""
+        inputs = {n: _tensor_info(i) for n, i in self.inputs.items()}
         return {"model_spec": {"name": self.name, "signature_name": "",
                                "version": self.version},
                 "metadata": {"signature_def": {"signature_def": {
-                    name: {"inputs": self.inputs, "outputs": s["outputs"],
+                    name: {"inputs": inputs,
+                           "outputs": {o["name"]: _tensor_info(o) for o in s["outputs"]},
                            "method_name": s["method_name"]}
                     for name, s in self.signatures.items()}}}}
 
@@ -276,6 +278,35 @@ class Model:
         if not names:
             return ids
         return np.asarray(names, dtype=object)[ids.astype(np.int64)]
+
+
+def _with_named(signature: dict) -> list:
+    """A signature's output descriptions, with the string outputs the server
+    adds (`named_outputs`): shaped as the ids they name, or [batch, classes]."""
+    outputs = list(signature["outputs"])
+    shapes = {o["name"]: o["shape"] for o in outputs}
+    for new, source in signature.get("named_outputs", {}).items():
+        shape = (shapes[source] if source is not None
+                 else [None, len(signature.get("class_names") or ())])
+        outputs = [o for o in outputs if o["name"] != new] + [
+            {"name": new, "dtype": "string", "shape": shape}]
+    return outputs
+
+
+_TF_DTYPES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "float16": "DT_HALF",
+              "bfloat16": "DT_BFLOAT16", "int64": "DT_INT64", "int32": "DT_INT32",
+              "int16": "DT_INT16", "int8": "DT_INT8", "uint8": "DT_UINT8", "bool": "DT_BOOL",
+              "string": "DT_STRING"}
+
+
+def _tensor_info(description: dict) -> dict:
+    """A TensorInfo as TF Serving's metadata gives it: TF's dtype name, the
+    shape with -1 for the batch, and a tensor name."""
+    dims = [{"size": str(-1 if d is None else d), "name": ""}
+            for d in description.get("shape") or []]
+    return {"dtype": _TF_DTYPES.get(description["dtype"], "DT_INVALID"),
+            "tensor_shape": {"dim": dims, "unknown_rank": False},
+            "name": f"{description['name']}:0"}
 
 
 def _strings(name: str, values):

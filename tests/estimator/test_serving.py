@@ -98,6 +98,17 @@ def test_status_and_metadata(server):
     metadata = json.loads(urllib.request.urlopen(url + "/metadata").read())
     signatures = metadata["metadata"]["signature_def"]["signature_def"]
     assert set(signatures) == {"serving_default", "classification", "regression", "predict"}
+    # TF Serving's TensorInfo JSON: TF's dtype names, -1 for the batch, int64s as strings
+    classification = signatures["classification"]
+    assert classification["method_name"] == "tensorflow/serving/classify"
+    assert classification["inputs"]["a"] == {
+        "dtype": "DT_FLOAT", "tensor_shape": {"dim": [{"size": "-1", "name": ""}],
+                                              "unknown_rank": False}, "name": "a:0"}
+    scores, classes = classification["outputs"]["scores"], classification["outputs"]["classes"]
+    assert scores["dtype"] == "DT_FLOAT" and classes["dtype"] == "DT_STRING"
+    assert [d["size"] for d in scores["tensor_shape"]["dim"]] == ["-1", "2"]
+    assert [d["size"] for d in classes["tensor_shape"]["dim"]] == ["-1", "2"]
+    assert signatures["predict"]["outputs"]["class_ids"]["dtype"] == "DT_INT64"
 
 
 def test_predict_rows_and_columns_equal_estimator_predict(server, exported):
