@@ -19,14 +19,9 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import logging
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import numpy as np
 import torch
@@ -35,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import estimator as est  # noqa: E402
 from examples.census_data import make_census  # noqa: E402
+from examples.serving_client import post, served  # noqa: E402
 
 fc = est.feature_column
 
@@ -99,19 +95,6 @@ def input_fn(path: str, batch_size: int, repeat: bool):
     return fn
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/census_tfrecord")
@@ -137,38 +120,22 @@ def main(argv=None):
     classifier.export_saved_model(
         export_base, est.export.build_parsing_serving_input_receiver_fn(FEATURE_SPEC))
 
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "estimator", "serve", export_base,
-                               "--port", str(port), "--model_name", "census"], cwd=ROOT)
-    url = f"http://127.0.0.1:{port}/v1/models/census"
-    try:
-        deadline = time.monotonic() + 60
-        while True:   # up once its status answers
-            try:
-                status = json.loads(urllib.request.urlopen(url, timeout=2).read())
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("estimator serve did not start")
-                time.sleep(0.2)
+    with served(export_base, "census") as (url, status):
         print("model status:", status["model_version_status"][0]["state"])
         examples = [{"age": 38.0, "hours_per_week": 50.0, "education": "Masters",
                      "occupation": "Exec-managerial", "gender": "Female"},
                     {"age": 23.0, "hours_per_week": 20.0, "education": "11th",
                      "occupation": "Handlers-cleaners", "gender": "Male"}]
-        classified = _post(url + ":classify", {"examples": examples})
+        classified = post(url + ":classify", {"examples": examples})
         columns = {k: [e[k] for e in examples] for k in examples[0]}
         serialized = [example_of(columns, i).SerializeToString() for i in range(2)]
-        predicted = _post(url + ":predict", {"signature_name": "predict", "instances": [
+        predicted = post(url + ":predict", {"signature_name": "predict", "instances": [
             {"b64": base64.b64encode(s).decode()} for s in serialized]})
         for example, result_row, prediction in zip(examples, classified["result"],
                                                    predicted["predictions"]):
             print(f"{example}: P(>50K) = {result_row[1][1]:.3f} (predict: "
                   f"{prediction['logistic'][0]:.3f})")
-        return {"eval": result, "classify": classified, "predict": predicted}
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    return {"eval": result, "classify": classified, "predict": predicted}
 
 
 if __name__ == "__main__":

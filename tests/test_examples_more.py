@@ -118,3 +118,22 @@ def test_census_pandas_evaluates_in_memory_while_it_trains(tmp_path):
     assert scalars[300]["accuracy"] == pytest.approx(results["accuracy"], rel=1e-6)
     assert results["accuracy"] > results["accuracy_baseline"] + 0.02
     assert scalars[300]["auc"] > scalars[0]["auc"] + 0.05
+
+
+def test_multi_label_tags_are_classified_by_name_over_http(tmp_path):
+    """examples/multi_label_tags.py: MultiLabelHead + DNNEstimator through
+    train_and_evaluate, a LatestExporter's parsing export served and
+    classified over HTTP: the answer names the tags, with the scores the
+    estimator predicts."""
+    import estimator as est
+    from examples import multi_label_tags as example
+    out = example.main(["--workdir", str(tmp_path), "--train_steps", "200"])
+    assert out["eval"]["global_step"] == 200 and out["eval"]["auc"] > 0.9
+    model = est.DNNEstimator(est.MultiLabelHead(3, label_vocabulary=example.TAGS), [16],
+                             example.COLUMNS, model_dir=str(tmp_path / "model"))
+    predicted = [p["probabilities"] for p in model.predict(
+        est.inputs.numpy_input_fn(out["examples"], None, 3, 1, False))]
+    for row, probabilities in zip(out["classify"]["result"], predicted):
+        assert [tag for tag, _ in row] == example.TAGS
+        np.testing.assert_allclose([score for _, score in row], probabilities, rtol=1e-5,
+                                   atol=1e-7)
