@@ -39,7 +39,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -230,30 +230,41 @@ class ExportOutput:
     Torch programs hold no strings, so TF's string classes are class ids
     here; `class_names` (the name of each id) and `named_outputs` ({string
     output: the id output it names, or None for every class name per
-    example}) are recorded with the export, and `estimator serve` answers
-    with the names, as TF Serving answers with TF's string tensors."""
+    example; or a pair (that, its own class names)}) are recorded with the
+    export, and `estimator serve` answers with the names, as TF Serving
+    answers with TF's string tensors."""
 
     method_name = ""
 
     def __init__(self, outputs: Dict[str, torch.Tensor], class_names=None,
-                 named_outputs: Optional[Dict[str, Optional[str]]] = None):
+                 named_outputs: Optional[Dict[str, Any]] = None):
         name = type(self).__name__
         for key, value in outputs.items():
             if not isinstance(value, torch.Tensor):
                 raise ValueError(f"{name}: output {key!r} must be a tensor, "
                                  f"got {type(value).__name__}")
-        if class_names is not None and (isinstance(class_names, (str, bytes)) or not all(
-                isinstance(n, str) for n in class_names)):
-            raise ValueError(f"{name}: class_names must be a list of str, got "
-                             f"{class_names!r:.100}")
-        named_outputs = dict(named_outputs or {}) if class_names is not None else {}
-        for new, ids in named_outputs.items():
+        self.outputs = outputs
+        self.class_names = _names(name, "class_names", class_names)
+        self.named_outputs = {}   # {string output: {"ids": output or None, "names": [...]}}
+        for new, spec in (named_outputs or {}).items():
+            ids, names = spec if isinstance(spec, tuple) else (spec, self.class_names)
             if ids is not None and ids not in outputs:
                 raise ValueError(f"{name}: named output {new!r} names the ids of output "
                                  f"{ids!r}, which it does not have ({sorted(outputs)})")
-        self.outputs = outputs
-        self.class_names = None if class_names is None else list(class_names)
-        self.named_outputs = named_outputs
+            names = _names(name, f"the class names of named output {new!r}", names)
+            if names is None:
+                raise ValueError(f"{name}: named output {new!r} has no class names: give "
+                                 "class_names")
+            self.named_outputs[new] = {"ids": ids, "names": names}
+
+
+def _names(owner: str, what: str, names) -> Optional[list]:
+    """`names` as a list of str (None stays None); an error naming `what` otherwise."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{owner}: {what} must be a list of str, got {names!r:.100}")
+    return list(names)
 
 
 class PredictOutput(ExportOutput):
@@ -466,9 +477,10 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                        for key, t in sig.items()}
         signatures = {name: {"method_name": output.method_name,
                              "outputs": _describe(outputs[name], batch_dim),
-                             **({"class_names": output.class_names,
-                                 "named_outputs": output.named_outputs}
-                                if output.class_names is not None else {})}
+                             **({"class_names": output.class_names}
+                                if output.class_names is not None else {}),
+                             **({"named_outputs": output.named_outputs}
+                                if output.named_outputs else {})}
                       for name, output in module.signatures.items()}
     signature = {
         "format": "torch.export",

@@ -137,8 +137,11 @@ class Model:
         if scores is None:
             raise RequestError(f"signature {name!r} has no 'scores' to classify with")
         scores = scores.reshape(len(scores), -1)
-        labels = (classes.reshape(len(classes), -1) if classes is not None
-                  else self._named(name, np.tile(np.arange(scores.shape[1]), (len(scores), 1))))
+        if classes is not None:
+            labels = classes.reshape(len(classes), -1)
+        else:   # each score labelled with its class's name (or id)
+            labels = _named(self.signatures[name]["class_names"],
+                            np.tile(np.arange(scores.shape[1]), (len(scores), 1)))
         return {"result": [[[str(c), float(s)] for c, s in zip(row_c, row_s)]
                            for row_c, row_s in zip(labels.tolist(), scores.tolist())]}
 
@@ -262,22 +265,21 @@ class Model:
                 raise RequestError(f"the model rejected the inputs: {e}") from None
         outputs = {k: v.detach().cpu().numpy() for k, v in outputs.items()}
         described = self.signatures[signature]
-        for new, source in described["named_outputs"].items():   # TF's string classes
-            if source is None:   # every class name, per example
+        for new, spec in described["named_outputs"].items():   # TF's string classes
+            if spec["ids"] is None:   # every class name, per example
                 batch = len(next(iter(outputs.values())))
-                ids = np.tile(np.arange(len(described["class_names"])), (batch, 1))
+                ids = np.tile(np.arange(len(spec["names"])), (batch, 1))
             else:
-                ids = outputs[source]
-            outputs[new] = self._named(signature, ids)
+                ids = outputs[spec["ids"]]
+            outputs[new] = _named(spec["names"], ids)
         return outputs
 
-    def _named(self, signature: str, ids: np.ndarray) -> np.ndarray:
-        """Class ids as the class names the export recorded for `signature`;
-        the ids themselves where it recorded none."""
-        names = self.signatures[signature]["class_names"]
-        if not names:
-            return ids
-        return np.asarray(names, dtype=object)[ids.astype(np.int64)]
+
+def _named(names: Optional[list], ids: np.ndarray) -> np.ndarray:
+    """Class ids as their names; the ids themselves where there are none."""
+    if not names:
+        return ids
+    return np.asarray(names, dtype=object)[ids.astype(np.int64)]
 
 
 def _with_named(signature: dict) -> list:
@@ -285,9 +287,9 @@ def _with_named(signature: dict) -> list:
     adds (`named_outputs`): shaped as the ids they name, or [batch, classes]."""
     outputs = list(signature["outputs"])
     shapes = {o["name"]: o["shape"] for o in outputs}
-    for new, source in signature.get("named_outputs", {}).items():
-        shape = (shapes[source] if source is not None
-                 else [None, len(signature.get("class_names") or ())])
+    for new, spec in signature.get("named_outputs", {}).items():
+        shape = (shapes[spec["ids"]] if spec["ids"] is not None
+                 else [None, len(spec["names"])])
         outputs = [o for o in outputs if o["name"] != new] + [
             {"name": new, "dtype": "string", "shape": shape}]
     return outputs

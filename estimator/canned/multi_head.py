@@ -69,12 +69,15 @@ class MultiHead(Head):
                 own = head._all_predictions(part)
                 predictions.update({(head.name, k): v for k, v in own.items()})
                 outputs.update(self._renamed(head, head._export_outputs(own)))
-            merged = {}
+            merged, named = {}, {}
             for head in self._heads:
                 own = outputs.get(f"{head.name}/{PREDICT}")
                 if own is not None:
                     merged.update({f"{head.name}/{k}": v for k, v in own.outputs.items()})
-            outputs[PREDICT] = export.PredictOutput(merged)
+                    named.update({f"{head.name}/{k}": (
+                        None if spec["ids"] is None else f"{head.name}/{spec['ids']}",
+                        spec["names"]) for k, spec in own.named_outputs.items()})
+            outputs[PREDICT] = export.PredictOutput(merged, named_outputs=named)
             outputs[SERVING_DEFAULT] = outputs[self._heads[0].name]
             return EstimatorSpec(mode, predictions=predictions, export_outputs=outputs)
         if not isinstance(labels, dict):

@@ -301,3 +301,37 @@ def test_class_names_must_be_strings():
     with pytest.raises(ValueError, match="named output 'classes' names the ids of output "
                                          "'ids', which it does not have"):
         est.export.PredictOutput({"scores": torch.zeros(1, 2)}, ["a", "b"], {"classes": "ids"})
+    with pytest.raises(ValueError, match="named output 'classes' has no class names"):
+        est.export.PredictOutput({"ids": torch.zeros(1, 2)}, named_outputs={"classes": "ids"})
+
+
+def test_a_multi_head_predict_signature_names_each_heads_classes(tmp_path):
+    """MultiHead's merged `predict` signature: each head's string classes with
+    its own vocabulary (TF's `<head>/classes`)."""
+    rng = np.random.RandomState(2)
+    x = rng.randn(32, 2).astype(np.float32)
+    features = {"a": x[:, 0], "b": x[:, 1]}
+    head = est.MultiHead([est.BinaryClassHead(label_vocabulary=["no", "yes"], name="flag"),
+                          est.MultiClassHead(3, label_vocabulary=["s", "m", "l"], name="size")])
+    labels = {"flag": np.where(x[:, 0] > 0, "yes", "no"),
+              "size": np.array(["s", "m", "l"])[(x[:, 1] > -0.5).astype(int) + (x[:, 1] > 0.5)]}
+    estimator = est.DNNEstimator(head, [4], [fc.numeric_column("a"), fc.numeric_column("b")],
+                                 model_dir=str(tmp_path / "m"))
+    estimator.train(lambda: [(features, labels)] * 5, max_steps=5)
+    base = str(tmp_path / "export")
+    estimator.export_saved_model(base, est.export.build_raw_serving_input_receiver_fn(
+        {"a": torch.zeros(2), "b": torch.zeros(2)}))
+    proc, url = _start_server(base)
+    try:
+        rows = [{"a": float(a), "b": float(b)} for a, b in x[:3]]
+        status, body = _post(url + ":predict", {"signature_name": "predict", "instances": rows})
+        assert status == 200, body
+        predicted = list(estimator.predict(lambda: [({k: v[:3] for k, v in features.items()},
+                                                     None)]))
+        for served, ours in zip(body["predictions"], predicted):
+            assert served["flag/classes"] == [ours[("flag", "classes")][0].decode()]
+            assert served["size/classes"] == [ours[("size", "classes")][0].decode()]
+            assert served["size/all_classes"] == ["s", "m", "l"]
+            assert served["flag/all_classes"] == ["no", "yes"]
+    finally:
+        _end(proc)
