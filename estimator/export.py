@@ -298,7 +298,8 @@ class ClassificationOutput(ExportOutput):
                              "must be set")
         super().__init__({k: v for k, v in (("scores", scores), ("classes", classes))
                           if v is not None}, class_names,
-                         {"classes": "classes"} if classes is not None else None)
+                         {"classes": "classes"}
+                         if classes is not None and class_names is not None else None)
 
 
 class RegressionOutput(ExportOutput):
