@@ -31,10 +31,14 @@ def _trained_export(tmp, hidden_units=(6,), steps=30):
                                                        fc.numeric_column("b")],
                                   model_dir=str(tmp / "model"))
     estimator.train(lambda: [(features, y)] * steps, max_steps=steps)
-    base = tmp / "export"
-    estimator.export_saved_model(str(base), est.export.build_raw_serving_input_receiver_fn(
+    return estimator, _raw_export(estimator, str(tmp / "export")), features
+
+
+def _raw_export(estimator, base: str) -> str:
+    """`estimator` exported under `base` with a raw receiver of the float inputs a and b."""
+    estimator.export_saved_model(base, est.export.build_raw_serving_input_receiver_fn(
         {"a": torch.zeros(2), "b": torch.zeros(2)}))
-    return estimator, str(base), features
+    return base
 
 
 @pytest.fixture(scope="module")
@@ -258,10 +262,7 @@ def test_classify_answers_with_the_class_names_as_tf_serving(tmp_path, kind):
         estimator = est.DNNEstimator(est.MultiLabelHead(3, label_vocabulary=words), [4],
                                      columns, model_dir=str(tmp_path / "m"))
     estimator.train(lambda: [(features, labels)] * 10, max_steps=10)
-    base = str(tmp_path / "export")
-    estimator.export_saved_model(base, est.export.build_raw_serving_input_receiver_fn(
-        {"a": torch.zeros(2), "b": torch.zeros(2)}))
-    proc, url = _start_server(base)
+    proc, url = _start_server(_raw_export(estimator, str(tmp_path / "export")))
     try:
         examples = [{"a": float(a), "b": float(b)} for a, b in zip(x[:3, 0], x[:3, 1])]
         status, body = _post(url + ":classify", {"examples": examples})
@@ -318,10 +319,7 @@ def test_a_multi_head_predict_signature_names_each_heads_classes(tmp_path):
     estimator = est.DNNEstimator(head, [4], [fc.numeric_column("a"), fc.numeric_column("b")],
                                  model_dir=str(tmp_path / "m"))
     estimator.train(lambda: [(features, labels)] * 5, max_steps=5)
-    base = str(tmp_path / "export")
-    estimator.export_saved_model(base, est.export.build_raw_serving_input_receiver_fn(
-        {"a": torch.zeros(2), "b": torch.zeros(2)}))
-    proc, url = _start_server(base)
+    proc, url = _start_server(_raw_export(estimator, str(tmp_path / "export")))
     try:
         rows = [{"a": float(a), "b": float(b)} for a, b in x[:3]]
         status, body = _post(url + ":predict", {"signature_name": "predict", "instances": rows})
