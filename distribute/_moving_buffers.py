@@ -10,7 +10,10 @@ Which buffers move is learnt on the first step after modules are created:
 the floating buffers of every module (layer) whose buffers changed on any
 replica (batch-norm's kernels update its statistics without a version bump,
 so values are compared); constant buffers (position tables, masks) are
-never averaged, so they never drift by rounding.
+never averaged, so they never drift by rounding. A layer that first moves
+at a later step (batch norm used only after a warm-up) joins the average in
+that step: the layers left out are watched by their buffers' versions
+(batch norm counts its batches in one), which the step's agreement carries.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ class MovingBuffers:
 
     def __init__(self):
         self._unsorted: List[_Layer] = []
+        self._still: List[_Layer] = []        # layers seen not moving (yet)
+        self._still_versions = 0              # the sum of their buffers' versions then
         self._moving: List[torch.Tensor] = []
         self._sum: Optional[_Flat] = None     # the step's sum
         self._mean: Optional[_Flat] = None    # the last step's mean
@@ -49,21 +54,56 @@ class MovingBuffers:
         torch._foreach_copy_(self._sum.pieces, self._moving)
         self._work = group.start_sum(self._sum.flat)
 
-    def finish(self, world_size: int, step_made: bool) -> None:
+    def moved_late(self) -> bool:
+        """Whether a layer seen not moving has changed on this replica since
+        (after the step's forward pass; for the step's agreement to carry)."""
+        return bool(self._still) and _versions(self._still) != self._still_versions
+
+    def finish(self, group, step_made: bool, moved_late: bool = False) -> None:
         """The sum is in: every replica takes the mean. A step agreed away
         (`step_made` False: a replica asked to stop) makes no update, so its
         forward pass's change is undone: the buffers go back to the last mean
-        (kept as they are on the first step of a training, which has none)."""
+        (kept as they are on the first step of a training, which has none).
+        `moved_late`: a replica's `moved_late()` was true in this step."""
         work, self._work = self._work, None
-        if work is None:
+        if work is not None:
+            work.wait()
+            if step_made:
+                self._sum, self._mean = self._mean, self._sum
+                self._mean.flat.mul_(1.0 / group.world_size)
+                self._have_mean = True
+            if self._have_mean:
+                torch._foreach_copy_(self._moving, self._mean.pieces)
+        if moved_late:
+            self._join(group, step_made)
+
+    def _join(self, group, step_made: bool) -> None:
+        """Add the layers that moved after the first step (on any replica) to
+        the averaged ones, their buffers made the mean over the replicas now
+        (TF's reading of them), or, on a step agreed away, put back as they
+        were (unchanged until this step)."""
+        moved = torch.tensor([float(layer.bumped()) for layer in self._still])
+        dist.all_reduce(moved, op=dist.ReduceOp.MAX, group=group.control)
+        joining, still = [], []
+        for layer, flag in zip(self._still, moved.tolist()):
+            (joining if flag else still).append(layer)
+        self._still, self._still_versions = still, _versions(still)
+        for layer in joining:
+            if not step_made:
+                layer.restore()
+        buffers = [b for layer in joining for b in layer.floating]
+        if not buffers:
             return
-        work.wait()
         if step_made:
-            self._sum, self._mean = self._mean, self._sum
-            self._mean.flat.mul_(1.0 / world_size)
-            self._have_mean = True
-        if self._have_mean:
-            torch._foreach_copy_(self._moving, self._mean.pieces)
+            mean = _Flat(buffers)
+            torch._foreach_copy_(mean.pieces, buffers)
+            group.start_sum(mean.flat).wait()
+            mean.flat.mul_(1.0 / group.world_size)
+            torch._foreach_copy_(buffers, mean.pieces)
+        self._moving += buffers
+        self._sum, self._mean = _Flat(self._moving), _Flat(self._moving)
+        if self._have_mean:   # the last mean, of the layers averaged before and these
+            torch._foreach_copy_(self._mean.pieces, self._moving)
 
     def _learn(self, group) -> None:
         """The layers whose buffers changed on any replica (one all-reduce,
@@ -73,6 +113,9 @@ class MovingBuffers:
         for layer, moved in zip(self._unsorted, changed.tolist()):
             if moved:
                 self._moving += layer.floating
+            else:
+                self._still.append(layer)
+        self._still_versions = _versions(self._still)
         self._unsorted = []
         self._sum = self._mean = None
         self._have_mean = False
@@ -89,6 +132,20 @@ class _Layer:
     def changed(self) -> bool:
         return any(b._version != version or not torch.equal(b, copy)
                    for b, version, copy in self._before)
+
+    def bumped(self) -> bool:
+        """Changed by a counted in-place update (cheap: no values compared)."""
+        return any(b._version != version for b, version, _ in self._before)
+
+    def restore(self) -> None:
+        """The buffers' values as they were when the module was created."""
+        with torch.no_grad():
+            for b, _, copy in self._before:
+                b.copy_(copy)
+
+
+def _versions(layers: List[_Layer]) -> int:
+    return sum(b._version for layer in layers for b, _, _ in layer._before)
 
 
 class _Flat:

@@ -142,8 +142,8 @@ class _CollectiveExtended(StrategyExtended):
     def _reset_step_state(self):
         self._training = False       # between the start of a training input and its end
         self._train_input = None     # input_lib.TrainBatches of the current training
-        # [loss, vote, no next batch, preempted]
-        self._step_flags = torch.zeros(4, dtype=torch.float64)
+        # [loss, vote, no next batch, preempted, moving buffers joined late]
+        self._step_flags = torch.zeros(5, dtype=torch.float64)
         self._step_work = None       # its all-reduce, in flight during backward
         self._step_loss = None       # the loss it carries
         self._loss_total = 0.0       # the sum of the last agreed step's losses (CPU)
@@ -375,6 +375,7 @@ class _CollectiveExtended(StrategyExtended):
         flags[1] = 1.0 if self._vote else 0.0
         flags[2] = 1.0 if self._train_input is not None and self._train_input.exhausted else 0.0
         flags[3] = 1.0 if self._preempt_vote else 0.0
+        flags[4] = 1.0 if self._moving_buffers.moved_late() else 0.0
         self._step_loss = loss
         if loss is not None and self._device.type == "cpu":
             flags[0].copy_(loss.detach())
@@ -393,7 +394,8 @@ class _CollectiveExtended(StrategyExtended):
         work.wait()
         flags = self._step_flags
         stop = bool(flags[1].item())
-        self._moving_buffers.finish(self._group.world_size, step_made=not stop)
+        self._moving_buffers.finish(self._group, step_made=not stop,
+                                    moved_late=bool(flags[4].item()))
         if flags[3].item():
             self.preempted = True   # some replica got SIGTERM/SIGINT
         if stop:
@@ -490,7 +492,7 @@ class _CollectiveExtended(StrategyExtended):
             if work is not None:
                 work.wait()
         self._pending_stop = self._step_work = None
-        self._moving_buffers.finish(self._group.world_size, step_made=False)
+        self._moving_buffers.finish(self._group, step_made=False)
         self._vote = self._preempt_vote = self._stop_after = self._step_agreed = False
 
     def end_training(self) -> None:

@@ -156,6 +156,53 @@ def test_batch_norm_statistics_are_the_mean_over_the_replicas_as_in_tf(tmp_path,
                                _replicas_mean(xs, lambda x: x.var(0, ddof=1), 1.0), rtol=1e-6)
 
 
+
+def _late_batch_norm_model_fn(features, labels, mode):
+    """Batch norm used only from global step 2 on (a warm-up without it, as a
+    curriculum or a head added after warm-up does): its statistics first move
+    after the first step."""
+    bn = est.get_module("bn", lambda: torch.nn.BatchNorm1d(2, momentum=0.1, eps=1e-3))
+    dense = est.get_module("dense", lambda: torch.nn.Linear(2, 1))
+    x = features["x"]
+    if mode != est.ModeKeys.TRAIN or est.get_global_step() >= 2:
+        x = bn(x)
+    loss = torch.nn.functional.mse_loss(dense(x), labels)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.0)))
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "central_storage_parameter_device"])
+def test_batch_norm_first_moving_after_the_first_step_is_the_replicas_mean(tmp_path, kind):
+    """A layer whose statistics start moving only at a later step is averaged
+    from that step on, as one moving from the first: the checkpoint holds the
+    mean over the replicas of each one's moving averages (before: the chief's
+    own, as no layer was watched after the first step)."""
+    rng = np.random.RandomState(0)
+    data = [({"x": rng.normal(10.0 * (i % 2), 1 + i % 2, (4, 2)).astype(np.float32)},
+             np.zeros((4, 1), np.float32)) for i in range(12)]
+    e = est.Estimator(_late_batch_norm_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=WITH_PARAMETER_DEVICE[kind]()))
+    e.train(lambda: data, steps=5)
+    assert e.get_variable_value("global_step") == 5
+    xs = [f["x"] for f, _ in data[4:10]]      # steps 3 to 5 (global step 2 to 4 before)
+    np.testing.assert_allclose(e.get_variable_value("bn/running_mean"),
+                               _replicas_mean(xs, lambda x: x.mean(0), 0.0), rtol=1e-5)
+    np.testing.assert_allclose(e.get_variable_value("bn/running_var"),
+                               _replicas_mean(xs, lambda x: x.var(0, ddof=1), 1.0), rtol=1e-5)
+
+
+def test_batch_norm_first_moving_in_the_step_agreed_away_keeps_its_statistics(tmp_path):
+    """The step that carries the stop (here the first to use batch norm)
+    makes no update, its forward pass included, for a late layer too."""
+    data = [({"x": np.full((4, 2), 5.0 + i, np.float32)}, np.zeros((4, 1), np.float32))
+            for i in range(8)]
+    e = est.Estimator(_late_batch_norm_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=STRATEGIES["mirrored"]()))
+    e.train(lambda: data, steps=2)
+    np.testing.assert_array_equal(e.get_variable_value("bn/running_mean"), [0.0, 0.0])
+    np.testing.assert_array_equal(e.get_variable_value("bn/running_var"), [1.0, 1.0])
+
+
 _COLORS = {"red": 0, "green": 1, "blue": 2}
 
 
