@@ -12,6 +12,7 @@ checkpoint and warm starting happen at creation, before the strategy places
 from __future__ import annotations
 
 import logging
+import re
 from typing import Callable, Dict, Iterable, Optional
 
 import torch
@@ -53,6 +54,7 @@ class ModelScope:
         self.summaries_due = False
         self.summaries: list = []
         self.name_uses: Dict[str, int] = {}   # default names taken in this model_fn call
+        self.collections: Dict[str, list] = {}   # [(name, value)] added in this call
         self._restore = restore
         self._restore_path = restore_path
         self._warm_start = warm_start
@@ -249,6 +251,30 @@ def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
             tensor = torch.as_tensor(feed[name], dtype=tensor.dtype, device=tensor.device)
         _current.named_tensors[name] = tensor
     return tensor
+
+
+def add_to_collection(key: str, name: str, value) -> None:
+    """Add `value`, named `name`, to the collection `key` of this model_fn call
+    (TF: `tf.compat.v1.add_to_collection`, a graph's collections: the losses'
+    `loss_collection`). The session empties the collections before each
+    step's model_fn call; outside a model scope nothing is kept (as TF eager)."""
+    if _current is not None:
+        _current.collections.setdefault(key, []).append((name, value))
+
+
+def get_collection(key: str, scope: Optional[str] = None) -> list:
+    """The values in the collection `key` of this model_fn call, in the order
+    added; with `scope`, those whose name `re.match`es it (TF's filter)."""
+    if _current is None:
+        return []
+    items = _current.collections.get(key, ())
+    return [value for name, value in items if scope is None or re.match(scope, name)]
+
+
+def unique_name(name: str) -> str:
+    """`name`, then `name_1`, ... for its later uses in this model_fn call (TF's
+    name scopes); `name` itself outside a model scope."""
+    return name if _current is None else _current.unique_name(name)
 
 
 # -- for estimator.metrics ---------------------------------------------------------

@@ -15,7 +15,7 @@ from paths import FIXTURES
 with open(os.path.join(FIXTURES, "tf_signatures.json"), encoding="utf-8") as _f:
     TF = json.load(_f)["signatures"]
 OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental,
-        "metrics": est.metrics, "learning_rate_decay": est.learning_rate_decay,
+        "metrics": est.metrics, "losses": est.losses, "learning_rate_decay": est.learning_rate_decay,
         "feature_column": est.feature_column, "hooks": hooks,
         "estimator_methods": est.Estimator, "exporters": est, "export": est.export,
         "distribute": distribute, "distribute.experimental": distribute.experimental}

@@ -229,8 +229,8 @@ class Head:
         labels = self._labels(labels, logits)
         weights = self._weights(features, logits)
         unreduced = self._loss(labels, logits, features)
-        return labels, weights, unreduced, compute_weighted_loss(unreduced, weights,
-                                                                 self._reduction)
+        return labels, weights, unreduced, compute_weighted_loss(
+            unreduced, weights, reduction=self._reduction, loss_collection=None)
 
     def _training_loss(self, loss, weights, unreduced) -> torch.Tensor:
         """TRAIN's loss: a SUM loss times the replicas in sync (see the module
