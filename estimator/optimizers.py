@@ -6,6 +6,8 @@ differently, and the canned estimators' optimizer names.
 - `RMSProp`: ``tf.compat.v1.train.RMSPropOptimizer`` (kernels ``ApplyRMSProp``
   / ``ApplyCenteredRMSProp``): its mean-square slot starts at ones and epsilon
   sits inside the square root, unlike ``torch.optim.RMSprop``.
+- `Adam`: ``tf.compat.v1.train.AdamOptimizer`` (kernel ``ApplyAdam``): epsilon
+  added before the bias correction, unlike ``torch.optim.Adam``.
 - `ProximalAdagrad`, `ProximalGradientDescent`:
   ``tf.compat.v1.train.ProximalAdagradOptimizer`` /
   ``ProximalGradientDescentOptimizer`` (FOBOS with L1 and L2; kernels
@@ -28,7 +30,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-__all__ = ["Ftrl", "RMSProp", "ProximalAdagrad", "ProximalGradientDescent",
+__all__ = ["Ftrl", "RMSProp", "Adam", "ProximalAdagrad", "ProximalGradientDescent",
            "optimizer_factory", "OPTIMIZER_NAMES"]
 
 
@@ -205,6 +207,55 @@ class RMSProp(_PerParameter):
             torch.add(rms, eps, out=tmp)
         mom.mul_(group["momentum"]).add_(torch.mul(g, group["lr"]).div_(tmp.sqrt_()))
         w.sub_(mom)
+
+
+class Adam(_PerParameter):
+    """``tf.compat.v1.train.AdamOptimizer`` with dense gradients (kernel
+    ``ApplyAdam``), TF1's rule exactly.
+
+    State per parameter: ``m`` and ``v`` (TF's slots ``<var>/Adam`` and
+    ``<var>/Adam_1``, zeros) and TF's ``beta1_power`` / ``beta2_power``
+    (beta^t, kept as TF keeps them, in the variable's dtype)::
+
+        alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+        m += (g - m) * (1 - beta1)
+        v += (g^2 - v) * (1 - beta2)
+        w -= alpha * m / (sqrt(v) + epsilon)
+
+    ``torch.optim.Adam`` adds epsilon after the bias correction of sqrt(v), TF1
+    before: with TF1's epsilon=1e-8 the two differ only where sqrt(v) is that
+    small, but with the large epsilons TF programs pass (0.1, 1.0: TF's
+    docstring suggests them for ImageNet) every step differs. Arguments are
+    TF1's; `lr=` is accepted for `learning_rate` (and wins when given).
+    """
+
+    def __init__(self, params: Iterable, learning_rate: float = 0.001, beta1: float = 0.9,
+                 beta2: float = 0.999, epsilon: float = 1e-8, *, lr: Optional[float] = None):
+        learning_rate = _learning_rate(lr, learning_rate, "Adam")
+        for name, beta in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {beta}")
+        if epsilon < 0.0:
+            raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+        super().__init__(params, dict(lr=learning_rate, beta1=beta1, beta2=beta2,
+                                      epsilon=epsilon))
+
+    def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
+        f = _in_dtype(w.dtype)
+        beta1, beta2 = f(group["beta1"]), f(group["beta2"])
+        if not state:
+            state["m"] = torch.zeros_like(w, memory_format=torch.preserve_format)
+            state["v"] = torch.zeros_like(w, memory_format=torch.preserve_format)
+            state["beta1_power"], state["beta2_power"] = beta1, beta2
+        m, v = state["m"], state["v"]
+        # TF's arithmetic on the scalars, in the variable's dtype
+        alpha = f(f(f(group["lr"]) * f(f(1.0 - state["beta2_power"]) ** 0.5))
+                  / f(1.0 - state["beta1_power"]))
+        m.add_(torch.sub(g, m).mul_(f(1.0 - beta1)))
+        v.add_(torch.mul(g, g).sub_(v).mul_(f(1.0 - beta2)))
+        w.sub_(torch.mul(m, alpha).div_(v.sqrt().add_(f(group["epsilon"]))))
+        state["beta1_power"] = f(state["beta1_power"] * beta1)
+        state["beta2_power"] = f(state["beta2_power"] * beta2)
 
 
 def _check_l1_l2(l1: float, l2: float) -> None:

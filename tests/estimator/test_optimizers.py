@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import estimator as est
-from estimator.optimizers import (OPTIMIZER_NAMES, Ftrl, ProximalAdagrad,
+from estimator.optimizers import (OPTIMIZER_NAMES, Adam, Ftrl, ProximalAdagrad,
                                   ProximalGradientDescent, RMSProp, optimizer_factory)
 from paths import FIXTURES
 
@@ -27,7 +27,7 @@ BY_NAME = {c["name"]: c for c in TF["by_name"]}
 # 1e-6 of itself. Slots are held relative to themselves; Adam's `v` to 2e-5,
 # since TF1 computes 1 - beta2 from float32(0.999) (0.00099998713, not 0.001).
 RTOL = {"Adagrad": 1e-6, "Adam": 1e-5, "Ftrl": 1e-6, "RMSProp": 1e-6, "SGD": 1e-6,
-        "ProximalAdagrad": 1e-6, "ProximalGradientDescent": 1e-6}
+        "ProximalAdagrad": 1e-6, "ProximalGradientDescent": 1e-6, "TF1 Adam": 1e-6}
 SLOT_RTOL = {"Adam": 2e-5}
 # TF slot -> torch state key, for torch's own optimizers
 TORCH_SLOTS = {"Adagrad": {"accumulator": "sum"}, "Adam": {"m": "exp_avg", "v": "exp_avg_sq"}}
@@ -83,11 +83,26 @@ def test_ftrl_rmsprop_and_proximal_equal_tf1(case):
     recorded = CASES[case]
     cls = {"tf.compat.v1.train.FtrlOptimizer": Ftrl,
            "tf.compat.v1.train.RMSPropOptimizer": RMSProp,
+           "tf.compat.v1.train.AdamOptimizer": Adam,
            "tf.compat.v1.train.ProximalAdagradOptimizer": ProximalAdagrad,
            "tf.compat.v1.train.ProximalGradientDescentOptimizer": ProximalGradientDescent,
            }[recorded["tf"]]
     values, w, opt = _steps(lambda p: cls(p, **recorded["kwargs"]))
-    _check(values, opt, w, recorded, cls.__name__)
+    _check(values, opt, w, recorded, "TF1 Adam" if cls is Adam else cls.__name__)
+
+
+@pytest.mark.parametrize("case", ["adam_epsilon_1", "adam_betas_epsilon"])
+def test_torchs_adam_is_not_tf1s_with_a_large_epsilon(case):
+    """Why est.optimizers.Adam: torch.optim.Adam with TF1's arguments misses
+    TF1's steps by far more than rounding once epsilon is large (TF1 adds it
+    before the bias correction)."""
+    recorded = CASES[case]
+    kwargs = recorded["kwargs"]
+    betas = (kwargs.get("beta1", 0.9), kwargs.get("beta2", 0.999))
+    values, _, _ = _steps(lambda p: torch.optim.Adam(p, lr=kwargs["learning_rate"], betas=betas,
+                                                     eps=kwargs["epsilon"]))
+    error = np.abs(np.array(values) - np.array(recorded["values"], np.float32)).max()
+    assert error > 1e-3
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
@@ -133,6 +148,8 @@ def test_slots_are_named_as_tf_says():
         "accum": "w/Ftrl", "linear": "w/Ftrl_1"}
     assert {k: v["variable"] for k, v in CASES["rmsprop_centered"]["slots"].items()} == {
         "rms": "w/RMSProp", "mg": "w/RMSProp_1", "momentum": "w/RMSProp_2"}
+    assert {k: v["variable"] for k, v in CASES["adam"]["slots"].items()} == {
+        "m": "w/Adam", "v": "w/Adam_1"}
     assert "Ftrl" in Ftrl.__doc__ and "Ftrl_1" in Ftrl.__doc__
 
 
@@ -142,7 +159,8 @@ def test_slots_are_named_as_tf_says():
     lambda p: RMSProp(p, learning_rate=0.01, momentum=0.9, centered=True),
     optimizer_factory("Adagrad", 0.05),
     lambda p: ProximalAdagrad(p, learning_rate=0.1, l1_regularization_strength=0.05),
-], ids=["ftrl", "rmsprop", "adagrad", "proximal_adagrad"])
+    lambda p: Adam(p, learning_rate=0.1, epsilon=1.0),
+], ids=["ftrl", "rmsprop", "adagrad", "proximal_adagrad", "adam"])
 def test_state_dict_round_trip_continues_identically(make):
     """Two steps; the state saved (torch.save), loaded into a fresh optimizer on
     a fresh parameter; three more steps: bit-identical to five in one go."""
@@ -167,8 +185,9 @@ def test_state_dict_round_trip_continues_identically(make):
                                   lambda p: ProximalAdagrad(p, learning_rate=0.1,
                                                             l1_regularization_strength=0.1),
                                   lambda p: ProximalGradientDescent(
-                                      p, learning_rate=0.1, l2_regularization_strength=0.1)],
-                         ids=["ftrl", "rmsprop", "proximal_adagrad", "proximal_sgd"])
+                                      p, learning_rate=0.1, l2_regularization_strength=0.1),
+                                  lambda p: Adam(p, learning_rate=0.1)],
+                         ids=["ftrl", "rmsprop", "proximal_adagrad", "proximal_sgd", "adam"])
 def test_parameter_without_gradient_is_untouched(make):
     a = torch.nn.Parameter(torch.ones(2))
     b = torch.nn.Parameter(torch.ones(2))
@@ -199,7 +218,7 @@ def test_step_returns_the_closures_loss():
     assert opt.step(closure).item() == 5.0 and w.grad is not None
 
 
-@pytest.mark.parametrize("cls", [Ftrl, RMSProp, ProximalAdagrad, ProximalGradientDescent])
+@pytest.mark.parametrize("cls", [Ftrl, RMSProp, ProximalAdagrad, ProximalGradientDescent, Adam])
 def test_the_param_groups_lr_is_used(cls):
     """A scheduler changes group["lr"]: the next step uses it (RMSProp without
     momentum and the proximal ones without L1 or L2: a step three times as long)."""
@@ -211,7 +230,7 @@ def test_the_param_groups_lr_is_used(cls):
         w.grad = torch.tensor(TF["gradients"][1])
         opt.step()
     assert not torch.equal(a, b)
-    if cls is not Ftrl:
+    if cls is not Ftrl:   # (Adam: alpha is lr times the bias corrections)
         torch.testing.assert_close(before - b.detach(), 3 * (before - a.detach()))
 
 
@@ -297,14 +316,28 @@ def test_rmsprop_arguments_checked(kwargs, match):
         RMSProp([torch.nn.Parameter(torch.zeros(1))], **kwargs)
 
 
-@pytest.mark.parametrize("cls", [Ftrl, RMSProp, ProximalAdagrad, ProximalGradientDescent])
+@pytest.mark.parametrize("cls", [Ftrl, RMSProp, ProximalAdagrad, ProximalGradientDescent, Adam])
 def test_rebuilt_from_defaults_as_a_parameter_server_does(cls):
     """A ps builds the trainers' optimizer as cls(param_groups, **defaults)."""
     opt = cls([torch.nn.Parameter(torch.zeros(2))], learning_rate=0.3)
     again = cls([torch.nn.Parameter(torch.zeros(2))], **opt.defaults)
     assert again.defaults == opt.defaults
+    if cls is Adam:   # TF1's default learning rate
+        assert cls([torch.nn.Parameter(torch.zeros(2))]).defaults["lr"] == 0.001
+        return
     with pytest.raises(TypeError, match="needs learning_rate"):
         cls([torch.nn.Parameter(torch.zeros(2))])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"beta1": 1.0}, r"beta1 must be in \[0, 1\), got 1.0"),
+    ({"beta2": -0.1}, r"beta2 must be in \[0, 1\), got -0.1"),
+    ({"epsilon": -1.0}, "epsilon must be >= 0, got -1.0"),
+    ({"learning_rate": 0.0}, "learning_rate must be positive"),
+])
+def test_adam_arguments_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Adam([torch.nn.Parameter(torch.zeros(1))], **kwargs)
 
 
 @pytest.mark.parametrize("cls, kwargs, match", [
