@@ -54,6 +54,64 @@ class _CentralStorageExtended(_CollectiveExtended):
         self._copy_to_master(module, working)
         return working
 
+    def create_optimizer(self, name: str, factory, params):
+        optimizer = super().create_optimizer(name, factory, params)
+        if self._group is not None:
+            optimizer.register_step_pre_hook(self._to_masters_in_train_op)
+            optimizer.register_step_post_hook(self._from_masters_in_train_op)
+        return optimizer
+
+    def _to_masters_in_train_op(self, optimizer, args, kwargs) -> None:
+        """Before a callable train_op's optimizer step, as `apply_gradients`
+        does: the replicas' gradients reduced onto the master copies, which
+        only replica 0 steps."""
+        if not self._in_train_op:
+            return
+        masters, working = self._masters_and_working(optimizer)
+        flat = self._reduced_gradients(working)
+        if self._group.rank == 0:
+            flat.div_(self._group.world_size)
+            grads = [w.grad for w in working]
+            for m, g in zip(masters, torch._utils._unflatten_dense_tensors(flat, grads)):
+                m.grad = g.to(m.device)
+        else:
+            for m in masters:
+                m.grad = None   # (a parameter without a gradient is not stepped)
+
+    def _from_masters_in_train_op(self, optimizer, args, kwargs) -> None:
+        """After it: replica 0's new values to every replica's working copy."""
+        if not self._in_train_op:
+            return
+        masters, working = self._masters_and_working(optimizer)
+        if self._group.rank == 0:
+            self._copy_back(masters, working)
+        self._broadcast(working)
+        for w in working:
+            w.grad = None
+
+    def _masters_and_working(self, optimizer) -> tuple:
+        masters = [p for g in optimizer.param_groups for p in g["params"]]
+        return masters, [self._working.get(id(p), p) for p in masters]
+
+    def _reduced_gradients(self, working) -> torch.Tensor:
+        """The working copies' gradients (zeros where none), summed onto replica 0."""
+        for w in working:
+            if w.grad is None:
+                w.grad = torch.zeros_like(w)
+        flat = torch._utils._flatten_dense_tensors([w.grad for w in working])
+        dist.reduce(flat, 0)
+        return flat
+
+    def _copy_back(self, masters, working) -> None:
+        """Replica 0, after the step: the masters into the working copies, and
+        the working buffers (the replicas' mean statistics) into the masters."""
+        with torch.no_grad():
+            for m, w in zip(masters, working):
+                if w is not m:
+                    w.copy_(m)
+            for m, w in self._buffers:
+                m.copy_(w)
+
     def _copy_to_master(self, master: torch.nn.Module, working: torch.nn.Module) -> None:
         with torch.no_grad():
             for m, w in zip(master.state_dict().values(), working.state_dict().values()):
@@ -63,15 +121,13 @@ class _CentralStorageExtended(_CollectiveExtended):
         if self._group is None:
             return super().apply_gradients(loss, optimizer)
         self._start_step(loss)
-        masters = [p for g in optimizer.param_groups for p in g["params"]]
-        working = [self._working.get(id(p), p) for p in masters]
+        masters, working = self._masters_and_working(optimizer)
         for p in working:
             p.grad = None
         try:
             loss.backward()
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in working]
-            flat = torch._utils._flatten_dense_tensors(grads)
-            dist.reduce(flat, 0)
+            flat = self._reduced_gradients(working)
+            grads = [w.grad for w in working]
             self._finish_step()   # may stop here, before any update
             if self._group.rank == 0:
                 flat.div_(self._group.world_size)
@@ -79,12 +135,7 @@ class _CentralStorageExtended(_CollectiveExtended):
                     m.grad = g.to(m.device)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                with torch.no_grad():
-                    for m, w in zip(masters, working):
-                        if w is not m:
-                            w.copy_(m)
-                    for m, w in self._buffers:   # the replicas' mean (batch-norm statistics)
-                        m.copy_(w)
+                self._copy_back(masters, working)
             self._broadcast(working)
         except RuntimeError as e:
             raise self._explain(e, "the gradient reduction to the parameter device") from e

@@ -137,6 +137,7 @@ class _CollectiveExtended(StrategyExtended):
         self._backend = self._ops._backend(self._device.type)
         self._timeout = float(timeout or _DEFAULT_TIMEOUT)
         self._group: Optional[ProcessGroup] = None
+        self._in_train_op = False    # a callable train_op runs (its optimizers' steps reduce)
         self._reset_step_state()
 
     def _reset_step_state(self):
@@ -302,6 +303,19 @@ class _CollectiveExtended(StrategyExtended):
     def _before_forward(self, module, args):
         self._await_agreement()
 
+    def create_optimizer(self, name: str, factory, params):
+        optimizer = super().create_optimizer(name, factory, params)
+        if self._group is not None and self._ops._reduce_to_one:   # (no DDP: see _wrap)
+            optimizer.register_step_pre_hook(self._reduce_in_train_op)
+        return optimizer
+
+    def _reduce_in_train_op(self, optimizer, args, kwargs) -> None:
+        """Before a callable train_op's optimizer step, its gradients reduced as
+        `apply_gradients` reduces them (DDP's all-reduce in backward does it
+        for the other strategies)."""
+        if self._in_train_op:
+            self._reduce_gradients_to_one(optimizer)
+
     # -- the step ----------------------------------------------------------------------
     def apply_gradients(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer):
         if self._group is None:
@@ -323,9 +337,12 @@ class _CollectiveExtended(StrategyExtended):
         self._start_step(None)   # the loss is not known here: each replica logs its own
         try:
             self._finish_step()  # before the train_op, which makes the step's update
+            self._in_train_op = True
             train_op()
         except RuntimeError as e:
             raise self._explain(e, "the train_op") from e
+        finally:
+            self._in_train_op = False
 
     def _gradients(self, optimizer) -> List[torch.Tensor]:
         grads = []

@@ -408,7 +408,11 @@ def test_a_hung_replica_fails_the_others_within_the_timeout(tmp_path):
     assert not multiprocessing.active_children()
 
 
-def test_custom_train_op_and_predict_in_the_calling_process(tmp_path):
+@pytest.mark.parametrize("kind", sorted(WITH_PARAMETER_DEVICE))
+def test_custom_train_op_and_predict_in_the_calling_process(tmp_path, kind):
+    """A callable train_op trains as one process on the global batch under
+    every synchronous strategy (before: under ReductionToOneDevice each replica
+    stepped on its own gradients, and under central storage nothing moved)."""
     def model_fn(features, labels, mode):
         spec = regression_model_fn(features, labels, mode, {"lr": 0.05})
         if mode != est.ModeKeys.TRAIN:
@@ -426,7 +430,7 @@ def test_custom_train_op_and_predict_in_the_calling_process(tmp_path):
             model_dir=str(tmp_path / name), train_distribute=strategy, eval_distribute=strategy,
             tf_random_seed=3))
 
-    two, one = build("two", STRATEGIES["mirrored"]()), build("one", None)
+    two, one = build("two", WITH_PARAMETER_DEVICE[kind]()), build("one", None)
     two.train(lambda: batches(batch_size=16), steps=4)
     one.train(lambda: concatenated(batches(batch_size=16), 2), steps=4)
     assert_same_variables(two, one)
