@@ -122,6 +122,37 @@ def test_mirrored_replicas_train_what_one_process_trains(tmp_path):
         np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [
+    lambda: distribute.MirroredStrategy(["cpu:0", "cpu:1"]),
+    lambda: distribute.MirroredStrategy(["cpu:0", "cpu:1"],
+                                        cross_device_ops=distribute.ReductionToOneDevice()),
+    lambda: distribute.CentralStorageStrategy(["cpu:0", "cpu:1"]),
+], ids=["mirrored", "reduction_to_one_device", "central_storage"])
+def test_wide_and_deep_replicas_train_what_one_process_trains(tmp_path, strategy):
+    """Wide & deep steps two optimizers in a callable train_op: on two
+    replicas of every synchronous strategy it ends with one process's weights
+    (before: under ReductionToOneDevice each replica stepped on its own
+    gradients, under central storage nothing trained)."""
+    features, labels = _data()
+    deep = NUMERIC + [fc.embedding_column(fc.categorical_column_with_hash_bucket("color", 7), 2)]
+
+    def trained(name, strategy, batch):
+        estimator = est.DNNLinearCombinedClassifier(
+            model_dir=str(tmp_path / name), linear_feature_columns=NUMERIC,
+            linear_optimizer="SGD", dnn_feature_columns=deep, dnn_hidden_units=[4],
+            dnn_optimizer="SGD",
+            config=est.RunConfig(train_distribute=strategy, tf_random_seed=3))
+        estimator.train(_input(features, labels, batch=batch, repeat=True), max_steps=6)
+        return {n: estimator.get_variable_value(n) for n in estimator.get_variable_names()
+                if not n.startswith("optimizer")}
+    one = trained("one", None, 32)
+    two = trained("two", strategy(), 16)
+    assert one.keys() == two.keys()
+    for name in one:
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def test_warm_start_from_another_canned_model(tmp_path):
     """warm_start_from a model_dir: the variables start as that model's (with
     a zero learning rate they stay so), the global step at 0 as in TF."""
