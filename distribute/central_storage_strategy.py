@@ -62,10 +62,10 @@ class _CentralStorageExtended(_CollectiveExtended):
         return optimizer
 
     def _to_masters_in_train_op(self, optimizer, args, kwargs) -> None:
-        """Before a callable train_op's optimizer step, as `apply_gradients`
-        does: the replicas' gradients reduced onto the master copies, which
+        """Before an optimizer step of user code (a callable train_op,
+        `strategy.run`), as `apply_gradients` does: the replicas' gradients reduced onto the master copies, which
         only replica 0 steps."""
-        if not self._in_train_op:
+        if not self._user_step:
             return
         masters, working = self._masters_and_working(optimizer)
         flat = self._reduced_gradients(working)
@@ -80,7 +80,7 @@ class _CentralStorageExtended(_CollectiveExtended):
 
     def _from_masters_in_train_op(self, optimizer, args, kwargs) -> None:
         """After it: replica 0's new values to every replica's working copy."""
-        if not self._in_train_op:
+        if not self._user_step:
             return
         masters, working = self._masters_and_working(optimizer)
         if self._group.rank == 0:

@@ -137,7 +137,10 @@ class _CollectiveExtended(StrategyExtended):
         self._backend = self._ops._backend(self._device.type)
         self._timeout = float(timeout or _DEFAULT_TIMEOUT)
         self._group: Optional[ProcessGroup] = None
-        self._in_train_op = False    # a callable train_op runs (its optimizers' steps reduce)
+        # User code steps its optimizers (a callable train_op, a custom loop's
+        # strategy.run): under ReductionToOneDevice and central storage their
+        # steps reduce the gradients first, as apply_gradients does.
+        self._user_step = False
         self._reset_step_state()
 
     def _reset_step_state(self):
@@ -310,10 +313,11 @@ class _CollectiveExtended(StrategyExtended):
         return optimizer
 
     def _reduce_in_train_op(self, optimizer, args, kwargs) -> None:
-        """Before a callable train_op's optimizer step, its gradients reduced as
-        `apply_gradients` reduces them (DDP's all-reduce in backward does it
-        for the other strategies)."""
-        if self._in_train_op:
+        """Before an optimizer step of user code (a callable train_op,
+        `strategy.run`), its gradients reduced as `apply_gradients` reduces
+        them (DDP's all-reduce in backward does it for the other strategies;
+        TF2's `apply_gradients` in a replica context does it in TF)."""
+        if self._user_step:
             self._reduce_gradients_to_one(optimizer)
 
     # -- the step ----------------------------------------------------------------------
@@ -337,12 +341,12 @@ class _CollectiveExtended(StrategyExtended):
         self._start_step(None)   # the loss is not known here: each replica logs its own
         try:
             self._finish_step()  # before the train_op, which makes the step's update
-            self._in_train_op = True
+            self._user_step = True
             train_op()
         except RuntimeError as e:
             raise self._explain(e, "the train_op") from e
         finally:
-            self._in_train_op = False
+            self._user_step = False
 
     def _gradients(self, optimizer) -> List[torch.Tensor]:
         grads = []
@@ -618,9 +622,11 @@ class _CollectiveStrategy(Strategy):
                 "strategy.extended.call_for_each_replica(fn), or train with the Estimator")
         with self.scope():
             _stack().append(ReplicaContext(self, extended._rank()))
+            user_step, extended._user_step = extended._user_step, extended._group is not None
             try:
                 return fn(*args, **(kwargs or {}))
             finally:
+                extended._user_step = user_step
                 _stack().pop()
 
     def _reduce_across(self, reduce_op, value):

@@ -86,6 +86,30 @@ def test_custom_loop_example_on_two_replicas_equals_one(tmp_path, capsys):
         ["checkpoint", "model.ckpt-30", "model.ckpt-30.crc32c"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("make", [
+    lambda: distribute.MirroredStrategy(["cpu:0", "cpu:1"],
+                                        cross_device_ops=distribute.ReductionToOneDevice()),
+    lambda: distribute.CentralStorageStrategy(["cpu:0", "cpu:1"]),
+], ids=["reduction_to_one_device", "central_storage"])
+def test_a_custom_loops_optimizer_steps_on_the_replicas_mean_gradient(tmp_path, make):
+    """The example's loop (`opt.step()` inside `strategy.run`, as TF2's
+    `apply_gradients` in a replica context) under the strategies that reduce
+    without DDP: every replica ends with one process's weights (before: each
+    stepped on its own gradients, or, under central storage, nothing moved)."""
+    import custom_loop_mirrored as example
+    strategy = make()
+    two = strategy.extended.call_for_each_replica(example.train,
+                                                  (strategy, str(tmp_path / "two"), 30))
+    one_device = distribute.MirroredStrategy(["cpu:0"])
+    one = one_device.extended.call_for_each_replica(example.train,
+                                                    (one_device, str(tmp_path / "one"), 30))
+    for replica in two:
+        assert replica[0] == 30
+        assert replica[2:] == pytest.approx(one[0][2:], abs=1e-6)
+
+
 def _loop_until_a_hook_stops_replica_1(strategy, model_dir):
     """A custom loop (MonitoredTrainingSession + strategy.run) where only replica
     1's hook asks to stop, after step 3."""
