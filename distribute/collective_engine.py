@@ -161,6 +161,7 @@ class _CollectiveExtended(StrategyExtended):
         self._pending_loss = None
         self._loss_src = self._loss_mean = None
         self._moving_buffers = MovingBuffers()   # batch-norm statistics: the replicas' mean
+        self._first_used = []        # [(name, DDP module)] called for the first time in TRAIN
 
     # -- TF's public surface ---------------------------------------------------------
     @property
@@ -266,11 +267,11 @@ class _CollectiveExtended(StrategyExtended):
         if self._group is None or not torch.is_grad_enabled():
             return module   # nothing to synchronize (evaluation, prediction)
         try:
-            return self._wrap(module)
+            return self._wrap(name, module)
         except RuntimeError as e:
             raise self._explain(e, f"setting up module {name!r}") from e
 
-    def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+    def _wrap(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
         if self._ops._reduce_to_one or not any(p.requires_grad for p in module.parameters()):
             # No DDP (gradients reduced by hand; or nothing to train: frozen,
             # or buffers alone, as BatchNorm(affine=False)): start from rank
@@ -289,7 +290,39 @@ class _CollectiveExtended(StrategyExtended):
         # A custom loop's vote to stop is awaited before the next forward;
         # the Estimator's steps leave none pending.
         ddp.register_forward_pre_hook(self._before_forward)
+        self._watch_first_use(name, ddp)
         return ddp
+
+    def _watch_first_use(self, name: str, ddp) -> None:
+        """Have the first training step that calls `ddp` check that its loss
+        reached every trainable parameter (`_check_used`); the hook is removed
+        after that forward."""
+        def first_forward(module, args):
+            if torch.is_grad_enabled():
+                handle.remove()
+                self._first_used.append((name, ddp))
+        handle = ddp.register_forward_pre_hook(first_forward)
+
+    def _check_used(self) -> None:
+        """After the backward pass of a module's first training step: a
+        trainable parameter without a gradient (an output computed in TRAIN
+        but left out of the loss) is an error here, before the optimizer steps
+        on gradients DDP never averaged (it reduces a module's parameters
+        together and would fail only at the next forward)."""
+        used, self._first_used = self._first_used, []
+        for name, ddp in used:
+            unused = [n for n, p in ddp.module.named_parameters()
+                      if p.requires_grad and p.grad is None]
+            if unused:
+                strategy = type(self._container_strategy).__name__
+                raise ValueError(
+                    f"module {name!r}: the loss does not reach its parameters "
+                    f"{', '.join(unused)} (no gradient in this training step). Under "
+                    f"{strategy} (DDP, which averages a module's gradients together) "
+                    "every trainable parameter of a module a training step calls must be "
+                    "in the loss: make the part the loss does not use (a head only "
+                    "predictions need) a module of its own, another est.get_module, that "
+                    "the training step does not call (`if mode != est.ModeKeys.TRAIN`)")
 
     def _broadcast(self, tensors: List[torch.Tensor]) -> None:
         """Rank 0's values into `tensors` on every replica: one broadcast per
@@ -328,6 +361,8 @@ class _CollectiveExtended(StrategyExtended):
         optimizer.zero_grad(set_to_none=True)
         try:
             loss.backward()
+            if self._first_used:
+                self._check_used()
             if self._ops._reduce_to_one:
                 self._reduce_gradients_to_one(optimizer)
             self._finish_step()
@@ -341,6 +376,7 @@ class _CollectiveExtended(StrategyExtended):
         self._start_step(None)   # the loss is not known here: each replica logs its own
         try:
             self._finish_step()  # before the train_op, which makes the step's update
+            self._first_used = []   # (its backward is the train_op's: DDP's own error stands)
             self._user_step = True
             train_op()
         except RuntimeError as e:
@@ -571,6 +607,7 @@ class _CollectiveExtended(StrategyExtended):
         if mode == _TRAIN:
             self._training = True
             self._moving_buffers = MovingBuffers()   # this training's modules, created next
+            self._first_used = []
             self.preempted = False
             self._train_input = input_lib.TrainBatches(dataset, self._all_have)
             return self._train_input

@@ -203,6 +203,68 @@ def test_batch_norm_first_moving_in_the_step_agreed_away_keeps_its_statistics(tm
     np.testing.assert_array_equal(e.get_variable_value("bn/running_var"), [1.0, 1.0])
 
 
+class _TwoHeads(torch.nn.Module):
+    """A body and two heads, as a multi-output model: `a` trains, `b` serves
+    predictions only."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(3, 4)
+        self.a = torch.nn.Linear(4, 1)
+        self.b = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return self.a(h), self.b(h)
+
+
+def _two_heads_model_fn(features, labels, mode):
+    a, b = est.get_module("net", _TwoHeads)(features["x"])
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"a": a, "b": b})
+    return est.EstimatorSpec(mode, loss=torch.nn.functional.mse_loss(a, labels),
+                             train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+def _separate_heads_model_fn(features, labels, mode):
+    """The same model with the prediction-only head a module of its own,
+    made in every mode (so checkpoints hold it), called outside TRAIN only."""
+    h = est.get_module("body", lambda: torch.nn.Sequential(torch.nn.Linear(3, 4),
+                                                           torch.nn.ReLU()))(features["x"])
+    a = est.get_module("a", lambda: torch.nn.Linear(4, 1))(h)
+    b_head = est.get_module("b", lambda: torch.nn.Linear(4, 1))
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"a": a, "b": b_head(h)})
+    return est.EstimatorSpec(mode, loss=torch.nn.functional.mse_loss(a, labels),
+                             train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+def test_a_parameter_the_loss_does_not_reach_is_named_before_any_step(tmp_path):
+    """DDP averages a module's gradients together: a head computed in TRAIN
+    but left out of the loss made the first step update on gradients never
+    averaged, then failed at the next forward with DDP's advice to pass an
+    argument no user can pass. Now the first step names the parameters and
+    what to do; done, the model trains as in one process."""
+    data = batches(n=64, batch_size=8)
+    e = est.Estimator(_two_heads_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "bad"), train_distribute=STRATEGIES["mirrored"]()))
+    with pytest.raises(ValueError, match=r"module 'net': the loss does not reach its "
+                                         r"parameters b.weight, b.bias .* a module of its own"):
+        e.train(lambda: data, steps=3)
+    assert not glob.glob(str(tmp_path / "bad" / "model.ckpt*"))
+
+    def build(name, strategy):
+        return est.Estimator(_separate_heads_model_fn, config=est.RunConfig(
+            model_dir=str(tmp_path / name), train_distribute=strategy, tf_random_seed=3))
+    two, one = build("two", STRATEGIES["mirrored"]()), build("one", None)
+    two.train(lambda: data, steps=3)
+    one.train(lambda: concatenated(data, 2), steps=3)
+    assert_same_variables(two, one)
+    got = next(iter(two.predict(lambda: [data[0][0]])))
+    want = next(iter(one.predict(lambda: [data[0][0]])))
+    np.testing.assert_allclose(got["b"], want["b"], atol=1e-6)
+
+
 _COLORS = {"red": 0, "green": 1, "blue": 2}
 
 
