@@ -57,11 +57,11 @@ class _CentralStorageExtended(_CollectiveExtended):
     def create_optimizer(self, name: str, factory, params):
         optimizer = super().create_optimizer(name, factory, params)
         if self._group is not None:
-            optimizer.register_step_pre_hook(self._to_masters_in_train_op)
-            optimizer.register_step_post_hook(self._from_masters_in_train_op)
+            optimizer.register_step_pre_hook(self._to_masters_in_user_step)
+            optimizer.register_step_post_hook(self._from_masters_in_user_step)
         return optimizer
 
-    def _to_masters_in_train_op(self, optimizer, args, kwargs) -> None:
+    def _to_masters_in_user_step(self, optimizer, args, kwargs) -> None:
         """Before an optimizer step of user code (a callable train_op,
         `strategy.run`), as `apply_gradients` does: the replicas' gradients reduced onto the master copies, which
         only replica 0 steps."""
@@ -78,7 +78,7 @@ class _CentralStorageExtended(_CollectiveExtended):
             for m in masters:
                 m.grad = None   # (a parameter without a gradient is not stepped)
 
-    def _from_masters_in_train_op(self, optimizer, args, kwargs) -> None:
+    def _from_masters_in_user_step(self, optimizer, args, kwargs) -> None:
         """After it: replica 0's new values to every replica's working copy."""
         if not self._user_step:
             return

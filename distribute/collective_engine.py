@@ -342,10 +342,10 @@ class _CollectiveExtended(StrategyExtended):
     def create_optimizer(self, name: str, factory, params):
         optimizer = super().create_optimizer(name, factory, params)
         if self._group is not None and self._ops._reduce_to_one:   # (no DDP: see _wrap)
-            optimizer.register_step_pre_hook(self._reduce_in_train_op)
+            optimizer.register_step_pre_hook(self._reduce_in_user_step)
         return optimizer
 
-    def _reduce_in_train_op(self, optimizer, args, kwargs) -> None:
+    def _reduce_in_user_step(self, optimizer, args, kwargs) -> None:
         """Before an optimizer step of user code (a callable train_op,
         `strategy.run`), its gradients reduced as `apply_gradients` reduces
         them (DDP's all-reduce in backward does it for the other strategies;
