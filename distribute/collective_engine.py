@@ -91,6 +91,33 @@ def _local_devices(devices) -> Tuple[List[torch.device], List[str]]:
     return parsed, [str(n) for n in names]
 
 
+class _Replicated(torch.nn.parallel.DistributedDataParallel):
+    """DDP that also answers for the module it wraps, as that module does in one
+    process: `net[0]`, `net.head.weight`, `len(net)` (a TF variable is the same
+    object under a strategy). Calling a submodule this way bypasses DDP's
+    forward, so its gradients would not be averaged: the first training step
+    refuses that (`_CollectiveExtended._check_used`)."""
+
+    _OWN = frozenset({"module", "buffer_hook"})   # DDP's, never the wrapped module's
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or name in self._OWN:
+                raise
+            return getattr(self.module, name)
+
+    def __getitem__(self, index):
+        return self.module[index]
+
+    def __len__(self) -> int:
+        return len(self.module)
+
+    def __iter__(self):
+        return iter(self.module)
+
+
 @dataclasses.dataclass
 class _Topology:
     """Where this process's replicas sit: its local devices (one replica
@@ -162,6 +189,8 @@ class _CollectiveExtended(StrategyExtended):
         self._loss_src = self._loss_mean = None
         self._moving_buffers = MovingBuffers()   # batch-norm statistics: the replicas' mean
         self._first_used = []        # [(name, DDP module)] called for the first time in TRAIN
+        self._not_called = {}        # {name: DDP module} not called in TRAIN yet
+        self._check_due = True       # the next step checks (_check_used)
 
     # -- TF's public surface ---------------------------------------------------------
     @property
@@ -283,7 +312,7 @@ class _CollectiveExtended(StrategyExtended):
         cap = self._ops._bucket_cap_mb(size)
         # Buffers are broadcast from rank 0 at wrap, not before each forward
         # (DDP's default): the Estimator's steps average the moving ones.
-        ddp = torch.nn.parallel.DistributedDataParallel(
+        ddp = _Replicated(
             module, device_ids=[self._device.index] if self._device.type == "cuda" else None,
             forward_sync_buffers=False, **({"bucket_cap_mb": cap} if cap else {}))
         self._moving_buffers.watch(module)
@@ -300,7 +329,10 @@ class _CollectiveExtended(StrategyExtended):
         def first_forward(module, args):
             if torch.is_grad_enabled():
                 handle.remove()
+                self._not_called.pop(name, None)
                 self._first_used.append((name, ddp))
+                self._check_due = True
+        self._not_called[name] = ddp
         handle = ddp.register_forward_pre_hook(first_forward)
 
     def _check_used(self) -> None:
@@ -308,13 +340,25 @@ class _CollectiveExtended(StrategyExtended):
         trainable parameter without a gradient (an output computed in TRAIN
         but left out of the loss) is an error here, before the optimizer steps
         on gradients DDP never averaged (it reduces a module's parameters
-        together and would fail only at the next forward)."""
+        together and would fail only at the next forward); so are gradients
+        in a module not called (a submodule called directly, past DDP, whose
+        gradients DDP would silently leave unaveraged)."""
+        strategy = type(self._container_strategy).__name__
+        for name, ddp in self._not_called.items():
+            bypassed = [n for n, p in ddp.module.named_parameters() if p.grad is not None]
+            if bypassed:
+                raise ValueError(
+                    f"module {name!r}: its parameters {', '.join(bypassed)} have gradients "
+                    "but the module was not called in this training step (a submodule "
+                    f"called directly, as `{name}.head(x)`?). Under {strategy} the "
+                    "replicas' gradients are averaged by the module's own call: call the "
+                    "module, or make the part a module of its own (another est.get_module)")
+        self._check_due = False
         used, self._first_used = self._first_used, []
         for name, ddp in used:
             unused = [n for n, p in ddp.module.named_parameters()
                       if p.requires_grad and p.grad is None]
             if unused:
-                strategy = type(self._container_strategy).__name__
                 raise ValueError(
                     f"module {name!r}: the loss does not reach its parameters "
                     f"{', '.join(unused)} (no gradient in this training step). Under "
@@ -361,7 +405,7 @@ class _CollectiveExtended(StrategyExtended):
         optimizer.zero_grad(set_to_none=True)
         try:
             loss.backward()
-            if self._first_used:
+            if self._check_due:   # the first step of a training, or of a module's use
                 self._check_used()
             if self._ops._reduce_to_one:
                 self._reduce_gradients_to_one(optimizer)
@@ -376,7 +420,7 @@ class _CollectiveExtended(StrategyExtended):
         self._start_step(None)   # the loss is not known here: each replica logs its own
         try:
             self._finish_step()  # before the train_op, which makes the step's update
-            self._first_used = []   # (its backward is the train_op's: DDP's own error stands)
+            self._first_used, self._check_due = [], False   # (DDP's own error stands)
             self._user_step = True
             train_op()
         except RuntimeError as e:
@@ -607,7 +651,7 @@ class _CollectiveExtended(StrategyExtended):
         if mode == _TRAIN:
             self._training = True
             self._moving_buffers = MovingBuffers()   # this training's modules, created next
-            self._first_used = []
+            self._first_used, self._not_called, self._check_due = [], {}, True
             self.preempted = False
             self._train_input = input_lib.TrainBatches(dataset, self._all_have)
             return self._train_input

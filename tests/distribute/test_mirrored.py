@@ -265,6 +265,41 @@ def test_a_parameter_the_loss_does_not_reach_is_named_before_any_step(tmp_path):
     np.testing.assert_allclose(got["b"], want["b"], atol=1e-6)
 
 
+def _weight_decay_model_fn(features, labels, mode, params):
+    """TF1's weight decay on one layer (`tf.nn.l2_loss(kernel)`), reaching the
+    layer as in one process: `net[0].weight`; `params["direct"]`: the layers
+    called one by one, past the module's own call."""
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)))
+    x = features["x"]
+    out = net[2](net[1](net[0](x))) if params["direct"] else net(x)
+    loss = (torch.nn.functional.mse_loss(out, labels)
+            + 1e-2 * net[0].weight.pow(2).sum() / 2 + 0 * len(net))
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+def test_a_module_s_layers_are_reached_as_in_one_process(tmp_path):
+    """`est.get_module` gives a DDP wrapper under Mirrored: `net[0]` (or
+    `net.head`) failed there while it worked in one process. Now it works, and
+    the run equals one process; calling the layers one by one, past DDP (whose
+    gradients it would leave unaveraged), is refused at the first step."""
+    data = batches(n=64, batch_size=8)
+
+    def build(name, strategy, direct=False):
+        return est.Estimator(_weight_decay_model_fn, params={"direct": direct},
+                             config=est.RunConfig(model_dir=str(tmp_path / name),
+                                                  train_distribute=strategy, tf_random_seed=3))
+    two, one = build("two", STRATEGIES["mirrored"]()), build("one", None)
+    two.train(lambda: data, steps=3)
+    one.train(lambda: concatenated(data, 2), steps=3)
+    assert_same_variables(two, one)
+    with pytest.raises(ValueError, match=r"module 'net': its parameters 0.weight, 0.bias, "
+                                         r"2.weight, 2.bias have gradients but the module "
+                                         r"was not called"):
+        build("direct", STRATEGIES["mirrored"](), direct=True).train(lambda: data, steps=3)
+
+
 _COLORS = {"red": 0, "green": 1, "blue": 2}
 
 
