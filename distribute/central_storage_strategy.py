@@ -54,12 +54,9 @@ class _CentralStorageExtended(_CollectiveExtended):
         self._copy_to_master(module, working)
         return working
 
-    def create_optimizer(self, name: str, factory, params):
-        optimizer = super().create_optimizer(name, factory, params)
-        if self._group is not None:
-            optimizer.register_step_pre_hook(self._to_masters_in_user_step)
-            optimizer.register_step_post_hook(self._from_masters_in_user_step)
-        return optimizer
+    def _hook_user_steps(self, optimizer) -> None:
+        optimizer.register_step_pre_hook(self._to_masters_in_user_step)
+        optimizer.register_step_post_hook(self._from_masters_in_user_step)
 
     def _to_masters_in_user_step(self, optimizer, args, kwargs) -> None:
         """Before an optimizer step of user code (a callable train_op,

@@ -385,9 +385,15 @@ class _CollectiveExtended(StrategyExtended):
 
     def create_optimizer(self, name: str, factory, params):
         optimizer = super().create_optimizer(name, factory, params)
-        if self._group is not None and self._ops._reduce_to_one:   # (no DDP: see _wrap)
-            optimizer.register_step_pre_hook(self._reduce_in_user_step)
+        if self._group is not None:
+            self._hook_user_steps(optimizer)
         return optimizer
+
+    def _hook_user_steps(self, optimizer) -> None:
+        """Make `optimizer`'s steps in user code reduce as `apply_gradients`
+        does: under ReductionToOneDevice (no DDP: see _wrap) before the step."""
+        if self._ops._reduce_to_one:
+            optimizer.register_step_pre_hook(self._reduce_in_user_step)
 
     def _reduce_in_user_step(self, optimizer, args, kwargs) -> None:
         """Before an optimizer step of user code (a callable train_op,

@@ -116,6 +116,12 @@ class ModelScope:
         self.metrics[name] = metric
         return metric
 
+    def forget_call(self) -> None:
+        """Before a new model_fn call: TF's unique names and the collections
+        start again (the session calls it before each step that used them)."""
+        self.name_uses.clear()
+        self.collections.clear()
+
     def unique_name(self, name: str) -> str:
         """`name`, then `name_1`, `name_2`, ... for its later uses within one
         model_fn call (TF's name scopes: two `metrics.auc` give `auc`, `auc_1`).

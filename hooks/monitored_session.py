@@ -227,9 +227,8 @@ class MonitoredSession:
         A step that raises StopIteration (input exhausted) ends the loop.
         """
         scope = self._scope
-        if scope.name_uses or scope.collections:   # a new model_fn call: TF's unique
-            scope.name_uses.clear()                  # names and collections start again
-            scope.collections.clear()
+        if scope.name_uses or scope.collections:
+            scope.forget_call()
         due = (scope.global_step + 1 >= self._wake_step or self._session._runs >= self._wake_run
                or self._wake_time != NEVER and time.time() >= self._wake_time)
         if self._quiet and not due and not scope.summaries_due:
