@@ -425,14 +425,19 @@ class _CollectiveExtended(StrategyExtended):
             return train_op()
         self._start_step(None)   # the loss is not known here: each replica logs its own
         try:
-            self._finish_step()  # before the train_op, which makes the step's update
+            # The agreement before the train_op, which makes the step's update;
+            # the moving buffers' mean after it: its backward needs them as
+            # the forward pass left them.
+            moved_late = self._finish_step(buffers=False)
             self._first_used, self._check_due = [], False   # (DDP's own error stands)
             self._user_step = True
-            train_op()
+            try:
+                train_op()
+            finally:
+                self._user_step = False
+            self._moving_buffers.finish(self._group, step_made=True, moved_late=moved_late)
         except RuntimeError as e:
             raise self._explain(e, "the train_op") from e
-        finally:
-            self._user_step = False
 
     def _gradients(self, optimizer) -> List[torch.Tensor]:
         grads = []
@@ -494,15 +499,18 @@ class _CollectiveExtended(StrategyExtended):
             else self._group.control.allreduce([flags], _SUM_OPTIONS)
         self._moving_buffers.start(self._group)
 
-    def _finish_step(self) -> None:
+    def _finish_step(self, buffers: bool = True) -> bool:
         """The step's agreement: raises _StopAgreed when a replica asked to stop
-        after the last step (this step makes no update)."""
+        after the last step (this step makes no update). `buffers=False`: the
+        moving buffers are left for the caller to finish after the backward
+        pass (batch norm saved them for it); returns their `moved_late`."""
         work, self._step_work = self._step_work, None
         work.wait()
         flags = self._step_flags
         stop = bool(flags[1].item())
-        self._moving_buffers.finish(self._group, step_made=not stop,
-                                    moved_late=bool(flags[4].item()))
+        moved_late = bool(flags[4].item())
+        if buffers or stop:
+            self._moving_buffers.finish(self._group, step_made=not stop, moved_late=moved_late)
         if flags[3].item():
             self.preempted = True   # some replica got SIGTERM/SIGINT
         if stop:
@@ -516,6 +524,7 @@ class _CollectiveExtended(StrategyExtended):
         if self._step_loss is not None:
             self._loss_src, self._loss_mean = self._step_loss, None
             self._loss_total = flags[0].item()   # (0 on GPUs: the loss is summed there)
+        return moved_late
 
     def _start_loss_sum(self, loss: torch.Tensor) -> None:
         """Sum the loss on its device (GPUs), awaited only if a hook fetches it

@@ -18,7 +18,7 @@ import distribute
 import estimator as est
 import hooks
 from models import regression_model_fn
-from replica_helpers import OnReplica, RecordLoss, SaveWeights, batches, concatenated
+from replica_helpers import OnReplica, RecordLoss, SaveWeights, batches, concatenated, rank
 from paths import FIXTURES, ROOT, SUPPORT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -347,6 +347,75 @@ def test_a_users_model_on_two_replicas_keeps_the_replicas_mean_statistics(tmp_pa
     first, again = e.evaluate(lambda: data), e.evaluate(lambda: data)
     assert first == again and 0.0 <= first["accuracy"] <= 1.0
 
+
+def _clipping_users_model_fn(features, labels, mode):
+    """The users' model trained as TF1 programs clip: compute_gradients,
+    clip_by_global_norm, apply_gradients (a callable train_op here)."""
+    spec = _users_model_fn(features, labels, mode)
+    if mode != est.ModeKeys.TRAIN:
+        return spec
+    opt = spec.train_op
+    params = [p for group in opt.param_groups for p in group["params"]]
+
+    def train_op():
+        opt.zero_grad()
+        spec.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+    return est.EstimatorSpec(mode, loss=spec.loss, train_op=train_op,
+                             eval_metric_ops=spec.eval_metric_ops)
+
+
+class _SaveTrainedModules(hooks.SessionRunHook):
+    """At the end, writes the modules this replica trains with (the working
+    copies under central storage) to `out_dir/trained-<rank>.pt`."""
+
+    def __init__(self, out_dir):
+        self._out_dir = out_dir
+
+    def end(self, session):
+        state = {f"{n}/{k}": v.detach().cpu().clone()
+                 for n, m in session.scope.modules.items()
+                 for k, v in m.state_dict().items()}
+        torch.save(state, os.path.join(self._out_dir, f"trained-{rank()}.pt"))
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "reduction_to_one_device", "central_storage"])
+def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind):
+    """A users' model (string feature, float64 input, torch batch norm,
+    dropout, uneven batches) with a clipping train_op on two replicas: it
+    trains under every strategy (before: the replicas' mean statistics were
+    copied into the batch-norm buffers before the train_op's backward pass,
+    which needs them as the forward pass left them, so it failed at the first
+    step), both replicas hold the same weights, the checkpoint holds them,
+    the statistics are the replicas' mean, and training moved the weights."""
+    rng = np.random.RandomState(0)
+    sizes = [5, 4, 5, 3, 6, 4, 5, 5]
+    data = []
+    for i, n in enumerate(sizes):
+        x = rng.normal(10.0 * (i % 2), 1 + i % 2, (n, 2))          # float64
+        colors = np.array([list(_COLORS)[j % 3] for j in range(i, i + n)])
+        data.append(({"x": x, "color": colors}, rng.randint(0, 2, n)))
+    out = tmp_path / "out"
+    out.mkdir()
+    e = est.Estimator(_clipping_users_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "model"), train_distribute=STRATEGIES[kind](),
+        tf_random_seed=1))
+    e.train(lambda: data, steps=3, hooks=[_SaveTrainedModules(str(out))])
+    r0, r1 = torch.load(out / "trained-0.pt"), torch.load(out / "trained-1.pt")
+    assert r0.keys() == r1.keys()
+    for key in r0:
+        assert torch.equal(r0[key], r1[key]), key
+    weight = next(k for k in r0 if k.startswith("head/") and k.endswith("0.weight"))
+    np.testing.assert_array_equal(e.get_variable_value("head/0/weight"), r0[weight].numpy())
+    start = est.Estimator(_users_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "start"), tf_random_seed=1))
+    start.train(lambda: data, steps=1, hooks=[])
+    assert not np.allclose(e.get_variable_value("head/0/weight"),
+                           start.get_variable_value("head/0/weight"))
+    xs = [f["x"].astype(np.float32) for f, _ in data[:6]]
+    np.testing.assert_allclose(e.get_variable_value("norm/running_mean"),
+                               _replicas_mean(xs, lambda x: x.mean(0), 0.0), rtol=1e-5)
 
 class _RandomProjection(torch.nn.Module):
     """A fixed random projection kept as a buffer, drawn from the OS's entropy
