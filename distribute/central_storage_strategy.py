@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from . import device_util
 from .cross_device_ops import CommunicationOptions, ReductionToOneDevice
-from .collective_engine import (_CollectiveExtended, _CollectiveStrategy, _local_devices,
-                                _Topology)
+from .collective_engine import (_CollectiveExtended, _CollectiveStrategy, _flat_gradients,
+                                _local_devices, _set_gradients, _Topology)
 
 
 class _CentralStorageExtended(_CollectiveExtended):
@@ -65,12 +65,9 @@ class _CentralStorageExtended(_CollectiveExtended):
         if not self._user_step:
             return
         masters, working = self._masters_and_working(optimizer)
-        flat = self._reduced_gradients(working)
+        flat, local = self._reduced_gradients(working)
         if self._group.rank == 0:
-            flat.div_(self._group.world_size)
-            grads = [w.grad for w in working]
-            for m, g in zip(masters, torch._utils._unflatten_dense_tensors(flat, grads)):
-                m.grad = g.to(m.device)
+            self._to_masters(masters, flat, local)
         else:
             for m in masters:
                 m.grad = None   # (a parameter without a gradient is not stepped)
@@ -90,14 +87,19 @@ class _CentralStorageExtended(_CollectiveExtended):
         masters = [p for g in optimizer.param_groups for p in g["params"]]
         return masters, [self._working.get(id(p), p) for p in masters]
 
-    def _reduced_gradients(self, working) -> torch.Tensor:
-        """The working copies' gradients (zeros where none), summed onto replica 0."""
-        for w in working:
-            if w.grad is None:
-                w.grad = torch.zeros_like(w)
-        flat = torch._utils._flatten_dense_tensors([w.grad for w in working])
+    def _reduced_gradients(self, working) -> tuple:
+        """(the working copies' gradients summed onto replica 0, as
+        `_flat_gradients` gives them; which of them had one here)."""
+        local = [w.grad is not None for w in working]
+        flat = _flat_gradients(working)
         dist.reduce(flat, 0)
-        return flat
+        return flat, local
+
+    def _to_masters(self, masters, flat, local) -> None:
+        """Replica 0: the replicas' mean gradients on the master copies (none
+        where no replica had one)."""
+        flat.div_(self._group.world_size)
+        _set_gradients(masters, flat, local)
 
     def _copy_back(self, masters, working) -> None:
         """Replica 0, after the step: the masters into the working copies, and
@@ -123,13 +125,10 @@ class _CentralStorageExtended(_CollectiveExtended):
             p.grad = None
         try:
             loss.backward()
-            flat = self._reduced_gradients(working)
-            grads = [w.grad for w in working]
+            flat, local = self._reduced_gradients(working)
             self._finish_step()   # may stop here, before any update
             if self._group.rank == 0:
-                flat.div_(self._group.world_size)
-                for m, g in zip(masters, torch._utils._unflatten_dense_tensors(flat, grads)):
-                    m.grad = g.to(m.device)
+                self._to_masters(masters, flat, local)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 self._copy_back(masters, working)

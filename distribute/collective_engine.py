@@ -439,25 +439,16 @@ class _CollectiveExtended(StrategyExtended):
         except RuntimeError as e:
             raise self._explain(e, "the train_op") from e
 
-    def _gradients(self, optimizer) -> List[torch.Tensor]:
-        grads = []
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-        return grads
-
     def _reduce_gradients_to_one(self, optimizer) -> None:
         """ReductionToOneDevice: sum onto one replica, average, broadcast back."""
-        grads = self._gradients(optimizer)
-        flat = torch._utils._flatten_dense_tensors(grads)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        local = [p.grad is not None for p in params]
+        flat = _flat_gradients(params)
         dst = self._reduce_rank()
         dist.reduce(flat, dst)
         flat.div_(self._group.world_size)
         dist.broadcast(flat, dst)
-        for g, r in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            g.copy_(r)
+        _set_gradients(params, flat, local)
 
     def _reduce_rank(self) -> int:
         device = getattr(self._ops, "reduce_to_device", None)
@@ -748,3 +739,27 @@ class _CollectiveStrategy(Strategy):
 
     def __repr__(self):
         return f"{type(self).__name__}(devices={list(self._extended.worker_devices)})"
+
+
+def _flat_gradients(params: List[torch.Tensor]) -> torch.Tensor:
+    """`params`' gradients (zeros where a parameter has none) in one flat
+    tensor for a reduction over the replicas, followed by one flag per
+    parameter: 1 where it has a gradient. After the sum a parameter no
+    replica's loss reached is known, and keeps no gradient, as in one process
+    (an optimizer skips it: no weight decay, no momentum moves it)."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    has = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype,
+                       device=grads[0].device)
+    return torch._utils._flatten_dense_tensors(grads + [has])
+
+
+def _set_gradients(params: List[torch.Tensor], flat: torch.Tensor, local: List[bool]) -> None:
+    """`flat` (from `_flat_gradients`, reduced) as `params`' gradients, None
+    where no replica had one. `local`: which had one here before; only a
+    replica missing one reads the flags (a host sync, off the usual path)."""
+    reached = local if all(local) else [n > 0 for n in flat[-len(params):].tolist()]
+    offset = 0
+    for p, has in zip(params, reached):
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).to(p.device, p.dtype) if has else None
+        offset += n

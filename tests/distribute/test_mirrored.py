@@ -607,6 +607,60 @@ def test_custom_train_op_and_predict_in_the_calling_process(tmp_path, kind):
     np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-6)
 
 
+class _UnreachedHead(torch.nn.Module):
+    """A head the loss reaches, one only predictions use, and a term only
+    batches with a large x[:, 0] reach (a branch some replicas do not take)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head, self.aux = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+        self.large = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        y = self.head(x)
+        large = x[:, :1] > 1.5
+        if bool(large.any()):
+            y = y + large * self.large
+        return y
+
+
+@pytest.mark.parametrize("step", ["apply_gradients", "train_op"])
+@pytest.mark.parametrize("kind", ["reduction_to_one_device", "central_storage",
+                                  "central_storage_parameter_device"])
+def test_a_parameter_no_replica_reaches_is_not_stepped(tmp_path, kind, step):
+    """With weight decay and momentum, a parameter without a gradient on every
+    replica stays as it was, as in one process (before: it got a zero
+    gradient, and weight decay shrank it); one reached on some replicas only
+    takes their mean, also as one process on the global batch."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", _UnreachedHead)
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"aux": net.aux(features["x"])})
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9,
+                                                          weight_decay=0.5))
+        if step == "apply_gradients":
+            return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+
+        def train_op():
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    def build(name, strategy):
+        return est.Estimator(model_fn, config=est.RunConfig(
+            model_dir=str(tmp_path / name), train_distribute=strategy, tf_random_seed=3))
+
+    two, one = build("two", WITH_PARAMETER_DEVICE[kind]()), build("one", None)
+    two.train(lambda: batches(batch_size=16), steps=4)
+    one.train(lambda: concatenated(batches(batch_size=16), 2), steps=4)
+    assert_same_variables(two, one)
+    torch.manual_seed(3)
+    untouched = _UnreachedHead().aux.weight.detach().numpy()
+    np.testing.assert_array_equal(two.get_variable_value("net/aux/weight"), untouched)
+
+
 _CTRL_C_SCRIPT = r"""
 import sys
 sys.path[:0] = [{root!r}, {tests!r}]
