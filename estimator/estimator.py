@@ -410,7 +410,7 @@ class Estimator:
     def _batches(self, input_fn, mode: str, strategy):
         """(features, labels) pairs on the strategy's device."""
         dataset = strategy.extended.distribute_input(
-            lambda context: _inputs.call_input_fn(input_fn, mode, self._params, self._config,
+            lambda context: _inputs.call_input_fn(input_fn, mode, self.params, self._config,
                                                   context), input_fn, mode)
         iterator = _inputs.iterate(dataset)
         to_device = strategy.extended.to_device

@@ -5,6 +5,7 @@ line that built it, before the framework applies or writes anything.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -118,7 +119,15 @@ def _is_strings(value) -> bool:
 
 def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
     """A `call(features, labels, mode)` that passes what `model_fn` declares
-    after its first (features) argument: labels, mode, params, config."""
+    after its first (features) argument: labels, mode, params, config.
+
+    TF calls a model_fn once per graph with its own copy of `params`, so a
+    model_fn may rewrite them (`params["hidden_units"] = [int(u) for u in
+    params["hidden_units"].split(",")]`, `params["learning_rate"] *= 2`).
+    Here it runs every step: each call gets a fresh shallow copy (a new dict,
+    about 0.1 us), so a rewritten key does not carry into the next step or the
+    next `train`/`evaluate`. Values changed in place (a list appended to)
+    still do."""
     if not callable(model_fn):
         raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
     declared = [n for n in inspect.signature(model_fn).parameters if n != "self"]
@@ -129,28 +138,33 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
     if unknown:
         raise ValueError(f"model_fn has unexpected arguments {sorted(unknown)}; it may take "
                          "features, labels, mode, params, config")
-    extra: Dict[str, object] = {}
-    if "params" in names:
-        extra["params"] = params
-    if "config" in names:
-        extra["config"] = config
+    fresh = params.copy if type(params) is dict else lambda: copy.copy(params)
     takes_labels, takes_mode = "labels" in names, "mode" in names
     rest = declared[1:]
     if rest == ["labels", "mode", "params", "config"][:len(rest)]:
-        # The usual signature: call positionally, no kwargs built per step.
-        statics = tuple(extra[n] for n in rest[2:])
+        # The usual signatures: called positionally, no kwargs built per step.
+        if len(rest) == 4:
+            return lambda features, labels, mode: model_fn(features, labels, mode, fresh(),
+                                                           config)
+        if len(rest) == 3:
+            return lambda features, labels, mode: model_fn(features, labels, mode, fresh())
         if len(rest) == 2 and not inspect.isclass(model_fn):
             return model_fn   # (features, labels, mode): called directly
-        if len(rest) >= 2:
-            return lambda features, labels, mode: model_fn(features, labels, mode, *statics)
+        if len(rest) == 2:
+            return lambda features, labels, mode: model_fn(features, labels, mode)
         if len(rest) == 1:
             return lambda features, labels, mode: model_fn(features, labels)
         return lambda features, labels, mode: model_fn(features)
 
     def call(features, labels, mode):
+        extra: Dict[str, object] = {}
         if takes_labels:
             extra["labels"] = labels
         if takes_mode:
             extra["mode"] = mode
+        if "params" in names:
+            extra["params"] = fresh()
+        if "config" in names:
+            extra["config"] = config
         return model_fn(features, **extra)
     return call

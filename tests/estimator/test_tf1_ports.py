@@ -243,3 +243,55 @@ def test_callable_train_op_with_two_optimizers(tmp_path):
     assert any(n.startswith("dnn_opt/") and n.endswith("sum") for n in names)
     e.train(input_fn(), steps=2)            # resumes both optimizers
     assert calls[-2:] == [6, 7]
+
+
+def _rewriting_model_fn(features, labels, mode, params):
+    """Rewrites its params, as TF1 programs may (TF gives each graph a copy):
+    a flag string parsed into a list, a learning rate scaled."""
+    params["hidden_units"] = [int(u) for u in params["hidden_units"].split(",")]
+    params["learning_rate"] = params["learning_rate"] * 2
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.Linear(3, params["hidden_units"][0]), torch.nn.ReLU(),
+        torch.nn.Linear(params["hidden_units"][0], 3)))
+    logits = net(features["x"])
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"logits": logits})
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+    for group in opt.param_groups:
+        group["lr"] = params["learning_rate"]
+    return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+
+
+def _fixed_model_fn(features, labels, mode, params):
+    """The same program with the rewritten values given."""
+    return _rewriting_model_fn(features, labels, mode, dict(
+        params, hidden_units=",".join(map(str, params["hidden_units"])),
+        learning_rate=params["learning_rate"] / 2))
+
+
+def _params_input_fn(params):
+    params["batch_size"] = int(params.pop("batch"))   # an input_fn may rewrite them too
+    return [({"x": X64[i:i + 8]}, Y[i:i + 8]) for i in range(0, 30, params["batch_size"])]
+
+
+def test_a_model_fn_rewriting_its_params_sees_the_given_ones_every_step(tmp_path):
+    """TF calls model_fn once per graph with a copy of params; here it runs
+    every step. Before: the second step split a list (AttributeError) and a
+    scaled learning rate doubled at every step, silently."""
+    given = {"hidden_units": "4", "learning_rate": 0.05, "batch": "8"}
+    seeded = est.RunConfig(tf_random_seed=1)
+    e = est.Estimator(_rewriting_model_fn, model_dir=str(tmp_path / "a"), params=given,
+                      config=seeded)
+    e.train(_params_input_fn, steps=8)
+    assert e.params == given
+    fixed = est.Estimator(_fixed_model_fn, model_dir=str(tmp_path / "b"), params={
+        "hidden_units": [4], "learning_rate": 0.1, "batch": "8"}, config=seeded)
+    fixed.train(_params_input_fn, steps=8)
+    a, b = est.Estimator.get_variable_value, est.Estimator.get_variable_value
+    for name in e.get_variable_names():
+        if name.startswith("net/"):
+            np.testing.assert_allclose(a(e, name), b(fixed, name), rtol=1e-6, err_msg=name)
+    assert e.evaluate(_params_input_fn)["loss"] == pytest.approx(
+        fixed.evaluate(_params_input_fn)["loss"], rel=1e-6)
+    assert len(list(e.predict(lambda params: [{"x": X64[:4]}]))) == 4
