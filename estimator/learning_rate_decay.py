@@ -4,26 +4,57 @@ the learning rate (a float) for the step it is given.
 
     def model_fn(features, labels, mode, params):
         ...
-        optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
         lr = est.learning_rate_decay.exponential_decay(
             0.1, est.get_global_step(), decay_steps=1000, decay_rate=0.96, staircase=True)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
         return est.EstimatorSpec(mode, loss=loss, train_op=optimizer)
 
 In a `model_fn`, `est.get_global_step()` is the step before this one's
-update, the value TF's graph reads, so the same step gets the same rate. TF
+update, the value TF's graph reads, so the same step gets the same rate.
+`get_optimizer`'s factory runs once, but TF reads its learning-rate tensor
+every step: a rate from these functions, given to the factory, is given to
+the optimizer again at every step as this step's call computed it (a canned
+estimator's `optimizer=lambda p: ...(p, lr=exponential_decay(...,
+est.get_global_step(), ...))`, computed inside the factory, is recomputed
+for each step). A rate changed by arithmetic (`2 * lr`) is another number and
+stays fixed in the optimizer; set `group["lr"]` each step for those. TF
 computes in float32; these in float64 (they agree to float32's precision).
 `noisy_linear_cosine_decay` (random) is not here.
 """
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from typing import Sequence
 
 import torch
 
+from hooks.model_scope import current_step, note_rate
+
 from ._checks import is_number
+
+
+def _followed(schedule, position: int = 1, key: str = "global_step"):
+    """`schedule` (its step the argument `key`, at `position`) telling the
+    model scope each rate it computes, so an optimizer built with the rate
+    can follow it (`get_optimizer`); with `at(step)` where the step given was
+    the global step."""
+    @functools.wraps(schedule)
+    def rate(*args, **kwargs):
+        value = schedule(*args, **kwargs) + 0.0   # a new float: its identity marks it
+        caller = sys._getframe(1)
+        given = args[position] if len(args) > position else kwargs.get(key)
+        step = current_step()
+        is_step = step is not None and is_number(given) and given == step
+
+        def at(new_step):
+            if len(args) > position:
+                return schedule(*args[:position], new_step, *args[position + 1:], **kwargs)
+            return schedule(*args, **dict(kwargs, **{key: new_step}))
+        note_rate(value, (caller.f_code, caller.f_lasti), at if is_step else None)
+        return value
+    return rate
 
 
 def _step(global_step, name: str) -> float:
@@ -48,6 +79,7 @@ def _progress(global_step, decay_steps, staircase: bool, name: str) -> float:
     return math.floor(p) if staircase else p
 
 
+@_followed
 def exponential_decay(learning_rate, global_step, decay_steps, decay_rate,
                       staircase: bool = False, name=None) -> float:
     """`learning_rate * decay_rate ** (global_step / decay_steps)`, the
@@ -56,6 +88,7 @@ def exponential_decay(learning_rate, global_step, decay_steps, decay_rate,
                                                    "exponential_decay")
 
 
+@_followed
 def natural_exp_decay(learning_rate, global_step, decay_steps, decay_rate,
                       staircase: bool = False, name=None) -> float:
     """`learning_rate * exp(-decay_rate * global_step / decay_steps)`, the
@@ -64,6 +97,7 @@ def natural_exp_decay(learning_rate, global_step, decay_steps, decay_rate,
                                                             "natural_exp_decay"))
 
 
+@_followed
 def inverse_time_decay(learning_rate, global_step, decay_steps, decay_rate,
                        staircase: bool = False, name=None) -> float:
     """`learning_rate / (1 + decay_rate * global_step / decay_steps)`, the
@@ -72,6 +106,7 @@ def inverse_time_decay(learning_rate, global_step, decay_steps, decay_rate,
                                                          "inverse_time_decay"))
 
 
+@functools.partial(_followed, position=0, key="x")
 def piecewise_constant(x, boundaries: Sequence, values: Sequence, name=None):
     """`values[0]` while `x <= boundaries[0]`, `values[i]` while
     `boundaries[i-1] < x <= boundaries[i]`, `values[-1]` after the last."""
@@ -87,6 +122,7 @@ def piecewise_constant(x, boundaries: Sequence, values: Sequence, name=None):
     return values[-1]
 
 
+@_followed
 def polynomial_decay(learning_rate, global_step, decay_steps, end_learning_rate=0.0001,
                      power=1.0, cycle: bool = False, name=None) -> float:
     """From `learning_rate` to `end_learning_rate` over `decay_steps` along
@@ -102,6 +138,7 @@ def polynomial_decay(learning_rate, global_step, decay_steps, end_learning_rate=
         + end_learning_rate
 
 
+@_followed
 def cosine_decay(learning_rate, global_step, decay_steps, alpha=0.0, name=None) -> float:
     """A half cosine from `learning_rate` down to `alpha * learning_rate` over
     `decay_steps`, then flat."""
@@ -111,6 +148,7 @@ def cosine_decay(learning_rate, global_step, decay_steps, alpha=0.0, name=None) 
     return learning_rate * ((1.0 - alpha) * cosine + alpha)
 
 
+@_followed
 def cosine_decay_restarts(learning_rate, global_step, first_decay_steps, t_mul=2.0,
                           m_mul=1.0, alpha=0.0, name=None) -> float:
     """SGDR: cosine decays restarting at `learning_rate` (times `m_mul` more
@@ -129,6 +167,7 @@ def cosine_decay_restarts(learning_rate, global_step, first_decay_steps, t_mul=2
     return learning_rate * ((1.0 - alpha) * cosine + alpha)
 
 
+@_followed
 def linear_cosine_decay(learning_rate, global_step, decay_steps, num_periods=0.5, alpha=0.0,
                         beta=0.001, name=None) -> float:
     """`learning_rate * ((alpha + linear) * cosine + beta)`: `linear` from 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
 import torch
 
@@ -29,6 +29,14 @@ _current: Optional["ModelScope"] = None   # _stack[-1], kept for the hot path
 def _variable_name(owner: str, key: str) -> str:
     """`net` + `0.weight` -> `net/0/weight` (TF-style variable names)."""
     return owner + "/" + key.replace(".", "/")
+
+
+class _Rate(NamedTuple):
+    """A learning rate a schedule computed (ModelScope.note_rate)."""
+    step: int                                # the global step it was computed at
+    value: float
+    at: Optional[Callable[[int], float]]    # the rate at another step, or None
+    in_factory: bool                         # computed inside an optimizer's factory
 
 
 class ModelScope:
@@ -47,6 +55,9 @@ class ModelScope:
         self.raw_modules: Dict[str, torch.nn.Module] = {}  # unwrapped, for saving
         self.optimizers: Dict[str, torch.optim.Optimizer] = {}
         self.optimizer_var_names: Dict[str, list] = {}
+        self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
+        self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
+        self._building: Optional[str] = None  # the optimizer whose factory runs
         self.metrics: Dict[str, torch.nn.Module] = {}
         self.global_step = int(restore["global_step"]) if restore else 0
         self.named_tensors: Dict[str, torch.Tensor] = {}
@@ -95,10 +106,15 @@ class ModelScope:
         if not params:
             raise ValueError(f"get_optimizer(name={name!r}): there are no trainable "
                              "parameters; create the modules with get_module first")
-        optimizer = self.strategy.extended.create_optimizer(name, factory, params)
+        self._building = name
+        try:
+            optimizer = self.strategy.extended.create_optimizer(name, factory, params)
+        finally:
+            self._building = None
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"get_optimizer(name={name!r}): the factory must return a "
                             f"torch.optim.Optimizer, got {type(optimizer).__name__}")
+        followed = self._scheduled_groups(name, optimizer)
         if self._restore is not None and self.mode == ModeKeys.TRAIN:
             state = self._restore["optimizers"].get(name)
             if state is None:
@@ -109,7 +125,56 @@ class ModelScope:
             self._warm_start.apply_optimizer(optimizer, var_names)
         self.optimizers[name] = optimizer
         self.optimizer_var_names[name] = var_names
+        if followed:
+            self.followed[name] = followed
+            self.follow_rates(name, optimizer)   # (a restored rate is the last step's)
         return optimizer
+
+    def built_optimizer(self, name: str) -> Optional[torch.optim.Optimizer]:
+        """The optimizer `name` if built (its followed rates at this step), else None."""
+        optimizer = self.optimizers.get(name)
+        if optimizer is not None and self.followed and name in self.followed:
+            self.follow_rates(name, optimizer)
+        return optimizer
+
+    # -- learning rates that follow their schedule ------------------------------
+    def note_rate(self, rate: float, site: tuple, at: Optional[Callable[[int], float]]):
+        """A schedule (`est.learning_rate_decay`) computed `rate` at `site`
+        (its caller's code and instruction); `at(step)` recomputes it for
+        another global step where its step argument was this one."""
+        self.rates[site] = _Rate(self.global_step, rate, at, self._building is not None)
+
+    def _scheduled_groups(self, name: str, optimizer) -> list:
+        """[(group index, call site)] of the groups whose learning rate a
+        schedule computed in this call."""
+        out = []
+        for i, group in enumerate(optimizer.param_groups):
+            lr = group.get("lr")
+            for site, rate in self.rates.items():
+                if rate.value is lr:
+                    if rate.in_factory and rate.at is None:
+                        raise ValueError(
+                            f"get_optimizer(name={name!r}): its factory's learning rate comes "
+                            f"from a schedule given a step other than est.get_global_step() "
+                            f"({site[0].co_filename}, in {site[0].co_name}); the factory "
+                            "runs once, so the rate would never change. Compute the rate in "
+                            "model_fn, outside the factory (`lr = ...; est.get_optimizer("
+                            "lambda p: torch.optim.SGD(p, lr=lr))`): it is then given to the "
+                            "optimizer at every step")
+                    out.append((i, site))
+                    break
+        return out
+
+    def follow_rates(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+        """Each followed group's rate at this step: what its schedule computed
+        in this model_fn call, or, computed in the factory, recomputed."""
+        step, groups = self.global_step, optimizer.param_groups
+        for i, site in self.followed[name]:
+            rate = self.rates[site]
+            if rate.in_factory:
+                groups[i]["lr"] = rate.at(step)
+            elif rate.step == step:   # (not computed in this call: left as it was)
+                groups[i]["lr"] = rate.value
 
     def create_metric(self, name: str, factory):
         metric = self.strategy.extended.create_metric(factory())
@@ -225,12 +290,26 @@ def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.
     parameters; default every module of the scope), as `minimize(var_list=)`.
     Return it as `EstimatorSpec(train_op=...)`: the framework computes the
     gradient of the loss, applies it and increments the global step.
+
+    The factory runs once, but TF reads a learning-rate tensor every step: a
+    rate the factory was given from `est.learning_rate_decay` (computed in
+    model_fn, or in the factory from `get_global_step()`) is given to the
+    optimizer again at every step, as the schedule computes it then.
     """
     scope = _current or current()
-    optimizer = scope.optimizers.get(name)
+    optimizer = scope.built_optimizer(name)
     if optimizer is None:
         optimizer = scope.create_optimizer(name, factory, var_list)
     return optimizer
+
+
+def note_rate(rate: float, site: tuple, at: Optional[Callable[[int], float]] = None) -> None:
+    """Called by a learning-rate schedule with the rate it computed (a new
+    float object), its call site and, where its step argument was the global
+    step, `at(step)`: an optimizer given that rate follows the schedule
+    (`get_optimizer`). Nothing outside a model scope."""
+    if _current is not None:
+        _current.note_rate(rate, site, at)
 
 
 def is_training() -> bool:
@@ -238,6 +317,11 @@ def is_training() -> bool:
     `training=` argument of `tf.layers.dropout` / `batch_normalization`);
     False outside a model scope."""
     return _current is not None and _current.mode == ModeKeys.TRAIN
+
+
+def current_step() -> Optional[int]:
+    """The active model scope's global step; None outside one."""
+    return None if _current is None else _current.global_step
 
 
 def get_global_step() -> int:

@@ -49,7 +49,7 @@ def make_optimizer(spec, learning_rate: float, name: str = "optimizer", var_list
     """The scope's optimizer `name` from a canned `optimizer=` argument (a TF1 name
     with `learning_rate`, or a factory `lambda params: torch.optim...`) over
     `var_list` (or what the callable `var_list()` gives, asked on creation)."""
-    built = model_scope.current().optimizers.get(name)   # (every step after the first)
+    built = model_scope.current().built_optimizer(name)   # (every step after the first)
     if built is not None:
         return built
     return model_scope.get_optimizer(optimizer_factory(spec, learning_rate), name=name,

@@ -253,6 +253,10 @@ def test_one_trainer_on_two_ps_tasks_equals_one_process_exactly(tmp_path):
             np.testing.assert_array_equal(va, vb, err_msg=name)
     assert a.get_variable_value("mlp/1/num_batches_tracked") == 60
     assert not np.allclose(b.get_variable_value("mlp/1/running_var"), 1.0)   # they moved
+    # The rate given to the optimizer's factory followed its schedule to the
+    # last step (59), on the ps tasks too (before: it stayed the first step's).
+    saved = checkpoint.load(b.latest_checkpoint())["optimizers"]["optimizer"]
+    assert saved["param_groups"][0]["lr"] == pytest.approx(3e-3 * 0.5 ** (59 / 10))
 
 
 @pytest.mark.slow

@@ -27,27 +27,83 @@ def test_schedules_are_tfs(case):
     assert tensor_step == pytest.approx(recorded["values"][4], rel=2e-6)
 
 
-def test_each_step_updates_with_its_steps_rate(tmp_path):
-    """loss = w: each SGD step takes the rate off w, so after 25 steps
-    w = 1 - the sum of TF's rates at global steps 0..24 (staircase: 0.1 for
-    steps 0-9, 0.05 for 10-19, 0.025 for 20-24)."""
+def _w_model_fn(placement):
+    """loss = w: each SGD step takes the rate off w. The rate, TF's staircase
+    exponential_decay (0.1 for global steps 0-9, 0.05 for 10-19, 0.025 for
+    20-24), reaches the optimizer as `placement` says."""
     def model_fn(features, labels, mode):
         w = est.get_module("w", lambda: torch.nn.Linear(1, 1, bias=False))
         with torch.no_grad():
             if est.get_global_step() == 0:
                 w.weight.fill_(1.0)
         loss = w.weight.sum() + 0.0 * features["x"].sum()
-        optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=123.0))
-        lr = decay.exponential_decay(0.1, est.get_global_step(), 10, 0.5, staircase=True)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        if placement == "set on the groups each step":
+            optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=123.0))
+            lr = decay.exponential_decay(0.1, est.get_global_step(), 10, 0.5, staircase=True)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        elif placement == "given to the factory":   # TF: GradientDescentOptimizer(lr)
+            lr = decay.exponential_decay(0.1, est.get_global_step(), 10, 0.5, staircase=True)
+            optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
+        elif placement == "given to the factory, by epoch":   # 5 steps an epoch
+            lr = decay.piecewise_constant(est.get_global_step() // 5, [1, 3],
+                                          [0.1, 0.05, 0.025])
+            optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
+        else:   # computed in the factory, as TF's canned `optimizer=lambda: ...`
+            optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=decay.exponential_decay(
+                0.1, est.get_global_step(), 10, 0.5, staircase=True)))
         return est.EstimatorSpec(mode, loss=loss, train_op=optimizer)
-    estimator = est.Estimator(model_fn, model_dir=str(tmp_path))
+    return model_fn
+
+
+@pytest.mark.parametrize("placement", ["set on the groups each step", "given to the factory",
+                                       "given to the factory, by epoch",
+                                       "computed in the factory"])
+def test_each_step_updates_with_its_steps_rate(tmp_path, placement):
+    """After 25 steps w = 1 - the sum of TF's rates at global steps 0..24,
+    also where the rate was given to get_optimizer's factory, which runs once
+    (before: those stayed at 0.1), and after a restart at step 12."""
     batch = ({"x": torch.zeros(2, 1)}, torch.zeros(2))
+    est.Estimator(_w_model_fn(placement), model_dir=str(tmp_path)).train(
+        lambda: [batch] * 100, max_steps=12)
+    estimator = est.Estimator(_w_model_fn(placement), model_dir=str(tmp_path))
     estimator.train(lambda: [batch] * 100, max_steps=25)
     rates = 10 * 0.1 + 10 * 0.05 + 5 * 0.025
     assert estimator.get_variable_value("w/weight")[0, 0] == pytest.approx(1.0 - rates,
                                                                           rel=1e-6)
+
+
+def test_a_canned_estimators_optimizer_with_a_decaying_rate_follows_it(tmp_path):
+    """TF's DNNClassifier docstring: `optimizer=lambda: tf.keras.optimizers.Adam(
+    learning_rate=tf.compat.v1.train.exponential_decay(..., global_step=
+    tf.compat.v1.train.get_global_step(), ...))`; here the same lambda taking
+    the parameters. The checkpoint holds the last step's rate."""
+    columns = [est.feature_column.numeric_column("x")]
+    e = est.LinearRegressor(columns, model_dir=str(tmp_path), optimizer=lambda p: torch.optim.SGD(
+        p, lr=decay.exponential_decay(0.1, est.get_global_step(), 1, 0.5)))
+    e.train(lambda: [({"x": np.ones((4, 1), np.float32)}, np.ones((4, 1), np.float32))] * 3)
+    state = est.checkpoint.load(e.latest_checkpoint())
+    rates = [g["lr"] for o in state["optimizers"].values() for g in o["param_groups"]]
+    assert rates == [pytest.approx(0.1 * 0.5 ** 2)]
+
+
+def test_a_rate_computed_in_the_factory_from_another_step_is_refused(tmp_path):
+    """In the factory (which runs once) a schedule of a step other than the
+    global step cannot be followed: a clear error, not a fixed rate."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(1, 1))
+        loss = net(features["x"]).sum()
+        epoch = est.get_global_step() // 100 + 1
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=decay.piecewise_constant(epoch, [2], [0.1, 0.01]))))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"get_optimizer\(name='optimizer'\): its factory's "
+                                         r"learning rate comes from a schedule given a step "
+                                         r"other than est.get_global_step\(\) .*test_learning_"
+                                         r"rate_decay.py, in <lambda>.*Compute the rate in "
+                                         r"model_fn"):
+        e.train(lambda: [({"x": torch.ones(2, 1)}, torch.ones(2))], steps=1)
+    assert e.latest_checkpoint() is None
 
 
 @pytest.mark.parametrize("call, error, match", [

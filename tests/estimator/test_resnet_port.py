@@ -25,7 +25,9 @@ def tf_run():
         return json.load(f)
 
 
-def _model_fn(tf_run):
+def _model_fn(tf_run, rate_in_factory=False):
+    """`rate_in_factory`: the rate passed to the optimizer as TF's program does
+    (`MomentumOptimizer(learning_rate)`), else set on its groups each step."""
     init = {k: torch.tensor(v) for k, v in tf_run["init"].items()}
     decay, boundaries, values = tf_run["weight_decay"], tf_run["boundaries"], tf_run["values"]
 
@@ -56,13 +58,18 @@ def _model_fn(tf_run):
         loss = cross_entropy + l2_loss
         optimizer = None
         if mode == est.ModeKeys.TRAIN:
-            optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=values[0],
-                                                                    momentum=0.9))
             learning_rate = est.learning_rate_decay.piecewise_constant(
                 est.get_global_step(), boundaries, values)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate
-            est.named_tensor("learning_rate", torch.tensor(learning_rate))
+            if rate_in_factory:
+                optimizer = est.get_optimizer(lambda p: torch.optim.SGD(
+                    p, lr=learning_rate, momentum=0.9))
+            else:
+                optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=values[0],
+                                                                        momentum=0.9))
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate
+            est.named_tensor("learning_rate",
+                             torch.tensor(optimizer.param_groups[0]["lr"]))
         accuracy = est.metrics.accuracy(labels, predictions["classes"])
         top_5 = torch.topk(logits, 5).indices.eq(labels[:, None]).any(1)
         accuracy_top_5 = est.metrics.mean(top_5.float())
@@ -112,10 +119,13 @@ def _as_tf(name, value):
     return value
 
 
-@pytest.fixture(scope="module")
-def trained(tf_run, tmp_path_factory):
+@pytest.fixture(scope="module", params=["rate_on_groups", "rate_in_factory"])
+def trained(request, tf_run, tmp_path_factory):
+    """The rate set on the optimizer's groups each step, or given to its
+    factory (which runs once: before, the rate stayed the first step's)."""
     model_dir = str(tmp_path_factory.mktemp("resnet"))
-    e = est.Estimator(_model_fn(tf_run), model_dir=model_dir)
+    e = est.Estimator(_model_fn(tf_run, request.param == "rate_in_factory"),
+                      model_dir=model_dir)
     log = _Log()
     e.train(_input(tf_run["train"]), hooks=[log])
     return e, log.logged
@@ -139,6 +149,20 @@ def test_variables_after_training_as_tf(tf_run, trained):
                                    np.array(theirs[tf_name]), rtol=1e-4, atol=1e-6,
                                    err_msg=name)
     assert e.get_variable_value("global_step") == theirs["global_step"]
+
+
+def test_a_rate_in_the_factory_follows_the_schedule_after_a_restart(tf_run, tmp_path):
+    """Three steps, then a new Estimator resumes from the checkpoint (which
+    holds the last step's rate, 0.1 where this step's is 0.01) on the rest of
+    the input: TF's rates and variables."""
+    first = est.Estimator(_model_fn(tf_run, True), model_dir=str(tmp_path))
+    first.train(_input(tf_run["train"]), steps=3)
+    second = est.Estimator(_model_fn(tf_run, True), model_dir=str(tmp_path))
+    log = _Log()
+    second.train(_input(tf_run["train"][3:]), hooks=[log])
+    assert [r["learning_rate"] for r in log.logged] == pytest.approx(
+        [r["learning_rate"] for r in tf_run["logged"][3:]])
+    test_variables_after_training_as_tf(tf_run, (second, None))
 
 
 def test_evaluate_and_predict_as_tf(tf_run, trained):

@@ -14,7 +14,7 @@ first incarnation kill itself (SIGKILL) at global step N; the chief writes
 the parameter placement to OUT_DIR/placement.json; `--step-secs` makes
 every step last that much longer; `--kill-ps-at N` makes the chief kill ps 1
 (SIGKILL) at global step N, once; `--decay-steps N` halves the learning rate
-every N steps (set on the optimizer in model_fn, as TF's exponential_decay);
+every N steps (TF1's exponential_decay given to the optimizer);
 `--batch-norm` adds a BatchNorm1d (buffers: moving averages); `--canned`
 trains `canned_estimator` (a DNNLinearCombinedClassifier: Ftrl and Adagrad
 on the ps tasks) instead of the MLP.
@@ -88,10 +88,11 @@ def model_fn(features, labels, mode, params):
     if mode == est.ModeKeys.EVAL:
         return est.EstimatorSpec(mode, loss=loss, eval_metric_ops={
             "accuracy": est.metrics.accuracy(labels, logits.argmax(-1))})
-    opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=params.get("lr", 3e-3)))
-    if params.get("decay_steps"):   # TF's exponential_decay, set on the optimizer
-        for group in opt.param_groups:
-            group["lr"] = params["lr"] * 0.5 ** (est.get_global_step() / params["decay_steps"])
+    lr = params.get("lr", 3e-3)
+    if params.get("decay_steps"):   # TF's exponential_decay, given to the optimizer as in TF
+        lr = est.learning_rate_decay.exponential_decay(lr, est.get_global_step(),
+                                                       params["decay_steps"], 0.5)
+    opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=lr))
     return est.EstimatorSpec(mode, loss=loss, train_op=opt)
 
 
