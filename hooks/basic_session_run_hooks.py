@@ -10,7 +10,7 @@ from typing import Dict, Iterable, Optional
 import numpy as np
 import torch
 
-from . import checkpoint
+from . import checkpoint, model_scope
 
 from .session_run_hook import NEVER, SessionRunArgs, SessionRunHook
 
@@ -246,7 +246,24 @@ def _check_names(what: str, names) -> None:
         if not isinstance(name, str):
             raise TypeError(f"{what}: tensors are named by strings (what a step exposes: "
                             f"'loss', 'global_step', prediction keys, est.named_tensor "
-                            f"names), got {name!r}")
+                            f"names), or given as tensors inside a model_fn; got {name!r}")
+
+
+def _names(what: str, tensors: dict) -> dict:
+    """{tag: name} for {tag: name or tensor}. A tensor (TF's
+    `LoggingTensorHook({"loss": loss})` in a model_fn) is exposed under a name
+    of the hook's: the model_fn builds the hook again at every step, exposing
+    that step's tensor, and the session's hook (the first step's) fetches it,
+    as TF's fetches the graph's tensor every step."""
+    out = {}
+    for tag, value in tensors.items():
+        if isinstance(value, torch.Tensor) and model_scope.current_step() is not None:
+            name = f"{what}:{tag}"
+            model_scope.named_tensor(name, value)
+            value = name
+        out[tag] = value
+    _check_names(what, out.values())
+    return out
 
 
 def _format_value(value) -> str:
@@ -304,17 +321,16 @@ class LoggingTensorHook(SessionRunHook):
             raise ValueError(f"invalid every_n_secs={every_n_secs!r}.")
         if formatter is not None and not callable(formatter):
             raise TypeError(f"LoggingTensorHook: formatter must be callable, got {formatter!r}")
-        if isinstance(tensors, str):
+        if isinstance(tensors, (str, torch.Tensor)):
             tensors = [tensors]
         if isinstance(tensors, dict):
-            _check_names("LoggingTensorHook", tensors.values())
+            self._tensors = _names("LoggingTensorHook", tensors)
             self._tag_order = sorted(tensors)
-            self._tensors = dict(tensors)
-        else:
+        else:   # tags: the names; a tensor's its place in the list (TF: its graph name)
             tensors = list(tensors)
-            _check_names("LoggingTensorHook", tensors)
-            self._tag_order = tensors
-            self._tensors = {name: name for name in tensors}
+            self._tag_order = [t if isinstance(t, str) else f"tensor_{i}"
+                               for i, t in enumerate(tensors)]
+            self._tensors = _names("LoggingTensorHook", dict(zip(self._tag_order, tensors)))
         self._args = SessionRunArgs(self._tensors)
         self._formatter = formatter
         self._timer = (_NeverTriggerTimer() if only_log_at_end else
@@ -396,7 +412,7 @@ class NanTensorHook(SessionRunHook):
 
     def __init__(self, loss_tensor: str = "loss", fail_on_nan_loss: bool = True,
                  every_n_iter: int = 1):
-        _check_names("NanTensorHook", [loss_tensor])
+        loss_tensor = _names("NanTensorHook", {"loss": loss_tensor})["loss"]
         if not isinstance(every_n_iter, int) or isinstance(every_n_iter, bool) \
                 or every_n_iter <= 0:
             raise ValueError(f"invalid every_n_iter={every_n_iter!r}.")

@@ -132,9 +132,44 @@ def test_logging_hook_bad_arguments(kwargs, error, message):
         hooks.LoggingTensorHook(["loss"], **kwargs)
 
 
-def test_logging_hook_rejects_tensors_instead_of_names():
-    with pytest.raises(TypeError, match=r"named by strings.*est.named_tensor"):
+def test_logging_hook_rejects_tensors_outside_a_model_fn():
+    with pytest.raises(TypeError, match=r"named by strings.*est.named_tensor.*or given as "
+                                        r"tensors inside a model_fn"):
         hooks.LoggingTensorHook([torch.tensor(1.0)], every_n_iter=1)
+
+
+def test_hooks_given_tensors_in_a_model_fn_see_each_steps_values(tmp_path, caplog):
+    """TF1's `LoggingTensorHook({"loss": loss, "accuracy": accuracy[1]})` and
+    `NanTensorHook(loss)` in `training_hooks`: TF fetches the graph's tensors
+    every step; here the model_fn runs every step, and the session's hooks
+    (the first step's) log each step's values (before: refused)."""
+    logged = []
+
+    def model_fn(features, labels, mode, params):
+        net = est.get_module("linear", lambda: torch.nn.Linear(3, 1))
+        pred = net(torch.as_tensor(features["x"]))
+        loss = torch.nn.functional.mse_loss(pred, labels)
+        if est.get_global_step() + 1 >= NAN_AT:
+            loss = loss * float("nan")
+        error = est.metrics.mean_absolute_error(labels, pred)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.05)), training_hooks=[
+            hooks.LoggingTensorHook({"loss": loss, "mae": error[1], "step": "global_step"},
+                                    every_n_iter=1, formatter=lambda v: logged.append(v) or ""),
+            hooks.LoggingTensorHook([loss], every_n_iter=3),
+            hooks.NanTensorHook(loss)])
+
+    e = make(tmp_path, model_fn)
+    with caplog.at_level(logging.INFO):
+        e.train(regression_input_fn(), steps=NAN_AT - 1)
+    losses = [v["loss"] for v in logged]
+    assert [v["step"] for v in logged] == list(range(1, NAN_AT))
+    assert len(set(losses)) == len(losses)   # each step's own
+    maes = [v["mae"] for v in logged]
+    assert maes[0] != maes[-1]
+    assert caplog.text.count("tensor_0 = ") == 2   # the list form, steps 1 and 4
+    with pytest.raises(hooks.NanLossDuringTrainingError, match=rf"global step {NAN_AT}\)"):
+        e.train(regression_input_fn(), steps=5)
 
 
 # -- NanTensorHook ------------------------------------------------------------------
