@@ -8,6 +8,7 @@ event file) and flushes it at `end`; the last user of a cached writer closes it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import numbers
 import os
@@ -55,15 +56,22 @@ class SummaryWriterCache:
 
     @classmethod
     def clear(cls) -> None:
-        """Flush and close every cached writer."""
-        cls._write_held()
+        """Flush and close every cached writer (at exit too: a writer that
+        cannot write, the disk full, is logged and the others closed)."""
+        try:
+            cls._write_held()
+        except OSError as e:
+            logger.error("%s", e)
         with cls._lock:
             writers = list(cls._writers.values())
             cls._writers.clear()
             cls._users.clear()
             cls._pinned.clear()
         for writer in writers:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as e:
+                logger.error("%s", e)
 
     # -- for hooks and evaluation -------------------------------------------------
     @classmethod
@@ -124,9 +132,46 @@ class SummaryWriterCache:
             from torch.utils.tensorboard import SummaryWriter
             # A deep queue: the writer thread drains it when the training thread
             # lets go of the GIL, instead of a step blocking on a full queue.
-            writer = cls._writers[key] = SummaryWriter(log_dir=key, max_queue=1000)
+            with _naming_errors(key):
+                writer = SummaryWriter(log_dir=key, max_queue=1000)
+            file_writer = writer._get_file_writer()
+            file_writer.event_writer = _NamingErrors(file_writer.event_writer, key)
+            cls._writers[key] = writer
             cls._users[key] = 0
         return writer
+
+
+@contextlib.contextmanager
+def _naming_errors(logdir: str):
+    """An OSError (ENOSPC: a full disk) as one naming the summaries' directory."""
+    try:
+        yield
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror or e} writing the summaries in {logdir}") from e
+
+
+class _NamingErrors:
+    """A SummaryWriter's event file writer whose errors name the directory:
+    its thread's error (a full disk) surfaces at the next write, flush or
+    close, as the bare OSError of a file it does not name."""
+
+    def __init__(self, event_writer, logdir: str):
+        self._writer, self._logdir = event_writer, logdir
+
+    def add_event(self, event) -> None:
+        with _naming_errors(self._logdir):
+            self._writer.add_event(event)
+
+    def flush(self) -> None:
+        with _naming_errors(self._logdir):
+            self._writer.flush()
+
+    def close(self) -> None:
+        with _naming_errors(self._logdir):
+            self._writer.close()
+
+    def __getattr__(self, name):
+        return getattr(self._writer, name)
 
 
 atexit.register(SummaryWriterCache.clear)

@@ -420,3 +420,38 @@ def test_only_the_chief_writes_to_model_dir(tmp_path, monkeypatch):
     _as(monkeypatch, "evaluator")
     make(tmp_path / "chief").evaluate(regression_input_fn(repeat=False), steps=2)
     assert steps(events(tmp_path / "chief" / "eval"), "loss") == [5]
+
+
+# (tensorboard's writer thread reports its error itself, then keeps it for the next call)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_full_disk_under_the_summaries_names_their_directory(tmp_path, monkeypatch, caplog):
+    """The event file's writer thread meets ENOSPC (from step 13 on): training
+    stops with an error naming the directory (before: the bare OSError of a
+    file it did not name, and another at exit), at the latest when the held
+    summaries are written (64 events or 5 s); the checkpoints stay whole."""
+    import errno
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        if est.get_global_step() == 12:
+            monkeypatch.setattr(gfile.LocalFileSystem, "_write", full)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+
+    def full(self, filename, content, mode):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    model_dir = str(tmp_path / "m")
+    e = est.Estimator(model_fn, config=est.RunConfig(
+        model_dir=model_dir, save_summary_steps=1, save_checkpoints_steps=5))
+    with pytest.raises(OSError, match=rf"No space left on device writing the summaries in "
+                                      rf"{model_dir}") as info:
+        e.train(regression_input_fn(), steps=100)
+    assert info.value.errno == errno.ENOSPC
+    assert int(e.latest_checkpoint().rsplit("-", 1)[1]) >= 10
+    assert np.isfinite(e.get_variable_value("net/weight")).all()
+    with caplog.at_level(logging.ERROR):
+        hooks.SummaryWriterCache.clear()   # what runs at exit: logged, not raised
+    monkeypatch.undo()
