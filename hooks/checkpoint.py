@@ -412,9 +412,12 @@ def _carry_out(do, sizes: Dict[str, int]):
     except OSError as e:
         if e.errno == errno.ENOSPC:
             size = f" ({sizes[e.filename]} bytes)" if e.filename in sizes else ""
+            latest = e.filename and latest_checkpoint(os.path.dirname(e.filename))
+            kept = (f"the latest checkpoint, {latest}, is unchanged" if latest else
+                    "no earlier checkpoint is listed")
+            # (no filename argument: OSError would append it after `kept`)
             raise OSError(errno.ENOSPC, f"No space left on device writing the checkpoint "
-                                        f"{e.filename}{size}; the previous checkpoint is "
-                                        "unchanged", e.filename) from e
+                                        f"{e.filename}{size}; {kept}") from e
         raise
 
 

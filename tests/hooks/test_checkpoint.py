@@ -241,8 +241,11 @@ def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, mo
     saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
     saver.wait()
     _writes_failing_at(monkeypatch, 1, OSError(errno.ENOSPC, "No space left on device"))
+    # (before: "...; the previous checkpoint is unchanged: '.../model.ckpt-2'",
+    # the failed save named as the one kept)
     with pytest.raises(OSError, match=r"No space left on device writing the checkpoint "
-                                      r".*model.ckpt-2") as info:
+                                      r"\S*model.ckpt-2\S*; the latest checkpoint, "
+                                      r"\S*model.ckpt-1, is unchanged$") as info:
         saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
     assert info.value.errno == errno.ENOSPC
     monkeypatch.undo()
