@@ -516,8 +516,11 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         if transform is not None:
             transform.save(temp)
         os.rename(temp, final)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(temp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:   # a full disk: name the export
+            raise OSError(e.errno, f"{e.strerror or e} writing the export {final} (nothing "
+                                   "was exported; the temp directory is removed)") from e
         raise
     logger.info("Exported %s (global step %d) to %s", os.path.basename(path),
                 scope.global_step, final)

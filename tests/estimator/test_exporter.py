@@ -143,6 +143,26 @@ def test_export_errors(tmp_path):
     assert not [n for n in os.listdir(tmp_path / "x") if n.startswith("temp-")]
 
 
+def test_a_full_disk_during_an_export_names_it_and_leaves_nothing(tmp_path, monkeypatch):
+    """A write failing for want of space (a bare ENOSPC, no file named: before,
+    the error said only that) names the export; no directory is left."""
+    import errno
+    e = trained(tmp_path, steps=10)
+    real_open = open
+
+    def full(path, mode="r", *args, **kwargs):
+        if "w" in mode and "temp-" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", full)
+    with pytest.raises(OSError, match=r"No space left on device writing the export "
+                                      r"\S*x.\d+ \(nothing was exported") as info:
+        e.export_saved_model(str(tmp_path / "x"), SERVING)
+    monkeypatch.undo()
+    assert info.value.errno == errno.ENOSPC
+    assert os.listdir(tmp_path / "x") == []
+
+
 # -- exporters -----------------------------------------------------------------------
 def test_latest_exporter_keeps_the_newest(tmp_path):
     e = trained(tmp_path)
