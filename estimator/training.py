@@ -325,15 +325,20 @@ class _Ledger:
                  "metrics": {k: _jsonable(v) for k, v in metrics.items()},
                  "time": time.time()}
         line = json.dumps(entry) + "\n"
-        with open(self.path, "a+b") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell():
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":      # a torn last line: start a fresh one
-                    line = "\n" + line
-            f.write(line.encode())
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path, "a+b") as f:
+                f.seek(0, os.SEEK_END)
+                if f.tell():
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":      # a torn last line: start a fresh one
+                        line = "\n" + line
+                f.write(line.encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            if e.filename is None:   # (a full disk: the write names no file)
+                e.filename = self.path
+            raise
 
 
 def _jsonable(value):

@@ -389,6 +389,37 @@ def test_evaluator_early_stopping_writes_the_stop_marker(tmp_path, monkeypatch):
     assert marker["global_step"] == 20 and marker["max_steps"] == 1000
 
 
+def test_a_full_disk_under_the_ledger_names_it(tmp_path, monkeypatch):
+    """A ledger line that cannot be written for want of space names the
+    ledger (before: the bare ENOSPC of a write naming no file)."""
+    import errno
+    ledger = training._Ledger(str(tmp_path / "eval"))
+    ledger.record(str(tmp_path / "model.ckpt-10"), {"loss": 1.0})
+
+    class Full:   # the ledger file, on a full disk
+        def __init__(self, *args):
+            self._f = open(*args)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+    monkeypatch.setattr(training, "open", Full, raising=False)
+    with pytest.raises(OSError, match=r"No space left on device: '\S*evaluated_checkpoints"
+                                      r".jsonl'") as info:
+        ledger.record(str(tmp_path / "model.ckpt-20"), {"loss": 0.5})
+    monkeypatch.undo()
+    assert info.value.errno == errno.ENOSPC
+    assert ledger.steps() == {10}
+
+
 def test_chief_keeps_checkpoints_the_evaluator_has_not_seen(tmp_path, monkeypatch):
     set_cluster(monkeypatch, "chief")
     model_dir = str(tmp_path / "m")
