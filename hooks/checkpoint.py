@@ -250,6 +250,7 @@ class Saver:
         # [(name, time)] the index lists, read from disk once, then kept here as
         # TF's Saver keeps its _last_checkpoints (this Saver is the one writer).
         self._kept: Optional[List[Tuple[str, float]]] = None
+        self._saved_here = False   # model_dir made or found by a save of this Saver
         _remove_temp_files(model_dir)
 
     def protect(self, predicate) -> None:
@@ -269,7 +270,10 @@ class Saver:
         waits for anyway (the last of a `train` call) is best made with
         `background=False`: starting a writer process only to wait for it
         costs more than the save."""
+        if self._saved_here and not os.path.isdir(self.model_dir):
+            self._removed(global_step)
         os.makedirs(self.model_dir, exist_ok=True)
+        self._saved_here = True
         payload = dict(state, rng=rng_state())
         self.wait()
         name = f"{PREFIX}-{global_step}"
@@ -357,6 +361,16 @@ class Saver:
                 return None
             weakref.finalize(self, self._process.close)
         return self._process
+
+    def _removed(self, global_step: int) -> None:
+        """model_dir is gone since the last save (removed while training): fail
+        as TF's Saver does, rather than make it again holding only the newest."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._failed(pending[0], FileNotFoundError())
+        raise FileNotFoundError(errno.ENOENT, f"model_dir {self.model_dir} no longer exists "
+                                f"(removed while training?): the checkpoint of step "
+                                f"{global_step} was not saved")
 
     def _failed(self, plan, error: BaseException) -> None:
         files.abandon(plan)   # its temp file, if the writer process died holding it

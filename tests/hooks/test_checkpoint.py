@@ -254,6 +254,24 @@ def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, mo
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c"]
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_a_model_dir_removed_while_training_fails_the_next_save(tmp_path, background):
+    """As TF's Saver: the next save fails naming model_dir (before: it made the
+    directory again, holding only the newer checkpoints under an index naming
+    gone ones, or failed naming the temp file of the save in flight)."""
+    import shutil
+    model_dir = str(tmp_path / "m")
+    saver = checkpoint.Saver(model_dir, background=background)
+    saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
+    shutil.rmtree(model_dir)
+    with pytest.raises(FileNotFoundError, match=rf"model_dir {model_dir} no longer exists "
+                                                r"\(removed while training\?\): the "
+                                                r"checkpoint of step 2 was not saved"):
+        saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
+    saver.close()
+    assert not os.path.exists(model_dir)
+
+
 def test_large_files_are_written_whole_in_pieces_or_not_at_all(tmp_path, monkeypatch):
     """atomic_write_bytes cuts its writes to 1 MiB: the bytes arrive whole and in
     order; a failure at the second piece leaves the old file and no temp file."""
