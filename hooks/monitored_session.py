@@ -502,8 +502,11 @@ def _names(fetches) -> List[str]:
         return [n for v in fetches.values() for n in _names(v)]
     if isinstance(fetches, (list, tuple)):
         return [n for v in fetches for n in _names(v)]
+    hint = ("; a model_fn's tensor is a new object every step (TF's graph tensor is one "
+            "for the session): name it in the model_fn with est.named_tensor(name, tensor) "
+            "and fetch the name" if isinstance(fetches, torch.Tensor) else "")
     raise TypeError(f"SessionRunArgs fetches must be names (str), lists or dicts of "
-                    f"names, got {fetches!r}")
+                    f"names, got {fetches!r}{hint}")
 
 
 def _structure(fetches, host):

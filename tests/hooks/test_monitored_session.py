@@ -97,6 +97,11 @@ def test_non_hooks_are_rejected():
     with pytest.raises(TypeError, match="fetches must be names"):
         with session([Recorder(fetches=[3])]) as sess:
             sess.run(step)
+    # TF1's hook given the loss tensor in a model_fn: say how it ports
+    with pytest.raises(TypeError, match=r"fetches must be names .*a model_fn's tensor is a new "
+                                        r"object every step .*est.named_tensor\(name, tensor\)"):
+        with session([Recorder(fetches={"loss": torch.tensor(1.0)})]) as sess:
+            sess.run(step)
 
 
 def test_stop_at_step_arguments():
