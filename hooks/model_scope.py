@@ -55,6 +55,7 @@ class ModelScope:
         self.raw_modules: Dict[str, torch.nn.Module] = {}  # unwrapped, for saving
         self.optimizers: Dict[str, torch.optim.Optimizer] = {}
         self.optimizer_var_names: Dict[str, list] = {}
+        self.optimizer_var_lists: Dict[str, Optional[tuple]] = {}   # (get_optimizer's check)
         self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
         self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
         self._building: Optional[str] = None  # the optimizer whose factory runs
@@ -289,7 +290,9 @@ def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.
     `params` are the trainable parameters of `var_list` (modules or
     parameters; default every module of the scope), as `minimize(var_list=)`.
     Return it as `EstimatorSpec(train_op=...)`: the framework computes the
-    gradient of the loss, applies it and increments the global step.
+    gradient of the loss, applies it and increments the global step. Two
+    optimizers need two names (a call whose `var_list` differs from the one
+    the named optimizer was built over is an error).
 
     The factory runs once, but TF reads a learning-rate tensor every step: a
     rate the factory was given from `est.learning_rate_decay` (computed in
@@ -300,7 +303,22 @@ def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.
     optimizer = scope.built_optimizer(name)
     if optimizer is None:
         optimizer = scope.create_optimizer(name, factory, var_list)
+        scope.optimizer_var_lists[name] = _var_list_key(var_list)
+    elif var_list is not None or scope.optimizer_var_lists.get(name) is not None:
+        if _var_list_key(var_list) != scope.optimizer_var_lists.get(name):
+            raise ValueError(
+                f"get_optimizer(name={name!r}) was built over other variables than this "
+                f"call's var_list: it returns the optimizer of that name, so two optimizers "
+                f"(TF1 makes a new one at each `tf.train.XOptimizer(...)`) need two names, "
+                f"e.g. get_optimizer(..., var_list=..., name='d_optimizer')")
     return optimizer
+
+
+def _var_list_key(var_list) -> Optional[tuple]:
+    """What a `var_list` names (its modules or parameters), to tell two apart."""
+    if var_list is None:
+        return None
+    return tuple(map(id, var_list)) if isinstance(var_list, (list, tuple)) else (id(var_list),)
 
 
 def note_rate(rate: float, site: tuple, at: Optional[Callable[[int], float]] = None) -> None:

@@ -245,6 +245,46 @@ def test_callable_train_op_with_two_optimizers(tmp_path):
     assert calls[-2:] == [6, 7]
 
 
+
+def test_two_optimizers_under_one_default_name_are_refused(tmp_path):
+    """TF1's GAN shape: `AdamOptimizer().minimize(g_loss, var_list=g_vars)` and
+    again for the discriminator, two optimizers. Ported without names, the
+    second get_optimizer returned the first (over the generator): the
+    discriminator never trained and the generator stepped twice, silently.
+    Now refused at the first step, naming the fix; named, both train."""
+    def model_fn(names):
+        def fn(features, labels, mode):
+            gen = est.get_module("gen", lambda: torch.nn.Linear(3, 3))
+            disc = est.get_module("disc", lambda: torch.nn.Linear(3, 1))
+            g_opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), var_list=[gen],
+                                      **names[0])
+            d_opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), var_list=[disc],
+                                      **names[1])
+            loss = disc(gen(features["x"])).pow(2).mean()
+
+            def train_op():
+                g_opt.zero_grad()
+                d_opt.zero_grad()
+                loss.backward()
+                g_opt.step()
+                d_opt.step()
+            return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        return fn
+
+    bad = est.Estimator(model_fn([{}, {}]), model_dir=str(tmp_path / "bad"))
+    with pytest.raises(ValueError, match=r"get_optimizer\(name='optimizer'\) was built over "
+                                         r"other variables than this call's var_list.*two "
+                                         r"names"):
+        bad.train(input_fn(), steps=2)
+    good = est.Estimator(model_fn([{"name": "g"}, {"name": "d"}]),
+                         model_dir=str(tmp_path / "good"), config=est.RunConfig(tf_random_seed=0))
+    good.train(input_fn(), steps=2)
+    torch.manual_seed(0)
+    initial = {"gen": torch.nn.Linear(3, 3), "disc": torch.nn.Linear(3, 1)}
+    for module, layer in initial.items():
+        assert not np.allclose(good.get_variable_value(f"{module}/weight"),
+                               layer.weight.detach().numpy())
+
 def _rewriting_model_fn(features, labels, mode, params):
     """Rewrites its params, as TF1 programs may (TF gives each graph a copy):
     a flag string parsed into a list, a learning rate scaled."""
