@@ -158,7 +158,7 @@ class Estimator:
                          + self._default_training_hooks(is_chief, listeners)
                          + (list(first.training_chief_hooks) if is_chief else [])
                          + progress_hooks("train", num_steps=steps, last_step=max_steps))
-            step = self._train_step_fn(batches, strategy)
+            step = self._train_step_fn(batches, strategy, scope)
             last = first
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir,
                                             is_chief) as session:
@@ -197,12 +197,16 @@ class Estimator:
             scope.global_step = step
         return scope, warm
 
-    def _train_step_fn(self, batches, strategy) -> Callable:
+    def _train_step_fn(self, batches, strategy, scope) -> Callable:
         """The per-step function: next batch -> model_fn -> apply train_op.
-        `step(spec)` applies a spec already built (the first batch's)."""
+        `step(spec)` applies a spec already built (the first batch's). After
+        a callable train_op the gradients of the scope's optimizers are freed:
+        each step's are its own, as in TF, whose apply_gradients leaves
+        nothing to zero (a train_op that does not zero them would otherwise
+        add them up across steps)."""
         call, extended, train = self._call_model_fn, strategy.extended, ModeKeys.TRAIN
         apply_gradients, run_train_op = extended.apply_gradients, extended.run_train_op
-        optimizer = torch.optim.Optimizer
+        optimizer, optimizers = torch.optim.Optimizer, scope.optimizers
 
         def step(spec=None):
             if spec is None:
@@ -215,6 +219,10 @@ class Estimator:
                 apply_gradients(spec.loss, train_op)
             else:
                 run_train_op(train_op)
+                for opt in optimizers.values():
+                    for group in opt.param_groups:
+                        for p in group["params"]:
+                            p.grad = None
             return spec
         return step
 

@@ -574,19 +574,23 @@ def test_a_hung_replica_fails_the_others_within_the_timeout(tmp_path):
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.parametrize("zeroes", [True, False], ids=["zeroes", "does_not_zero"])
 @pytest.mark.parametrize("kind", sorted(WITH_PARAMETER_DEVICE))
-def test_custom_train_op_and_predict_in_the_calling_process(tmp_path, kind):
+def test_custom_train_op_and_predict_in_the_calling_process(tmp_path, kind, zeroes):
     """A callable train_op trains as one process on the global batch under
     every synchronous strategy (before: under ReductionToOneDevice each replica
-    stepped on its own gradients, and under central storage nothing moved)."""
+    stepped on its own gradients, and under central storage nothing moved);
+    also one that never zeroes its gradients (TF's apply_gradients leaves
+    nothing to zero): each step's gradients are its own everywhere."""
     def model_fn(features, labels, mode):
-        spec = regression_model_fn(features, labels, mode, {"lr": 0.05})
+        spec = regression_model_fn(features, labels, mode, {"lr": 0.05, "momentum": 0.9})
         if mode != est.ModeKeys.TRAIN:
             return spec
         opt = spec.train_op
 
         def train_op():   # a custom step: the framework does not apply gradients
-            opt.zero_grad()
+            if zeroes:
+                opt.zero_grad()
             spec.loss.backward()
             opt.step()
         return est.EstimatorSpec(mode, loss=spec.loss, train_op=train_op)

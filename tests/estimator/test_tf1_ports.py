@@ -246,6 +246,38 @@ def test_callable_train_op_with_two_optimizers(tmp_path):
 
 
 
+def test_a_train_op_that_does_not_zero_its_gradients_trains_as_one_that_does(tmp_path):
+    """TF1's apply_gradients has nothing to zero, so a port's train_op may
+    read `loss.backward(); opt.step()`. Before, the gradients then added up
+    across steps (and not under central storage, whose steps replace them):
+    now each step's gradients are its own, freed after the train_op, as in TF.
+    Gradients the model_fn itself computed still reach the train_op."""
+    def model_fn(zeroes, backward_in_model_fn=False):
+        def fn(features, labels, mode):
+            net = est.get_module("net", lambda: torch.nn.Linear(3, 3))
+            loss = torch.nn.functional.cross_entropy(net(features["x"]), labels)
+            opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
+            if backward_in_model_fn:
+                loss.backward()
+
+            def train_op():
+                if not backward_in_model_fn:
+                    loss.backward()
+                opt.step()
+                if zeroes:
+                    opt.zero_grad()
+            return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        return fn
+
+    def trained(name, *args):
+        e = est.Estimator(model_fn(*args), model_dir=str(tmp_path / name),
+                          config=est.RunConfig(tf_random_seed=0))
+        e.train(input_fn(), steps=6)
+        return e.get_variable_value("net/weight")
+    zeroing = trained("zeroes", True)
+    np.testing.assert_allclose(trained("forgets", False), zeroing, rtol=1e-6)
+    np.testing.assert_allclose(trained("in_model_fn", False, True), zeroing, rtol=1e-6)
+
 def test_two_optimizers_under_one_default_name_are_refused(tmp_path):
     """TF1's GAN shape: `AdamOptimizer().minimize(g_loss, var_list=g_vars)` and
     again for the discriminator, two optimizers. Ported without names, the
