@@ -207,6 +207,7 @@ class Estimator:
         call, extended, train = self._call_model_fn, strategy.extended, ModeKeys.TRAIN
         apply_gradients, run_train_op = extended.apply_gradients, extended.run_train_op
         optimizer, optimizers = torch.optim.Optimizer, scope.optimizers
+        checked = [None]   # the optimizer last found to be the scope's
 
         def step(spec=None):
             if spec is None:
@@ -216,6 +217,9 @@ class Estimator:
                     _check_spec(spec, train)
             train_op = spec.train_op
             if isinstance(train_op, optimizer):
+                if train_op is not checked[0]:
+                    _check_scope_optimizer(train_op, optimizers)
+                    checked[0] = train_op
                 apply_gradients(spec.loss, train_op)
             else:
                 run_train_op(train_op)
@@ -494,6 +498,20 @@ class _StopAfterNSteps(SessionRunHook):
 
     def _idle(self, session):
         return NEVER, self._num_steps - 1, NEVER
+
+
+def _check_scope_optimizer(train_op, optimizers: dict) -> None:
+    """A train_op optimizer must be the model scope's: a model_fn runs every
+    step, so one it constructs itself (TF1's `tf.train.AdamOptimizer(...)`
+    ported as `torch.optim.Adam(net.parameters())`) is a new one each step."""
+    if not any(train_op is o for o in optimizers.values()):
+        raise ValueError(
+            f"EstimatorSpec(train_op=...): the {type(train_op).__name__} was not made by "
+            f"est.get_optimizer. The model_fn runs every step, so an optimizer it builds "
+            f"itself is a new one each step: its state (momentum, Adam's moments) would start "
+            f"over at every step and never be saved. Build it with "
+            f"est.get_optimizer(lambda params: torch.optim.{type(train_op).__name__}(params, "
+            f"...)), which builds it once")
 
 
 def _check_spec(spec, mode: str) -> None:

@@ -278,6 +278,23 @@ def test_a_train_op_that_does_not_zero_its_gradients_trains_as_one_that_does(tmp
     np.testing.assert_allclose(trained("forgets", False), zeroing, rtol=1e-6)
     np.testing.assert_allclose(trained("in_model_fn", False, True), zeroing, rtol=1e-6)
 
+def test_an_optimizer_built_in_the_model_fn_is_refused(tmp_path):
+    """TF1's `tf.train.AdamOptimizer(lr).minimize(loss)` ported literally as
+    `train_op=torch.optim.Adam(net.parameters(), lr)`: a new Adam every step
+    (its moments starting over, nothing saved) trained silently; now the first
+    step says to build it with est.get_optimizer."""
+    def fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 3))
+        loss = torch.nn.functional.cross_entropy(net(features["x"]), labels)
+        return est.EstimatorSpec(mode, loss=loss,
+                                 train_op=torch.optim.Adam(net.parameters(), lr=0.01))
+    e = est.Estimator(fn, model_dir=str(tmp_path / "m"))
+    with pytest.raises(ValueError, match=r"the Adam was not made by est.get_optimizer.*new one "
+                                         r"each step.*est.get_optimizer\(lambda params: "
+                                         r"torch.optim.Adam\(params, ...\)\)"):
+        e.train(input_fn(), steps=2)
+    assert e.latest_checkpoint() is None
+
 def test_two_optimizers_under_one_default_name_are_refused(tmp_path):
     """TF1's GAN shape: `AdamOptimizer().minimize(g_loss, var_list=g_vars)` and
     again for the discriminator, two optimizers. Ported without names, the
