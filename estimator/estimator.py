@@ -152,6 +152,7 @@ class Estimator:
             if warm is not None:   # the model is built: TF's check of the settings
                 warm.check_used()
             first = first[0]
+            _check_parameters_in_scope(first.loss, scope)
             is_chief = self._is_chief(strategy)
             all_hooks = (stop + user_hooks + self._default_worker_hooks()
                          + list(first.training_hooks)
@@ -498,6 +499,33 @@ class _StopAfterNSteps(SessionRunHook):
 
     def _idle(self, session):
         return NEVER, self._num_steps - 1, NEVER
+
+
+def _check_parameters_in_scope(loss: torch.Tensor, scope) -> None:
+    """Once, on the first step's loss: every `torch.nn.Parameter` it depends
+    on belongs to a module of the scope. A module the model_fn builds itself
+    (TF1's `tf.layers.dense(x, 10)` ported as `torch.nn.Linear(4, 10)(x)`) is
+    a new one every step: it never trains and is never saved."""
+    known = {id(p) for modules in (scope.raw_modules, scope.modules)
+             for m in modules.values() for p in m.parameters()}
+    stray, seen = [], set()
+    todo = [loss.grad_fn] if loss.grad_fn is not None else []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)   # (AccumulateGrad: a leaf)
+        if isinstance(variable, torch.nn.Parameter) and id(variable) not in known:
+            stray.append(tuple(variable.shape))
+        todo.extend(fn for fn, _ in node.next_functions)
+    if stray:
+        raise ValueError(
+            f"The loss depends on parameters not made by est.get_module (shapes "
+            f"{', '.join(map(str, stray))}): the model_fn runs every step, so a module it "
+            f"builds itself (torch.nn.Linear(...)(x) in the model_fn) is a new one each step, "
+            f"never trained and never saved. Build it with est.get_module(name, lambda: "
+            f"torch.nn.Linear(...)), which builds it once")
 
 
 def _check_scope_optimizer(train_op, optimizers: dict) -> None:

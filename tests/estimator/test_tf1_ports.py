@@ -295,6 +295,24 @@ def test_an_optimizer_built_in_the_model_fn_is_refused(tmp_path):
         e.train(input_fn(), steps=2)
     assert e.latest_checkpoint() is None
 
+def test_a_module_built_in_the_model_fn_is_refused(tmp_path):
+    """TF1's `tf.layers.dense(h, 3)` ported literally as `torch.nn.Linear(8, 3)(h)`
+    in the model_fn: a new, random layer every step, never trained nor saved;
+    training went on silently. Now the first step names the stray parameters
+    and says to build the layer with est.get_module."""
+    def fn(features, labels, mode):
+        body = est.get_module("body", lambda: torch.nn.Linear(3, 8))
+        logits = torch.nn.Linear(8, 3)(torch.relu(body(features["x"])))
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    e = est.Estimator(fn, model_dir=str(tmp_path / "m"))
+    with pytest.raises(ValueError, match=r"The loss depends on parameters not made by "
+                                         r"est.get_module \(shapes \(3, 8\), \(3,\)\).*"
+                                         r"est.get_module\(name, "):
+        e.train(input_fn(), steps=2)
+    assert e.latest_checkpoint() is None
+
 def test_two_optimizers_under_one_default_name_are_refused(tmp_path):
     """TF1's GAN shape: `AdamOptimizer().minimize(g_loss, var_list=g_vars)` and
     again for the discriminator, two optimizers. Ported without names, the
