@@ -31,6 +31,7 @@ from hooks import model_scope
 from . import _checks, _console, _inputs, checkpoint, metrics
 from ._eval_metric_ops import EvalMetricOps
 from hooks.mode_keys import ModeKeys
+from ._dropout_check import DropoutWatch
 from .model_fn import EstimatorSpec, model_fn_caller
 from .run_config import RunConfig, async_checkpoint, writes_checkpoints
 from .warm_start import _settings, _WarmStarter
@@ -448,7 +449,12 @@ class Estimator:
         except StopIteration:
             return None
         scope.summaries_due = self._is_chief(strategy) and mode == ModeKeys.TRAIN
-        spec = self._call_model_fn(features, labels, mode)
+        if mode == ModeKeys.TRAIN:
+            spec = self._call_model_fn(features, labels, mode)
+        else:   # (once: functional dropout left on here is said)
+            with DropoutWatch() as watch:
+                spec = self._call_model_fn(features, labels, mode)
+            watch.warn(f"{mode!r} mode")
         _check_spec(spec, mode)
         return spec, features, labels
 

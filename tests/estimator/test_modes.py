@@ -148,3 +148,44 @@ def test_export_served_in_a_fresh_process_is_deterministic_and_equals_predict(tr
     np.testing.assert_allclose(first, predicted, rtol=1e-5, atol=1e-5)
     assert os.path.basename(trained.export_savedmodel(str(tmp_path / "export"), receiver)) \
         > os.path.basename(export_dir)   # TF1's name writes a newer export
+
+
+def test_functional_dropout_left_on_outside_train_is_warned(tmp_path, caplog):
+    """`torch.nn.functional.dropout(x, p)` defaults to training=True: a port
+    of `tf.layers.dropout(x, rate, training=...)` that drops the argument
+    kept dropping in evaluate and predict, silently (random results). Now
+    the first call in EVAL and PREDICT warns (dropout there can be meant:
+    Monte Carlo dropout); passing training=est.is_training() is quiet."""
+    import logging
+
+    def fn(training_given):
+        def model_fn(features, labels, mode):
+            net = est.get_module("net", lambda: torch.nn.Linear(4, 3))
+            h = features["x"]
+            h = (torch.nn.functional.dropout(h, 0.3, training=est.is_training())
+                 if training_given else torch.nn.functional.dropout(h, 0.3))
+            logits = net(h)
+            if mode == est.ModeKeys.PREDICT:
+                return est.EstimatorSpec(mode, predictions={"logits": logits})
+            loss = torch.nn.functional.cross_entropy(logits, labels)
+            return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+                lambda p: torch.optim.SGD(p, lr=0.1)))
+        return model_fn
+
+    x = np.random.RandomState(0).rand(8, 4).astype(np.float32)
+    y = np.arange(8) % 3
+    for training_given in (False, True):
+        e = est.Estimator(fn(training_given), model_dir=str(tmp_path / str(training_given)))
+        e.train(lambda: [({"x": x}, y)] * 3)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            e.evaluate(lambda: [({"x": x}, y)] * 2)
+            list(e.predict(lambda: [{"x": x}]))
+        warned = [r.getMessage() for r in caplog.records if "applies dropout" in r.getMessage()]
+        if training_given:
+            assert warned == []
+        else:
+            assert len(warned) == 2, warned   # evaluate and predict, once each
+            assert "'eval' mode: the model_fn applies dropout (dropout(p=0.3)) with " \
+                   "training=True" in warned[0]
+            assert "training=est.is_training()" in warned[0]
