@@ -60,8 +60,8 @@ class _CentralStorageExtended(_CollectiveExtended):
 
     def _to_masters_in_user_step(self, optimizer, args, kwargs) -> None:
         """Before an optimizer step of user code (a callable train_op,
-        `strategy.run`), as `apply_gradients` does: the replicas' gradients reduced onto the master copies, which
-        only replica 0 steps."""
+        `strategy.run`), as `apply_gradients` does: the replicas' gradients
+        reduced onto the master copies, which only replica 0 steps."""
         if not self._user_step:
             return
         masters, working = self._masters_and_working(optimizer)

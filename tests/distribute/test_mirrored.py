@@ -156,7 +156,6 @@ def test_batch_norm_statistics_are_the_mean_over_the_replicas_as_in_tf(tmp_path,
                                _replicas_mean(xs, lambda x: x.var(0, ddof=1), 1.0), rtol=1e-6)
 
 
-
 def _late_batch_norm_model_fn(features, labels, mode):
     """Batch norm used only from global step 2 on (a warm-up without it, as a
     curriculum or a head added after warm-up does): its statistics first move
@@ -416,6 +415,7 @@ def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind):
     xs = [f["x"].astype(np.float32) for f, _ in data[:6]]
     np.testing.assert_allclose(e.get_variable_value("norm/running_mean"),
                                _replicas_mean(xs, lambda x: x.mean(0), 0.0), rtol=1e-5)
+
 
 class _RandomProjection(torch.nn.Module):
     """A fixed random projection kept as a buffer, drawn from the OS's entropy

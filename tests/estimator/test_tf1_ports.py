@@ -245,7 +245,6 @@ def test_callable_train_op_with_two_optimizers(tmp_path):
     assert calls[-2:] == [6, 7]
 
 
-
 def test_a_train_op_that_does_not_zero_its_gradients_trains_as_one_that_does(tmp_path):
     """TF1's apply_gradients has nothing to zero, so a port's train_op may
     read `loss.backward(); opt.step()`. Before, the gradients then added up
@@ -278,40 +277,42 @@ def test_a_train_op_that_does_not_zero_its_gradients_trains_as_one_that_does(tmp
     np.testing.assert_allclose(trained("forgets", False), zeroing, rtol=1e-6)
     np.testing.assert_allclose(trained("in_model_fn", False, True), zeroing, rtol=1e-6)
 
-def test_an_optimizer_built_in_the_model_fn_is_refused(tmp_path):
-    """TF1's `tf.train.AdamOptimizer(lr).minimize(loss)` ported literally as
-    `train_op=torch.optim.Adam(net.parameters(), lr)`: a new Adam every step
-    (its moments starting over, nothing saved) trained silently; now the first
-    step says to build it with est.get_optimizer."""
-    def fn(features, labels, mode):
-        net = est.get_module("net", lambda: torch.nn.Linear(3, 3))
-        loss = torch.nn.functional.cross_entropy(net(features["x"]), labels)
-        return est.EstimatorSpec(mode, loss=loss,
-                                 train_op=torch.optim.Adam(net.parameters(), lr=0.01))
-    e = est.Estimator(fn, model_dir=str(tmp_path / "m"))
-    with pytest.raises(ValueError, match=r"the Adam was not made by est.get_optimizer.*new one "
-                                         r"each step.*est.get_optimizer\(lambda params: "
-                                         r"torch.optim.Adam\(params, ...\)\)"):
+
+def _optimizer_built_in_model_fn(features, labels, mode):
+    """TF1's `tf.train.AdamOptimizer(lr).minimize(loss)` ported literally: a
+    new Adam every step, its moments starting over, nothing saved."""
+    net = est.get_module("net", lambda: torch.nn.Linear(3, 3))
+    loss = torch.nn.functional.cross_entropy(net(features["x"]), labels)
+    return est.EstimatorSpec(mode, loss=loss,
+                             train_op=torch.optim.Adam(net.parameters(), lr=0.01))
+
+
+def _layer_built_in_model_fn(features, labels, mode):
+    """TF1's `tf.layers.dense(h, 3)` ported literally as `torch.nn.Linear(8, 3)(h)`:
+    a new, random layer every step, never trained nor saved."""
+    body = est.get_module("body", lambda: torch.nn.Linear(3, 8))
+    logits = torch.nn.Linear(8, 3)(torch.relu(body(features["x"])))
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+@pytest.mark.parametrize("model_fn, error", [
+    (_optimizer_built_in_model_fn,
+     r"the Adam was not made by est.get_optimizer.*new one each step.*"
+     r"est.get_optimizer\(lambda params: torch.optim.Adam\(params, ...\)\)"),
+    (_layer_built_in_model_fn,
+     r"The loss depends on parameters not made by est.get_module \(shapes \(3, 8\), "
+     r"\(3,\)\).*est.get_module\(name, "),
+], ids=["optimizer", "layer"])
+def test_an_optimizer_or_layer_built_in_the_model_fn_is_refused(tmp_path, model_fn, error):
+    """Both trained silently (before); now the first step refuses them, saying
+    to build them once with est.get_optimizer / est.get_module."""
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    with pytest.raises(ValueError, match=error):
         e.train(input_fn(), steps=2)
     assert e.latest_checkpoint() is None
 
-def test_a_module_built_in_the_model_fn_is_refused(tmp_path):
-    """TF1's `tf.layers.dense(h, 3)` ported literally as `torch.nn.Linear(8, 3)(h)`
-    in the model_fn: a new, random layer every step, never trained nor saved;
-    training went on silently. Now the first step names the stray parameters
-    and says to build the layer with est.get_module."""
-    def fn(features, labels, mode):
-        body = est.get_module("body", lambda: torch.nn.Linear(3, 8))
-        logits = torch.nn.Linear(8, 3)(torch.relu(body(features["x"])))
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
-            lambda p: torch.optim.SGD(p, lr=0.1)))
-    e = est.Estimator(fn, model_dir=str(tmp_path / "m"))
-    with pytest.raises(ValueError, match=r"The loss depends on parameters not made by "
-                                         r"est.get_module \(shapes \(3, 8\), \(3,\)\).*"
-                                         r"est.get_module\(name, "):
-        e.train(input_fn(), steps=2)
-    assert e.latest_checkpoint() is None
 
 def test_two_optimizers_under_one_default_name_are_refused(tmp_path):
     """TF1's GAN shape: `AdamOptimizer().minimize(g_loss, var_list=g_vars)` and
@@ -351,6 +352,7 @@ def test_two_optimizers_under_one_default_name_are_refused(tmp_path):
     for module, layer in initial.items():
         assert not np.allclose(good.get_variable_value(f"{module}/weight"),
                                layer.weight.detach().numpy())
+
 
 def _rewriting_model_fn(features, labels, mode, params):
     """Rewrites its params, as TF1 programs may (TF gives each graph a copy):
