@@ -44,7 +44,7 @@ import hooks as hooks_lib
 # Base classes come from the submodules: `hooks` may be half-imported here.
 from hooks.basic_session_run_hooks import CheckpointSaverListener
 from hooks.event_files import EVENT_FILE_PATTERN, read_scalars
-from hooks.files import atomic_write_bytes
+from hooks import files
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
 
 from . import _checks, checkpoint, remote
@@ -325,20 +325,15 @@ class _Ledger:
                  "metrics": {k: _jsonable(v) for k, v in metrics.items()},
                  "time": time.time()}
         line = json.dumps(entry) + "\n"
-        try:
-            with open(self.path, "a+b") as f:
-                f.seek(0, os.SEEK_END)
-                if f.tell():
-                    f.seek(-1, os.SEEK_END)
-                    if f.read(1) != b"\n":      # a torn last line: start a fresh one
-                        line = "\n" + line
-                f.write(line.encode())
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            if e.filename is None:   # (a full disk: the write names no file)
-                e.filename = self.path
-            raise
+        with files.naming(self.path), open(self.path, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":      # a torn last line: start a fresh one
+                    line = "\n" + line
+            f.write(line.encode())
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def _jsonable(value):
@@ -422,7 +417,7 @@ def _write_json(path: str, data: dict) -> None:
     """Atomically (temp file, fsync, rename) write `data` as JSON."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     text = json.dumps(data).encode()
-    atomic_write_bytes(path, text)
+    files.atomic_write_bytes(path, text)
 
 
 def _read_marker(model_dir: str, name: str, max_steps: Optional[int]) -> Optional[dict]:

@@ -114,20 +114,35 @@ def settle(tmp: str, path: str, sync_dir: bool = True) -> None:
         os.close(dir_fd)
 
 
+class naming:
+    """`with naming(path):` an OSError that names no file (a write on a full
+    disk: "[Errno 28] No space left on device") is raised naming `path`."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = self._path
+        return False
+
+
 def _write_temp(path: str, fill: Callable[[int], None]) -> str:
     """Temp file `<path>.tmp-<pid>-<n>` (created exclusively, mode 0o666 less
     the umask, as open() gives) filled by `fill(fd)`; its name. An error
     names `path` and leaves no temp file."""
     fd, tmp = _create_temp(path)
     try:
-        try:
-            fill(fd)
-        finally:
-            os.close(fd)
-    except BaseException as e:
+        with naming(path):
+            try:
+                fill(fd)
+            finally:
+                os.close(fd)
+    except BaseException:
         _discard(tmp)
-        if isinstance(e, OSError) and e.filename is None:   # (os.write names no file)
-            e.filename = path
         raise
     return tmp
 
