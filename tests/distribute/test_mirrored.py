@@ -417,7 +417,6 @@ def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind):
                                _replicas_mean(xs, lambda x: x.mean(0), 0.0), rtol=1e-5)
 
 
-
 def _ported_users_model_fn(literal):
     """The users' model as a TF1 program decays its rate and clips. `literal`:
     ported line by line, the rate given to the optimizer
@@ -475,6 +474,7 @@ def test_a_literal_tf1_port_trains_as_the_torch_way_on_two_replicas(tmp_path, ki
     state = est.checkpoint.load(literal.latest_checkpoint())
     assert state["optimizers"]["momentum"]["param_groups"][0]["lr"] == pytest.approx(
         0.2 * 0.5 ** 3)
+
 
 class _RandomProjection(torch.nn.Module):
     """A fixed random projection kept as a buffer, drawn from the OS's entropy
