@@ -50,6 +50,7 @@ import torch.distributed as dist
 from . import device_util, input_lib
 from ._moving_buffers import MovingBuffers
 from ._process_group import _SUM as _SUM_OPTIONS, ProcessGroup, host_store
+from ._random_streams import InputStream
 from .cross_device_ops import CrossDeviceOps, _DefaultAllReduce
 from .launcher import ForkLauncher, InProcessLauncher, Launcher, in_replica_process
 from .strategy import InputContext, ReduceOp, ReplicaContext, Strategy, StrategyExtended, _stack
@@ -627,6 +628,18 @@ class _CollectiveExtended(StrategyExtended):
     def _all_have(self, flag: bool) -> bool:
         return all(self._flags(flag))
 
+    def _input_stream(self, seed: int) -> InputStream:
+        """The input's random stream, alike on every replica, after which the
+        model's is the replica's own (`_random_streams`): every replica
+        starts from rank 0's torch state."""
+        state = torch.get_rng_state()
+        try:
+            dist.broadcast(state, 0, group=self._group.control)
+        except RuntimeError as e:
+            raise self._explain(e, "agreeing on the random state") from e
+        torch.set_rng_state(state)
+        return InputStream(seed, self._group.rank)
+
     def _agreed_seed(self) -> int:
         """A random number drawn on rank 0 and broadcast (shuffling seeds, epochs)."""
         seed = torch.tensor([random.randrange(2 ** 31) if self._group.rank == 0 else 0])
@@ -640,20 +653,25 @@ class _CollectiveExtended(StrategyExtended):
         n = self._group.world_size
         return InputContext(n, self._group.rank, n)
 
-    def distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str):
+    def distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str,
+                         read: Callable = iter):
+        """`read` of the shard, on the step's thread inside the replicas'
+        agreements on the input (a read-ahead thread is not a step ahead)."""
         if self._group is None or mode == _PREDICT or self._training:
             # alone; or an evaluation inside training (a saving listener on the
             # chief), while the other replicas wait in training: unsharded, here
-            return call_input_fn(InputContext(1, 0, 1))
+            return read(call_input_fn(InputContext(1, 0, 1)))
         self._drain()
         context = self._input_context()
         seed = self._agreed_seed()
+        stream = self._input_stream(seed)
         dataset = call_input_fn(context)
         if input_lib.takes_input_context(input_fn):
             input_lib.set_epoch(dataset, seed)
         else:
             dataset = input_lib.shard(dataset, context.num_input_pipelines,
                                       context.input_pipeline_id, seed)
+        dataset = read(stream.iterate(dataset, input_lib._iterate))
         if mode == _TRAIN:
             self._training = True
             self._moving_buffers = MovingBuffers()   # this training's modules, created next
@@ -726,7 +744,8 @@ class _CollectiveStrategy(Strategy):
         if extended._group is None:
             return super().experimental_distribute_dataset(dataset, options)
         return input_lib.SplitBatches(dataset, extended._group.world_size,
-                                      extended._group.rank, extended.to_device)
+                                      extended._group.rank, extended.to_device,
+                                      extended._input_stream(extended._agreed_seed()))
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
         """`dataset_fn(input_context)` on each replica; iteration stops on every
@@ -734,8 +753,9 @@ class _CollectiveStrategy(Strategy):
         extended = self._extended
         if extended._group is None:
             return super().distribute_datasets_from_function(dataset_fn, options)
+        stream = extended._input_stream(extended._agreed_seed())
         return input_lib.AgreedBatches(dataset_fn(extended._input_context()),
-                                       extended._all_have, extended.to_device)
+                                       extended._all_have, extended.to_device, stream)
 
     def __repr__(self):
         return f"{type(self).__name__}(devices={list(self._extended.worker_devices)})"

@@ -207,13 +207,16 @@ class EvalBatches:
 
 class AgreedBatches:
     """Batches of one replica's own dataset that stop on every replica as
-    soon as any replica has none (one small collective per batch)."""
+    soon as any replica has none (one small collective per batch), read in
+    the input's random `stream`."""
 
-    def __init__(self, dataset, all_have: Callable[[bool], bool], to_device: Callable):
-        self._dataset, self._all_have, self.to_device = dataset, all_have, to_device
+    def __init__(self, dataset, all_have: Callable[[bool], bool], to_device: Callable,
+                 stream):
+        self._dataset, self._all_have = dataset, all_have
+        self.to_device, self._stream = to_device, stream
 
     def __iter__(self):
-        it = _iterate(self._dataset)
+        it = self._stream.iterate(self._dataset, _iterate)
         while True:
             batch = next(it, _END)
             if not self._all_have(batch is not _END):
@@ -225,14 +228,16 @@ class SplitBatches:
     """Each global batch of `dataset`, split along its first dimension
     (`torch.tensor_split`), replica `index` keeping its part (TF2's
     experimental_distribute_dataset). Every replica must read the same
-    global batches: seed any shuffling."""
+    global batches: read in the input's random `stream`, alike on every
+    replica, a shuffle drawn from torch's default generator is the same
+    (other randomness: seed it)."""
 
-    def __init__(self, dataset, num_replicas: int, index: int, to_device: Callable):
-        self._dataset, self._n, self._index, self.to_device = (dataset, num_replicas, index,
-                                                                to_device)
+    def __init__(self, dataset, num_replicas: int, index: int, to_device: Callable, stream):
+        self._dataset, self._n, self._index = dataset, num_replicas, index
+        self.to_device, self._stream = to_device, stream
 
     def __iter__(self):
-        for batch in _iterate(self._dataset):
+        for batch in self._stream.iterate(self._dataset, _iterate):
             yield self.to_device(_split(batch, self._n, self._index))
 
 

@@ -177,18 +177,19 @@ class _ParameterServerExtended(StrategyExtended):
             return InputContext(1, 0, 1)
         return InputContext(len(self._trainers), self._trainer_index(), 1)
 
-    def distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str):
+    def distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str,
+                         read: Callable = iter):
         """Each trainer reads its own pipeline (InputContext(number of
         trainers, its index)); an input_fn that ignores its context is
         sharded for it (TF's AUTO policy). Evaluation reads everything."""
         if mode != _TRAIN:
-            return call_input_fn(InputContext(1, 0, 1))
+            return read(call_input_fn(InputContext(1, 0, 1)))
         context = self._input_context()
         dataset = call_input_fn(context)
         if context.num_input_pipelines > 1 and not input_lib.takes_input_context(input_fn):
             dataset = input_lib.shard(dataset, context.num_input_pipelines,
                                       context.input_pipeline_id)
-        return dataset
+        return read(dataset)
 
     # -- connecting ------------------------------------------------------------------------
     def _connect(self) -> ps_client.Client:

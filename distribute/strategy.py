@@ -238,11 +238,13 @@ class StrategyExtended:
     def _input_context(self) -> InputContext:
         return InputContext(1, 0, self._container_strategy.num_replicas_in_sync)
 
-    def distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str):
-        """This replica's input for `mode`: `call_input_fn(input_context)`,
+    def distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str,
+                         read: Callable = iter):
+        """This replica's batches for `mode`: `read` (how the batches are
+        read: moved to the device, read ahead) of `call_input_fn(input_context)`,
         sharded by the strategy when `input_fn` ignores its context (TF's
         AutoShardPolicy). One replica: what the input_fn returned."""
-        return call_input_fn(self._input_context())
+        return read(call_input_fn(self._input_context()))
 
     def end_training(self) -> None:
         """After the training session has closed (the chief's last checkpoint

@@ -423,16 +423,16 @@ class Estimator:
 
     def _batches(self, input_fn, mode: str, strategy):
         """(features, labels) pairs on the strategy's device."""
-        dataset = strategy.extended.distribute_input(
-            lambda context: _inputs.call_input_fn(input_fn, mode, self.params, self._config,
-                                                  context), input_fn, mode)
-        iterator = _inputs.iterate(dataset)
         to_device = strategy.extended.to_device
-        predict = mode == ModeKeys.PREDICT
-        moved = map(to_device, iterator)
         depth = self._config.experimental_prefetch_batches
-        if depth:
-            moved = _inputs.read_ahead(moved, depth)
+        predict = mode == ModeKeys.PREDICT
+
+        def read(dataset):   # moved to the device, by a read-ahead thread if asked
+            moved = map(to_device, _inputs.iterate(dataset))
+            return _inputs.read_ahead(moved, depth) if depth else moved
+        moved = strategy.extended.distribute_input(
+            lambda context: _inputs.call_input_fn(input_fn, mode, self.params, self._config,
+                                                  context), input_fn, mode, read)
         for batch in moved:
             if type(batch) is tuple and len(batch) == 2:
                 yield batch

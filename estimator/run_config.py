@@ -259,7 +259,9 @@ class RunConfig:
     False or ``ESTIMATOR_ASYNC_CHECKPOINT=0``.
     `experimental_prefetch_batches=N`: a thread reads the input N batches
     ahead of the step (TF's ``dataset.prefetch(N)``); the input_fn's
-    iterator then runs on that thread.
+    iterator then runs on that thread, and what it draws from torch's
+    default generator interleaves with the model's draws (under several
+    replicas too: docs/distribute.md, "Agreeing replicas").
     """
 
     def __init__(self, model_dir=None, tf_random_seed=None, save_summary_steps=100,

@@ -520,6 +520,78 @@ def test_every_replica_starts_from_the_chiefs_buffers(tmp_path, kind):
                            torch.from_numpy(e.get_variable_value(f"{name}/proj")))
 
 
+def _dropout_model_fn(out_dir):
+    """Dropout on the input; each replica writes the examples (their ids) and
+    the dropout mask of every training step to `out_dir/r<rank>.jsonl`."""
+    def model_fn(features, labels, mode):
+        drop = est.get_module("drop", lambda: torch.nn.Dropout(0.5))
+        dense = est.get_module("dense", lambda: torch.nn.Linear(8, 1))
+        kept = drop(torch.ones_like(features["x"]))
+        with open(os.path.join(out_dir, f"r{rank()}.jsonl"), "a") as f:
+            f.write(json.dumps({"ids": features["x"][:, 0].int().tolist(),
+                                "mask": (kept > 0).int().tolist()}) + "\n")
+        loss = torch.nn.functional.mse_loss(dense(features["x"] * kept), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.01)))
+    return model_fn
+
+
+def _shuffled_epochs(n=100, batch_size=32, epochs=3):
+    """A hand-written torch input: each epoch shuffled by `torch.randperm`, its
+    last batch short (100 = 3 x 32 + 4)."""
+    x = torch.arange(n, dtype=torch.float32).reshape(n, 1).repeat(1, 8)
+    for _ in range(epochs):
+        order = torch.randperm(n)
+        for i in range(0, n, batch_size):
+            rows = order[i:i + batch_size]
+            yield {"x": x[rows]}, torch.zeros(len(rows), 1)
+
+
+@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+def test_each_replica_draws_its_own_dropout_and_every_epoch_reads_each_example_once(
+        tmp_path, kind):
+    """TF's replicas draw dropout masks of their own and shuffle the input
+    alike (tests/support/fixtures/tf_replica_dropout.json). Before, the
+    replicas (forked, one seed) drew the same masks, and the input's shuffle
+    shared torch's stream with the model: after the short batch on replica 1
+    the next epoch's shuffles differed, so the replicas' shards overlapped
+    (23 examples twice, 23 never in the third epoch). Seeded, a second run
+    draws the same."""
+    def run(name):
+        out = tmp_path / name
+        out.mkdir()
+        e = est.Estimator(_dropout_model_fn(str(out)), config=est.RunConfig(
+            model_dir=str(out / "model"), train_distribute=STRATEGIES[kind](),
+            tf_random_seed=3))
+        e.train(_shuffled_epochs)
+        return [[json.loads(line) for line in open(out / f"r{r}.jsonl")] for r in (0, 1)]
+    with open(os.path.join(FIXTURES, "tf_replica_dropout.json")) as f:
+        tf = json.load(f)
+    first, second = run("first"), run("second")
+    assert first == second and all(tf["runs_equal"].values())
+    r0, r1 = first
+    assert len(r0) == len(r1) == 6   # 12 batches, 4 an epoch: 2 steps an epoch
+    assert sum(a["mask"] == b["mask"] for a, b in zip(r0, r1)) == tf["steps_replicas_equal"] == 0
+    for epoch in range(3):
+        ids = sorted(i for steps in (r0, r1) for step in steps[2 * epoch:2 * epoch + 2]
+                     for i in step["ids"])
+        assert ids == list(range(100)), f"epoch {epoch}"
+
+
+@pytest.mark.parametrize("steps", [6, None])
+def test_read_ahead_on_two_replicas_trains_as_without(tmp_path, steps):
+    """Reading ahead, the same steps, the same weights (8 batches a replica).
+    Before, the replicas' check for the end of input ran on the read-ahead
+    thread, batches ahead of the step: training stopped at step 5 of 6, or 5
+    of 8 without a limit, without a word."""
+    ahead = make(tmp_path / "ahead", STRATEGIES["mirrored"](), experimental_prefetch_batches=2)
+    plain = make(tmp_path / "plain", STRATEGIES["mirrored"]())
+    for e in (ahead, plain):
+        e.train(lambda: batches(batch_size=16), steps=steps)
+    assert ahead.get_variable_value("global_step") == (steps or 8)
+    assert_same_variables(ahead, plain)
+
+
 def test_restart_resumes_from_the_chiefs_checkpoint(tmp_path):
     two = make(tmp_path / "two", STRATEGIES["mirrored"]())
     one = make(tmp_path / "one")

@@ -110,6 +110,39 @@ def test_a_custom_loops_optimizer_steps_on_the_replicas_mean_gradient(tmp_path, 
         assert replica[2:] == pytest.approx(one[0][2:], abs=1e-6)
 
 
+def _dropout_over_shuffled_global_batches(strategy, epochs=3):
+    """A custom loop's input: a shuffling DataLoader of 45 rows in global
+    batches of 10 (the last 5: 3 and 2 rows a replica), split over the
+    replicas; dropout on each replica's slice. Returns per step (rows, mask)."""
+    x = torch.arange(45.0).reshape(45, 1).repeat(1, 8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=10,
+                                         shuffle=True)
+    dataset = strategy.experimental_distribute_dataset(loader)
+    drop = torch.nn.Dropout(0.5)
+    out = []
+    for _ in range(epochs):
+        for (rows,) in dataset:
+            mask = strategy.run(lambda: drop(torch.ones_like(rows)) > 0)
+            out.append((rows[:, 0].int().tolist(), mask.int().tolist()))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_custom_loops_replicas_split_the_same_shuffle_and_draw_their_own_dropout():
+    """As TF2's strategy.run: each replica's dropout its own, the global
+    batches one shuffle. Before, the replicas drew the same masks."""
+    strategy = distribute.MirroredStrategy(DEVICES)
+    r0, r1 = strategy.extended.call_for_each_replica(_dropout_over_shuffled_global_batches,
+                                                     (strategy,))
+    assert len(r0) == len(r1) == 15
+    assert all(a[1][:2] != b[1][:2] for a, b in zip(r0, r1))
+    for epoch in range(3):
+        seen = [i for steps in (r0, r1) for rows, _ in steps[5 * epoch:5 * epoch + 5]
+                for i in rows]
+        assert sorted(seen) == list(range(45)), epoch
+
+
 def _loop_until_a_hook_stops_replica_1(strategy, model_dir):
     """A custom loop (MonitoredTrainingSession + strategy.run) where only replica
     1's hook asks to stop, after step 3."""
