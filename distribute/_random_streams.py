@@ -16,7 +16,11 @@ starts from rank 0's state), so rank 0 goes on as one process would (the
 model's weights are drawn as one process's, and are every replica's: the
 wrap broadcasts rank 0's); from there the input draws from a stream of its
 own, alike on every replica, and every replica but rank 0 reseeds the
-default generators (CPU and accelerators) for its model.
+default generators (CPU and accelerators) for its model. A DataLoader
+ordered by a sampler with a generator of its own (resharded here, or a
+DistributedSampler) needs no alike stream: each replica's input then draws
+its own, so augmentations differ between replicas (on replicas but rank 0
+from the first batch on).
 
 Only the draws of the input code run by the step's thread are separated:
 with read-ahead (`RunConfig(experimental_prefetch_batches)`) the input runs
@@ -40,13 +44,20 @@ def _mixed(*entropy: int) -> int:
 
 class InputStream:
     """The input's stream on replica `rank`; `seed` (agreed on by the
-    replicas) makes the model's of every replica but rank 0."""
+    replicas) makes it and the model's of every replica but rank 0.
+    `alike`: the same on every replica, for an input whose order may come
+    from it; else the replica's own (a DataLoader ordered by a sampler of
+    its own generator: its per-example draws, augmentations, then differ
+    between replicas as TF's one pipeline's do), from the first batch on
+    except on rank 0."""
 
-    def __init__(self, seed: int, rank: int):
-        self._seed, self._rank = seed, rank
+    def __init__(self, seed: int, rank: int, alike: bool = True):
+        self._seed, self._rank, self._alike = seed, rank, alike
         self._generator = torch.default_generator
-        self._state = None   # the input's, from its first batch on
+        self._state = None   # the input's, from the split on
         self._owner = threading.get_ident()   # the step's thread
+        if rank and not alike:
+            self._split()
 
     def iterate(self, dataset: Iterable, iterate=iter) -> Iterator:
         """`iterate(dataset)`'s items; after the stream's first, each fetched
@@ -62,9 +73,10 @@ class InputStream:
             yield item
 
     def _split(self) -> None:
-        """After the first batch, read in one process's stream: the input's
-        goes on from here; the model's is the replica's own."""
-        self._state = self._generator.get_state()
+        """The input's stream and the model's go their ways (after the first
+        batch, read in one process's stream)."""
+        entropy = (self._seed,) if self._alike else (self._seed, self._rank, 1)
+        self._state = torch.Generator().manual_seed(_mixed(*entropy)).get_state()
         if self._rank:
             torch.manual_seed(_mixed(self._seed, self._rank))
 

@@ -628,22 +628,18 @@ class _CollectiveExtended(StrategyExtended):
     def _all_have(self, flag: bool) -> bool:
         return all(self._flags(flag))
 
-    def _input_stream(self, seed: int) -> InputStream:
-        """The input's random stream, alike on every replica, after which the
-        model's is the replica's own (`_random_streams`): every replica
-        starts from rank 0's torch state."""
+    def _agree_on_randomness(self) -> int:
+        """A seed drawn on rank 0 (shuffling, epochs, the random streams);
+        every replica also takes rank 0's torch state, so the input's first
+        batch is drawn alike everywhere (`_random_streams`)."""
+        seed = torch.tensor([random.randrange(2 ** 31) if self._group.rank == 0 else 0])
         state = torch.get_rng_state()
         try:
+            dist.broadcast(seed, 0, group=self._group.control)
             dist.broadcast(state, 0, group=self._group.control)
         except RuntimeError as e:
-            raise self._explain(e, "agreeing on the random state") from e
+            raise self._explain(e, "agreeing on the random seeds") from e
         torch.set_rng_state(state)
-        return InputStream(seed, self._group.rank)
-
-    def _agreed_seed(self) -> int:
-        """A random number drawn on rank 0 and broadcast (shuffling seeds, epochs)."""
-        seed = torch.tensor([random.randrange(2 ** 31) if self._group.rank == 0 else 0])
-        dist.broadcast(seed, 0, group=self._group.control)
         return int(seed.item())
 
     # -- input and metrics -----------------------------------------------------------------
@@ -663,14 +659,14 @@ class _CollectiveExtended(StrategyExtended):
             return read(call_input_fn(InputContext(1, 0, 1)))
         self._drain()
         context = self._input_context()
-        seed = self._agreed_seed()
-        stream = self._input_stream(seed)
+        seed = self._agree_on_randomness()
         dataset = call_input_fn(context)
         if input_lib.takes_input_context(input_fn):
             input_lib.set_epoch(dataset, seed)
         else:
             dataset = input_lib.shard(dataset, context.num_input_pipelines,
                                       context.input_pipeline_id, seed)
+        stream = InputStream(seed, self._group.rank, not input_lib.ordered_by_sampler(dataset))
         dataset = read(stream.iterate(dataset, input_lib._iterate))
         if mode == _TRAIN:
             self._training = True
@@ -743,9 +739,10 @@ class _CollectiveStrategy(Strategy):
         extended = self._extended
         if extended._group is None:
             return super().experimental_distribute_dataset(dataset, options)
+        seed = extended._agree_on_randomness()
         return input_lib.SplitBatches(dataset, extended._group.world_size,
                                       extended._group.rank, extended.to_device,
-                                      extended._input_stream(extended._agreed_seed()))
+                                      InputStream(seed, extended._group.rank))
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
         """`dataset_fn(input_context)` on each replica; iteration stops on every
@@ -753,9 +750,11 @@ class _CollectiveStrategy(Strategy):
         extended = self._extended
         if extended._group is None:
             return super().distribute_datasets_from_function(dataset_fn, options)
-        stream = extended._input_stream(extended._agreed_seed())
-        return input_lib.AgreedBatches(dataset_fn(extended._input_context()),
-                                       extended._all_have, extended.to_device, stream)
+        seed = extended._agree_on_randomness()
+        dataset = dataset_fn(extended._input_context())
+        return input_lib.AgreedBatches(dataset, extended._all_have, extended.to_device,
+                                       InputStream(seed, extended._group.rank,
+                                                   not input_lib.ordered_by_sampler(dataset)))
 
     def __repr__(self):
         return f"{type(self).__name__}(devices={list(self._extended.worker_devices)})"

@@ -23,8 +23,8 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler,
-                              Sampler, SequentialSampler)
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset,
+                              RandomSampler, Sampler, SequentialSampler)
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +124,17 @@ def _every_nth(dataset, n: int, index: int):
     for i, batch in enumerate(_iterate(dataset)):
         if i % n == index:
             yield batch
+
+
+def ordered_by_sampler(dataset) -> bool:
+    """Whether `dataset` is a DataLoader whose order comes from a sampler
+    drawing from a generator of its own (ShardSampler, DistributedSampler),
+    not from torch's default one."""
+    if not isinstance(dataset, DataLoader):
+        return False
+    sampler = dataset.batch_sampler.sampler if dataset.batch_sampler is not None \
+        else dataset.sampler
+    return isinstance(sampler, (ShardSampler, DistributedSampler))
 
 
 def set_epoch(dataset, epoch: int) -> None:

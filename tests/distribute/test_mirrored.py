@@ -578,6 +578,49 @@ def test_each_replica_draws_its_own_dropout_and_every_epoch_reads_each_example_o
         assert ids == list(range(100)), f"epoch {epoch}"
 
 
+class _Augmented(torch.utils.data.Dataset):
+    """Example i: its id in column 0, noise from torch's default generator in
+    the rest (an augmentation)."""
+
+    def __getitem__(self, i):
+        return {"x": torch.cat([torch.tensor([float(i)]), torch.randn(7)])}, torch.zeros(1)
+
+    def __len__(self):
+        return 64
+
+
+def test_a_dataloaders_augmentations_differ_between_the_replicas(tmp_path):
+    """A shuffling DataLoader, resharded by sampler: each replica's examples
+    are augmented with draws of its own, as in TF's one pipeline (before,
+    replica 1's k-th example had replica 0's k-th noise); every example is
+    read once an epoch."""
+    out = tmp_path / "out"
+    out.mkdir()
+    e = est.Estimator(_augmented_model_fn(str(out)), config=est.RunConfig(
+        model_dir=str(tmp_path / "model"), train_distribute=STRATEGIES["mirrored"](),
+        tf_random_seed=3))
+    e.train(lambda: torch.utils.data.DataLoader(_Augmented(), batch_size=8, shuffle=True),
+            steps=4)
+    r0, r1 = ([json.loads(line) for line in open(out / f"r{r}.jsonl")] for r in (0, 1))
+    assert len(r0) == len(r1) == 4
+    assert all(a["noise"] != b["noise"] for a, b in zip(r0, r1))
+    ids = [i for steps in (r0, r1) for step in steps for i in step["ids"]]
+    assert sorted(ids) == list(range(64))
+
+
+def _augmented_model_fn(out_dir):
+    def model_fn(features, labels, mode):
+        dense = est.get_module("dense", lambda: torch.nn.Linear(8, 1))
+        x = features["x"]
+        with open(os.path.join(out_dir, f"r{rank()}.jsonl"), "a") as f:
+            f.write(json.dumps({"ids": x[:, 0].int().tolist(),
+                                "noise": x[:, 1:].tolist()}) + "\n")
+        loss = torch.nn.functional.mse_loss(dense(x), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.01)))
+    return model_fn
+
+
 @pytest.mark.parametrize("steps", [6, None])
 def test_read_ahead_on_two_replicas_trains_as_without(tmp_path, steps):
     """Reading ahead, the same steps, the same weights (8 batches a replica).
