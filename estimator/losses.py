@@ -13,6 +13,13 @@ broadcast a `[batch, 1]` against a `[batch]` into `[batch, batch]`), and
 float32, a torch tensor keeps its floating dtype (labels take the
 predictions'); numpy float64 becomes float32, as every input here does.
 ``Reduction`` is also the canned estimators' ``loss_reduction=``.
+
+Replicas: TF1 adds the replicas' gradients of a loss reduced with SUM (its
+optimizer averages them for every other reduction), while the synchronous
+strategies here always average; in training under N replicas a SUM loss is
+therefore the replica's sum times N, so N replicas step as one process on
+the global batch, as TF's do, and the logged loss (the replicas' mean) is the
+global batch's sum, as TF reports it.
 """
 from __future__ import annotations
 
@@ -21,7 +28,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from hooks.model_scope import add_to_collection, get_collection, unique_name
+from hooks.model_scope import (add_to_collection, get_collection, training_replicas,
+                               unique_name)
 
 
 class GraphKeys:
@@ -287,7 +295,8 @@ def _reduce(losses: torch.Tensor, weights, reduction: str) -> torch.Tensor:
         return weighted
     total = weighted.sum()
     if reduction == Reduction.SUM:
-        return total
+        replicas = training_replicas()
+        return total * replicas if replicas > 1 else total
     if reduction == Reduction.SUM_OVER_BATCH_SIZE:
         return total / losses.numel()
     if reduction == Reduction.MEAN:

@@ -361,6 +361,15 @@ def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def training_replicas() -> int:
+    """The synchronous replicas of the active scope's training, whose
+    gradients the strategy averages (1 outside training or a model scope)."""
+    scope = _current
+    if scope is None or scope.mode != ModeKeys.TRAIN or scope.strategy is None:
+        return 1
+    return getattr(scope.strategy, "num_replicas_in_sync", 1)
+
+
 def add_to_collection(key: str, name: str, value) -> None:
     """Add `value`, named `name`, to the collection `key` of this model_fn call
     (TF: `tf.compat.v1.add_to_collection`, a graph's collections: the losses'

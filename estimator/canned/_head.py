@@ -11,10 +11,10 @@ the per-batch SUM losses, and ``global_step``), TF's training summary
 ``classification``, ``regression``, ``predict``).
 
 Replicas: TF1 adds the gradients of the replicas when the loss is reduced
-with SUM, and our synchronous strategies average them, so in TRAIN a
-SUM-reduced loss is multiplied by the number of replicas in sync: training on
-N replicas steps as one process on the whole global batch (and the logged
-loss is the global batch's sum).
+with SUM, and our synchronous strategies average them; `compute_weighted_loss`
+scales a SUM loss in training by the replicas in sync (`est.losses`), so
+training on N replicas steps as one process on the whole global batch (and
+the logged loss is the global batch's sum).
 
 Strings: ``classes`` and ``all_classes`` are host arrays of bytes, as TF's
 string tensors read back (``b"1"`` or the `label_vocabulary` entry); they are
@@ -49,14 +49,6 @@ class _AccuracyBaseline(metrics.Mean):
     def result(self):
         mean = super().result()
         return torch.maximum(mean, 1 - mean)
-
-
-def _replicas() -> int:
-    """Synchronous replicas whose gradients the strategy averages. TF1 sums
-    replica gradients of a SUM-reduced loss, so the training loss is scaled
-    by this to give the gradient of the whole global batch."""
-    scope = model_scope.current()
-    return getattr(scope.strategy, "num_replicas_in_sync", 1) if scope.strategy else 1
 
 
 def _streaming(name: str, cls, *args) -> metrics.Metric:
@@ -233,16 +225,14 @@ class Head:
             unreduced, weights, reduction=self._reduction, loss_collection=None)
 
     def _training_loss(self, loss, weights, unreduced) -> torch.Tensor:
-        """TRAIN's loss: a SUM loss times the replicas in sync (see the module
-        doc), with TF1's ``average_loss`` summary."""
-        if self._reduction != Reduction.SUM:
-            return loss
-        if summary.should_record_summaries():
+        """TRAIN's loss, with TF1's ``average_loss`` summary of a SUM loss (the
+        replica's: its loss is its sum times the replicas, see `est.losses`)."""
+        if self._reduction == Reduction.SUM and summary.should_record_summaries():
             count = (unreduced.numel() if weights is None
                      else (weights * torch.ones_like(unreduced)).sum())
-            summary.scalar(self._key("average_loss"), loss.detach() / count)
-        replicas = _replicas()
-        return loss * replicas if replicas > 1 else loss
+            summary.scalar(self._key("average_loss"),
+                           loss.detach() / (count * model_scope.training_replicas()))
+        return loss
 
     def _weights(self, features, logits) -> Optional[torch.Tensor]:
         """The weight column as float32 [batch, 1] (TF:

@@ -635,6 +635,43 @@ def test_read_ahead_on_two_replicas_trains_as_without(tmp_path, steps):
     assert_same_variables(ahead, plain)
 
 
+def _reduced_model_fn(features, labels, mode, params):
+    """TF1's `v1.layers.dense(x, 1)` from zeros and `v1.losses.mean_squared_error`
+    with `params["reduction"]` (record_tf_sum_loss_replicas.py's model)."""
+    def dense():
+        layer = torch.nn.Linear(3, 1)
+        torch.nn.init.zeros_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+        return layer
+    predictions = est.get_module("dense", dense)(features["x"])
+    loss = est.losses.mean_squared_error(labels, predictions, reduction=params["reduction"])
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=params["lr"])))
+
+
+@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+@pytest.mark.parametrize("reduction", ["SUM", "SUM_BY_NONZERO_WEIGHTS", "MEAN"])
+def test_a_loss_reduced_with_sum_adds_the_replicas_gradients_up_as_in_tf(
+        tmp_path, kind, reduction):
+    """A model_fn's `est.losses` loss under two replicas, one step, equals TF's
+    recorded step and reported loss: with SUM TF adds the replicas' gradients
+    up and reports the sum of their losses; with any other reduction it
+    averages both. Before, SUM was averaged: half TF's step and loss."""
+    with open(os.path.join(FIXTURES, "tf_sum_loss_replicas.json")) as f:
+        tf = json.load(f)
+    x, y = np.array(tf["x"], np.float32), np.array(tf["y"], np.float32)
+    e = est.Estimator(_reduced_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=STRATEGIES[kind]()),
+        params={"reduction": getattr(est.losses.Reduction, reduction), "lr": tf["lr"]})
+    logged = RecordLoss()
+    e.train(lambda: [({"x": x[:8]}, y[:8]), ({"x": x[8:]}, y[8:])], hooks=[logged])
+    want = tf[reduction]["mirrored"]
+    np.testing.assert_allclose(e.get_variable_value("dense/weight").ravel(), want["kernel"],
+                               rtol=1e-5)
+    np.testing.assert_allclose(e.get_variable_value("dense/bias"), want["bias"], rtol=1e-5)
+    assert logged.losses == [pytest.approx(want["reported_loss"], rel=1e-5)]
+
+
 def test_restart_resumes_from_the_chiefs_checkpoint(tmp_path):
     two = make(tmp_path / "two", STRATEGIES["mirrored"]())
     one = make(tmp_path / "one")
