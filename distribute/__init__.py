@@ -16,6 +16,7 @@ from .mirrored_strategy import MirroredStrategy
 from . import partitioners
 from . import coordinator, experimental
 from ._ps_rpc import ParameterServerError
+from .loss_scaling import compute_average_loss, scale_regularization_loss
 from .parameter_server_strategy import ParameterServerStrategy
 from .server import Server
 from .strategy import (InputContext, OneDeviceStrategy, ReduceOp, ReplicaContext, Strategy,
@@ -31,5 +32,5 @@ __all__ = [
     "HierarchicalCopyAllReduce", "ReductionToOneDevice", "CommunicationImplementation",
     "CollectiveCommunication", "CommunicationOptions", "ReplicaFailedError", "cross_device_ops",
     "input_lib", "ParameterServerStrategy", "Server", "ParameterServerError", "partitioners",
-    "coordinator", "experimental",
+    "coordinator", "experimental", "compute_average_loss", "scale_regularization_loss",
 ]

@@ -143,6 +143,75 @@ def test_a_custom_loops_replicas_split_the_same_shuffle_and_draw_their_own_dropo
         assert sorted(seen) == list(range(45)), epoch
 
 
+def _tf2_loop(strategy, model_dir, steps=3):
+    """TF2's custom-loop pattern, ported unchanged: global batches of 8 split
+    over the replicas, `compute_average_loss` of the per-example losses plus
+    `scale_regularization_loss` of an L2 term. Returns (weights, the losses
+    `strategy.reduce(SUM, ...)` gave)."""
+    import estimator as est
+    import hooks
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 3, generator=g), torch.randn(8, 1, generator=g))
+            for _ in range(steps)]
+    with hooks.MonitoredTrainingSession(checkpoint_dir=model_dir, strategy=strategy,
+                                        log_step_count_steps=None) as sess:
+        torch.manual_seed(0)
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+
+        def step_fn(x, y):
+            opt.zero_grad()
+            per_example = (net(x) - y).pow(2).squeeze(1)
+            loss = (distribute.compute_average_loss(per_example, global_batch_size=8)
+                    + distribute.scale_regularization_loss(
+                        0.01 * sum(p.pow(2).sum() for p in net.parameters())))
+            loss.backward()
+            opt.step()
+            return loss
+
+        losses = []
+        for x, y in strategy.experimental_distribute_dataset(data):
+            per_replica = sess.run(strategy.run, step_fn, args=(x, y))
+            losses.append(strategy.reduce(distribute.ReduceOp.SUM, per_replica,
+                                          axis=None).item())
+        module = sess.session.scope.raw_modules["net"]
+        return module.weight.detach().tolist(), module.bias.detach().tolist(), losses
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_tf2s_average_loss_helpers_step_and_reduce_as_one_device(tmp_path):
+    """TF2 sums the replicas' gradients, so its loss helpers divide by the
+    global batch and the replicas; the strategies here average them: ported
+    unchanged, the helpers give TF2's step (one device's on the global
+    batch) and TF2's reduced loss (the global batch's mean plus the L2 term)
+    on two replicas."""
+    two = distribute.MirroredStrategy(DEVICES)
+    r0, r1 = two.extended.call_for_each_replica(_tf2_loop, (two, str(tmp_path / "two")))
+    one = distribute.MirroredStrategy(["cpu:0"])
+    (single,) = one.extended.call_for_each_replica(_tf2_loop, (one, str(tmp_path / "one")))
+    for replica in (r0, r1):
+        for got, want in zip(replica, single):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_tf2s_average_loss_helpers_in_one_process_and_their_errors():
+    losses = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    assert distribute.compute_average_loss(losses).item() == pytest.approx(3.0)
+    assert distribute.compute_average_loss(losses, global_batch_size=8).item() == 1.5
+    assert distribute.compute_average_loss(
+        losses, sample_weight=torch.tensor([1.0, 0.0, 0.0, 0.5])).item() == pytest.approx(1.0)
+    assert distribute.scale_regularization_loss([torch.ones(2), torch.tensor(3.0)]).item() == 5.0
+    with pytest.raises(ValueError, match="at least rank 1"):
+        distribute.compute_average_loss(torch.tensor(2.0))
+    for bad in (0, -8, 8.0, True):
+        with pytest.raises(ValueError, match="global_batch_size must be a positive integer"):
+            distribute.compute_average_loss(losses, global_batch_size=bad)
+    with distribute.MirroredStrategy(DEVICES).scope():
+        with pytest.raises(RuntimeError, match="cross-replica context"):
+            distribute.compute_average_loss(losses)
+
+
 def _loop_until_a_hook_stops_replica_1(strategy, model_dir):
     """A custom loop (MonitoredTrainingSession + strategy.run) where only replica
     1's hook asks to stop, after step 3."""
