@@ -207,6 +207,8 @@ class _CollectiveExtended(StrategyExtended):
             return self._group.rank
         return self._topology.task_rank * len(self._topology.devices)
 
+    _replica_id = _rank
+
     @property
     def should_checkpoint(self) -> bool:
         return self._rank() == 0
@@ -722,7 +724,7 @@ class _CollectiveStrategy(Strategy):
                 "its own process: call strategy.run inside the function you give to "
                 "strategy.extended.call_for_each_replica(fn), or train with the Estimator")
         with self.scope():
-            _stack().append(ReplicaContext(self, extended._rank()))
+            _stack().append(ReplicaContext(self, extended._replica_id()))
             user_step, extended._user_step = extended._user_step, extended._group is not None
             try:
                 return fn(*args, **(kwargs or {}))

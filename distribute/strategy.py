@@ -134,6 +134,7 @@ class StrategyExtended:
     - creation (TF's `strategy.scope()` interception): `create_module`,
       `create_optimizer`, `create_metric`.
     - input: `distribute_input`, `to_device` (a function, called every step).
+    - the model_fn: `in_replica_context(fn)`.
     - the step: `apply_gradients`, `run_train_op`, `reduce_loss`,
       `all_agree_to_stop` (None on one replica), `preempted`, `set_last_step`,
       `end_training`.
@@ -237,6 +238,25 @@ class StrategyExtended:
 
     def _input_context(self) -> InputContext:
         return InputContext(1, 0, self._container_strategy.num_replicas_in_sync)
+
+    def in_replica_context(self, fn: Callable) -> Callable:
+        """`fn`, called in this replica's context: TF1's Estimator calls its
+        model_fn through `call_for_each_replica`, so `get_replica_context()`
+        answers there (`replica_id_in_sync_group`, `num_replicas_in_sync`,
+        `all_reduce`), with or without a strategy."""
+        context = ReplicaContext(self._container_strategy, self._replica_id())
+
+        def call(*args):
+            stack = _stack()
+            stack.append(context)
+            try:
+                return fn(*args)
+            finally:
+                stack.pop()
+        return call
+
+    def _replica_id(self) -> int:
+        return 0
 
     def distribute_input(self, call_input_fn: Callable, input_fn: Callable, mode: str,
                          read: Callable = iter):

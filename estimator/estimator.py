@@ -206,7 +206,8 @@ class Estimator:
         each step's are its own, as in TF, whose apply_gradients leaves
         nothing to zero (a train_op that does not zero them would otherwise
         add them up across steps)."""
-        call, extended, train = self._call_model_fn, strategy.extended, ModeKeys.TRAIN
+        extended, train = strategy.extended, ModeKeys.TRAIN
+        call = extended.in_replica_context(self._call_model_fn)
         apply_gradients, run_train_op = extended.apply_gradients, extended.run_train_op
         optimizer, optimizers = torch.optim.Optimizer, scope.optimizers
         checked = [None]   # the optimizer last found to be the scope's
@@ -299,7 +300,8 @@ class Estimator:
             first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy)
             if first is None:
                 raise ValueError("input_fn returned no data to evaluate")
-            call, mode, pending = self._call_model_fn, ModeKeys.EVAL, [first]
+            call = strategy.extended.in_replica_context(self._call_model_fn)
+            mode, pending = ModeKeys.EVAL, [first]
             first = first[0]
             loss = scope.create_metric("eval/loss", metrics.Mean)
             metric_ops = EvalMetricOps(scope)
@@ -355,7 +357,8 @@ class Estimator:
             if first is None:
                 return
             first = first[0]
-            call, mode, pending = self._call_model_fn, ModeKeys.PREDICT, [first]
+            call = strategy.extended.in_replica_context(self._call_model_fn)
+            mode, pending = ModeKeys.PREDICT, [first]
 
             def step():
                 if pending:
@@ -449,11 +452,12 @@ class Estimator:
         except StopIteration:
             return None
         scope.summaries_due = self._is_chief(strategy) and mode == ModeKeys.TRAIN
+        call = strategy.extended.in_replica_context(self._call_model_fn)
         if mode == ModeKeys.TRAIN:
-            spec = self._call_model_fn(features, labels, mode)
+            spec = call(features, labels, mode)
         else:   # (once: functional dropout left on here is said)
             with DropoutWatch() as watch:
-                spec = self._call_model_fn(features, labels, mode)
+                spec = call(features, labels, mode)
             watch.warn(f"{mode!r} mode")
         _check_spec(spec, mode)
         return spec, features, labels

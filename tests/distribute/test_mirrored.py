@@ -672,6 +672,40 @@ def test_a_loss_reduced_with_sum_adds_the_replicas_gradients_up_as_in_tf(
     assert logged.losses == [pytest.approx(want["reported_loss"], rel=1e-5)]
 
 
+def _replica_context_model_fn(features, labels, mode, params):
+    """TF1 idioms: the replica context's id and count (a learning rate scaled
+    by the replicas), and an all_reduce in it; written to params["out"]."""
+    ctx = distribute.get_replica_context()
+    total = ctx.all_reduce(distribute.ReduceOp.SUM, torch.tensor(1.0))
+    with open(os.path.join(params["out"], f"{mode}-{ctx.replica_id_in_sync_group}"), "w") as f:
+        json.dump([ctx.num_replicas_in_sync, total.item(),
+                   distribute.in_cross_replica_context()], f)
+    dense = est.get_module("dense", lambda: torch.nn.Linear(3, 1))
+    loss = torch.nn.functional.mse_loss(dense(features["x"]), labels)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.01 * ctx.num_replicas_in_sync)))
+
+
+@pytest.mark.parametrize("kind", ["one process", "mirrored"])
+def test_a_model_fn_runs_in_its_replica_context(tmp_path, kind):
+    """As TF1's Estimator calls the model_fn through call_for_each_replica:
+    `get_replica_context()` answers in training and evaluation (before: None,
+    even in one process, so `ctx.num_replicas_in_sync` raised)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    strategy = None if kind == "one process" else STRATEGIES[kind]()
+    e = est.Estimator(_replica_context_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "model"), train_distribute=strategy,
+        eval_distribute=strategy), params={"out": str(out)})
+    e.train(lambda: batches(n=64), steps=2)
+    e.evaluate(lambda: batches(n=64))
+    n = 1 if strategy is None else 2
+    for mode in ("train", "eval"):
+        for replica in range(n):
+            with open(out / f"{mode}-{replica}") as f:
+                assert json.load(f) == [n, float(n), False], (mode, replica)
+
+
 def test_restart_resumes_from_the_chiefs_checkpoint(tmp_path):
     two = make(tmp_path / "two", STRATEGIES["mirrored"]())
     one = make(tmp_path / "one")
