@@ -146,7 +146,8 @@ class Estimator:
             if steps is not None or max_steps is not None else []
         with scope, strategy.scope():
             batches = self._batches(input_fn, ModeKeys.TRAIN, strategy)
-            first = self._first_spec(batches, scope, ModeKeys.TRAIN, strategy)
+            call = strategy.extended.in_replica_context(self._call_model_fn)
+            first = self._first_spec(batches, scope, ModeKeys.TRAIN, strategy, call)
             if first is None:
                 logger.warning("input_fn returned no data: nothing to train on")
                 return _outcome(None, user_hooks + listeners)
@@ -160,7 +161,7 @@ class Estimator:
                          + self._default_training_hooks(is_chief, listeners)
                          + (list(first.training_chief_hooks) if is_chief else [])
                          + progress_hooks("train", num_steps=steps, last_step=max_steps))
-            step = self._train_step_fn(batches, strategy, scope)
+            step = self._train_step_fn(batches, strategy, scope, call)
             last = first
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir,
                                             is_chief) as session:
@@ -199,7 +200,7 @@ class Estimator:
             scope.global_step = step
         return scope, warm
 
-    def _train_step_fn(self, batches, strategy, scope) -> Callable:
+    def _train_step_fn(self, batches, strategy, scope, call) -> Callable:
         """The per-step function: next batch -> model_fn -> apply train_op.
         `step(spec)` applies a spec already built (the first batch's). After
         a callable train_op the gradients of the scope's optimizers are freed:
@@ -207,7 +208,6 @@ class Estimator:
         nothing to zero (a train_op that does not zero them would otherwise
         add them up across steps)."""
         extended, train = strategy.extended, ModeKeys.TRAIN
-        call = extended.in_replica_context(self._call_model_fn)
         apply_gradients, run_train_op = extended.apply_gradients, extended.run_train_op
         optimizer, optimizers = torch.optim.Optimizer, scope.optimizers
         checked = [None]   # the optimizer last found to be the scope's
@@ -297,10 +297,10 @@ class Estimator:
                     f"the training's state at global step {scope.global_step}")
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.EVAL, strategy)
-            first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy)
+            call = strategy.extended.in_replica_context(self._call_model_fn)
+            first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy, call)
             if first is None:
                 raise ValueError("input_fn returned no data to evaluate")
-            call = strategy.extended.in_replica_context(self._call_model_fn)
             mode, pending = ModeKeys.EVAL, [first]
             first = first[0]
             loss = scope.create_metric("eval/loss", metrics.Mean)
@@ -353,11 +353,11 @@ class Estimator:
         scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state, restore_path=path)
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.PREDICT, strategy)
-            first = self._first_spec(batches, scope, ModeKeys.PREDICT, strategy)
+            call = strategy.extended.in_replica_context(self._call_model_fn)
+            first = self._first_spec(batches, scope, ModeKeys.PREDICT, strategy, call)
             if first is None:
                 return
             first = first[0]
-            call = strategy.extended.in_replica_context(self._call_model_fn)
             mode, pending = ModeKeys.PREDICT, [first]
 
             def step():
@@ -442,17 +442,16 @@ class Estimator:
             else:
                 yield _inputs.split_batch(batch, mode, predict)
 
-    def _first_spec(self, batches, scope, mode, strategy) -> Optional[tuple]:
-        """Call model_fn on the first batch before the loop starts, so the
-        spec's hooks are known when the session begins (TF builds the graph
-        first): (spec, features, labels), None without a batch. Summaries are
-        due on the first step, as in TF."""
+    def _first_spec(self, batches, scope, mode, strategy, call) -> Optional[tuple]:
+        """Call model_fn (`call`: in the replica's context) on the first batch
+        before the loop starts, so the spec's hooks are known when the session
+        begins (TF builds the graph first): (spec, features, labels), None
+        without a batch. Summaries are due on the first step, as in TF."""
         try:
             features, labels = next(batches)
         except StopIteration:
             return None
         scope.summaries_due = self._is_chief(strategy) and mode == ModeKeys.TRAIN
-        call = strategy.extended.in_replica_context(self._call_model_fn)
         if mode == ModeKeys.TRAIN:
             spec = call(features, labels, mode)
         else:   # (once: functional dropout left on here is said)

@@ -367,7 +367,7 @@ def training_replicas() -> int:
     scope = _current
     if scope is None or scope.mode != ModeKeys.TRAIN or scope.strategy is None:
         return 1
-    return getattr(scope.strategy, "num_replicas_in_sync", 1)
+    return scope.strategy.num_replicas_in_sync
 
 
 def add_to_collection(key: str, name: str, value) -> None:
