@@ -36,7 +36,7 @@ class CannedEstimator(Estimator):
         cache = feature_column.transformation_cache(features)
         logits = self._logits(cache, mode)
         return self._head.create_estimator_spec(cache, mode, logits, labels,
-                                                self._train_op_fn)
+                                                train_op_fn=self._train_op_fn)
 
     def _logits(self, features, mode) -> torch.Tensor:
         raise NotImplementedError

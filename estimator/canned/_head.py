@@ -25,6 +25,7 @@ with a `label_vocabulary` are strings (a numpy array or a list).
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -129,6 +130,77 @@ def _threshold_metrics(key, labels, probabilities, weights, thresholds) -> dict:
     return ops
 
 
+def _regularization_loss(regularization_losses) -> Optional[torch.Tensor]:
+    """The sum of `regularization_losses` (scalar tensors or numbers), None
+    for None or none (TF: ``tf.math.add_n``)."""
+    if regularization_losses is None:
+        return None
+    if not isinstance(regularization_losses, (list, tuple)):
+        raise ValueError(f"regularization_losses must be a list or tuple of scalars, got "
+                         f"{type(regularization_losses).__name__}")
+    total = None
+    for i, term in enumerate(regularization_losses):
+        if isinstance(term, torch.Tensor) and term.dim() != 0:
+            raise ValueError(f"regularization_losses[{i}] must be a scalar, got a tensor of "
+                             f"shape {list(term.shape)}")
+        if not isinstance(term, (torch.Tensor, float, int)) or isinstance(term, bool):
+            raise ValueError(f"regularization_losses[{i}] must be a scalar tensor, got "
+                             f"{type(term).__name__}")
+        total = term if total is None else total + term
+    return total if total is None else torch.as_tensor(total, dtype=torch.float32)
+
+
+def _train_op(optimizer, trainable_variables, train_op_fn, update_ops) -> Callable:
+    """`loss -> train_op` from ``create_estimator_spec``'s arguments, checked
+    as TF checks them (TF: ``create_estimator_spec_train_op``)."""
+    if update_ops is not None and not isinstance(update_ops, (list, tuple)):
+        raise ValueError(f"update_ops must be a list or tuple, given: "
+                         f"{type(update_ops).__name__}")
+    if update_ops:
+        raise ValueError(
+            "update_ops are not run here: PyTorch layers (batch norm) update their "
+            "statistics in the forward pass, so TF's UPDATE_OPS have nothing to port; "
+            "make any other update part of a callable train_op")
+    if optimizer is None:
+        if train_op_fn is None:
+            raise ValueError("train_op_fn and optimizer cannot both be None.")
+        return train_op_fn
+    if train_op_fn is not None:
+        raise ValueError("train_op_fn and optimizer cannot both be set.")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer of the model's scope "
+                         f"(est.get_optimizer(lambda params: torch.optim.SGD(params, lr=0.1)))"
+                         f", got {type(optimizer).__name__}")
+    if trainable_variables is not None:
+        if not isinstance(trainable_variables, (list, tuple)):
+            raise ValueError(f"trainable_variables must be a list or tuple, given: "
+                             f"{type(trainable_variables).__name__}")
+        key = tuple(map(id, trainable_variables))   # (checked once, not on every step)
+        if _checked.get(optimizer) != key:
+            _check_trainable_variables(optimizer, trainable_variables)
+            _checked[optimizer] = key
+    return lambda loss: optimizer
+
+
+_checked: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _check_trainable_variables(optimizer, trainable_variables) -> None:
+    """`trainable_variables` (parameters or modules) are what `optimizer`
+    steps: TF's optimizer updates those alone."""
+    given = set()
+    for item in trainable_variables:
+        params = item.parameters() if isinstance(item, torch.nn.Module) else [item]
+        given.update(id(p) for p in params if isinstance(p, torch.Tensor) and p.requires_grad)
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]
+               if p.requires_grad}
+    if given != stepped:
+        raise ValueError(
+            f"trainable_variables ({len(given)} trainable tensors) are not the parameters "
+            f"the optimizer steps ({len(stepped)}): build it over them, "
+            f"est.get_optimizer(factory, var_list=trainable_variables)")
+
+
 class Head:
     """What the heads share: weights, label shape, the loss and the spec.
     TF1's canned heads reduce with SUM; TF2's heads (`est.BinaryClassHead`,
@@ -138,6 +210,7 @@ class Head:
 
     logits_dimension = 1
     _PR_SUMMATION = "trapezoidal"
+    _NAMED_SUMMARY = True   # TRAIN's regularization_loss summary suffixed with the name
 
     def __init__(self, weight_column=None, loss_reduction: str = Reduction.SUM, loss_fn=None,
                  name: Optional[str] = None):
@@ -181,24 +254,47 @@ class Head:
     def _loss_dimension(self) -> int:
         return 1
 
-    def create_estimator_spec(self, features, mode, logits, labels=None,
-                              train_op_fn: Optional[Callable] = None) -> EstimatorSpec:
-        """TF's ``head.create_estimator_spec``: `train_op_fn(loss)` gives the
-        spec's train_op in TRAIN."""
+    def create_estimator_spec(self, features, mode, logits, labels=None, optimizer=None,
+                              trainable_variables=None, train_op_fn: Optional[Callable] = None,
+                              update_ops=None, regularization_losses=None) -> EstimatorSpec:
+        """TF's ``head.create_estimator_spec``, same arguments. In TRAIN the
+        train_op is `optimizer` (the scope's, ``est.get_optimizer(...)``; TF:
+        ``optimizer.get_updates(loss, trainable_variables)``) or
+        `train_op_fn(loss)`, exactly one of them. `regularization_losses`
+        (scalars) are added to the loss trained and evaluated, and reported
+        as ``regularization_loss`` (summary and metric)."""
         self._check_logits(logits)
         if mode == ModeKeys.PREDICT:
             predictions = self._all_predictions(logits)
             return EstimatorSpec(mode, predictions=predictions,
                                  export_outputs=self._export_outputs(predictions))
+        regularization = _regularization_loss(regularization_losses)
         labels, weights, unreduced, loss = self._losses(features, logits, labels, mode)
         if mode == ModeKeys.EVAL:
             predictions = self._predictions(logits)
-            return EstimatorSpec(mode, predictions=predictions, loss=loss,
-                                 eval_metric_ops=self._metrics(labels, predictions, weights,
-                                                               unreduced))
+            ops = self._metrics(labels, predictions, weights, unreduced)
+            return EstimatorSpec(mode, predictions=predictions,
+                                 loss=self._regularized(loss, regularization, ops),
+                                 eval_metric_ops=ops)
+        train_op = _train_op(optimizer, trainable_variables, train_op_fn, update_ops)
         loss = self._training_loss(loss, weights, unreduced)
+        loss = self._regularized(loss, regularization)
         # (no predictions in TRAIN: nothing reads them, and they would cost each step)
-        return EstimatorSpec(mode, loss=loss, train_op=train_op_fn(loss))
+        return EstimatorSpec(mode, loss=loss, train_op=train_op(loss))
+
+    def _regularized(self, loss, regularization, ops: Optional[dict] = None):
+        """`loss` plus the regularization, if any, recorded as TF's
+        ``regularization_loss``: into `ops` (EVAL's metrics, the mean over the
+        batches) or as TRAIN's summary."""
+        if regularization is None:
+            return loss
+        if ops is not None:
+            key = self._key("regularization_loss")
+            ops[key] = metrics.mean(regularization.detach(), name=key)
+        elif summary.should_record_summaries():
+            summary.scalar(self._key("regularization_loss") if self._NAMED_SUMMARY
+                           else "regularization_loss", regularization.detach())
+        return loss + regularization
 
     def _check_logits(self, logits) -> None:
         if logits.dim() != 2 or logits.shape[-1] != self.logits_dimension:

@@ -25,12 +25,14 @@ from hooks.mode_keys import ModeKeys
 
 from .. import export, metrics
 from ..model_fn import EstimatorSpec
-from ._head import PREDICT, SERVING_DEFAULT, Head
+from ._head import PREDICT, SERVING_DEFAULT, Head, _regularization_loss, _train_op
 
 
 class MultiHead(Head):
     """Heads of a multi-task model (TF: ``tf.estimator.MultiHead``, same
     arguments)."""
+
+    _NAMED_SUMMARY = False   # (TF: TRAIN's regularization_loss summary unsuffixed)
 
     def __init__(self, heads: Sequence[Head], head_weights: Optional[Sequence[float]] = None):
         heads = tuple(heads or ())
@@ -59,9 +61,11 @@ class MultiHead(Head):
     def heads(self) -> tuple:
         return self._heads
 
-    def create_estimator_spec(self, features, mode, logits, labels=None,
-                              train_op_fn=None) -> EstimatorSpec:
-        """TF's ``MultiHead.create_estimator_spec``; `labels` a dict by head name."""
+    def create_estimator_spec(self, features, mode, logits, labels=None, optimizer=None,
+                              trainable_variables=None, train_op_fn=None, update_ops=None,
+                              regularization_losses=None) -> EstimatorSpec:
+        """TF's ``MultiHead.create_estimator_spec``; `labels` a dict by head name;
+        the other arguments as a single head's."""
         per_head = self._split(logits)
         if mode == ModeKeys.PREDICT:
             predictions, outputs = {}, {}
@@ -88,6 +92,7 @@ class MultiHead(Head):
         if missing:
             raise ValueError(f"labels has no entry for head(s) {missing}; it has "
                              f"{sorted(labels)}")
+        regularization = _regularization_loss(regularization_losses)
         total, ops, predictions = 0.0, {}, {}
         weights = self._head_weights or (1.0,) * len(self._heads)
         for head, part, weight in zip(self._heads, per_head, weights):
@@ -103,9 +108,12 @@ class MultiHead(Head):
                 loss = head._training_loss(loss, head_weights, unreduced)
             total = total + (loss * weight if weight != 1.0 else loss)
         if mode == ModeKeys.EVAL:
-            return EstimatorSpec(mode, predictions=predictions, loss=total,
+            return EstimatorSpec(mode, predictions=predictions,
+                                 loss=self._regularized(total, regularization, ops),
                                  eval_metric_ops=ops)
-        return EstimatorSpec(mode, loss=total, train_op=train_op_fn(total))
+        train_op = _train_op(optimizer, trainable_variables, train_op_fn, update_ops)
+        total = self._regularized(total, regularization)
+        return EstimatorSpec(mode, loss=total, train_op=train_op(total))
 
     def _split(self, logits) -> list:
         """Each head's logits, from a dict by name or one concatenated tensor."""

@@ -70,6 +70,13 @@ def v2_labels(data, target):
     return data[target]
 
 
+def fixed_layer(dim):
+    """A first kernel [3, dim] (TF's layout) and bias [dim] for a layer on
+    ``features["x"]``, made the same here and in TF."""
+    return (np.linspace(-0.5, 0.5, 3 * dim).reshape(3, dim).astype(np.float32),
+            np.full(dim, 0.1, np.float32))
+
+
 def head_model_fn(head, lr=0.1):
     """A model_fn of one linear layer on ``features["x"]`` (3 values) whose
     logits go to ``head.create_estimator_spec`` (TF's custom-model_fn use of a
