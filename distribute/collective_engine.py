@@ -53,11 +53,13 @@ from ._process_group import _SUM as _SUM_OPTIONS, ProcessGroup, host_store
 from ._random_streams import InputStream
 from .cross_device_ops import CrossDeviceOps, _DefaultAllReduce
 from .launcher import ForkLauncher, InProcessLauncher, Launcher, in_replica_process
-from .strategy import InputContext, ReduceOp, ReplicaContext, Strategy, StrategyExtended, _stack
+from .strategy import (InputContext, ReduceOp, ReplicaContext, Strategy, StrategyExtended,
+                       _check_axis, _stack)
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_TIMEOUT = 1800.0
+_MAX_DIMS = 8   # of a value strategy.reduce or gather compares across the replicas
 _TRAIN, _EVAL, _PREDICT = "train", "eval", "infer"   # estimator.ModeKeys
 
 
@@ -695,18 +697,67 @@ class _CollectiveExtended(StrategyExtended):
         for b, r in zip(buffers, torch._utils._unflatten_dense_tensors(flat, buffers)):
             b.copy_(r)
 
-    def _reduce_across(self, reduce_op: ReduceOp, value):
+    def _reduce_across(self, reduce_op: ReduceOp, value, check_shape: bool = True):
+        """`value` combined over the replicas, elementwise; a non-scalar's
+        shapes are compared first (`check_shape`), since replicas giving
+        different shapes to one all-reduce would wait on each other forever."""
         if self._group is None:
             return value
         tensor = value.detach().clone() if isinstance(value, torch.Tensor) \
             else torch.tensor(value, device=self._device)
         try:
+            if check_shape and tensor.dim():
+                shapes = self._shapes(tensor, "strategy.reduce")
+                if len(set(shapes)) > 1:
+                    raise ValueError(
+                        f"strategy.reduce: the replicas' values have different shapes "
+                        f"{shapes} (by replica): give `axis` (the batch dimension) to reduce "
+                        f"each replica's value along it first, or concatenate them with "
+                        f"strategy.gather")
             dist.all_reduce(tensor)
         except RuntimeError as e:
             raise self._explain(e, "strategy.reduce") from e
         if reduce_op == ReduceOp.MEAN:
             tensor = tensor / self._group.world_size
         return tensor
+
+    def _gather_across(self, value: torch.Tensor, axis: int) -> torch.Tensor:
+        """The replicas' `value`s concatenated along `axis`: each padded to the
+        longest along it, all-gathered, trimmed (no gradient flows back)."""
+        _check_axis(value, axis)
+        if self._group is None:
+            return value
+        axis %= value.dim()
+        try:
+            shapes = self._shapes(value, "strategy.gather")
+            if len({s[:axis] + s[axis + 1:] for s in shapes}) > 1:
+                raise ValueError(f"strategy.gather: the replicas' values differ in shape other "
+                                 f"than along axis {axis}: {shapes} (by replica)")
+            value = value.detach()
+            longest = max(s[axis] for s in shapes)
+            if value.shape[axis] < longest:
+                pad = list(value.shape)
+                pad[axis] = longest - value.shape[axis]
+                value = torch.cat([value, value.new_zeros(pad)], axis)
+            parts = [torch.empty_like(value) for _ in shapes]
+            dist.all_gather(parts, value.contiguous())
+        except RuntimeError as e:
+            raise self._explain(e, "strategy.gather") from e
+        return torch.cat([part.narrow(axis, 0, s[axis]) for part, s in zip(parts, shapes)],
+                         axis)
+
+    def _shapes(self, tensor: torch.Tensor, what: str) -> list:
+        """Every replica's shape of `tensor`, by replica (one small all-gather)."""
+        if tensor.dim() > _MAX_DIMS:
+            raise ValueError(f"{what}: a value of more than {_MAX_DIMS} dimensions: "
+                             f"{list(tensor.shape)}")
+        mine = torch.full((_MAX_DIMS + 1,), -1, dtype=torch.int64)
+        mine[0] = tensor.dim()
+        mine[1:tensor.dim() + 1] = torch.tensor(tensor.shape, dtype=torch.int64)
+        mine = mine.to(self._device)
+        every = [torch.empty_like(mine) for _ in range(self._group.world_size)]
+        dist.all_gather(every, mine)
+        return [tuple(t[1:int(t[0]) + 1].tolist()) for t in (t.cpu() for t in every)]
 
 
 class _CollectiveStrategy(Strategy):
@@ -732,8 +783,11 @@ class _CollectiveStrategy(Strategy):
                 extended._user_step = user_step
                 _stack().pop()
 
-    def _reduce_across(self, reduce_op, value):
-        return self._extended._reduce_across(reduce_op, value)
+    def _reduce_across(self, reduce_op, value, check_shape: bool = True):
+        return self._extended._reduce_across(reduce_op, value, check_shape)
+
+    def _gather_across(self, value, axis):
+        return self._extended._gather_across(value, axis)
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """The global batches of `dataset`, each split along its first

@@ -161,9 +161,6 @@ class _ParameterServerExtended(StrategyExtended):
     def _rank(self) -> int:
         return self._trainer_index()
 
-    def _reduce_across(self, reduce_op, value):
-        return value
-
     def _all_have(self, flag: bool) -> bool:
         return flag
 

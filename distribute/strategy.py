@@ -314,8 +314,9 @@ class Strategy:
         finally:
             _stack().pop()
 
-    def run(self, fn: Callable, args=(), kwargs=None):
-        """Run `fn` on each local replica (here: once) in a replica context."""
+    def run(self, fn: Callable, args=(), kwargs=None, options=None):
+        """Run `fn` on each local replica (here: once) in a replica context.
+        `options` (TF's RunOptions, for TPUs) is accepted and unused."""
         with self.scope():
             ctx = ReplicaContext(self, 0)
             _stack().append(ctx)
@@ -325,14 +326,47 @@ class Strategy:
                 _stack().pop()
 
     def reduce(self, reduce_op, value, axis=None):
-        """Combine a per-replica `value` across replicas, and over `axis` if given."""
-        reduce_op = ReduceOp(reduce_op.value if isinstance(reduce_op, ReduceOp) else reduce_op)
-        value = self._reduce_across(reduce_op, value)
-        if axis is None:
-            return value
-        return value.sum(axis) if reduce_op == ReduceOp.SUM else value.mean(axis)
+        """Combine a per-replica `value` (a tensor, number, or a dict, list or
+        tuple of them) across the replicas (tf.distribute.Strategy.reduce).
+        With `axis` (an int or ints, usually the batch dimension) each
+        replica's tensor is first reduced along it, as TF does: MEAN is then
+        the mean over every replica's elements (uneven batches count each
+        example once), not a mean of the replicas' means. Without `axis`
+        every replica's value must have the same shape."""
+        reduce_op = _reduce_op(reduce_op)
+        return _map(lambda v: self._reduce_along(reduce_op, v, axis), value)
 
-    def _reduce_across(self, reduce_op, value):
+    def _reduce_along(self, reduce_op, value, axis):
+        if axis is None:
+            return self._reduce_across(reduce_op, value)
+        value = torch.as_tensor(value)
+        axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
+        total = value.sum(axes)
+        if reduce_op == ReduceOp.SUM:
+            return self._reduce_across(ReduceOp.SUM, total)
+        count = 1
+        for a in axes:
+            count *= value.shape[a]
+        dtype = total.dtype if total.is_floating_point() else torch.float64
+        # (the sum and the count over the replicas in one collective)
+        both = torch.cat([total.reshape(-1).to(dtype), total.new_tensor([count], dtype=dtype)])
+        both = self._reduce_across(ReduceOp.SUM, both, total.dim() > 0)
+        return (both[:-1] / both[-1]).reshape(total.shape)
+
+    def _reduce_across(self, reduce_op, value, check_shape: bool = True):
+        """`value` combined over the replicas, elementwise (here: itself).
+        `check_shape=False`: the caller knows every replica's shape agrees."""
+        return value
+
+    def gather(self, value, axis):
+        """The replicas' `value`s (tensors, or a dict, list or tuple of them)
+        concatenated along `axis` in replica order, on every replica
+        (tf.distribute.Strategy.gather); their sizes along `axis` may differ
+        (a short last batch)."""
+        return _map(lambda v: self._gather_across(torch.as_tensor(v), axis), value)
+
+    def _gather_across(self, value: torch.Tensor, axis: int) -> torch.Tensor:
+        _check_axis(value, axis)
         return value
 
     def experimental_distribute_dataset(self, dataset, options=None):
@@ -363,9 +397,38 @@ class ReplicaContext:
     def num_replicas_in_sync(self) -> int:
         return self.strategy.num_replicas_in_sync
 
-    def all_reduce(self, reduce_op, value):
-        reduce_op = ReduceOp(reduce_op.value if isinstance(reduce_op, ReduceOp) else reduce_op)
-        return self.strategy._reduce_across(reduce_op, value)
+    def all_reduce(self, reduce_op, value, options=None):
+        """`value` (a tensor, or a dict, list or tuple of them) combined over
+        the replicas, elementwise. `options` is accepted and unused."""
+        reduce_op = _reduce_op(reduce_op)
+        return _map(lambda v: self.strategy._reduce_across(reduce_op, v), value)
+
+    def all_gather(self, value, axis, options=None):
+        """The replicas' `value`s concatenated along `axis` in replica order
+        (tf.distribute.ReplicaContext.all_gather; sizes along `axis` may
+        differ). `options` is accepted and unused."""
+        return self.strategy.gather(value, axis)
+
+
+def _reduce_op(reduce_op) -> ReduceOp:
+    return ReduceOp(reduce_op.value if isinstance(reduce_op, ReduceOp) else reduce_op)
+
+
+def _map(fn: Callable, value):
+    """`fn` on each leaf of a dict, list or tuple of values (TF: nest.map_structure)."""
+    if isinstance(value, dict):
+        return type(value)((k, _map(fn, v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        items = [_map(fn, v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return fn(value)
+
+
+def _check_axis(value: torch.Tensor, axis) -> None:
+    if not isinstance(axis, int) or isinstance(axis, bool) or not (
+            -value.dim() <= axis < value.dim()):
+        raise ValueError(f"gather: axis {axis!r} is not a dimension of a value of shape "
+                         f"{list(value.shape)}")
 
 
 class OneDeviceStrategy(Strategy):

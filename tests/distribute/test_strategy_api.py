@@ -1,5 +1,6 @@
 """The Strategy API for custom loops under MirroredStrategy (inside the replica
 processes), the custom-loop example, input sharding and argument errors."""
+import json
 import logging
 import os
 import sys
@@ -10,7 +11,7 @@ import torch
 
 import distribute
 from distribute import input_lib
-from paths import ROOT
+from paths import FIXTURES, ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
@@ -210,6 +211,82 @@ def test_tf2s_average_loss_helpers_in_one_process_and_their_errors():
     with distribute.MirroredStrategy(DEVICES).scope():
         with pytest.raises(RuntimeError, match="cross-replica context"):
             distribute.compute_average_loss(losses)
+
+
+with open(os.path.join(FIXTURES, "tf_reduce_gather.json"), encoding="utf-8") as _f:
+    TF_REDUCE = json.load(_f)
+
+
+def _reduce_and_gather(strategy):
+    """Runs in each replica: TF's recorded reductions and gathers of its
+    values (tests/support/fixtures/record_tf_reduce_gather.py), and the
+    error of an elementwise reduce of uneven values."""
+    rank = strategy.run(lambda: distribute.get_replica_context().replica_id_in_sync_group)
+    out = {}
+    for name, by_replica in TF_REDUCE["values"].items():
+        value = torch.tensor(by_replica[rank])
+        got = {}
+        for op in ("SUM", "MEAN"):
+            if value.dim() == 0 or name == "vector":
+                got[f"reduce_{op}_axis_none"] = strategy.reduce(op, value, axis=None).tolist()
+            if value.dim():
+                got[f"reduce_{op}_axis_0"] = strategy.reduce(op, value, axis=0).tolist()
+        if value.dim():
+            got["gather_axis_0"] = strategy.gather(value, axis=0).tolist()
+            got["all_gather_axis_0"] = strategy.run(
+                lambda: distribute.get_replica_context().all_gather(value, 0)).tolist()
+        out[name] = got
+    try:
+        strategy.reduce("MEAN", torch.tensor(TF_REDUCE["values"]["uneven"][rank]))
+    except ValueError as e:
+        out["error"] = str(e)
+    out["nest"] = strategy.reduce("SUM", {"loss": torch.tensor(1.0 + rank),
+                                          "rows": (torch.ones(2 + rank, 2),)}, axis=0)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_reduce_along_an_axis_and_gather_uneven_batches_as_tf():
+    """A short last batch split 3 and 2 over the replicas: MEAN along the batch
+    is the mean over the five examples, gather concatenates them, as TF.
+    Before, an uneven reduce along the batch waited forever in the all-reduce
+    (and would have averaged the replicas' means)."""
+    strategy = distribute.MirroredStrategy(DEVICES)
+    replicas = strategy.extended.call_for_each_replica(_reduce_and_gather, (strategy,))
+    for rank, got in enumerate(replicas):
+        for name, recorded in TF_REDUCE["results"].items():
+            for key, want in recorded.items():
+                if want is None:
+                    continue
+                if key == "all_gather_axis_0":
+                    want = want[rank]
+                np.testing.assert_allclose(got[name][key], want, rtol=1e-6, err_msg=key)
+            assert len(got[name]) == sum(v is not None for v in recorded.values())
+        assert got["error"] == (
+            "strategy.reduce: the replicas' values have different shapes [(3,), (2,)] (by "
+            "replica): give `axis` (the batch dimension) to reduce each replica's value along "
+            "it first, or concatenate them with strategy.gather")
+        assert got["nest"]["loss"].item() == 3.0
+        assert got["nest"]["rows"][0].tolist() == [5.0, 5.0]
+
+
+def test_reduce_and_gather_in_one_process():
+    """One replica: reduce along an axis is the tensor's own sum or mean,
+    gather the value itself; a bad axis is named."""
+    x = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 1.0]])
+    for strategy in (distribute.get_strategy(), distribute.OneDeviceStrategy("cpu")):
+        assert strategy.reduce("MEAN", x, axis=0).tolist() == [3.0, 3.0]
+        assert strategy.reduce(distribute.ReduceOp.SUM, x, axis=[0, 1]).item() == 18.0
+        assert strategy.reduce("MEAN", x, axis=(0, 1)).item() == 3.0
+        assert strategy.reduce("MEAN", torch.tensor([1, 2]), axis=0).item() == 1.5
+        assert strategy.reduce("SUM", [x, {"n": 2.0}], axis=None)[1]["n"] == 2.0
+        assert strategy.gather(x, axis=1) is x
+        assert strategy.run(lambda: distribute.get_replica_context().all_gather(
+            {"x": x}, axis=0))["x"] is x
+        with pytest.raises(ValueError, match=r"gather: axis 2 is not a dimension of a value "
+                                             r"of shape \[3, 2\]"):
+            strategy.gather(x, axis=2)
 
 
 def _loop_until_a_hook_stops_replica_1(strategy, model_dir):
