@@ -278,6 +278,7 @@ class StrategyExtended:
         """Run a custom `train_op` callable (several optimizers, a GAN step)."""
         train_op()
 
+
 _state = threading.local()
 
 

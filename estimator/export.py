@@ -7,7 +7,8 @@ the receiver tensors to the predictions, batch dimension dynamic. It is a
 timestamped directory `export_dir_base/<timestamp>/` holding
 
     model.pt2        torch.export.save() of the program
-    signature.json   inputs (name, dtype, shape; null = any batch size),
+    signature.json   inputs (name, dtype, shape; null = any size: the batch,
+                     or a `placeholder`'s None),
                      outputs, global step, checkpoint
     assets.extra/    the files of `assets_extra`, when given
     model.txt        the program as text, when `as_text`
@@ -39,6 +40,7 @@ import logging
 import os
 import shutil
 import time
+import weakref
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -77,6 +79,50 @@ def _check_tensors(tensors, what: str, default_name: str) -> Dict[str, torch.Ten
             raise ValueError(f"{what}[{name!r}] must be a tensor, or strings as a numpy "
                              f"array or rows as a list, got {type(value).__name__}")
     return dict(tensors)
+
+
+# The dimensions past the first that a `placeholder` leaves of any size, by
+# example tensor (the first, the batch, follows the receiver's dynamic_batch).
+_any_size: Dict[int, tuple] = {}   # by id(tensor), dropped with the tensor
+_ANY_SIZE_EXAMPLE = 8    # the size such a dimension is traced at (a conv's kernel fits)
+
+
+def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None) -> torch.Tensor:
+    """An example serving input standing for TF's
+    ``tf.compat.v1.placeholder(dtype, shape)``: zeros of `shape`, where each
+    None is a dimension of any size in the export (the first, the batch,
+    traced at 2 rows, the others at 8). Give it to `ServingInputReceiver` or
+    `build_raw_serving_input_receiver_fn`: ``placeholder(torch.int64, [None,
+    None])`` serves token ids of any length. `name` is accepted for TF's
+    signature (the receiver's key names the input)."""
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"placeholder: dtype must be a torch.dtype (torch.float32, "
+                         f"torch.int64, ...), got {dtype!r}")
+    if shape is None:
+        raise ValueError("placeholder: give a shape, a list with None for a dimension of any "
+                         "size (an input of unknown rank cannot be exported)")
+    dims = list(shape)
+    for i, d in enumerate(dims):
+        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d < 1):
+            raise ValueError(f"placeholder: shape[{i}] must be None or a positive int, "
+                             f"got {d!r}")
+    if not dims:
+        raise ValueError("placeholder: a serving input needs a batch dimension, got shape []")
+    example = torch.zeros([(2 if i == 0 else _ANY_SIZE_EXAMPLE) if d is None else d
+                           for i, d in enumerate(dims)], dtype=dtype)
+    _mark_any_size(example, tuple(i for i, d in enumerate(dims) if d is None and i > 0))
+    return example
+
+
+def _mark_any_size(tensor, dims: tuple) -> None:
+    if dims and isinstance(tensor, torch.Tensor):
+        _any_size[id(tensor)] = dims
+        weakref.finalize(tensor, _any_size.pop, id(tensor), None)
+
+
+def _any_size_of(value) -> tuple:
+    """The dimensions past the first that `value` (a placeholder) leaves of any size."""
+    return _any_size.get(id(value), ()) if isinstance(value, torch.Tensor) else ()
 
 
 class ServingInputReceiver:
@@ -170,6 +216,7 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size: Optional[i
                 raise ValueError(f"features[{name!r}] must have a batch dimension, got a scalar")
             batch = default_batch_size or max(len(t), 2)
             receivers[name] = _example(t, batch)
+            _mark_any_size(receivers[name], _any_size_of(t))
         if single:
             return TensorServingInputReceiver(receivers[_SINGLE_FEATURE_DEFAULT_NAME],
                                               receivers, dynamic_batch=default_batch_size is None)
@@ -397,14 +444,70 @@ def _timestamped_dir(export_dir_base: str) -> str:
     return os.path.join(export_dir_base, str(stamp))
 
 
-def _describe(tensors: Dict[str, torch.Tensor], batch: Optional[int]) -> list:
+def _describe(tensors: Dict[str, torch.Tensor], batch: Optional[int],
+              any_size: Optional[dict] = None) -> list:
+    """name, dtype and shape of each tensor; None for the batch and for the
+    dimensions `any_size` names ({name: dims})."""
     out = []
     for name, t in tensors.items():
         shape = list(t.shape)
         if batch is not None and shape and shape[0] == batch:
             shape[0] = None
+        for i in (any_size or {}).get(name, ()):
+            shape[i] = None
         out.append({"name": name, "dtype": str(t.dtype).replace("torch.", ""), "shape": shape})
     return out
+
+
+def _flat_outputs(outputs, signatures: bool) -> dict:
+    """{name: tensor} of what the serving module returns: its predictions, or
+    ``<signature>/<key>`` of each signature's outputs."""
+    if signatures:
+        return {f"{name}/{key}": t for name, sig in outputs.items() for key, t in sig.items()}
+    return outputs if isinstance(outputs, dict) else {"predictions": outputs}
+
+
+def _dynamic_shapes(inputs: dict, dynamic: bool, any_size: dict) -> Optional[dict]:
+    """torch.export's dynamic_shapes: the batch, one Dim every input shares,
+    and each placeholder's dimensions of any size (Dim.DYNAMIC: export finds
+    which of them are equal, and fails where the model fixes one)."""
+    if not dynamic and not any_size:
+        return None
+    batch = torch.export.Dim("batch") if dynamic else None
+    shapes = {}
+    for name, t in inputs.items():
+        dims = {0: batch} if batch is not None and t.dim() else {}
+        dims.update((i, torch.export.Dim.DYNAMIC) for i in any_size.get(name, ()))
+        shapes[name] = dims or None
+    return shapes
+
+
+def _named_dims(any_size: dict) -> str:
+    return ", ".join(f"{name} dimension {i}" for name, dims in any_size.items() for i in dims)
+
+
+def _varying_dims(program, module, inputs: dict, outputs, any_size: dict) -> dict:
+    """{output name: its dimensions that follow the inputs' dimensions of any
+    size}: the program run once more with each of those one longer (which
+    also proves it serves another size)."""
+    if not any_size:
+        return {}
+    longer = {}
+    for name, t in inputs.items():
+        for i in any_size.get(name, ()):
+            t = torch.cat([t, t.narrow(i, 0, 1)], i)
+        longer[name] = t
+    try:
+        again = program.module()(**longer)
+    except Exception as e:
+        raise ValueError(f"the exported program does not run with {_named_dims(any_size)} "
+                         f"of size {_ANY_SIZE_EXAMPLE + 1} (traced at {_ANY_SIZE_EXAMPLE}): "
+                         f"{type(e).__name__}: {e}") from e
+    signatures = module.signatures is not None
+    before, after = _flat_outputs(outputs, signatures), _flat_outputs(again, signatures)
+    return {name: tuple(i for i, (a, b) in enumerate(zip(t.shape, after[name].shape))
+                        if a != b)
+            for name, t in before.items() if isinstance(t, torch.Tensor)}
 
 
 def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_fn: Callable,
@@ -428,8 +531,14 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                                    restore_path=path)
     call = model_fn_caller(estimator.model_fn, estimator.params, estimator.config)
     transform = None
+    any_size = {n: _any_size_of(t) for n, t in receiver.receiver_tensors.items()
+                if _any_size_of(t)}
     with torch.no_grad():
         if receiver._takes_host_values:
+            if any_size:
+                raise ValueError(f"receiver_tensors {sorted(any_size)}: a placeholder's "
+                                 f"dimensions of any size past the batch are not exported with "
+                                 f"string or tf.Example inputs")
             module, outputs, inputs, trace_inputs, dynamic_shapes, transform, client = (
                 _host_program(receiver, scope, call))
             dynamic = receiver.dynamic_batch
@@ -448,11 +557,8 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                 batch = 2
             module = _serving_class(list(inputs))(scope, call, receiver._features_fn())
             outputs = module._serve(inputs)   # builds and restores the modules (in eval())
-            trace_inputs, client, dynamic_shapes = inputs, None, None
-            if dynamic:
-                dim = torch.export.Dim("batch")
-                dynamic_shapes = {n: ({0: dim} if t.dim() else None)
-                                  for n, t in inputs.items()}
+            trace_inputs, client = inputs, None
+            dynamic_shapes = _dynamic_shapes(inputs, dynamic, any_size)
         module.scope_modules.extend(scope.raw_modules.values())
         module.eval()
         for parameter in module.parameters():
@@ -464,20 +570,25 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
             hint = (" If model_fn depends on the batch size, export a fixed one with "
                     "build_raw_serving_input_receiver_fn(..., default_batch_size=N) or "
                     "ServingInputReceiver(..., dynamic_batch=False)." if dynamic else "")
+            if any_size:
+                hint += (f" A placeholder's dimension given as None ({_named_dims(any_size)})"
+                         f" must stay of any size in model_fn's PREDICT path; give its size "
+                         f"where the model needs one.")
             raise ValueError(f"torch.export could not trace model_fn's PREDICT path from "
                              f"{path}: {type(e).__name__}: {e}.{hint}") from e
+        varying = _varying_dims(program, module, inputs, outputs, any_size)
 
     batch_dim = batch if dynamic else None
+    predictions = _flat_outputs(outputs, module.signatures is not None)
     if module.signatures is None:
-        predictions = outputs if isinstance(outputs, dict) else {"predictions": outputs}
         signatures = {DEFAULT_SERVING_SIGNATURE_DEF_KEY: {
             "method_name": PredictOutput.method_name,
-            "outputs": _describe(predictions, batch_dim)}}
+            "outputs": _describe(predictions, batch_dim, varying)}}
     else:
-        predictions = {f"{name}/{key}": t for name, sig in outputs.items()
-                       for key, t in sig.items()}
         signatures = {name: {"method_name": output.method_name,
-                             "outputs": _describe(outputs[name], batch_dim),
+                             "outputs": _describe(outputs[name], batch_dim, {
+                                 key: varying.get(f"{name}/{key}", ())
+                                 for key in outputs[name]}),
                              **({"class_names": output.class_names}
                                 if output.class_names is not None else {}),
                              **({"named_outputs": output.named_outputs}
@@ -487,10 +598,10 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         "format": "torch.export",
         "program": PROGRAM,
         "call": "torch.export.load(program).module()(**inputs)",
-        "inputs": client if client is not None else _describe(inputs, batch_dim),
-        "program_inputs": _describe(inputs, batch_dim),
+        "inputs": client if client is not None else _describe(inputs, batch_dim, any_size),
+        "program_inputs": _describe(inputs, batch_dim, any_size),
         "host_transform": transform is not None,
-        "outputs": _describe(predictions, batch_dim),
+        "outputs": _describe(predictions, batch_dim, varying),
         "outputs_are_dict": isinstance(outputs, dict),
         "outputs_are_signatures": module.signatures is not None,
         "signatures": signatures,

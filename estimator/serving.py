@@ -247,8 +247,9 @@ class Model:
         want = [None] + list(shape[1:]) if shape else []
         if tensor.dim() != len(want) or any(w is not None and w != g
                                             for w, g in zip(want, tensor.shape)):
-            raise RequestError(f"input {name!r}: expected shape "
-                               f"{['batch' if w is None else w for w in want]} per request, "
+            expected = [("batch" if i == 0 else "any") if w is None else w
+                        for i, w in enumerate(want)]
+            raise RequestError(f"input {name!r}: expected shape {expected} per request, "
                                f"got {list(tensor.shape)}")
         return tensor
 

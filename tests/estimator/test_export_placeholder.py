@@ -1,0 +1,164 @@
+"""`est.export.placeholder(dtype, [None, None])`, TF's placeholder with a
+dimension of any size past the batch: a text classifier (embedding,
+convolution, max over time, TF2's BinaryClassHead) trained on padded token
+ids exports once and serves sentences of any length, as TF's SavedModel
+does from ``tf.placeholder(tf.int64, [None, None])``."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from estimator import serving
+
+VOCAB = 20
+
+
+def text_rows(n, seed):
+    """Token ids padded with 0 to the longest of each batch of 8 (lengths 3 to
+    12), a mask, and the label: whether token 7 occurs."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for start in range(0, n, 8):
+        lengths = rng.integers(3, 13, min(8, n - start))
+        ids = np.zeros((len(lengths), lengths.max()), np.int64)
+        for row, length in enumerate(lengths):
+            ids[row, :length] = rng.integers(1, VOCAB, length)
+        mask = (ids > 0).astype(np.float32)
+        batches.append(({"ids": torch.from_numpy(ids), "mask": torch.from_numpy(mask)},
+                        torch.from_numpy((ids == 7).any(1).astype(np.int64))))
+    return batches
+
+
+class TextCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 8)
+        self.conv = torch.nn.Conv1d(8, 16, 3, padding=1)
+        self.drop = torch.nn.Dropout(0.2)
+        self.out = torch.nn.Linear(16, 1)
+
+    def forward(self, ids, mask):
+        h = self.embed(ids) * mask.unsqueeze(-1)
+        h = torch.relu(self.conv(h.transpose(1, 2))) + (mask.unsqueeze(1) - 1) * 1e4
+        return self.out(self.drop(h.amax(2)))
+
+
+def model_fn(features, labels, mode):
+    net = est.get_module("text", TextCNN)
+    return est.BinaryClassHead().create_estimator_spec(
+        features, mode, net(features["ids"], features["mask"]), labels,
+        optimizer=est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.02)))
+
+
+def per_token_model_fn(features, labels, mode):
+    """Predicts per token too ([batch, length]), beside the sentence."""
+    if mode != est.ModeKeys.PREDICT:
+        return model_fn(features, labels, mode)
+    net = est.get_module("text", TextCNN)
+    return est.EstimatorSpec(mode, predictions={
+        "logistic": torch.sigmoid(net(features["ids"], features["mask"])),
+        "token_norm": net.embed(features["ids"]).norm(dim=-1)})
+
+
+def serving_input_fn():
+    return est.export.build_raw_serving_input_receiver_fn({
+        "ids": est.export.placeholder(torch.int64, [None, None], name="ids"),
+        "mask": est.export.placeholder(torch.float32, [None, None])})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("text"))
+    estimator = est.Estimator(per_token_model_fn, model_dir=model_dir)
+    estimator.train(lambda: text_rows(400, 0) * 3)
+    return estimator
+
+
+def test_a_text_model_serves_sentences_of_any_length(trained, tmp_path):
+    export_dir = trained.export_saved_model(str(tmp_path / "export"), serving_input_fn())
+    with open(os.path.join(export_dir, "signature.json"), encoding="utf-8") as f:
+        signature = json.load(f)
+    assert {i["name"]: i["shape"] for i in signature["inputs"]} == {
+        "ids": [None, None], "mask": [None, None]}
+    outputs = {o["name"]: o["shape"] for o in signature["outputs"]}
+    assert outputs["logistic"] == [None, 1] and outputs["token_norm"] == [None, None]
+    served = est.export.load(export_dir)
+    for features, _ in text_rows(24, 1) + [({"ids": torch.tensor([[7, 3]]),
+                                             "mask": torch.ones(1, 2)}, None)]:
+        expected = list(trained.predict(lambda f=features: [f], yield_single_examples=False))[0]
+        got = served.signatures["serving_default"](**features)
+        assert features["ids"].shape[1] in range(2, 13)
+        np.testing.assert_allclose(got["logistic"].numpy(), expected["logistic"], rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(got["token_norm"].numpy(), expected["token_norm"],
+                                   rtol=1e-5)
+    accuracy = trained.evaluate(lambda: text_rows(80, 2))["accuracy"]
+    assert accuracy > 0.8
+    # TF Serving's REST form, through `estimator serve`'s model
+    model = serving.Model(export_dir)
+    answer = model.predict({"instances": [{"ids": [7, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13],
+                                           "mask": [1.0] * 13}]})
+    assert len(answer["predictions"]) == 1
+    with pytest.raises(serving.RequestError, match=r"input 'mask': expected shape "
+                                                   r"\['batch', 'any'\] per request, got \[1\]"):
+        model.predict({"inputs": {"ids": [[1, 2]], "mask": [1.0]}})
+
+
+def test_without_a_placeholder_the_length_stays_the_examples(trained, tmp_path):
+    export_dir = trained.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(
+            {"ids": torch.zeros(1, 8, dtype=torch.int64), "mask": torch.ones(1, 8)}))
+    served = est.export.load(export_dir)
+    served.signatures["serving_default"](ids=torch.ones(3, 8, dtype=torch.int64),
+                                         mask=torch.ones(3, 8))
+    with pytest.raises(AssertionError, match=r"Guard failed: .*size\(\)\[1\] == 8"):
+        served.signatures["serving_default"](ids=torch.ones(3, 5, dtype=torch.int64),
+                                             mask=torch.ones(3, 5))
+
+
+def test_a_model_that_fixes_a_dimension_of_any_size_is_named(tmp_path):
+    def fixed_length(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(8, 1))
+        logits = net(features["x"].reshape(-1, 8))   # a length of 8, no other
+        return est.BinaryClassHead().create_estimator_spec(
+            features, mode, logits, labels, optimizer=est.get_optimizer(
+                lambda p: torch.optim.SGD(p, lr=0.1)))
+    estimator = est.Estimator(fixed_length, model_dir=str(tmp_path))
+    estimator.train(lambda: [({"x": torch.ones(4, 8)}, torch.ones(4, dtype=torch.int64))])
+    with pytest.raises(ValueError, match=r"A placeholder's dimension given as None \(x "
+                                         r"dimension 1\) must stay of any size"):
+        estimator.export_saved_model(str(tmp_path / "export"),
+                                     est.export.build_raw_serving_input_receiver_fn(
+                                         {"x": est.export.placeholder(shape=[None, None])}))
+    assert not os.path.exists(tmp_path / "export") or not os.listdir(tmp_path / "export")
+
+
+def test_beside_string_inputs_a_dimension_of_any_size_is_refused(trained, tmp_path):
+    with pytest.raises(ValueError, match=r"receiver_tensors \['ids'\]: a placeholder's "
+                                         r"dimensions of any size past the batch are not "
+                                         r"exported with string or tf.Example inputs"):
+        trained.export_saved_model(str(tmp_path), est.export.build_raw_serving_input_receiver_fn(
+            {"ids": est.export.placeholder(torch.int64, [None, None]),
+             "word": np.array(["a", "b"])}))
+
+
+@pytest.mark.parametrize("args, error", [
+    ({"shape": None}, "placeholder: give a shape, a list with None for a dimension of any size"),
+    ({"shape": []}, r"placeholder: a serving input needs a batch dimension, got shape \[\]"),
+    ({"shape": [None, 0]}, r"placeholder: shape\[1\] must be None or a positive int, got 0"),
+    ({"shape": [None, "n"]}, r"placeholder: shape\[1\] must be None or a positive int, "
+                             r"got 'n'"),
+    ({"dtype": "int64", "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
+])
+def test_bad_placeholders_are_named(args, error):
+    with pytest.raises(ValueError, match=error):
+        est.export.placeholder(**args)
+
+
+def test_a_placeholder_is_zeros_of_its_shape_with_the_batch_at_two_rows():
+    t = est.export.placeholder(torch.int64, [None, None, 3])
+    assert t.dtype == torch.int64 and t.shape == (2, 8, 3) and not t.any()
+    assert est.export.placeholder(shape=[5, 4]).shape == (5, 4)
