@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_TIMEOUT = 1800.0
 _MAX_DIMS = 8   # of a value strategy.reduce or gather compares across the replicas
+_AT_COLLECTIVE, _AT_END = 1.0, 2.0   # where a replica is in a sharded evaluation
 _TRAIN, _EVAL, _PREDICT = "train", "eval", "infer"   # estimator.ModeKeys
 
 
@@ -684,7 +685,10 @@ class _CollectiveExtended(StrategyExtended):
     def reduce_metrics(self, metrics) -> None:
         """Sum every metric's state (all float64 sums) over the replicas, in one
         all-reduce."""
-        if self._group is None or self._training or not metrics:
+        if self._group is None or self._training:
+            return
+        self._agree_on_evaluation_collective(_AT_END)
+        if not metrics:
             return
         buffers = [b for m in metrics for b in m.buffers()]
         if not buffers:
@@ -696,6 +700,40 @@ class _CollectiveExtended(StrategyExtended):
             raise self._explain(e, "the metric all-reduce") from e
         for b, r in zip(buffers, torch._utils._unflatten_dense_tensors(flat, buffers)):
             b.copy_(r)
+
+    def _model_fn_collective(self, mode: str) -> bool:
+        """Training steps the replicas together, so a model_fn's collective
+        pairs up. An evaluation inside training (the chief's, alone) keeps it
+        to itself. A sharded evaluation runs each replica through its own
+        shard with no agreement per step: the replicas first agree that each
+        is at a collective, not past the end of its shard (one flag each)."""
+        if self._group is None or mode == _TRAIN:
+            return True
+        if self._training or mode == _PREDICT:
+            return False
+        self._agree_on_evaluation_collective(_AT_COLLECTIVE)
+        return True
+
+    def _agree_on_evaluation_collective(self, kind: float) -> None:
+        """In a sharded evaluation, before the model_fn's collectives and the
+        metric all-reduce at the end: every replica must be at the same kind,
+        or each raises naming which replicas finished their shard."""
+        mine = torch.tensor([kind])
+        every = [torch.zeros(1) for _ in range(self._group.world_size)]
+        try:
+            dist.all_gather(every, mine, group=self._group.control)
+        except RuntimeError as e:
+            raise self._explain(e, "agreeing on a collective of the evaluation") from e
+        kinds = [t.item() for t in every]
+        if len(set(kinds)) > 1:
+            done = ", ".join(self._topology.describe(r) for r, k in enumerate(kinds)
+                             if k == _AT_END)
+            raise RuntimeError(
+                f"An all_reduce or all_gather in model_fn during evaluation was reached after "
+                f"{done} had evaluated all of its shard: the replicas evaluate their own "
+                f"shards, each example once, so a collective of the model_fn pairs up only "
+                f"while every replica has batches left. Give each replica as many batches "
+                f"(a multiple of {len(kinds)}), or compute the value as an eval metric")
 
     def _reduce_across(self, reduce_op: ReduceOp, value, check_shape: bool = True):
         """`value` combined over the replicas, elementwise; a non-scalar's

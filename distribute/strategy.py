@@ -239,12 +239,14 @@ class StrategyExtended:
     def _input_context(self) -> InputContext:
         return InputContext(1, 0, self._container_strategy.num_replicas_in_sync)
 
-    def in_replica_context(self, fn: Callable) -> Callable:
+    def in_replica_context(self, fn: Callable, mode: Optional[str] = None) -> Callable:
         """`fn`, called in this replica's context: TF1's Estimator calls its
         model_fn through `call_for_each_replica`, so `get_replica_context()`
         answers there (`replica_id_in_sync_group`, `num_replicas_in_sync`,
-        `all_reduce`), with or without a strategy."""
-        context = ReplicaContext(self._container_strategy, self._replica_id())
+        `all_reduce`), with or without a strategy. `mode` (a ModeKeys value):
+        the model_fn's, which says whether its collectives can pair up across
+        the replicas (`_model_fn_collective`)."""
+        context = ReplicaContext(self._container_strategy, self._replica_id(), mode)
 
         def call(*args):
             stack = _stack()
@@ -254,6 +256,11 @@ class StrategyExtended:
             finally:
                 stack.pop()
         return call
+
+    def _model_fn_collective(self, mode: str) -> bool:
+        """Whether an all_reduce or all_gather of a model_fn called in `mode`
+        runs across the replicas (else on this replica alone)."""
+        return True
 
     def _replica_id(self) -> int:
         return 0
@@ -388,11 +395,14 @@ class Strategy:
 
 
 class ReplicaContext:
-    """The context `fn` runs in under `strategy.run` (tf.distribute.ReplicaContext)."""
+    """The context `fn` runs in under `strategy.run`, and the Estimator's
+    model_fn (tf.distribute.ReplicaContext)."""
 
-    def __init__(self, strategy: Strategy, replica_id_in_sync_group: int):
+    def __init__(self, strategy: Strategy, replica_id_in_sync_group: int,
+                 mode: Optional[str] = None):
         self.strategy = strategy
         self.replica_id_in_sync_group = replica_id_in_sync_group
+        self._mode = mode   # a model_fn's mode; None under strategy.run
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -402,13 +412,24 @@ class ReplicaContext:
         """`value` (a tensor, or a dict, list or tuple of them) combined over
         the replicas, elementwise. `options` is accepted and unused."""
         reduce_op = _reduce_op(reduce_op)
+        if not self._across():
+            return value
         return _map(lambda v: self.strategy._reduce_across(reduce_op, v), value)
 
     def all_gather(self, value, axis, options=None):
         """The replicas' `value`s concatenated along `axis` in replica order
         (tf.distribute.ReplicaContext.all_gather; sizes along `axis` may
         differ). `options` is accepted and unused."""
+        if not self._across():
+            return _map(lambda v: Strategy._gather_across(self.strategy, torch.as_tensor(v),
+                                                          axis), value)
         return self.strategy.gather(value, axis)
+
+    def _across(self) -> bool:
+        """Whether a collective here runs across the replicas: always under
+        strategy.run; in a model_fn, as its mode allows (an evaluation the
+        chief runs alone inside training keeps it to itself)."""
+        return self._mode is None or self.strategy.extended._model_fn_collective(self._mode)
 
 
 def _reduce_op(reduce_op) -> ReduceOp:

@@ -146,7 +146,7 @@ class Estimator:
             if steps is not None or max_steps is not None else []
         with scope, strategy.scope():
             batches = self._batches(input_fn, ModeKeys.TRAIN, strategy)
-            call = strategy.extended.in_replica_context(self._call_model_fn)
+            call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.TRAIN)
             first = self._first_spec(batches, scope, ModeKeys.TRAIN, strategy, call)
             if first is None:
                 logger.warning("input_fn returned no data: nothing to train on")
@@ -297,7 +297,7 @@ class Estimator:
                     f"the training's state at global step {scope.global_step}")
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.EVAL, strategy)
-            call = strategy.extended.in_replica_context(self._call_model_fn)
+            call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.EVAL)
             first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy, call)
             if first is None:
                 raise ValueError("input_fn returned no data to evaluate")
@@ -353,7 +353,7 @@ class Estimator:
         scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state, restore_path=path)
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.PREDICT, strategy)
-            call = strategy.extended.in_replica_context(self._call_model_fn)
+            call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.PREDICT)
             first = self._first_spec(batches, scope, ModeKeys.PREDICT, strategy, call)
             if first is None:
                 return

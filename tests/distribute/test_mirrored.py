@@ -706,6 +706,51 @@ def test_a_model_fn_runs_in_its_replica_context(tmp_path, kind):
                 assert json.load(f) == [n, float(n), False], (mode, replica)
 
 
+def _counting_model_fn(features, labels, mode):
+    """An all_reduce in the model_fn: the examples of the step on every
+    replica, as an eval metric."""
+    seen = distribute.get_replica_context().all_reduce(
+        "SUM", torch.tensor(float(len(labels))))
+    dense = est.get_module("dense", lambda: torch.nn.Linear(3, 1))
+    loss = torch.nn.functional.mse_loss(dense(features["x"]), labels)
+    return est.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+        "seen": est.metrics.mean(seen)}, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.01)))
+
+
+def test_a_model_fn_collective_in_the_chiefs_evaluation_inside_training_stays_on_it(
+        tmp_path):
+    """train_and_evaluate on one machine evaluates on the chief alone while the
+    other replica waits in training: an all_reduce in the model_fn there is
+    the chief's own. Before, it waited forever on the other replica."""
+    e = est.Estimator(_counting_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=STRATEGIES["mirrored"](),
+        save_checkpoints_steps=2))
+    metrics, _ = est.train_and_evaluate(
+        e, est.TrainSpec(lambda: batches(n=64, batch_size=16), max_steps=2),
+        est.EvalSpec(lambda: batches(n=40, batch_size=16, seed=1), throttle_secs=0))
+    assert metrics["global_step"] == 2
+    assert metrics["seen"] == pytest.approx(40 / 3)   # batches of 16, 16 and 8
+
+
+def test_a_model_fn_collective_past_a_replicas_shard_is_named(tmp_path):
+    """A sharded evaluation runs each replica through its own shard: with 3
+    batches on 2 replicas, replica 0's last all_reduce has no partner. Before,
+    gloo aborted the process (SIGABRT) or paired it with the metric
+    all-reduce; now every replica says why. With as many batches on each
+    replica, the all_reduce pairs up."""
+    strategy = STRATEGIES["mirrored"]()
+    e = est.Estimator(_counting_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=strategy, eval_distribute=strategy))
+    e.train(lambda: batches(n=64, batch_size=16), steps=1)
+    assert e.evaluate(lambda: batches(n=64, batch_size=16))["seen"] == 32.0
+    with pytest.raises(RuntimeError, match=r"An all_reduce or all_gather in model_fn during "
+                                           r"evaluation was reached after replica 1 \(cpu:1\) "
+                                           r"had evaluated all of its shard: .*\(a multiple of "
+                                           r"2\), or compute the value as an eval metric"):
+        e.evaluate(lambda: batches(n=48, batch_size=16))
+
+
 def test_restart_resumes_from_the_chiefs_checkpoint(tmp_path):
     two = make(tmp_path / "two", STRATEGIES["mirrored"]())
     one = make(tmp_path / "one")
