@@ -21,6 +21,12 @@ from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
 from .extenders import add_metrics, forward_features
 from .exporter import BestExporter, Exporter, FinalExporter, LatestExporter
 from hooks.mode_keys import ModeKeys
+# tf.estimator's names of the session hooks (TF: the tf.train classes themselves)
+from hooks import (CheckpointSaverHook, CheckpointSaverListener, FeedFnHook, FinalOpsHook,
+                   GlobalStepWaiterHook, LoggingTensorHook, NanLossDuringTrainingError,
+                   NanTensorHook, ProfilerHook, SecondOrStepTimer, SessionRunArgs,
+                   SessionRunContext, SessionRunHook, SessionRunValues, StepCounterHook,
+                   StopAtStepHook, SummarySaverHook)
 from .model_fn import EstimatorSpec
 from .run_config import DistributeConfig, RunConfig
 from .training import EvalSpec, TrainSpec, train_and_evaluate
@@ -41,4 +47,8 @@ __all__ = [
     "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
     "data", "experimental", "inputs", "io", "learning_rate_decay", "serving",
+    "CheckpointSaverHook", "CheckpointSaverListener", "FeedFnHook", "FinalOpsHook",
+    "GlobalStepWaiterHook", "LoggingTensorHook", "NanLossDuringTrainingError", "NanTensorHook",
+    "ProfilerHook", "SecondOrStepTimer", "SessionRunArgs", "SessionRunContext", "SessionRunHook",
+    "SessionRunValues", "StepCounterHook", "StopAtStepHook", "SummarySaverHook",
 ]

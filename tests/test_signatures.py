@@ -10,10 +10,11 @@ import pytest
 import distribute
 import estimator as est
 import hooks
-from paths import FIXTURES
+from paths import FIXTURES, ROOT
 
 with open(os.path.join(FIXTURES, "tf_signatures.json"), encoding="utf-8") as _f:
-    TF = json.load(_f)["signatures"]
+    _RECORDED = json.load(_f)
+TF = _RECORDED["signatures"]
 OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental,
         "metrics": est.metrics, "losses": est.losses, "learning_rate_decay": est.learning_rate_decay,
         "feature_column": est.feature_column, "hooks": hooks,
@@ -52,6 +53,31 @@ def test_arguments_are_tfs(name):
             if p != "self"]
     assert [p for p in ours if p not in EXTRA.get(name, [])] == TF[name]
     assert list(ours)[:len(TF[name])] == TF[name]
+
+
+# tf.compat.v1.estimator's public names not here, each said absent in
+# docs/migration.md ("Not covered yet").
+ABSENT_NAMES = {
+    "estimator": {"Head", "tpu"},
+    "estimator.experimental": {"KMeans", "LinearSDCA", "build_raw_supervised_input_receiver_fn",
+                               "call_logit_fn", "dnn_logit_fn_builder", "linear_logit_fn_builder",
+                               "make_stop_at_checkpoint_step_hook"},
+    "estimator.export": {"EvalOutput"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(ABSENT_NAMES))
+def test_tfs_estimator_names_are_here_or_said_absent(module):
+    """`tf.estimator.X` ports as `est.X` (hooks included, as TF exports them
+    there too), but for the names said absent."""
+    ours = {"estimator": est, "estimator.experimental": est.experimental,
+            "estimator.export": est.export}[module]
+    names = set(_RECORDED["names"][module])
+    assert {n for n in names if not hasattr(ours, n)} == ABSENT_NAMES[module]
+    with open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8") as f:
+        doc = f.read()
+    for name in ABSENT_NAMES[module]:
+        assert f"`tf.{module}.{name}`" in doc or f"`{name}`" in doc, name
 
 
 def test_only_predict_exports(tmp_path):
