@@ -12,6 +12,7 @@ from .cross_device_ops import (CollectiveCommunication, CommunicationImplementat
                                CommunicationOptions, CrossDeviceOps, HierarchicalCopyAllReduce,
                                NcclAllReduce, ReductionToOneDevice)
 from ._process_group import ReplicaFailedError
+from .input_options import InputOptions, InputReplicationMode, RunOptions
 from .mirrored_strategy import MirroredStrategy
 from . import partitioners
 from . import coordinator, experimental
@@ -33,4 +34,5 @@ __all__ = [
     "CollectiveCommunication", "CommunicationOptions", "ReplicaFailedError", "cross_device_ops",
     "input_lib", "ParameterServerStrategy", "Server", "ParameterServerError", "partitioners",
     "coordinator", "experimental", "compute_average_loss", "scale_regularization_loss",
+    "InputOptions", "InputReplicationMode", "RunOptions",
 ]

@@ -833,9 +833,10 @@ class _CollectiveStrategy(Strategy):
         extended = self._extended
         if extended._group is None:
             return super().experimental_distribute_dataset(dataset, options)
+        move = self._input_mover(options, "experimental_distribute_dataset", False)
         seed = extended._agree_on_randomness()
         return input_lib.SplitBatches(dataset, extended._group.world_size,
-                                      extended._group.rank, extended.to_device,
+                                      extended._group.rank, move,
                                       InputStream(seed, extended._group.rank))
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
@@ -844,9 +845,10 @@ class _CollectiveStrategy(Strategy):
         extended = self._extended
         if extended._group is None:
             return super().distribute_datasets_from_function(dataset_fn, options)
+        move = self._input_mover(options, "distribute_datasets_from_function")
         seed = extended._agree_on_randomness()
         dataset = dataset_fn(extended._input_context())
-        return input_lib.AgreedBatches(dataset, extended._all_have, extended.to_device,
+        return input_lib.AgreedBatches(dataset, extended._all_have, move,
                                        InputStream(seed, extended._group.rank,
                                                    not input_lib.ordered_by_sampler(dataset)))
 

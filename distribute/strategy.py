@@ -14,6 +14,21 @@ from typing import Callable, Optional
 
 import torch
 
+from .input_options import fetch_to_device
+
+
+class ValueContext:
+    """What `experimental_distribute_values_from_function`'s function learns
+    (tf.distribute.experimental.ValueContext)."""
+
+    def __init__(self, replica_id_in_sync_group: int = 0, num_replicas_in_sync: int = 1):
+        self.replica_id_in_sync_group = replica_id_in_sync_group
+        self.num_replicas_in_sync = num_replicas_in_sync
+
+    def __repr__(self):
+        return (f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
+                f"num_replicas_in_sync={self.num_replicas_in_sync})")
+
 
 class ReduceOp(enum.Enum):
     """How to combine values across replicas (tf.distribute.ReduceOp)."""
@@ -379,13 +394,26 @@ class Strategy:
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """Batches of `dataset`, moved to the device (split per replica when
-        there are several, as TF2)."""
-        extended = self._extended
-        return (extended.to_device(batch) for batch in dataset)
+        there are several, as TF2); `options`: a `distribute.InputOptions`."""
+        move = self._input_mover(options, "experimental_distribute_dataset", False)
+        return (move(batch) for batch in dataset)
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
-        extended = self._extended
-        return (extended.to_device(b) for b in dataset_fn(extended._input_context()))
+        move = self._input_mover(options, "distribute_datasets_from_function")
+        return (move(b) for b in dataset_fn(self._extended._input_context()))
+
+    def experimental_distribute_values_from_function(self, value_fn):
+        """`value_fn(ValueContext)` of this replica (TF calls it once per local
+        replica and makes a per-replica value of the results; here each
+        replica is a process holding its own)."""
+        return value_fn(ValueContext(self._extended._replica_id(), self.num_replicas_in_sync))
+
+    def _input_mover(self, options, what: str, per_replica_allowed: bool = True) -> Callable:
+        """What moves a batch where `options` says: to the replica's device,
+        or (`experimental_fetch_to_device=False`) to host tensors."""
+        if fetch_to_device(options, what, per_replica_allowed):
+            return self._extended.to_device
+        return _mover(torch.device("cpu"))
 
     def experimental_local_results(self, value):
         return (value,)

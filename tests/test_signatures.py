@@ -63,19 +63,27 @@ ABSENT_NAMES = {
                                "call_logit_fn", "dnn_logit_fn_builder", "linear_logit_fn_builder",
                                "make_stop_at_checkpoint_step_hook"},
     "estimator.export": {"EvalOutput"},
+    "distribute": {"DistributedDataset", "DistributedIterator", "DistributedValues",
+                   "TPUStrategy"},
+    "distribute.experimental": {"CollectiveHints", "PreemptionCheckpointHandler",
+                                "PreemptionWatcher", "TPUStrategy", "TerminationConfig", "rpc"},
 }
 
 
 @pytest.mark.parametrize("module", sorted(ABSENT_NAMES))
 def test_tfs_estimator_names_are_here_or_said_absent(module):
     """`tf.estimator.X` ports as `est.X` (hooks included, as TF exports them
-    there too), but for the names said absent."""
+    there too), `tf.distribute.X` as `distribute.X`, but for the names said
+    absent (docs/migration.md, docs/distribute.md)."""
     ours = {"estimator": est, "estimator.experimental": est.experimental,
-            "estimator.export": est.export}[module]
+            "estimator.export": est.export, "distribute": distribute,
+            "distribute.experimental": distribute.experimental}[module]
     names = set(_RECORDED["names"][module])
     assert {n for n in names if not hasattr(ours, n)} == ABSENT_NAMES[module]
-    with open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8") as f:
-        doc = f.read()
+    doc = ""
+    for page in ("migration.md", "distribute.md"):
+        with open(os.path.join(ROOT, "docs", page), encoding="utf-8") as f:
+            doc += f.read()
     for name in ABSENT_NAMES[module]:
         assert f"`tf.{module}.{name}`" in doc or f"`{name}`" in doc, name
 

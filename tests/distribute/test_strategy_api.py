@@ -36,6 +36,13 @@ def _observe(strategy):
         return [torch.tensor([i]) for i in range(3 + context.input_pipeline_id)]
 
     from_function = [b.item() for b in strategy.distribute_datasets_from_function(dataset_fn)]
+    per_replica = distribute.InputOptions(
+        experimental_fetch_to_device=False,
+        experimental_replication_mode=distribute.InputReplicationMode.PER_REPLICA)
+    on_host = [b.tolist() for b in strategy.distribute_datasets_from_function(
+        lambda context: [np.arange(2.0) + context.input_pipeline_id], per_replica)]
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync))
     return {
         "rank": rank, "replicas": strategy.num_replicas_in_sync, "cross": cross,
         "in_run_cross": strategy.run(distribute.in_cross_replica_context),
@@ -44,6 +51,7 @@ def _observe(strategy):
         "mean_axis": strategy.reduce(distribute.ReduceOp.MEAN, value, axis=0).item(),
         "local": len(strategy.experimental_local_results(value)),
         "split": split, "contexts": contexts, "from_function": from_function,
+        "on_host": on_host, "values": values,
         "chief": strategy.extended.should_checkpoint,
         "loss_reduction": distribute.get_loss_reduction(),
     }
@@ -63,6 +71,8 @@ def test_strategy_api_inside_the_replicas():
         assert r["loss_reduction"] == distribute.ReduceOp.MEAN
     assert r0["split"] == [[0.0, 1.0, 2.0], [0.0, 1.0]] and r1["split"] == [[3.0, 4.0], [2.0, 3.0]]
     assert r0["contexts"] == [(2, 0, 2)] and r1["contexts"] == [(2, 1, 2)]
+    assert r0["on_host"] == [[0.0, 1.0]] and r1["on_host"] == [[1.0, 2.0]]
+    assert r0["values"] == (0, 2) and r1["values"] == (1, 2)
     assert r0["chief"] and not r1["chief"]
 
 
@@ -287,6 +297,27 @@ def test_reduce_and_gather_in_one_process():
         with pytest.raises(ValueError, match=r"gather: axis 2 is not a dimension of a value "
                                              r"of shape \[3, 2\]"):
             strategy.gather(x, axis=2)
+
+
+def test_input_options_values_from_function_and_run_options_in_one_process():
+    strategy = distribute.OneDeviceStrategy("cpu")
+    host = distribute.InputOptions(experimental_fetch_to_device=False)
+    (batch,) = strategy.experimental_distribute_dataset([np.ones(2)], host)
+    assert isinstance(batch, torch.Tensor) and batch.dtype == torch.float32
+    assert strategy.experimental_distribute_values_from_function(
+        lambda ctx: ctx.replica_id_in_sync_group + 10 * ctx.num_replicas_in_sync) == 10
+    assert strategy.run(lambda: 3, options=distribute.RunOptions()) == 3
+    with pytest.raises(ValueError, match="experimental_distribute_dataset: "
+                                         "InputReplicationMode.PER_REPLICA is only supported by "
+                                         "distribute_datasets_from_function"):
+        strategy.experimental_distribute_dataset([], distribute.InputOptions(
+            experimental_replication_mode=distribute.InputReplicationMode.PER_REPLICA))
+    with pytest.raises(ValueError, match="distribute_datasets_from_function: options must be a "
+                                         "distribute.InputOptions, got dict"):
+        strategy.distribute_datasets_from_function(lambda c: [], {"fetch": False})
+    with pytest.raises(ValueError, match="experimental_replication_mode must be an "
+                                         "InputReplicationMode, got 'PER_REPLICA'"):
+        distribute.InputOptions(experimental_replication_mode="PER_REPLICA")
 
 
 def _loop_until_a_hook_stops_replica_1(strategy, model_dir):
