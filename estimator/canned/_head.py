@@ -279,6 +279,8 @@ class Head:
         train_op = _train_op(optimizer, trainable_variables, train_op_fn, update_ops)
         loss = self._training_loss(loss, weights, unreduced)
         loss = self._regularized(loss, regularization)
+        if self._name and summary.should_record_summaries():   # (TF: a named head's own)
+            summary.scalar(self._key("loss"), loss.detach())
         # (no predictions in TRAIN: nothing reads them, and they would cost each step)
         return EstimatorSpec(mode, loss=loss, train_op=train_op(loss))
 

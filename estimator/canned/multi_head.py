@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from hooks import summary
 from hooks.mode_keys import ModeKeys
 
 from .. import export, metrics
@@ -106,6 +107,8 @@ class MultiHead(Head):
                 ops[key] = metrics.mean(loss.detach(), name=key)
             else:
                 loss = head._training_loss(loss, head_weights, unreduced)
+                if summary.should_record_summaries():   # (TF: each head's own, unweighted)
+                    summary.scalar(f"loss/{head.name}", loss.detach())
             total = total + (loss * weight if weight != 1.0 else loss)
         if mode == ModeKeys.EVAL:
             return EstimatorSpec(mode, predictions=predictions,

@@ -23,6 +23,7 @@ HEADS = {   # name: (head, logits dimension, labels), as the recorder's
     "multi_class": (lambda: est.MultiClassHead(3, label_vocabulary=LABELS), 3, 3),
     "regression_sum": (lambda: est.RegressionHead(label_dimension=2, loss_reduction="sum"),
                        2, 1),
+    "multi_label": (lambda: est.MultiLabelHead(3, name="tags"), 3, "multi_hot"),
     "multi_head": (lambda: est.MultiHead(
         [est.MultiClassHead(3, label_vocabulary=LABELS, name="kind"),
          est.RegressionHead(name="score")]), 4, "multi"),
@@ -57,8 +58,8 @@ def input_fn(data, target):
 
 def summaries(model_dir):
     acc = EventAccumulator(model_dir, size_guidance={"scalars": 0}).Reload()
-    return {tag: [[e.step, e.value] for e in acc.Scalars(tag)]
-            for tag in ("loss", "regularization_loss")}
+    return {tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
+            if tag.split("/")[0] in ("loss", "regularization_loss")}
 
 
 def test_every_head_is_recorded():
@@ -72,7 +73,9 @@ def test_a_heads_optimizer_and_regularization_train_and_evaluate_as_tfs(name, tm
     estimator = est.Estimator(model_fn_of(make_head, dim), config=est.RunConfig(
         model_dir=str(tmp_path), save_summary_steps=1))
     estimator.train(input_fn(rows(64, 0), target))
-    for tag, values in summaries(str(tmp_path)).items():
+    ours = summaries(str(tmp_path))
+    assert sorted(ours) == sorted(recorded["summaries"])
+    for tag, values in ours.items():
         np.testing.assert_allclose(values, recorded["summaries"][tag], rtol=1e-5, err_msg=tag)
     np.testing.assert_allclose(estimator.get_variable_value("logits/weight").T,
                                recorded["kernel"], rtol=1e-5, atol=1e-6)

@@ -55,9 +55,12 @@ def multi_label_rows(n, seed):
 def v2_labels(data, target):
     """`rows(...)`'s labels of the TF2-head tests: an index into the rows, or
     "yes_no" (words), "positive" (0 or 2), "counts" (0 to 4), "fraction" (in
-    [0, 1]), "multi" (a dict: "kind", the words, and "score", the 1-d target)."""
+    [0, 1]), "multi" (a dict: "kind", the words, and "score", the 1-d target),
+    "multi_hot" (three 0/1 labels a row: which features are positive)."""
     if target == "multi":
         return {"kind": data[3], "score": data[2]}
+    if target == "multi_hot":
+        return (data[0]["x"] > 0).astype(np.int64)
     if target == "yes_no":
         return np.where(data[4] == 1, "yes", "no")
     y = data[2][:, 0]
