@@ -20,7 +20,8 @@ OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental
         "feature_column": est.feature_column, "hooks": hooks,
         "estimator_methods": est.Estimator, "exporters": est, "export": est.export,
         "distribute": distribute, "distribute.experimental": distribute.experimental}
-OURS.update({"distribute.Strategy": distribute.Strategy,
+OURS.update({"placeholder": est.export,   # tf.compat.v1.placeholder's stand-in
+             "distribute.Strategy": distribute.Strategy,
              "distribute.ReplicaContext": distribute.ReplicaContext})
 OURS.update({head: getattr(est, head) for head in [   # (their create_estimator_spec)
     "BinaryClassHead", "MultiClassHead", "RegressionHead", "PoissonRegressionHead",
