@@ -54,7 +54,7 @@ from ._random_streams import InputStream
 from .cross_device_ops import CrossDeviceOps, _DefaultAllReduce
 from .launcher import ForkLauncher, InProcessLauncher, Launcher, in_replica_process
 from .strategy import (InputContext, ReduceOp, ReplicaContext, Strategy, StrategyExtended,
-                       _check_axis, _stack)
+                       _checked_axis, _stack)
 
 logger = logging.getLogger(__name__)
 
@@ -762,7 +762,7 @@ class _CollectiveExtended(StrategyExtended):
     def _gather_across(self, value: torch.Tensor, axis: int) -> torch.Tensor:
         """The replicas' `value`s concatenated along `axis`: each padded to the
         longest along it, all-gathered, trimmed (no gradient flows back)."""
-        _check_axis(value, axis)
+        value = _checked_axis(value, axis)
         if self._group is None:
             return value
         axis %= value.dim()

@@ -389,8 +389,7 @@ class Strategy:
         return _map(lambda v: self._gather_across(torch.as_tensor(v), axis), value)
 
     def _gather_across(self, value: torch.Tensor, axis: int) -> torch.Tensor:
-        _check_axis(value, axis)
-        return value
+        return _checked_axis(value, axis)
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """Batches of `dataset`, moved to the device (split per replica when
@@ -448,9 +447,8 @@ class ReplicaContext:
         """The replicas' `value`s concatenated along `axis` in replica order
         (tf.distribute.ReplicaContext.all_gather; sizes along `axis` may
         differ). `options` is accepted and unused."""
-        if not self._across():
-            return _map(lambda v: Strategy._gather_across(self.strategy, torch.as_tensor(v),
-                                                          axis), value)
+        if not self._across():   # this replica's own values
+            return _map(lambda v: _checked_axis(torch.as_tensor(v), axis), value)
         return self.strategy.gather(value, axis)
 
     def _across(self) -> bool:
@@ -474,11 +472,13 @@ def _map(fn: Callable, value):
     return fn(value)
 
 
-def _check_axis(value: torch.Tensor, axis) -> None:
+def _checked_axis(value: torch.Tensor, axis) -> torch.Tensor:
+    """`value`, once `axis` is found to be one of its dimensions."""
     if not isinstance(axis, int) or isinstance(axis, bool) or not (
             -value.dim() <= axis < value.dim()):
         raise ValueError(f"gather: axis {axis!r} is not a dimension of a value of shape "
                          f"{list(value.shape)}")
+    return value
 
 
 class OneDeviceStrategy(Strategy):

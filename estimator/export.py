@@ -531,8 +531,8 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                                    restore_path=path)
     call = model_fn_caller(estimator.model_fn, estimator.params, estimator.config)
     transform = None
-    any_size = {n: _any_size_of(t) for n, t in receiver.receiver_tensors.items()
-                if _any_size_of(t)}
+    any_size = {n: dims for n, t in receiver.receiver_tensors.items()
+                if (dims := _any_size_of(t))}
     with torch.no_grad():
         if receiver._takes_host_values:
             if any_size:

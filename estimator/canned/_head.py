@@ -150,6 +150,10 @@ def _regularization_loss(regularization_losses) -> Optional[torch.Tensor]:
     return total if total is None else torch.as_tensor(total, dtype=torch.float32)
 
 
+# The trainable_variables found to be each optimizer's (as ids), checked once
+_checked: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _train_op(optimizer, trainable_variables, train_op_fn, update_ops) -> Callable:
     """`loss -> train_op` from ``create_estimator_spec``'s arguments, checked
     as TF checks them (TF: ``create_estimator_spec_train_op``)."""
@@ -181,8 +185,6 @@ def _train_op(optimizer, trainable_variables, train_op_fn, update_ops) -> Callab
             _checked[optimizer] = key
     return lambda loss: optimizer
 
-
-_checked: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _check_trainable_variables(optimizer, trainable_variables) -> None:
