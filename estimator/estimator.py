@@ -158,7 +158,9 @@ class Estimator:
             is_chief = self._is_chief(strategy)
             all_hooks = (stop + user_hooks + self._default_worker_hooks()
                          + list(first.training_hooks)
-                         + self._default_training_hooks(is_chief, listeners)
+                         + self._default_training_hooks(
+                             is_chief, listeners, user_hooks + list(first.training_hooks)
+                             + list(first.training_chief_hooks))
                          + (list(first.training_chief_hooks) if is_chief else [])
                          + progress_hooks("train", num_steps=steps, last_step=max_steps))
             step = self._train_step_fn(batches, strategy, scope, call)
@@ -247,9 +249,11 @@ class Estimator:
                                                    every_n_iter=every_n))
         return out
 
-    def _default_training_hooks(self, is_chief: bool, listeners) -> list:
+    def _default_training_hooks(self, is_chief: bool, listeners, given_hooks) -> list:
         """TF's defaults, from RunConfig (hooks.monitored_session.training_hooks);
-        summaries where the strategy also says `should_save_summary`."""
+        summaries where the strategy also says `should_save_summary`; no
+        checkpoint saver when `given_hooks` (the user's, the EstimatorSpec's)
+        hold one, which then takes the `listeners` (TF's Estimator)."""
         c = self._config
         strategy = c.train_distribute or distribute.get_strategy()
         return training_hooks(
@@ -260,7 +264,7 @@ class Estimator:
             keep_checkpoint_max=c.keep_checkpoint_max,
             keep_checkpoint_every_n_hours=c.keep_checkpoint_every_n_hours, listeners=listeners,
             save_summaries=is_chief and strategy.extended.should_save_summary,
-            async_checkpoint=async_checkpoint(c))
+            async_checkpoint=async_checkpoint(c), given_hooks=given_hooks)
 
     def eval_dir(self, name: Optional[str] = None) -> str:
         """Where evaluation summaries go: `model_dir/eval` or `model_dir/eval_<name>`."""

@@ -42,7 +42,7 @@ import numpy as np
 
 import hooks as hooks_lib
 # Base classes come from the submodules: `hooks` may be half-imported here.
-from hooks.basic_session_run_hooks import CheckpointSaverListener
+from hooks.basic_session_run_hooks import CheckpointSaverHook, CheckpointSaverListener
 from hooks.event_files import EVENT_FILE_PATTERN, read_scalars
 from hooks import files
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
@@ -609,9 +609,11 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
         if os.path.exists(stale):
             os.remove(stale)
     listeners = list(train_spec.saving_listeners) + list(extra_listeners)
-    if eval_spec.checkpoint_policy == "every":
-        listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name))))
     train_hooks = _trainer_hooks(estimator, train_spec)
+    if eval_spec.checkpoint_policy == "every" and (
+            config.save_checkpoints_steps or config.save_checkpoints_secs
+            or any(isinstance(h, CheckpointSaverHook) for h in train_hooks)):
+        listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name))))
     if config.num_worker_replicas > 1 and not _synchronises_state(strategy):
         train_hooks.append(_SaveInitialState(config))
     heartbeat = _Heartbeat(os.path.join(model_dir, HEARTBEAT))

@@ -121,8 +121,11 @@ class CheckpointSaverListener:
 
 class CheckpointSaverHook(SessionRunHook):
     """Saves checkpoints every N steps or seconds, and at the end
-    (tf.estimator.CheckpointSaverHook). Only add it where this process should
-    checkpoint (the chief); the Estimator does so."""
+    (tf.estimator.CheckpointSaverHook). It saves, and calls its listeners,
+    only in the process that checkpoints (the session's chief: replica 0 of
+    a MirroredStrategy, which TF runs as one process); elsewhere it does
+    nothing. Given to an Estimator, it saves instead of RunConfig's saver
+    and takes `saving_listeners`, as in TF."""
 
     def __init__(self, checkpoint_dir: str, save_secs: Optional[float] = None,
                  save_steps: Optional[int] = None, saver: Optional[checkpoint.Saver] = None,
@@ -135,12 +138,14 @@ class CheckpointSaverHook(SessionRunHook):
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
         self._listeners = list(listeners or ())
         self._last_saved = None
-
-    def begin(self):
-        for listener in self._listeners:
-            listener.begin()
+        self._chief = False
 
     def after_create_session(self, session, coord):
+        self._chief = session.is_chief
+        if not self._chief:
+            return
+        for listener in self._listeners:
+            listener.begin()
         # What is on disk already: a session that makes no step (a warm start
         # past max_steps, a hook stopping at once) still leaves its state
         # saved at the end, as TF's saver at session start does.
@@ -149,6 +154,8 @@ class CheckpointSaverHook(SessionRunHook):
         self._timer.update_last_triggered_step(session.global_step)
 
     def after_run(self, run_context, run_values):
+        if not self._chief:
+            return
         self._saver.check()   # a background save that failed fails the step after it
         step = run_context.session.global_step
         if self._timer.should_trigger_for_step(step):
@@ -159,9 +166,13 @@ class CheckpointSaverHook(SessionRunHook):
     def _idle(self, session):
         # While a background save is in flight, after_run runs every step to
         # surface its error on the step after it fails.
+        if not self._chief:
+            return NEVER, NEVER, NEVER
         return None if self._saver.in_flight else self._timer._idle()
 
     def end(self, session):
+        if not self._chief:
+            return
         step = session.global_step
         if step != self._last_saved:   # waited for: on the step (no writer started for it)
             self._save(session, step, background=False)

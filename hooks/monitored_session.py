@@ -399,15 +399,32 @@ def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
                    keep_checkpoint_every_n_hours=10000.0, listeners=(),
                    summary_dir: Optional[str] = None,
                    save_summaries: Optional[bool] = None,
-                   async_checkpoint: bool = False) -> list:
+                   async_checkpoint: bool = False, given_hooks: Iterable = ()) -> list:
     """The hooks TF installs around training, in one place for the Estimator
     and MonitoredTrainingSession: on the chief, checkpoints every N steps or
     seconds (and at the end); where `save_summaries` (default `is_chief`),
     `global_step/sec` every `log_step_count_steps` and the summaries every
     `save_summaries_steps` or `save_summaries_secs` into `summary_dir`
-    (default `checkpoint_dir`)."""
+    (default `checkpoint_dir`).
+
+    `given_hooks` are the Estimator's others (the user's and the
+    EstimatorSpec's), as TF's Estimator looks at them: a CheckpointSaverHook
+    among them saves instead of the default one and takes the `listeners`;
+    listeners with no saver at all are TF's ValueError."""
     from .basic_session_run_hooks import CheckpointSaverHook
     from .summary_hooks import StepCounterHook, SummarySaverHook
+    given = [h for h in given_hooks if isinstance(h, CheckpointSaverHook)]
+    if given:   # TF: the first takes the listeners; no default saver
+        for listener in listeners:
+            if listener not in given[0]._listeners:
+                given[0]._listeners.append(listener)
+            if callable(getattr(listener, "protect_checkpoint", None)):
+                given[0]._saver.protect(listener.protect_checkpoint)
+        save_checkpoint_steps = save_checkpoint_secs = None
+    elif listeners and not (save_checkpoint_steps or save_checkpoint_secs):
+        raise ValueError("There should be a CheckpointSaverHook to use saving_listeners. Please "
+                         "set one of the RunConfig.save_checkpoints_steps or "
+                         "RunConfig.save_checkpoints_secs.")
     out = []
     summary_dir = summary_dir or checkpoint_dir
     if (is_chief if save_summaries is None else save_summaries) and summary_dir:

@@ -18,7 +18,8 @@ import distribute
 import estimator as est
 import hooks
 from models import regression_model_fn
-from replica_helpers import OnReplica, RecordLoss, SaveWeights, batches, concatenated, rank
+from replica_helpers import (OnReplica, RecordLoss, RecordSaves, SaveWeights, batches,
+                             concatenated, rank)
 from paths import FIXTURES, ROOT, SUPPORT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -814,6 +815,24 @@ def test_train_and_evaluate_locally_with_hooks_gathering_in_the_replicas(tmp_pat
     assert metrics["global_step"] == 8
     assert metrics["mae"] == pytest.approx(e.evaluate(lambda: eval_data)["mae"], rel=1e-6)
     assert len(losses.losses) == 8 and all(np.isfinite(losses.losses))
+
+
+def test_a_users_checkpoint_saver_hook_saves_from_the_chief_alone(tmp_path):
+    """TF runs a MirroredStrategy's hooks in one process; here each replica
+    runs them, and a user's CheckpointSaverHook saved from both (two writers
+    on one model_dir). Now only the chief saves and calls listeners, its own
+    and train's saving_listeners, which replace RunConfig's saver (TF)."""
+    e = make(tmp_path / "own", STRATEGIES["mirrored"](), save_checkpoints_steps=100)
+    own, given = str(tmp_path / "own.txt"), str(tmp_path / "given.txt")
+    hook = est.CheckpointSaverHook(str(tmp_path / "own"), save_steps=2,
+                                   listeners=[RecordSaves(own)])
+    e.train(lambda: batches(batch_size=16), max_steps=5, hooks=[hook],
+            saving_listeners=[RecordSaves(given)])
+    for path in (own, given):
+        with open(path, encoding="utf-8") as f:
+            assert f.read().split("\n") == ["0 2", "0 4", "0 5", ""]
+    assert [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(
+        str(tmp_path / "own"))] == [2, 4, 5]
 
 
 def test_too_little_input_for_the_replicas(tmp_path):

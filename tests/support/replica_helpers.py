@@ -44,6 +44,17 @@ class SaveWeights(hooks.SessionRunHook):
         torch.save(state, os.path.join(self._out_dir, f"weights-{rank()}.pt"))
 
 
+class RecordSaves(hooks.CheckpointSaverListener):
+    """Appends "<replica> <step>" to `path` after each save it is told of."""
+
+    def __init__(self, path):
+        self._path = path
+
+    def after_save(self, session, global_step_value):
+        with open(self._path, "a", encoding="utf-8") as f:
+            f.write(f"{rank()} {global_step_value}\n")
+
+
 class RecordLoss(hooks.SessionRunHook):
     """Records the loss every step (in replica 0 under MirroredStrategy; the
     list comes back to the caller's hook)."""

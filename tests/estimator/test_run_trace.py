@@ -1,0 +1,173 @@
+"""What a plain run leaves behind and calls, against TF 2.15's recording
+(tests/support/fixtures/record_tf_run_trace.py): the checkpoints each `train`
+keeps, the CheckpointSaverListener calls, a CheckpointSaverHook of the user's,
+`evaluate`'s directory and the steps a local `train_and_evaluate` evaluates.
+
+One difference is documented (docs/migration.md, "Checkpoints"): TF saves when
+a training session starts (model.ckpt-0 on a fresh run, the restored step
+again on a resumed one, with its listener calls); here the model is built by
+the first step's model_fn call, so the first save is the first periodic one.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_run_trace.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+
+X = np.arange(16, dtype=np.float32).reshape(8, 2) / 16.0
+Y = (X @ np.array([[1.0], [-2.0]], dtype=np.float32) + 0.5).astype(np.float32)
+
+
+def input_fn(repeat=True):
+    def batches():
+        while True:
+            for i in range(0, 8, 4):
+                yield {"x": torch.from_numpy(X[i:i + 4])}, torch.from_numpy(Y[i:i + 4])
+            if not repeat:
+                return
+    return batches
+
+
+def model_fn(features, labels, mode):
+    pred = est.get_module("dense", lambda: torch.nn.Linear(2, 1))(features["x"])
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"y": pred})
+    loss = torch.nn.functional.mse_loss(pred, labels)
+    return est.EstimatorSpec(
+        mode, loss=loss, train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)),
+        eval_metric_ops={"mae": est.metrics.mean_absolute_error(labels, pred)})
+
+
+class Listener(est.CheckpointSaverListener):
+    def __init__(self):
+        self.calls = []
+
+    def begin(self):
+        self.calls.append(["begin", None])
+
+    def before_save(self, session, global_step_value):
+        self.calls.append(["before_save", global_step_value])
+
+    def after_save(self, session, global_step_value):
+        self.calls.append(["after_save", global_step_value])
+
+    def end(self, session, global_step_value):
+        self.calls.append(["end", global_step_value])
+
+
+def without_session_start_save(calls):
+    """TF's listener calls less the save TF makes when the session starts
+    (the pair right after `begin`)."""
+    assert calls[:3] == [["begin", None], ["before_save", calls[1][1]],
+                         ["after_save", calls[1][1]]]
+    return calls[:1] + calls[3:]
+
+
+def checkpoints(model_dir):
+    kept = [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(model_dir)]
+    return {"latest": est.checkpoint.step_of(est.checkpoint.latest_checkpoint(model_dir)),
+            "listed": kept, "on_disk": kept}
+
+
+def tfs_checkpoints(recorded, started_fresh):
+    """TF's kept checkpoints less model.ckpt-0 of a fresh session's start."""
+    return {k: [s for s in v if s or not started_fresh] if isinstance(v, list) else v
+            for k, v in recorded.items()}
+
+
+def config(model_dir, **kw):
+    return est.RunConfig(model_dir=str(model_dir), tf_random_seed=1, save_summary_steps=100,
+                         log_step_count_steps=100, **kw)
+
+
+def test_train_twice_keeps_and_tells_listeners_as_tf(tmp_path):
+    e = est.Estimator(model_fn, config=config(tmp_path, save_checkpoints_steps=3,
+                                              keep_checkpoint_max=3))
+    for call, train in (("first_train", dict(max_steps=7)), ("second_train", dict(steps=4))):
+        listener = Listener()
+        e.train(input_fn(), saving_listeners=[listener], **train)
+        recorded = TF["train_twice"][call]
+        assert checkpoints(tmp_path) == tfs_checkpoints(recorded["checkpoints"], False)
+        assert listener.calls == without_session_start_save(recorded["listener"])
+
+
+def test_evaluate_with_a_name_writes_where_tf_writes(tmp_path):
+    e = est.Estimator(model_fn, config=config(tmp_path, save_checkpoints_steps=3))
+    e.train(input_fn(), max_steps=11)
+    result = e.evaluate(input_fn(repeat=False), name="val")
+    recorded = TF["train_twice"]["evaluate"]
+    assert sorted(result) == recorded["keys"]
+    assert result["global_step"] == recorded["global_step"]
+    assert sorted(d for d in os.listdir(tmp_path) if d.startswith("eval")) == recorded["dirs"]
+    events = EventAccumulator(str(tmp_path / "eval_val"))
+    events.Reload()
+    assert [s.step for s in events.Scalars("loss")] == recorded["steps"]
+
+
+def test_saving_listeners_without_checkpoints_are_tfs_error(tmp_path):
+    """They were never called: RunConfig saves no checkpoint to call them on."""
+    e = est.Estimator(model_fn, config=config(tmp_path, save_checkpoints_steps=None,
+                                              save_checkpoints_secs=None))
+    recorded = TF["no_periodic_saves"]
+    listener = Listener()
+    with pytest.raises(ValueError) as raised:
+        e.train(input_fn(), max_steps=5, saving_listeners=[listener])
+    assert str(raised.value) == recorded["listeners_error"]
+    assert listener.calls == [] and e.latest_checkpoint() is None
+    e.train(input_fn(), max_steps=5)     # and without listeners: TF saves nothing at all
+    assert est.checkpoint.all_checkpoints(str(tmp_path)) == recorded["on_disk"] == []
+
+
+@pytest.mark.parametrize("where", ["hooks", "spec"])
+def test_a_users_checkpoint_saver_hook_saves_instead_of_run_configs(tmp_path, where):
+    """A CheckpointSaverHook in `hooks` or in the EstimatorSpec's
+    training_chief_hooks replaces RunConfig's saver (every 3 steps here) and
+    takes saving_listeners, as in TF; here both saved, the listeners went to
+    RunConfig's."""
+    own = Listener()
+    hook = est.CheckpointSaverHook(str(tmp_path), save_steps=2, listeners=[own])
+
+    def with_chief_hook(features, labels, mode):
+        spec = model_fn(features, labels, mode)
+        return spec._replace(training_chief_hooks=[hook]) if mode == est.ModeKeys.TRAIN \
+            else spec
+
+    e = est.Estimator(with_chief_hook if where == "spec" else model_fn,
+                      config=config(tmp_path, save_checkpoints_steps=3))
+    given = Listener()
+    e.train(input_fn(), max_steps=5, hooks=[hook] if where == "hooks" else None,
+            saving_listeners=[given])
+    recorded = TF["own_saver_hook_in_" + where]
+    assert checkpoints(tmp_path) == tfs_checkpoints(recorded["checkpoints"], True)
+    assert own.calls == without_session_start_save(recorded["own_listener"])
+    assert given.calls == without_session_start_save(recorded["listener"])
+
+
+def test_local_train_and_evaluate_evaluates_after_the_saves_tf_evaluates_after(tmp_path):
+    e = est.Estimator(model_fn, config=config(tmp_path, save_checkpoints_steps=3))
+    est.train_and_evaluate(e, est.TrainSpec(input_fn(), max_steps=7),
+                           est.EvalSpec(input_fn(repeat=False), steps=None, throttle_secs=0,
+                                        start_delay_secs=0))
+    recorded = TF["local_train_and_evaluate"]
+    assert checkpoints(tmp_path) == tfs_checkpoints(recorded["checkpoints"], True)
+    events = EventAccumulator(str(tmp_path / "eval"))
+    events.Reload()
+    assert sorted(s.step for s in events.Scalars("loss")) == recorded["eval_steps"]
+
+
+def test_local_train_and_evaluate_without_checkpoints_is_tfs_error(tmp_path):
+    """It trained to the end and evaluated nothing, saying nothing."""
+    e = est.Estimator(model_fn, config=config(tmp_path, save_checkpoints_steps=None,
+                                              save_checkpoints_secs=None))
+    with pytest.raises(ValueError) as raised:
+        est.train_and_evaluate(e, est.TrainSpec(input_fn(), max_steps=4),
+                               est.EvalSpec(input_fn(repeat=False), throttle_secs=0))
+    assert str(raised.value) == TF["local_train_and_evaluate_without_saves"]["error"]
