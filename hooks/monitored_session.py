@@ -349,6 +349,10 @@ class MonitoredSession:
         scope = self._scope
         names = {n for _, _, fetched in requests for n in fetched}
         host = _to_host({n: self._resolve(n, outputs) for n in names})
+        if self._train and "global_step" in host:
+            # TF's fetch reads the step beside the train_op, before its update
+            # (a hook sees 0 on the first step; `session.global_step` is the new one)
+            host["global_step"] = scope.global_step - 1
         answers = {id(hook): _structure(fetches, host) for hook, fetches, _ in requests}
         for hook in after:
             results = answers.get(id(hook))

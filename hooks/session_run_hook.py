@@ -4,7 +4,9 @@ A hook observes the training/evaluation/prediction loop. There is no TF
 session here: `session` is the loop's `_Session` (the model scope, the global
 step, the strategy, `model_dir`), and fetches name values the step exposes
 (`"loss"`, `"global_step"`, prediction keys, `est.named_tensor` names,
-`"summaries"`) instead of graph tensors.
+`"summaries"`) instead of graph tensors. A fetched `"global_step"` in
+training is the step's value before its update, as TF's fetch reads it;
+`session.global_step` after the step is the new one.
 """
 from __future__ import annotations
 

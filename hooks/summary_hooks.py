@@ -224,7 +224,7 @@ class SummarySaverHook(_WritesSummaries):
     """Writes the summaries every N steps or seconds (tf.estimator.SummarySaverHook).
 
     On a due step it fetches "summaries" (what `est.summary.*` recorded in
-    the model_fn on that step), "loss" and "global_step", and writes the
+    the model_fn on that step) and "loss", and writes the
     scalar `loss` and every record at the global step after the step (1, 1 +
     N, 1 + 2N, ... from a fresh start). `summary_op` (TF: the summary tensor
     to run) here names the tags to write, a string or a list; default all,
@@ -248,7 +248,7 @@ class SummarySaverHook(_WritesSummaries):
         self._tags = _tag_set(summary_op)
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
         wants_loss = self._tags is None or "loss" in self._tags
-        self._fetches = {"global_step": "global_step", "summaries": "summaries"}
+        self._fetches = {"summaries": "summaries"}
         if wants_loss:
             self._fetches["loss"] = "loss"
         self._due = False
@@ -265,7 +265,7 @@ class SummarySaverHook(_WritesSummaries):
             return
         self._due = False
         results = run_values.results
-        step = results["global_step"]
+        step = run_context.session.global_step
         self._timer.update_last_triggered_step(step)
         writer = self._writer()
         if "loss" in results:

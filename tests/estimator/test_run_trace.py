@@ -171,3 +171,31 @@ def test_local_train_and_evaluate_without_checkpoints_is_tfs_error(tmp_path):
         est.train_and_evaluate(e, est.TrainSpec(input_fn(), max_steps=4),
                                est.EvalSpec(input_fn(repeat=False), throttle_secs=0))
     assert str(raised.value) == TF["local_train_and_evaluate_without_saves"]["error"]
+
+
+class FetchesGlobalStep(est.SessionRunHook):
+    def __init__(self):
+        self.seen = []
+
+    def before_run(self, run_context):
+        return est.SessionRunArgs("global_step")
+
+    def after_run(self, run_context, run_values):
+        self.seen.append([run_values.results, run_context.session.global_step])
+
+
+def test_a_hooks_fetched_global_step_and_the_logged_steps_are_tfs(tmp_path, caplog):
+    """TF's fetch of the global step reads it beside the train_op, before the
+    update (0 on the first step; a ported hook adds 1, as TF's own do), and
+    the Estimator logs `loss = ..., step = 0, 2, 4`; here both were a step
+    later."""
+    hook = FetchesGlobalStep()
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path), tf_random_seed=1,
+                                                     log_step_count_steps=2))
+    with caplog.at_level("INFO"):
+        e.train(input_fn(), max_steps=5, hooks=[hook])
+    recorded = TF["hook_fetches"]
+    assert hook.seen == recorded["fetched_and_after"]
+    logged = [int(r.getMessage().split("step = ")[1].split()[0]) for r in caplog.records
+              if r.getMessage().startswith("loss = ")]
+    assert logged == recorded["logged_steps"]

@@ -73,8 +73,9 @@ def test_logging_hook_copies_to_host_on_one_step_in_ten(count_to_host, caplog):
         run_steps(sess, 100)
     assert len(count_to_host) == 10
     lines = [r.getMessage() for r in caplog.records if r.name == HOOKS_LOG]
-    assert lines[0] == "loss = 1.0, step = 1"
-    assert len(lines) == 10 and lines[1].startswith("loss = 1.0, step = 11 (")
+    # the fetched global step is the one the step read (TF logs step = 0 first)
+    assert lines[0] == "loss = 1.0, step = 0"
+    assert len(lines) == 10 and lines[1].startswith("loss = 1.0, step = 10 (")
     assert lines[1].endswith(" sec)")
 
 
@@ -87,7 +88,8 @@ def test_estimator_default_hooks_fetch_once_per_log_step_count_steps(tmp_path, c
     assert all(names == ["global_step", "loss"] for names in count_to_host)
     lines = [r.getMessage() for r in caplog.records if r.name == HOOKS_LOG
              and r.getMessage().startswith("loss = ")]
-    assert [int(line.split("step = ")[1].split()[0]) for line in lines] == list(range(1, 100, 10))
+    # TF's lines: the step each logged step read, before its update
+    assert [int(line.split("step = ")[1].split()[0]) for line in lines] == list(range(0, 100, 10))
 
 
 def test_logging_hook_list_tags_formatter_and_at_end(caplog):
@@ -163,7 +165,7 @@ def test_hooks_given_tensors_in_a_model_fn_see_each_steps_values(tmp_path, caplo
     with caplog.at_level(logging.INFO):
         e.train(regression_input_fn(), steps=NAN_AT - 1)
     losses = [v["loss"] for v in logged]
-    assert [v["step"] for v in logged] == list(range(1, NAN_AT))
+    assert [v["step"] for v in logged] == list(range(NAN_AT - 1))   # as TF fetches it
     assert len(set(losses)) == len(losses)   # each step's own
     maes = [v["mae"] for v in logged]
     assert maes[0] != maes[-1]

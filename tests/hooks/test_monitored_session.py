@@ -54,7 +54,8 @@ def test_fetches_by_name_structure_and_host_values():
     with session([rec]) as sess:
         sess.run(step, 3.0)
     r = rec.results[0]
-    assert r["l"] == 3.0 and r["both"] == [1, 6.0] and list(r["o"]) == [0, 1, 2]
+    # global_step as TF's fetch reads it: the step's, before its update
+    assert r["l"] == 3.0 and r["both"] == [0, 6.0] and list(r["o"]) == [0, 1, 2]
     assert isinstance(r["l"], float)
 
 
