@@ -190,11 +190,7 @@ class Estimator:
             checkpoint.restore_rng(state["rng"])
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
                                           restore_path=latest), None
-        seed = self._config.tf_random_seed
-        if seed is not None:
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.manual_seed(seed)
+        _seed(self._config.tf_random_seed)
         warm = _WarmStarter(self._warm_start_settings) if self._warm_start_settings else None
         scope = model_scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm)
         step = warm.global_step() if warm is not None else None
@@ -277,8 +273,19 @@ class Estimator:
         """Evaluate a checkpoint (the latest by default) over `steps` batches or
         the whole input; returns `loss`, `global_step` and every metric."""
         steps = _checks.steps(steps, "steps")
-        path = self._require_checkpoint(checkpoint_path, "evaluate")
         strategy = self._config.eval_distribute or distribute.get_strategy()
+        path = None
+        if checkpoint_path is not None or self.latest_checkpoint() is not None:
+            path = self._require_checkpoint(checkpoint_path, "evaluate")
+        elif strategy.num_replicas_in_sync > 1:   # each draws a model of its own
+            raise ValueError(
+                f"Could not find a trained model in model_dir {self._model_dir!r} to evaluate: "
+                f"the initial model is evaluated on one replica, not on "
+                f"{strategy.num_replicas_in_sync} (eval_distribute); train first, or pass "
+                "checkpoint_path")
+        else:   # TF evaluates the initialization (seeded as training would start it)
+            logger.warning("Could not find trained model in model_dir: %s, running "
+                           "initialization to evaluate.", self._model_dir)
         user_hooks = check_hooks(hooks)
         return _run(strategy, self._evaluate, user_hooks,   # sharded over replicas: rank 0's
                     strategy, input_fn, steps, user_hooks, path, name)
@@ -293,12 +300,21 @@ class Estimator:
 
     def _evaluate(self, strategy, input_fn, steps, user_hooks, path, name, state=None):
         """The body of `evaluate`, in this process or on each replica; of the
-        checkpoint at `path`, or of `state` (a ModelScope's) when given."""
+        checkpoint at `path`, of `state` (a ModelScope's) when given, else of
+        the initial model (seeded by `tf_random_seed` as training would seed
+        it; the random state is left as it was)."""
+        if path is None and state is None:
+            with checkpoint.rng_preserved():
+                _seed(self._config.tf_random_seed)
+                return self._evaluate(strategy, input_fn, steps, user_hooks, path, name,
+                                      state={})
         scope = model_scope.ModelScope(ModeKeys.EVAL, strategy,
-                                       restore=checkpoint.load(path) if state is None else state,
+                                       restore=checkpoint.load(path) if state is None
+                                       else state or None,
                                        restore_path=path or "the training's state")
-        logger.info("Starting evaluation of %s", path or
-                    f"the training's state at global step {scope.global_step}")
+        logger.info("Starting evaluation of %s", path or (
+            f"the training's state at global step {scope.global_step}" if state
+            else "the initial model"))
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.EVAL, strategy)
             call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.EVAL)
@@ -480,6 +496,14 @@ def _run(strategy, body: Callable, shared: list, *args):
     for obj, state in zip(shared, states or ()):
         obj.__dict__.update(state)
     return result
+
+
+def _seed(seed: Optional[int]) -> None:
+    """RunConfig.tf_random_seed: Python's, numpy's and torch's generators."""
+    if seed is not None:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
 
 
 def _outcome(result, shared: list) -> tuple:

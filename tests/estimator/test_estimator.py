@@ -85,11 +85,6 @@ def test_evaluate_steps_limits_batches(tmp_path):
     assert len(seen) <= 4
 
 
-def test_evaluate_without_checkpoint_is_an_error(tmp_path):
-    with pytest.raises(ValueError, match="Could not find a trained model"):
-        make(tmp_path).evaluate(regression_input_fn(repeat=False))
-
-
 def test_named_checkpoint_that_does_not_exist_is_an_error(tmp_path):
     e = make(tmp_path)
     e.train(regression_input_fn(), steps=2)

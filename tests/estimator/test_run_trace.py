@@ -16,6 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import distribute
 import estimator as est
 from paths import FIXTURES
 
@@ -199,3 +200,46 @@ def test_a_hooks_fetched_global_step_and_the_logged_steps_are_tfs(tmp_path, capl
     logged = [int(r.getMessage().split("step = ")[1].split()[0]) for r in caplog.records
               if r.getMessage().startswith("loss = ")]
     assert logged == recorded["logged_steps"]
+
+
+class FetchesLoss(est.SessionRunHook):
+    def __init__(self):
+        self.losses = []
+
+    def before_run(self, run_context):
+        return est.SessionRunArgs("loss")
+
+    def after_run(self, run_context, run_values):
+        self.losses.append(run_values.results)
+
+
+def test_evaluate_before_training_evaluates_the_model_training_starts_from(tmp_path, caplog):
+    """TF evaluates the initialization when model_dir has no checkpoint (a
+    baseline before training); here it was an error."""
+    first_batch = [next(input_fn()())]
+    e = est.Estimator(model_fn, config=config(tmp_path))
+    rng = torch.get_rng_state()
+    with caplog.at_level("WARNING"):
+        result = e.evaluate(lambda: first_batch)
+    assert "running initialization to evaluate" in caplog.text
+    assert torch.equal(torch.get_rng_state(), rng)      # the caller's stream untouched
+    recorded = TF["evaluate_without_checkpoint"]
+    assert sorted(result) == recorded["keys"] and result["global_step"] == 0
+    events = EventAccumulator(str(tmp_path / "eval"))
+    events.Reload()
+    assert [s.step for s in events.Scalars("loss")] == recorded["steps"] == [0]
+    losses = FetchesLoss()
+    e.train(input_fn(), max_steps=1, hooks=[losses])     # seeded alike: the same model
+    assert losses.losses == [pytest.approx(result["loss"], rel=1e-6)]
+
+
+def test_evaluate_before_training_on_replicas_is_refused(tmp_path):
+    """Each replica would build an initial model of its own (only training's
+    wrap makes them rank 0's): refused before any replica starts."""
+    strategy = distribute.MirroredStrategy(["cpu:0", "cpu:1"])
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path), tf_random_seed=1,
+                                                     eval_distribute=strategy))
+    with pytest.raises(ValueError, match=r"the initial model is evaluated on one replica, not "
+                                         r"on 2 \(eval_distribute\); train first"):
+        e.evaluate(lambda: [next(input_fn()())])
+    assert not os.path.exists(tmp_path / "eval")
