@@ -709,10 +709,16 @@ class _CollectiveExtended(StrategyExtended):
         is at a collective, not past the end of its shard (one flag each)."""
         if self._group is None or mode == _TRAIN:
             return True
-        if self._training or mode == _PREDICT:
+        if self._model_fn_alone(mode):
             return False
         self._agree_on_evaluation_collective(_AT_COLLECTIVE)
         return True
+
+    def _model_fn_alone(self, mode: str) -> bool:
+        """Whether a model_fn called in `mode` runs on this replica alone: the
+        chief's evaluation inside training, a prediction."""
+        return self._group is not None and mode != _TRAIN and (
+            self._training or mode == _PREDICT)
 
     def _agree_on_evaluation_collective(self, kind: float) -> None:
         """In a sharded evaluation, before the model_fn's collectives and the

@@ -277,6 +277,11 @@ class StrategyExtended:
         runs across the replicas (else on this replica alone)."""
         return True
 
+    def _model_fn_alone(self, mode: str) -> bool:
+        """Whether a model_fn called in `mode` runs on this replica alone
+        (its context then counts one replica); no collective is made."""
+        return False
+
     def _replica_id(self) -> int:
         return 0
 
@@ -433,6 +438,10 @@ class ReplicaContext:
 
     @property
     def num_replicas_in_sync(self) -> int:
+        """The strategy's; 1 in a model_fn running on this replica alone (the
+        chief's evaluation inside training), whose all_reduce is its own."""
+        if self._mode is not None and self.strategy.extended._model_fn_alone(self._mode):
+            return 1
         return self.strategy.num_replicas_in_sync
 
     def all_reduce(self, reduce_op, value, options=None):

@@ -709,14 +709,15 @@ def test_a_model_fn_runs_in_its_replica_context(tmp_path, kind):
 
 def _counting_model_fn(features, labels, mode):
     """An all_reduce in the model_fn: the examples of the step on every
-    replica, as an eval metric."""
-    seen = distribute.get_replica_context().all_reduce(
-        "SUM", torch.tensor(float(len(labels))))
+    replica, and the mean batch over the replicas, as eval metrics."""
+    ctx = distribute.get_replica_context()
+    seen = ctx.all_reduce("SUM", torch.tensor(float(len(labels))))
     dense = est.get_module("dense", lambda: torch.nn.Linear(3, 1))
     loss = torch.nn.functional.mse_loss(dense(features["x"]), labels)
     return est.EstimatorSpec(mode, loss=loss, eval_metric_ops={
-        "seen": est.metrics.mean(seen)}, train_op=est.get_optimizer(
-            lambda p: torch.optim.SGD(p, lr=0.01)))
+        "seen": est.metrics.mean(seen),
+        "mean_batch": est.metrics.mean(seen / ctx.num_replicas_in_sync)},
+        train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.01)))
 
 
 def test_a_model_fn_collective_in_the_chiefs_evaluation_inside_training_stays_on_it(
@@ -732,6 +733,8 @@ def test_a_model_fn_collective_in_the_chiefs_evaluation_inside_training_stays_on
         est.EvalSpec(lambda: batches(n=40, batch_size=16, seed=1), throttle_secs=0))
     assert metrics["global_step"] == 2
     assert metrics["seen"] == pytest.approx(40 / 3)   # batches of 16, 16 and 8
+    # one replica in sync there: the all_reduce's sum over it (before: halved)
+    assert metrics["mean_batch"] == pytest.approx(40 / 3)
 
 
 def test_a_model_fn_collective_past_a_replicas_shard_is_named(tmp_path):
@@ -744,7 +747,8 @@ def test_a_model_fn_collective_past_a_replicas_shard_is_named(tmp_path):
     e = est.Estimator(_counting_model_fn, config=est.RunConfig(
         model_dir=str(tmp_path), train_distribute=strategy, eval_distribute=strategy))
     e.train(lambda: batches(n=64, batch_size=16), steps=1)
-    assert e.evaluate(lambda: batches(n=64, batch_size=16))["seen"] == 32.0
+    result = e.evaluate(lambda: batches(n=64, batch_size=16))
+    assert result["seen"] == 32.0 and result["mean_batch"] == 16.0
     with pytest.raises(RuntimeError, match=r"An all_reduce or all_gather in model_fn during "
                                            r"evaluation was reached after replica 1 \(cpu:1\) "
                                            r"had evaluated all of its shard: .*\(a multiple of "
