@@ -716,9 +716,10 @@ class _CollectiveExtended(StrategyExtended):
 
     def _model_fn_alone(self, mode: str) -> bool:
         """Whether a model_fn called in `mode` runs on this replica alone: the
-        chief's evaluation inside training, a prediction."""
-        return self._group is not None and mode != _TRAIN and (
-            self._training or mode == _PREDICT)
+        chief's evaluation inside training; a prediction (in the caller's
+        process, as TF's Estimator predicts without the strategy)."""
+        return mode == _PREDICT or (self._group is not None and mode != _TRAIN
+                                    and self._training)
 
     def _agree_on_evaluation_collective(self, kind: float) -> None:
         """In a sharded evaluation, before the model_fn's collectives and the

@@ -682,6 +682,8 @@ def _replica_context_model_fn(features, labels, mode, params):
         json.dump([ctx.num_replicas_in_sync, total.item(),
                    distribute.in_cross_replica_context()], f)
     dense = est.get_module("dense", lambda: torch.nn.Linear(3, 1))
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"y": dense(features["x"])})
     loss = torch.nn.functional.mse_loss(dense(features["x"]), labels)
     return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
         lambda p: torch.optim.SGD(p, lr=0.01 * ctx.num_replicas_in_sync)))
@@ -705,6 +707,12 @@ def test_a_model_fn_runs_in_its_replica_context(tmp_path, kind):
         for replica in range(n):
             with open(out / f"{mode}-{replica}") as f:
                 assert json.load(f) == [n, float(n), False], (mode, replica)
+    # predict runs in this process, as TF's Estimator predicts without the
+    # strategy: one replica (before: said 2 while its all_reduce summed one)
+    assert len(list(e.predict(lambda: batches(n=16), yield_single_examples=False))) == 1
+    with open(out / "infer-0") as f:
+        assert json.load(f) == [1, 1.0, False]
+    assert not os.path.exists(out / "infer-1")
 
 
 def _counting_model_fn(features, labels, mode):
