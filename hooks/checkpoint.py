@@ -80,6 +80,8 @@ def _read_index(model_dir: str) -> Tuple[Optional[str], List[Tuple[str, float]]]
                 names.append(value.strip('"'))
             elif key == "all_model_checkpoint_timestamps":
                 stamps.append(float(value))
+            elif key == "last_preserved_timestamp":   # TF2's CheckpointManager writes it
+                continue
             else:
                 raise ValueError(f"{path}:{lineno}: unknown entry {key!r} in the checkpoint index")
     stamps += [0.0] * (len(names) - len(stamps))

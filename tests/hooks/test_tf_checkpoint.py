@@ -123,3 +123,24 @@ def test_estimator_inspect_reads_a_tf_model_dir(capsys):
     assert report["checkpoints"][0]["step"] == 20
     names = {v["name"]: v["shape"] for v in report["variables"]}
     assert names["linear/linear_model/education_X_occupation/weights"] == [100, 1]
+
+
+def test_estimator_inspect_reads_a_tf2_checkpoint_managers_dir(tmp_path, capsys):
+    """tf.train.CheckpointManager's index holds `last_preserved_timestamp`
+    (TF's CheckpointState): inspect crashed on it with a traceback."""
+    from estimator.experiment import cli
+    for ext in (".index", ".data-00000-of-00001"):
+        shutil.copy(_prefix("object") + ext, tmp_path / ("ckpt-2" + ext))
+    # as TF 2.15's CheckpointManager(max_to_keep=2) writes it after two saves
+    (tmp_path / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-2"\n'
+        'all_model_checkpoint_paths: "ckpt-1"\n'
+        'all_model_checkpoint_paths: "ckpt-2"\n'
+        "all_model_checkpoint_timestamps: 1795724711.6111345\n"
+        "all_model_checkpoint_timestamps: 1795724711.6170962\n"
+        "last_preserved_timestamp: 1795724710.5924592\n")
+    assert cli.main(["inspect", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["latest"] == str(tmp_path / "ckpt-2")
+    assert {v["name"] for v in report["variables"]} == set(GROUPS["object"]["variables"])
+    assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-2")
