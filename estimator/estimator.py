@@ -156,13 +156,15 @@ class Estimator:
             first = first[0]
             _check_parameters_in_scope(first.loss, scope)
             is_chief = self._is_chief(strategy)
-            all_hooks = (stop + user_hooks + self._default_worker_hooks()
-                         + list(first.training_hooks)
-                         + self._default_training_hooks(
-                             is_chief, listeners, user_hooks + list(first.training_hooks)
-                             + list(first.training_chief_hooks))
-                         + (list(first.training_chief_hooks) if is_chief else [])
-                         + progress_hooks("train", num_steps=steps, last_step=max_steps))
+            defaults = self._default_training_hooks(
+                is_chief, listeners,
+                user_hooks + list(first.training_hooks) + list(first.training_chief_hooks))
+            savers = [h for h in defaults if isinstance(h, hooks_lib.CheckpointSaverHook)]
+            all_hooks = _tf_hook_order(
+                savers + (list(first.training_chief_hooks) if is_chief else [])
+                + [h for h in defaults if h not in savers] + user_hooks + stop
+                + self._default_worker_hooks() + list(first.training_hooks)
+                + progress_hooks("train", num_steps=steps, last_step=max_steps))
             step = self._train_step_fn(batches, strategy, scope, call)
             last = first
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir,
@@ -496,6 +498,16 @@ def _run(strategy, body: Callable, shared: list, *args):
     for obj, state in zip(shared, states or ()):
         obj.__dict__.update(state)
     return result
+
+
+def _tf_hook_order(hooks: list) -> list:
+    """`hooks` (in TF's MonitoredTrainingSession order on the chief: the
+    checkpoint saver and chief-only hooks first, so a step's checkpoint, and
+    the evaluation a listener makes of it, are there when the user's hooks
+    see the step and end) with the NaN checks moved first: a diverged step
+    is known before a save (TF would save it)."""
+    nan = [h for h in hooks if isinstance(h, hooks_lib.NanTensorHook)]
+    return nan + [h for h in hooks if not isinstance(h, hooks_lib.NanTensorHook)]
 
 
 def _seed(seed: Optional[int]) -> None:

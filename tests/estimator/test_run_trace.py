@@ -175,28 +175,45 @@ def test_local_train_and_evaluate_without_checkpoints_is_tfs_error(tmp_path):
 
 
 class FetchesGlobalStep(est.SessionRunHook):
-    def __init__(self):
+    def __init__(self, model_dir):
         self.seen = []
+        self.checkpoints = []
+        self._model_dir = str(model_dir)
+
+    def _latest(self):
+        path = est.checkpoint.latest_checkpoint(self._model_dir)
+        return est.checkpoint.step_of(path) if path else None
 
     def before_run(self, run_context):
         return est.SessionRunArgs("global_step")
 
     def after_run(self, run_context, run_values):
         self.seen.append([run_values.results, run_context.session.global_step])
+        self.checkpoints.append(["after_run", self._latest()])
+
+    def end(self, session):
+        self.checkpoints.append(["end", self._latest()])
 
 
 def test_a_hooks_fetched_global_step_and_the_logged_steps_are_tfs(tmp_path, caplog):
     """TF's fetch of the global step reads it beside the train_op, before the
     update (0 on the first step; a ported hook adds 1, as TF's own do), and
     the Estimator logs `loss = ..., step = 0, 2, 4`; here both were a step
-    later."""
-    hook = FetchesGlobalStep()
-    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path), tf_random_seed=1,
-                                                     log_step_count_steps=2))
+    later. TF's saver runs before the user's hooks: a step's checkpoint, and
+    the final one at the end, are there when they look (here they were not:
+    a hook's `end` saw the checkpoint before the final one). Saves on the
+    step, as TF's: an asynchronous one (the default) is there once written."""
+    hook = FetchesGlobalStep(tmp_path)
+    e = est.Estimator(model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), tf_random_seed=1, log_step_count_steps=2,
+        save_checkpoints_steps=2, experimental_async_checkpoint=False))
     with caplog.at_level("INFO"):
         e.train(input_fn(), max_steps=5, hooks=[hook])
     recorded = TF["hook_fetches"]
     assert hook.seen == recorded["fetched_and_after"]
+    # (less TF's model.ckpt-0 of the session's start: none here yet)
+    assert hook.checkpoints == [[when, step or None]
+                                for when, step in recorded["checkpoints_seen"]]
     logged = [int(r.getMessage().split("step = ")[1].split()[0]) for r in caplog.records
               if r.getMessage().startswith("loss = ")]
     assert logged == recorded["logged_steps"]
