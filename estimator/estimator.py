@@ -20,7 +20,7 @@ import torch
 import distribute
 from distribute.launcher import in_replica_process
 import hooks as hooks_lib
-from hooks.monitored_session import training_hooks
+from hooks.monitored_session import nan_checks_first, training_hooks
 from hooks.preemption import TrainingPreempted
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
 from hooks.progress import progress_hooks
@@ -160,7 +160,10 @@ class Estimator:
                 is_chief, listeners,
                 user_hooks + list(first.training_hooks) + list(first.training_chief_hooks))
             savers = [h for h in defaults if isinstance(h, hooks_lib.CheckpointSaverHook)]
-            all_hooks = _tf_hook_order(
+            # TF's MonitoredTrainingSession order on the chief: the saver and
+            # chief-only hooks first, so a step's checkpoint (and a listener's
+            # evaluation of it) is there when the user's hooks see the step
+            all_hooks = nan_checks_first(
                 savers + (list(first.training_chief_hooks) if is_chief else [])
                 + [h for h in defaults if h not in savers] + user_hooks + stop
                 + self._default_worker_hooks() + list(first.training_hooks)
@@ -498,16 +501,6 @@ def _run(strategy, body: Callable, shared: list, *args):
     for obj, state in zip(shared, states or ()):
         obj.__dict__.update(state)
     return result
-
-
-def _tf_hook_order(hooks: list) -> list:
-    """`hooks` (in TF's MonitoredTrainingSession order on the chief: the
-    checkpoint saver and chief-only hooks first, so a step's checkpoint, and
-    the evaluation a listener makes of it, are there when the user's hooks
-    see the step and end) with the NaN checks moved first: a diverged step
-    is known before a save (TF would save it)."""
-    nan = [h for h in hooks if isinstance(h, hooks_lib.NanTensorHook)]
-    return nan + [h for h in hooks if not isinstance(h, hooks_lib.NanTensorHook)]
 
 
 def _seed(seed: Optional[int]) -> None:

@@ -452,6 +452,16 @@ def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
     return out
 
 
+def nan_checks_first(hooks: Iterable[SessionRunHook]) -> list:
+    """`hooks` in their order (TF's on the chief: checkpoint saver and
+    chief-only hooks before the others) but every NanTensorHook first, so a
+    diverged step is known before a save (TF would save it)."""
+    from .basic_session_run_hooks import NanTensorHook
+    hooks = list(hooks)
+    return ([h for h in hooks if isinstance(h, NanTensorHook)]
+            + [h for h in hooks if not isinstance(h, NanTensorHook)])
+
+
 _USE_DEFAULT = object()
 
 
@@ -496,13 +506,14 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
         logger.info("Restoring from %s", latest)
         checkpoint.restore_rng(state["rng"])
     scope = model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state, restore_path=latest)
-    all_hooks = list(hooks) + (list(chief_only_hooks) if is_chief else [])
-    all_hooks += training_hooks(
+    # TF's order on the chief: chief-only hooks, its own, then `hooks` (so a
+    # hook's `end` sees the final checkpoint)
+    all_hooks = (list(chief_only_hooks) if is_chief else []) + training_hooks(
         checkpoint_dir, is_chief, save_checkpoint_secs=save_checkpoint_secs,
         save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
         save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
-        keep_checkpoint_max=keep_checkpoint_max, summary_dir=summary_dir)
-    return MonitoredSession(scope, all_hooks, checkpoint_dir, is_chief)
+        keep_checkpoint_max=keep_checkpoint_max, summary_dir=summary_dir) + list(hooks)
+    return MonitoredSession(scope, nan_checks_first(all_hooks), checkpoint_dir, is_chief)
 
 
 def _merge_feeds(feeds: Optional[dict], feed_dict: dict) -> dict:

@@ -228,3 +228,41 @@ def test_time_passing_during_a_step_wakes_an_after_run_hook_that_step(tmp_path, 
     assert [e for e in log if e[0] == "after"] == [("after", "CheckpointSaverHook", 4)]
     saved = [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(str(tmp_path))]
     assert saved == [4, 6]               # as TF's after_run check saves: at the step itself
+
+
+class SeesCheckpoints(hooks.SessionRunHook):
+    """The newest checkpoint's step after each step and at the end."""
+
+    def __init__(self, model_dir):
+        self.model_dir, self.seen = model_dir, []
+
+    def _latest(self):
+        path = est.checkpoint.latest_checkpoint(self.model_dir)
+        return est.checkpoint.step_of(path) if path else None
+
+    def after_run(self, run_context, run_values):
+        self.seen.append(self._latest())
+
+    def end(self, session):
+        self.seen.append(("end", self._latest()))
+
+
+def test_monitored_training_session_runs_its_saver_before_the_users_hooks(tmp_path):
+    """TF's MonitoredTrainingSession on the chief: chief-only hooks and its
+    own (the saver) before `hooks`, so a hook's end sees the final checkpoint
+    (before: step 4's)."""
+    seen = SeesCheckpoints(str(tmp_path))
+    with hooks.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), save_checkpoint_steps=2,
+                                        hooks=[seen, hooks.StopAtStepHook(last_step=5)]) as sess:
+        net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+
+        def train_step():
+            loss = net(torch.ones(4, 2)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        while not sess.should_stop():
+            sess.run(train_step)
+    assert seen.seen[-1] == ("end", 5)
