@@ -9,7 +9,10 @@ import sys
 import threading
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
+
+from hooks.mode_keys import ModeKeys
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +37,42 @@ def call_input_fn(input_fn: Callable, mode: str, params: dict, config, input_con
     return input_fn(**kwargs)
 
 
-def iterate(dataset) -> Iterator:
+def iterate(dataset, mode: str = "") -> Iterator:
     """An iterator over what `input_fn` returned: any iterable of
     `(features, labels)` pairs, or of features alone for PREDICT (a
-    DataLoader, a generator, a list)."""
+    DataLoader, a generator, a list). One batch returned as a TF input_fn
+    returns its tensors (a dict, a tensor, a `(features, labels)` pair),
+    which iterating would take apart, is an error saying how to return it."""
+    one = _one_batch(dataset, mode)
+    if one:
+        raise ValueError(
+            f"input_fn returned {one}, as a TF input_fn returns the tensors of a batch; "
+            "here it returns an iterable of batches: `[batch]` for this one batch, "
+            "`itertools.repeat(batch)` for TF's same batch at every step, or "
+            "est.inputs.numpy_input_fn(x, y, batch_size=...) to batch arrays")
     try:
         iterator = iter(dataset)
     except TypeError:
         raise TypeError(f"input_fn must return an iterable of batches (a DataLoader, a "
                         f"generator, a list), got {type(dataset).__name__}") from None
     return iterator
+
+
+def _one_batch(dataset, mode: str) -> str:
+    """What `dataset` is if it is one batch rather than an iterable of them
+    ('' if not): a dict of features, a tensor or array (which would be read
+    row by row), or a (features, labels) pair."""
+    if isinstance(dataset, dict):
+        return f"a dict of features (keys {sorted(map(str, dataset))[:4]})"
+    if isinstance(dataset, (torch.Tensor, np.ndarray)):
+        return f"a {type(dataset).__name__} of shape {tuple(dataset.shape)}"
+    if isinstance(dataset, tuple) and len(dataset) == 2:
+        features, labels = dataset
+        pair = (isinstance(features, dict) and not isinstance(labels, dict)
+                if mode == ModeKeys.PREDICT else isinstance(features, (dict, torch.Tensor, np.ndarray)))
+        if pair:
+            return "a (features, labels) pair"
+    return ""
 
 
 def split_batch(batch, mode: str, predict: bool):

@@ -456,7 +456,7 @@ class Estimator:
         predict = mode == ModeKeys.PREDICT
 
         def read(dataset):   # moved to the device, by a read-ahead thread if asked
-            moved = map(to_device, _inputs.iterate(dataset))
+            moved = map(to_device, _inputs.iterate(dataset, mode))
             return _inputs.read_ahead(moved, depth) if depth else moved
         moved = strategy.extended.distribute_input(
             lambda context: _inputs.call_input_fn(input_fn, mode, self.params, self._config,

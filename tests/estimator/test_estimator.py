@@ -334,6 +334,31 @@ def test_input_fn_signatures_and_types(tmp_path):
         e.train(lambda: [{"x": x}], steps=1)
 
 
+
+def test_input_fn_returning_one_batch_as_tf_does_is_an_error_saying_how(tmp_path):
+    """A TF input_fn may return one batch's tensors: `(features, labels)`, a
+    features dict or tensor. Iterated, they came apart: the pair gave 'got dict',
+    a dict its keys as features, a tensor or array its rows one at a time
+    (predict gave an answer per row, each row without its batch dimension)."""
+    e = make(tmp_path)
+    x, y = regression_data(8)
+    one_pair = "returned a \\(features, labels\\) pair.*`\\[batch\\]`.*itertools.repeat"
+    for mode_call in (lambda fn: e.train(fn, steps=1), e.evaluate):
+        with pytest.raises(ValueError, match=one_pair):
+            mode_call(lambda: ({"x": x}, y))
+        with pytest.raises(ValueError, match=one_pair):
+            mode_call(lambda: (torch.tensor(x), torch.tensor(y)))
+    e.train(lambda: [({"x": x}, y)], steps=1)   # the fix the message gives
+    for features, what in [({"x": x}, r"a dict of features \(keys \['x'\]\)"),
+                           (torch.tensor(x), r"a Tensor of shape \(8, 3\)"),
+                           (x, r"a ndarray of shape \(8, 3\)"),
+                           (({"x": x}, y), "a \\(features, labels\\) pair")]:
+        with pytest.raises(ValueError, match="input_fn returned " + what):
+            list(e.predict(lambda: features))
+    # lists of batches stay lists of batches, two of them included
+    assert len(list(e.predict(lambda: [{"x": x}, {"x": x[:3]}]))) == 11
+    assert len(list(e.predict(lambda: ({"x": x}, {"x": x[:3]})))) == 11
+
 def test_no_model_dir_uses_a_temporary_one(caplog):
     with caplog.at_level("WARNING"):
         e = est.Estimator(regression_model_fn)
