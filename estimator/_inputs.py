@@ -68,8 +68,10 @@ def _one_batch(dataset, mode: str) -> str:
         return f"a {type(dataset).__name__} of shape {tuple(dataset.shape)}"
     if isinstance(dataset, tuple) and len(dataset) == 2:
         features, labels = dataset
-        pair = (isinstance(features, dict) and not isinstance(labels, dict)
-                if mode == ModeKeys.PREDICT else isinstance(features, (dict, torch.Tensor, np.ndarray)))
+        if mode == ModeKeys.PREDICT:   # (two feature batches are two dicts)
+            pair = isinstance(features, dict) and not isinstance(labels, dict)
+        else:   # (a batch is a pair: a dict or tensor is not one)
+            pair = isinstance(features, (dict, torch.Tensor, np.ndarray))
         if pair:
             return "a (features, labels) pair"
     return ""
