@@ -6,6 +6,7 @@ applies gradients -> the session loop runs the hooks.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -25,6 +26,7 @@ from hooks.preemption import TrainingPreempted
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
 from hooks.progress import progress_hooks
 from hooks.summary_hooks import write_dict_to_summary
+from hooks.training_lock import TrainingLock
 
 from hooks import model_scope
 
@@ -139,8 +141,15 @@ class Estimator:
              strategy, input_fn, user_hooks, steps, max_steps, listeners)
         return self
 
-    def _train(self, strategy, input_fn, user_hooks, steps, max_steps, listeners):
-        """The body of `train`, in this process or on each replica."""
+    def _train(self, strategy, *args):
+        """The body of `train`, in this process or on each replica; the chief
+        holds its model_dir's training lock (hooks.training_lock) from before
+        it restores until its last save."""
+        with (TrainingLock(self._model_dir) if self._is_chief(strategy)
+              else contextlib.nullcontext()):
+            return self._train_held(strategy, *args)
+
+    def _train_held(self, strategy, input_fn, user_hooks, steps, max_steps, listeners):
         scope, warm = self._training_scope(strategy)
         stop = [hooks_lib.StopAtStepHook(num_steps=steps, last_step=max_steps)] \
             if steps is not None or max_steps is not None else []

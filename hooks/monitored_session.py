@@ -31,6 +31,7 @@ from .mode_keys import ModeKeys
 from .session_run_hook import (NEVER, SessionRunArgs, SessionRunContext, SessionRunHook,
                                SessionRunValues, check_hooks)
 from .summary_hooks import SummaryWriterCache
+from .training_lock import TrainingLock
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class MonitoredSession:
         self._wake_step = self._wake_run = self._wake_time = NEVER
         self._stop = False
         self._entered = False
+        self._lock = None   # MonitoredTrainingSession's model_dir lock, released at the end
 
     # -- context -------------------------------------------------------------
     def __enter__(self) -> "MonitoredSession":
@@ -202,6 +204,8 @@ class MonitoredSession:
             self._strategy_scope.__exit__(None, None, None)
             self._scope.__exit__(None, None, None)
         self._preemption.__exit__()
+        if self._lock is not None:
+            self._lock.release()
 
     # -- the loop ------------------------------------------------------------
     @property
@@ -501,6 +505,9 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
     strategy = strategy or distribute.get_strategy()
     if is_chief is None:
         is_chief = strategy.extended.should_checkpoint
+    # the chief trains into checkpoint_dir alone (hooks.training_lock),
+    # from before it restores until the session ends
+    lock = TrainingLock(checkpoint_dir) if is_chief and checkpoint_dir else None
     latest, state = checkpoint.restore_latest(checkpoint_dir)
     if latest:
         logger.info("Restoring from %s", latest)
@@ -513,7 +520,9 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
         save_checkpoint_steps=save_checkpoint_steps, save_summaries_steps=save_summaries_steps,
         save_summaries_secs=save_summaries_secs, log_step_count_steps=log_step_count_steps,
         keep_checkpoint_max=keep_checkpoint_max, summary_dir=summary_dir) + list(hooks)
-    return MonitoredSession(scope, nan_checks_first(all_hooks), checkpoint_dir, is_chief)
+    session = MonitoredSession(scope, nan_checks_first(all_hooks), checkpoint_dir, is_chief)
+    session._lock = lock
+    return session
 
 
 def _merge_feeds(feeds: Optional[dict], feed_dict: dict) -> dict:

@@ -1,0 +1,149 @@
+"""One trainer per model_dir: the chief holds a lock on its model_dir while it
+trains (TF has none: two jobs launched on one model_dir, or a restarted chief
+whose old process still runs, silently overwrite each other's checkpoints and
+summaries, and a resume mixes their states).
+
+The lock is a POSIX record lock on `model_dir/.training.lock`, a file that
+names its holder and is removed when training ends: released by the system
+when the holder dies, kill -9 included (the file then stays behind, unlocked),
+not inherited by forked children (DataLoader workers), and honoured over NFS.
+A second trainer waits up to `WAIT_SECS` (for a preempted chief finishing its
+save, a terminating pod), then fails naming the holder.
+Where locks are unsupported (a filesystem without them, no `fcntl`),
+training goes on with a warning.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import time
+import weakref
+from typing import Optional
+
+try:
+    import fcntl
+except ImportError:   # (no POSIX locks: train without one)
+    fcntl = None
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".training.lock"
+WAIT_SECS = 60.0    # the longest a second trainer waits for the first to end
+_POLL_SECS = 0.2
+_held: set = set()   # the lock files this process holds (their real paths)
+
+
+class TrainingLock:
+    """The lock on `model_dir`, held from construction (after waiting for
+    another holder, up to `wait_secs`) until `release()` (or until this
+    object is collected)."""
+
+    def __init__(self, model_dir: str, wait_secs: Optional[float] = None):
+        self.model_dir = model_dir
+        self._fd = _acquire(model_dir, WAIT_SECS if wait_secs is None else wait_secs)
+        self._finalizer = weakref.finalize(self, _release, model_dir, self._fd)
+
+    @property
+    def held(self) -> bool:
+        return self._finalizer.alive and self._fd is not None
+
+    def release(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> "TrainingLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _release(model_dir: str, fd: Optional[int]) -> None:
+    if fd is None:
+        return
+    path = os.path.join(model_dir, LOCK_FILE)
+    _held.discard(os.path.realpath(path))
+    try:   # removed while held, so a waiter that then locks it sees it gone (_acquire)
+        os.unlink(path)
+    except OSError:   # (model_dir removed)
+        pass
+    os.close(fd)   # (the lock goes with the descriptor)
+
+
+def _acquire(model_dir: str, wait_secs: float) -> Optional[int]:
+    """The descriptor holding the lock; None where no lock can be taken or
+    this process holds it already (a POSIX lock is the process's: a second
+    descriptor's close would release it)."""
+    if fcntl is None:
+        return None
+    path = os.path.join(model_dir, LOCK_FILE)
+    if os.path.realpath(path) in _held:
+        return None
+    deadline = time.monotonic() + wait_secs
+    waiting = False
+    while True:
+        try:
+            os.makedirs(model_dir, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            _unlocked(model_dir, e)
+            return None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                os.close(fd)
+                _unlocked(model_dir, e)
+                return None
+        else:
+            if _same_file(fd, path):
+                break
+            os.close(fd)   # locked as its holder removed it: take the new one
+            continue
+        holder = _holder(fd)
+        os.close(fd)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"model_dir {model_dir} is being trained by another process ({holder}), "
+                f"still after {wait_secs:g} s: two trainers writing one model_dir overwrite "
+                f"each other's checkpoints. Stop that process, or train into another "
+                f"model_dir ({path} names the holder)")
+        if not waiting:
+            waiting = True
+            logger.warning("model_dir %s is being trained by another process (%s): waiting "
+                           "up to %g s for it to end", model_dir, holder, wait_secs)
+        time.sleep(_POLL_SECS)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (f"pid {os.getpid()} on {socket.gethostname()} since "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n").encode(), 0)
+    except OSError:   # (a full disk: the lock holds all the same)
+        pass
+    if waiting:
+        logger.warning("model_dir %s: the other process ended; training", model_dir)
+    _held.add(os.path.realpath(path))
+    return fd
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (on_disk.st_ino, on_disk.st_dev) == (held.st_ino, held.st_dev)
+
+
+def _holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "holder unknown"
+
+
+def _unlocked(model_dir: str, error: OSError) -> None:
+    logger.warning("Training into %s without a lock (%s): another process training into it "
+                   "at the same time would not be noticed", model_dir, error)
