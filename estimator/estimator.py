@@ -205,8 +205,15 @@ class Estimator:
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
                                           restore_path=latest), None
         _seed(self._config.tf_random_seed)
+        return self._initial_scope(ModeKeys.TRAIN, strategy)
+
+    def _initial_scope(self, mode: str, strategy) -> tuple:
+        """(scope, warm starter or None) of the model before any training, as
+        TF builds it with no checkpoint in model_dir: warm-started by
+        `warm_start_from` (in training, and as TF's _maybe_warm_start in
+        evaluate, predict and export), initial values elsewhere."""
         warm = _WarmStarter(self._warm_start_settings) if self._warm_start_settings else None
-        scope = model_scope.ModelScope(ModeKeys.TRAIN, strategy, warm_start=warm)
+        scope = model_scope.ModelScope(mode, strategy, warm_start=warm)
         step = warm.global_step() if warm is not None else None
         if step is not None:
             scope.global_step = step
@@ -322,13 +329,15 @@ class Estimator:
                 _seed(self._config.tf_random_seed)
                 return self._evaluate(strategy, input_fn, steps, user_hooks, path, name,
                                       state={})
-        scope = model_scope.ModelScope(ModeKeys.EVAL, strategy,
-                                       restore=checkpoint.load(path) if state is None
-                                       else state or None,
-                                       restore_path=path or "the training's state")
-        logger.info("Starting evaluation of %s", path or (
-            f"the training's state at global step {scope.global_step}" if state
-            else "the initial model"))
+        if path is None and not state:   # the initial model, warm-started if asked
+            scope, warm = self._initial_scope(ModeKeys.EVAL, strategy)
+            what = "the initial model" + (f" warm-started from {warm.path}" if warm else "")
+        else:
+            scope = model_scope.ModelScope(ModeKeys.EVAL, strategy,
+                                           restore=checkpoint.load(path) if state is None
+                                           else state, restore_path=path or "the training's state")
+            what = path or f"the training's state at global step {scope.global_step}"
+        logger.info("Starting evaluation of %s", what)
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.EVAL, strategy)
             call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.EVAL)
@@ -383,8 +392,9 @@ class Estimator:
         keys = [predict_keys] if isinstance(predict_keys, str) else predict_keys
         user_hooks = check_hooks(hooks)
         strategy = self._config.eval_distribute or distribute.get_strategy()
-        state = checkpoint.load(path) if path else None
-        scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state, restore_path=path)
+        scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=checkpoint.load(path),
+                                       restore_path=path) if path else \
+            self._initial_scope(ModeKeys.PREDICT, strategy)[0]
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.PREDICT, strategy)
             call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.PREDICT)

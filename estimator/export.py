@@ -520,15 +520,19 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         raise TypeError(f"serving_input_receiver_fn must be callable, got "
                         f"{serving_input_receiver_fn!r}")
     path = checkpoint.resolve(checkpoint_path) if checkpoint_path else estimator.latest_checkpoint()
-    if path is None:
+    if path is None and estimator._warm_start_settings is None:
         raise ValueError(f"Couldn't find trained model at {estimator.model_dir}.")
     receiver = serving_input_receiver_fn()
     if not isinstance(receiver, ServingInputReceiver):
         raise TypeError(f"serving_input_receiver_fn must return a ServingInputReceiver, got "
                         f"{type(receiver).__name__}")
     strategy = distribute.OneDeviceStrategy("cpu")
-    scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=checkpoint.load(path),
-                                   restore_path=path)
+    if path is not None:
+        scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=checkpoint.load(path),
+                                       restore_path=path)
+    else:   # TF exports what it warm-starts from when model_dir has no checkpoint
+        scope, warm = estimator._initial_scope(ModeKeys.PREDICT, strategy)
+        path = warm.path
     call = model_fn_caller(estimator.model_fn, estimator.params, estimator.config)
     transform = None
     any_size = {n: dims for n, t in receiver.receiver_tensors.items()

@@ -311,6 +311,29 @@ def test_resume_wins_over_warm_start(tmp_path, caplog):
     assert e.get_variable_value("global_step") == 4
 
 
+def test_warm_start_applies_to_predict_evaluate_and_export_before_any_training(tmp_path):
+    """TF's evaluate, predict and export warm-start when model_dir has no
+    checkpoint (_maybe_warm_start; the export is of the warm-start
+    checkpoint). They used the initial model, and the export raised."""
+    src = make(tmp_path, "src")
+    src.train(regression_input_fn(), steps=20)
+    e = est.Estimator(regression_model_fn, model_dir=str(tmp_path / "d"), params={"lr": 0.1},
+                      warm_start_from=src.model_dir)
+    x, _ = regression_data(8)
+    want = np.stack([p["y"] for p in src.predict(lambda: [{"x": x}])])
+    np.testing.assert_allclose(np.stack([p["y"] for p in e.predict(lambda: [{"x": x}])]), want)
+    data = regression_input_fn(repeat=False)
+    got = e.evaluate(data)
+    assert got["loss"] == pytest.approx(src.evaluate(data)["loss"], rel=1e-6)
+    assert got["global_step"] == 0   # (as TF: the step is not warm-started)
+    export_dir = e.export_saved_model(str(tmp_path / "export"),
+                                      est.export.build_raw_serving_input_receiver_fn(
+                                          {"x": torch.zeros(1, 3)}))
+    served = est.export.load(export_dir).signatures["serving_default"](x=torch.tensor(x))
+    np.testing.assert_allclose(served["y"].numpy(), want, rtol=1e-6)
+    assert e.latest_checkpoint() is None
+
+
 # -- inputs -----------------------------------------------------------------------
 def test_input_fn_signatures_and_types(tmp_path):
     e = make(tmp_path)

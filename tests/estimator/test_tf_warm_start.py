@@ -49,6 +49,26 @@ def test_warm_started_from_tf_predicts_what_tf_predicted(name, tmp_path):
     np.testing.assert_allclose(got, np.array(recorded["probabilities"]), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", sorted(TF["canned"]))
+def test_before_any_training_predict_and_evaluate_are_warm_started_as_tf(name, tmp_path):
+    """TF's predict and evaluate warm-start when model_dir has no checkpoint
+    (_maybe_warm_start): a warm-started estimator answers with TF's weights
+    before training. They used the initial model (accuracy of chance)."""
+    estimator = _build(name, str(tmp_path), os.path.dirname(
+        os.path.join(FIXTURES, TF["canned"][name]["prefix"])))
+    features, labels = make_census(TF_EVAL["rows"], TF_EVAL["seed"])
+    rows = {k: v[:8] for k, v in make_census(200, 1)[0].items()}
+    got = np.stack([p["probabilities"] for p in estimator.predict(lambda: [(rows, None)])])
+    np.testing.assert_allclose(got, np.array(TF["canned"][name]["probabilities"]),
+                               rtol=1e-5, atol=1e-6)
+    got = estimator.evaluate(lambda: batches(features, labels, TF_EVAL["batch_size"]))
+    assert got["global_step"] == 0
+    for metric, value in TF_EVAL["metrics"][name].items():
+        if metric != "global_step":
+            assert got[metric] == pytest.approx(value, rel=1e-5, abs=1e-6), metric
+    assert estimator.latest_checkpoint() is None
+
+
 @pytest.mark.parametrize("key", sorted(TF_EVAL["metrics"]))
 def test_evaluation_from_tfs_weights_gives_tfs_metrics(key, tmp_path):
     """Every metric TF's evaluate reported, on uneven batches (32 x 6 and 11),
