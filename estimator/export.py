@@ -510,6 +510,15 @@ def _varying_dims(program, module, inputs: dict, outputs, any_size: dict) -> dic
             for name, t in before.items() if isinstance(t, torch.Tensor)}
 
 
+def _host_code(error: Exception) -> bool:
+    """Whether torch.export failed on host code in the traced path (values
+    read into Python or numpy), rather than on a shape."""
+    text = str(error)
+    return any(sign in text for sign in (
+        "not supported for tensor subclasses", "FakeTensor", "data-dependent",
+        "GuardOnDataDependentSymNode"))
+
+
 def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_fn: Callable,
                        assets_extra: Optional[dict] = None, as_text: bool = False,
                        checkpoint_path: Optional[str] = None) -> str:
@@ -571,9 +580,19 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
             program = torch.export.export(module, (), dict(trace_inputs),
                                           dynamic_shapes=dynamic_shapes)
         except Exception as e:
-            hint = (" If model_fn depends on the batch size, export a fixed one with "
-                    "build_raw_serving_input_receiver_fn(..., default_batch_size=N) or "
-                    "ServingInputReceiver(..., dynamic_batch=False)." if dynamic else "")
+            if _host_code(e):
+                hint = (" model_fn's PREDICT path computes on a tensor's values in Python or "
+                        "numpy (`.numpy()`, `.item()`, `.tolist()`, a shape that depends on "
+                        "the values), which torch.export cannot trace. Feature columns on "
+                        "integer ids or strings run on the host when the receiver takes rows: "
+                        "build_raw_serving_input_receiver_fn({'x': [[...]]}) (a list of rows), "
+                        "or build_parsing_serving_input_receiver_fn(spec).")
+            elif dynamic:
+                hint = (" If model_fn depends on the batch size, export a fixed one with "
+                        "build_raw_serving_input_receiver_fn(..., default_batch_size=N) or "
+                        "ServingInputReceiver(..., dynamic_batch=False).")
+            else:
+                hint = ""
             if any_size:
                 hint += (f" A placeholder's dimension given as None ({_named_dims(any_size)})"
                          f" must stay of any size in model_fn's PREDICT path; give its size "

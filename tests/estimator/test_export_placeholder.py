@@ -162,3 +162,25 @@ def test_a_placeholder_is_zeros_of_its_shape_with_the_batch_at_two_rows():
     t = est.export.placeholder(torch.int64, [None, None, 3])
     assert t.dtype == torch.int64 and t.shape == (2, 8, 3) and not t.any()
     assert est.export.placeholder(shape=[5, 4]).shape == (5, 4)
+
+
+def test_ids_for_a_categorical_column_export_as_rows_and_a_tensor_says_so(tmp_path):
+    """A canned estimator on an integer identity column (padded word ids): the
+    port of TF's `placeholder(tf.int64, [None, 5])` as a tensor cannot be traced
+    (the column reads the ids on the host); the error says to give rows, which
+    export and serve predict's logits. The error's only hint was the batch size."""
+    column = est.feature_column.categorical_column_with_identity("x", 10)
+    e = est.LinearClassifier([column], model_dir=str(tmp_path / "m"))
+    x = np.random.RandomState(0).randint(0, 10, (32, 5))
+    e.train(lambda: [({"x": x}, (x[:, 0] > 4).astype(np.int64))], steps=1)
+    with pytest.raises(ValueError, match=r"torch.export could not trace.*computes on a "
+                       r"tensor's values.*a list of rows") as raised:
+        e.export_saved_model(str(tmp_path / "e"), est.export.build_raw_serving_input_receiver_fn(
+            {"x": torch.zeros(1, 5, dtype=torch.int64)}))
+    assert "batch size" not in str(raised.value)
+    export_dir = e.export_saved_model(str(tmp_path / "e"),
+                                      est.export.build_raw_serving_input_receiver_fn(
+                                          {"x": [[0, 1, 2, 3, 4]]}))
+    served = est.export.load(export_dir).signatures["predict"](x=x[:3].tolist())
+    expected = [p["logits"] for p in e.predict(lambda: [{"x": x[:3]}])]
+    np.testing.assert_allclose(served["logits"].numpy(), np.stack(expected), rtol=1e-6)
