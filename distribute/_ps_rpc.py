@@ -37,8 +37,10 @@ names the ps task and its address.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+import os
 import threading
 import time
 import urllib.parse
@@ -72,7 +74,45 @@ def _construct_options(rpc_timeout, init_method, **kwargs):
 def _init_agent(store, name, rank, world_size, rpc_backend_options):
     """TensorPipe's own agent in a dynamic group, minus the join handshake
     with every member (see the module docstring)."""
-    return rpc.TensorPipeAgent(store, name, rank, world_size, rpc_backend_options, {}, [])
+    with _join_token(store, name):
+        return rpc.TensorPipeAgent(store, name, rank, world_size, rpc_backend_options, {}, [])
+
+
+_JOIN_TOKEN = "ps/join_token"
+_STALE_TOKEN_SECS = 30.0
+
+
+@contextlib.contextmanager
+def _join_token(store, name: str):
+    """Hold the group's join token while the agent adds its name to the
+    group's list in the store, as torch's stock dynamic join does: the list
+    is read, extended and written back, so two agents starting at once
+    (ps 0 and ps 1) could each write it without the other, and a trainer
+    would then not find that ps. A token held past `_STALE_TOKEN_SECS` (its
+    holder died while joining) is taken over."""
+    me = f"{name} (pid {os.getpid()})"
+    start = since = time.monotonic()
+    holder, said = None, False
+    while True:
+        got = store.compare_set(_JOIN_TOKEN, "", me).decode()
+        if got == me:
+            break
+        now = time.monotonic()
+        if got != holder:
+            holder, since = got, now
+        elif now - since > _STALE_TOKEN_SECS:
+            logger.warning("%s: %s has held the RPC join token for %g s (it died while "
+                           "joining?); taking it over", name, holder, _STALE_TOKEN_SECS)
+            if store.compare_set(_JOIN_TOKEN, holder, me).decode() == me:
+                break
+        if not said and now - start > 1.0:
+            logger.info("%s: waiting for %s to finish joining the RPC group", name, holder)
+            said = True
+        time.sleep(_POLL_SECS / 10)
+    try:
+        yield
+    finally:
+        store.set(_JOIN_TOKEN, "")
 
 
 def _backend():

@@ -166,6 +166,37 @@ def test_local_mode_is_variables_on_cpu_compute_here(tmp_path):
 
 
 # -- real clusters -----------------------------------------------------------------------------
+def test_agents_join_the_rpc_group_one_at_a_time_and_a_dead_holder_is_passed(monkeypatch,
+                                                                             caplog):
+    """The join token (`_ps_rpc._join_token`): a second agent waits for the
+    first to finish joining; a token whose holder died is taken over."""
+    import datetime
+    import threading
+    from distribute import _ps_rpc
+    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True,
+                                       datetime.timedelta(seconds=10), wait_for_workers=False)
+    order = []
+
+    def second():
+        with _ps_rpc._join_token(store, "ps:1"):
+            order.append("ps:1 joins")
+
+    with _ps_rpc._join_token(store, "ps:0"):
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.5)
+        order.append("ps:0 joined")
+    thread.join(timeout=10)
+    assert order == ["ps:0 joined", "ps:1 joins"]
+    assert store.get(_ps_rpc._JOIN_TOKEN) == b""
+    store.set(_ps_rpc._JOIN_TOKEN, "chief:0:2 (pid 1)")   # died holding it
+    monkeypatch.setattr(_ps_rpc, "_STALE_TOKEN_SECS", 0.3)
+    with _ps_rpc._join_token(store, "worker:0:3"):
+        assert store.get(_ps_rpc._JOIN_TOKEN) == f"worker:0:3 (pid {os.getpid()})".encode()
+    assert store.get(_ps_rpc._JOIN_TOKEN) == b""
+    assert "chief:0:2 (pid 1) has held the RPC join token for 0.3 s" in caplog.text
+
+
 def _launch(model_dir, *args, **kwargs):
     output = io.StringIO()
     kwargs.setdefault("timeout", 150)
@@ -422,3 +453,65 @@ def test_a_cluster_on_127_0_0_1_listens_on_loopback_only(tmp_path):
     assert status == 0, output
     assert seen, "no listening socket was seen"
     assert all(is_loopback(ip) for ip, _ in seen), sorted(map(str, seen))
+
+
+@pytest.mark.slow
+def test_ps_tasks_join_the_rpc_group_one_at_a_time(tmp_path, free_ports):
+    """Each agent adds its name to the group's list in ps 0's store (read,
+    extend, write back); two joining at once could each write the list
+    without the other, and a trainer then failed its first call with "could
+    not find destination name ps:1". So an agent joins while it holds the
+    join token: ps 1 does not join while the token is held, then joins."""
+    import datetime
+    port, chief = free_ports(2)
+    cluster = "{'ps': ['127.0.0.1:%d', '127.0.0.1:1'], 'chief': ['127.0.0.1:%d']}" % (port, chief)
+    procs = []
+
+    def ps(index):
+        code = ("import logging, sys; sys.path.insert(0, %r); import distribute; "
+                "logging.basicConfig(level=logging.INFO); "
+                "distribute.Server(%s, job_name='ps', task_index=%d, "
+                "init_timeout_secs=60).join(timeout=90)" % (ROOT, cluster, index))
+        log = open(tmp_path / f"ps{index}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+
+    def wait_for(what, done, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert all(p.poll() is None for p in procs), (tmp_path / "ps0.log").read_text()
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+
+    try:
+        ps(0)
+        wait_for("ps 0's store", lambda: _connects("127.0.0.1", port))
+        store = torch.distributed.TCPStore("127.0.0.1", port, None, False,
+                                           datetime.timedelta(seconds=30),
+                                           wait_for_workers=False)
+        wait_for("ps 0", lambda: store.check(["ps/ready/0"]))
+        store.set("rpc_prefix_0/ps/join_token", "test (pid 1)")
+        ps(1)
+        log1 = tmp_path / "ps1.log"
+        wait_for("ps 1 to wait for the token", lambda: (
+            "ps:1: waiting for test (pid 1) to finish joining" in log1.read_text()
+            or store.check(["ps/ready/1"])))
+        assert not store.check(["ps/ready/1"]), "ps 1 joined while the token was held"
+        store.set("rpc_prefix_0/ps/join_token", "")
+        wait_for("ps 1", lambda: store.check(["ps/ready/1"]))
+        names = store.get("rpc_prefix_0/names/_ALL_WORKER_INFOS").decode()
+        assert names == "ps:0-0,ps:1-1,", names
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _connects(host, port):
+    import socket
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
