@@ -41,7 +41,7 @@ import os
 import shutil
 import time
 import weakref
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -519,6 +519,68 @@ def _host_code(error: Exception) -> bool:
         "GuardOnDataDependentSymNode"))
 
 
+class _Built(NamedTuple):
+    """A serving module ready to trace, with what the export records of it."""
+    module: torch.nn.Module
+    outputs: Any            # of the module on `inputs`, eagerly
+    inputs: dict            # the program's inputs (examples)
+    trace_inputs: dict      # what torch.export traces with
+    dynamic_shapes: Optional[dict]
+    dynamic: bool           # whether the batch size is dynamic
+    batch: Optional[int]
+    transform: Optional[HostTransform] = None
+    client: Optional[list] = None   # the client's inputs described, with a transform
+
+
+def _tensor_program(receiver, scope, call, any_size: dict) -> _Built:
+    """The module of an export whose receiver tensors are the program's inputs."""
+    inputs = {n: t.detach().cpu() for n, t in receiver.receiver_tensors.items()}
+    batch_sizes = {t.shape[0] for t in inputs.values() if t.dim()}
+    dynamic = receiver.dynamic_batch and len(batch_sizes) == 1
+    if receiver.dynamic_batch and len(batch_sizes) != 1:
+        raise ValueError(f"receiver_tensors must share their first (batch) dimension "
+                         f"to export a dynamic batch size; got shapes "
+                         f"{ {n: tuple(t.shape) for n, t in inputs.items()} }")
+    batch = batch_sizes.pop() if dynamic else None
+    if dynamic and batch < 2:   # torch.export specializes sizes 0 and 1
+        inputs = {n: _example(t, 2) for n, t in inputs.items()}
+        batch = 2
+    module = _serving_class(list(inputs))(scope, call, receiver._features_fn())
+    outputs = module._serve(inputs)   # builds and restores the modules (in eval())
+    return _Built(module, outputs, inputs, inputs, _dynamic_shapes(inputs, dynamic, any_size),
+                  dynamic, batch)
+
+
+def _trace(built: _Built, scope) -> torch.export.ExportedProgram:
+    module = built.module
+    module.scope_modules.extend(scope.raw_modules.values())
+    module.eval()
+    for parameter in module.parameters():
+        parameter.requires_grad_(False)
+    return torch.export.export(module, (), dict(built.trace_inputs),
+                               dynamic_shapes=built.dynamic_shapes)
+
+
+def _trace_error(e: Exception, path: str, dynamic: bool, any_size: dict) -> ValueError:
+    if _host_code(e):
+        hint = (" model_fn's PREDICT path computes on a tensor's values in Python or "
+                "numpy (`.numpy()`, `.item()`, `.tolist()`, a shape that depends on "
+                "the values), which torch.export cannot trace; do it with torch ops, or "
+                "in feature columns.")
+    elif dynamic:
+        hint = (" If model_fn depends on the batch size, export a fixed one with "
+                "build_raw_serving_input_receiver_fn(..., default_batch_size=N) or "
+                "ServingInputReceiver(..., dynamic_batch=False).")
+    else:
+        hint = ""
+    if any_size:
+        hint += (f" A placeholder's dimension given as None ({_named_dims(any_size)})"
+                 f" must stay of any size in model_fn's PREDICT path; give its size "
+                 f"where the model needs one.")
+    return ValueError(f"torch.export could not trace model_fn's PREDICT path from "
+                      f"{path}: {type(e).__name__}: {e}.{hint}")
+
+
 def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_fn: Callable,
                        assets_extra: Optional[dict] = None, as_text: bool = False,
                        checkpoint_path: Optional[str] = None) -> str:
@@ -543,62 +605,34 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         scope, warm = estimator._initial_scope(ModeKeys.PREDICT, strategy)
         path = warm.path
     call = model_fn_caller(estimator.model_fn, estimator.params, estimator.config)
-    transform = None
     any_size = {n: dims for n, t in receiver.receiver_tensors.items()
                 if (dims := _any_size_of(t))}
     with torch.no_grad():
-        if receiver._takes_host_values:
-            if any_size:
-                raise ValueError(f"receiver_tensors {sorted(any_size)}: a placeholder's "
-                                 f"dimensions of any size past the batch are not exported with "
-                                 f"string or tf.Example inputs")
-            module, outputs, inputs, trace_inputs, dynamic_shapes, transform, client = (
-                _host_program(receiver, scope, call))
-            dynamic = receiver.dynamic_batch
-            batch = len(next(iter(receiver.receiver_tensors.values())))
-        else:
-            inputs = {n: t.detach().cpu() for n, t in receiver.receiver_tensors.items()}
-            batch_sizes = {t.shape[0] for t in inputs.values() if t.dim()}
-            dynamic = receiver.dynamic_batch and len(batch_sizes) == 1
-            if receiver.dynamic_batch and len(batch_sizes) != 1:
-                raise ValueError(f"receiver_tensors must share their first (batch) dimension "
-                                 f"to export a dynamic batch size; got shapes "
-                                 f"{ {n: tuple(t.shape) for n, t in inputs.items()} }")
-            batch = batch_sizes.pop() if dynamic else None
-            if dynamic and batch < 2:   # torch.export specializes sizes 0 and 1
-                inputs = {n: _example(t, 2) for n, t in inputs.items()}
-                batch = 2
-            module = _serving_class(list(inputs))(scope, call, receiver._features_fn())
-            outputs = module._serve(inputs)   # builds and restores the modules (in eval())
-            trace_inputs, client = inputs, None
-            dynamic_shapes = _dynamic_shapes(inputs, dynamic, any_size)
-        module.scope_modules.extend(scope.raw_modules.values())
-        module.eval()
-        for parameter in module.parameters():
-            parameter.requires_grad_(False)
+        host = receiver._takes_host_values
+        if host and any_size:
+            raise ValueError(f"receiver_tensors {sorted(any_size)}: a placeholder's "
+                             f"dimensions of any size past the batch are not exported with "
+                             f"string or tf.Example inputs")
+        built = _host_program(receiver, scope, call) if host else _tensor_program(
+            receiver, scope, call, any_size)
         try:
-            program = torch.export.export(module, (), dict(trace_inputs),
-                                          dynamic_shapes=dynamic_shapes)
+            program = _trace(built, scope)
         except Exception as e:
-            if _host_code(e):
-                hint = (" model_fn's PREDICT path computes on a tensor's values in Python or "
-                        "numpy (`.numpy()`, `.item()`, `.tolist()`, a shape that depends on "
-                        "the values), which torch.export cannot trace. Feature columns on "
-                        "integer ids or strings run on the host when the receiver takes rows: "
-                        "build_raw_serving_input_receiver_fn({'x': [[...]]}) (a list of rows), "
-                        "or build_parsing_serving_input_receiver_fn(spec).")
-            elif dynamic:
-                hint = (" If model_fn depends on the batch size, export a fixed one with "
-                        "build_raw_serving_input_receiver_fn(..., default_batch_size=N) or "
-                        "ServingInputReceiver(..., dynamic_batch=False).")
-            else:
-                hint = ""
-            if any_size:
-                hint += (f" A placeholder's dimension given as None ({_named_dims(any_size)})"
-                         f" must stay of any size in model_fn's PREDICT path; give its size "
-                         f"where the model needs one.")
-            raise ValueError(f"torch.export could not trace model_fn's PREDICT path from "
-                             f"{path}: {type(e).__name__}: {e}.{hint}") from e
+            if host or any_size or not _host_code(e) or not isinstance(receiver.features, dict):
+                raise _trace_error(e, path, built.dynamic, any_size) from e
+            # Feature columns reading integer ids on the host (numpy): that work
+            # moves to the host transform, as for rows or strings.
+            logger.info("model_fn's PREDICT path reads the receiver tensors' values on the "
+                        "host (feature columns on integer ids); the export runs that part "
+                        "before the program, as for rows or strings")
+            built = _host_program(receiver, scope, call)
+            try:
+                program = _trace(built, scope)
+            except Exception as again:
+                raise _trace_error(again, path, built.dynamic, any_size) from again
+        module, outputs, inputs = built.module, built.outputs, built.inputs
+        transform, client, dynamic, batch = (built.transform, built.client, built.dynamic,
+                                             built.batch)
         varying = _varying_dims(program, module, inputs, outputs, any_size)
 
     batch_dim = batch if dynamic else None
@@ -675,12 +709,11 @@ _BATCH_KEYS = ("offsets", "scale", "value")   # record tensors with one row per 
 
 
 def _host_program(receiver, scope, call):
-    """An export whose inputs are strings or serialized Examples: the
-    PREDICT path run once recording the feature columns' host-side work,
-    then a module whose inputs are the numeric features and that work's
-    tensors (replayed), and the `HostTransform` that redoes it per request.
-    Returns (module, outputs, inputs, trace inputs, dynamic shapes,
-    transform, the client's inputs described)."""
+    """An export whose inputs are strings, rows or serialized Examples (or
+    integer ids that feature columns read on the host): the PREDICT path run
+    once recording the feature columns' host-side work, then a module whose
+    inputs are the numeric features and that work's tensors (replayed), and
+    the `HostTransform` that redoes it per request."""
     if callable(receiver.features) and receiver.parse_spec is None:
         raise ValueError("a ServingInputReceiver taking strings must give its receiver "
                          "tensors themselves as the features: preprocessing in a callable "
@@ -688,6 +721,9 @@ def _host_program(receiver, scope, call):
                          "or in feature columns)")
     raw = {n: (t.detach().cpu() if isinstance(t, torch.Tensor) else t)
            for n, t in receiver.receiver_tensors.items()}
+    if receiver.dynamic_batch:   # torch.export specializes sizes 0 and 1
+        raw = {n: _example(v, 2) if isinstance(v, torch.Tensor) and len(v) < 2 else v
+               for n, v in raw.items()}
     if receiver.dynamic_batch and any(len(v) < 2 for v in raw.values()):
         raise ValueError("the example serving inputs need at least 2 rows to export a "
                          "dynamic batch size (torch.export fixes sizes 0 and 1)")
@@ -743,7 +779,8 @@ def _host_program(receiver, scope, call):
                "shape": [None] + (list(v.shape[1:]) if isinstance(v, (torch.Tensor, np.ndarray))
                                   else [])}
               for n, v in raw.items()]
-    return module, outputs, inputs, trace_inputs, shapes, transform, client
+    return _Built(module, outputs, inputs, trace_inputs, shapes, receiver.dynamic_batch,
+                  len(next(iter(raw.values()))), transform, client)
 
 
 def _check_redone(transform: HostTransform, raw: dict, inputs: dict, records) -> None:

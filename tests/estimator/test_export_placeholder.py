@@ -164,23 +164,56 @@ def test_a_placeholder_is_zeros_of_its_shape_with_the_batch_at_two_rows():
     assert est.export.placeholder(shape=[5, 4]).shape == (5, 4)
 
 
-def test_ids_for_a_categorical_column_export_as_rows_and_a_tensor_says_so(tmp_path):
-    """A canned estimator on an integer identity column (padded word ids): the
-    port of TF's `placeholder(tf.int64, [None, 5])` as a tensor cannot be traced
-    (the column reads the ids on the host); the error says to give rows, which
-    export and serve predict's logits. The error's only hint was the batch size."""
+@pytest.mark.parametrize("canned", ["linear", "dnn"])
+def test_integer_ids_for_a_categorical_column_export_from_a_tensor_as_tf(tmp_path, canned):
+    """Canned estimators on an integer identity column (padded word ids, -1
+    padding): the port of TF's `placeholder(tf.int64, [None, 5])` as a tensor
+    exports, as in TF, and serves predict's logits for a tensor, an array or
+    rows; the columns' host work (ids read with numpy) runs before the program,
+    as for strings. It used to fail (torch.export cannot trace numpy), the
+    error's hint naming the batch size."""
     column = est.feature_column.categorical_column_with_identity("x", 10)
-    e = est.LinearClassifier([column], model_dir=str(tmp_path / "m"))
-    x = np.random.RandomState(0).randint(0, 10, (32, 5))
-    e.train(lambda: [({"x": x}, (x[:, 0] > 4).astype(np.int64))], steps=1)
+    rng = np.random.RandomState(0)
+    x = rng.randint(0, 10, (32, 5))
+    x[::3, 3:] = -1   # padding: no id
+    if canned == "linear":
+        e = est.LinearClassifier([column], model_dir=str(tmp_path / "m"))
+    else:
+        e = est.DNNClassifier([8], [est.feature_column.embedding_column(column, 4)],
+                              model_dir=str(tmp_path / "m"), dropout=0.5)
+    e.train(lambda: [({"x": x}, (x[:, 0] > 4).astype(np.int64))] * 3, steps=3)
+    expected = np.stack([p["logits"] for p in e.predict(lambda: [{"x": x[:7]}])])
+    for example in (torch.zeros(1, 5, dtype=torch.int64), torch.as_tensor(x[:4])):
+        export_dir = e.export_saved_model(str(tmp_path / "e"),
+                                          est.export.build_raw_serving_input_receiver_fn(
+                                              {"x": example}))
+        loaded = est.export.load(export_dir)
+        assert loaded.signature["inputs"] == [{"name": "x", "dtype": "int64",
+                                               "shape": [None, 5]}]
+        for given in (torch.as_tensor(x[:7]), x[:7], x[:1]):
+            served = loaded.signatures["predict"](x=given)["logits"].numpy()
+            np.testing.assert_allclose(served, expected[:len(given)], rtol=1e-5, atol=1e-6)
+    rows = e.export_saved_model(str(tmp_path / "e"),
+                                est.export.build_raw_serving_input_receiver_fn(
+                                    {"x": [[0, 1, 2, 3, 4]]}))
+    served = est.export.load(rows).signatures["predict"](x=x[:7].tolist())["logits"].numpy()
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_host_code_in_model_fn_that_no_column_does_says_so(tmp_path):
+    """model_fn reading a tensor's values with numpy cannot be traced; the
+    error says so (not the batch size)."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        x = torch.as_tensor(features["x"].numpy() * 2)
+        logits = net(x)
+        return est.EstimatorSpec(mode, predictions={"y": logits},
+                                 loss=logits.mean() if labels is not None else None,
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    e.train(lambda: [({"x": torch.ones(4, 3)}, torch.ones(4, 1))], steps=1)
     with pytest.raises(ValueError, match=r"torch.export could not trace.*computes on a "
-                       r"tensor's values.*a list of rows") as raised:
+                       r"tensor's values") as raised:
         e.export_saved_model(str(tmp_path / "e"), est.export.build_raw_serving_input_receiver_fn(
-            {"x": torch.zeros(1, 5, dtype=torch.int64)}))
+            {"x": torch.zeros(2, 3)}))
     assert "batch size" not in str(raised.value)
-    export_dir = e.export_saved_model(str(tmp_path / "e"),
-                                      est.export.build_raw_serving_input_receiver_fn(
-                                          {"x": [[0, 1, 2, 3, 4]]}))
-    served = est.export.load(export_dir).signatures["predict"](x=x[:3].tolist())
-    expected = [p["logits"] for p in e.predict(lambda: [{"x": x[:3]}])]
-    np.testing.assert_allclose(served["logits"].numpy(), np.stack(expected), rtol=1e-6)
