@@ -343,3 +343,25 @@ def write_dict_to_summary(output_dir: str, dictionary: dict, current_global_step
                                "numpy included), got %s.", key, type(value).__name__)
     finally:
         SummaryWriterCache._release(output_dir)
+
+
+def write_checkpoint_path_to_summary(output_dir: str, checkpoint_path: str,
+                                     current_global_step: int) -> None:
+    """Write the evaluated checkpoint's path as a string tensor summary tagged
+    `checkpoint_path` at `current_global_step` into `output_dir`
+    (tf.estimator's _write_checkpoint_path_to_summary; without a plugin, as
+    TF's: for programs reading the eval events, not a TensorBoard dashboard)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboard.compat.proto.types_pb2 import DT_STRING
+    logger.info("Saving 'checkpoint_path' summary for global step %d: %s",
+                current_global_step, checkpoint_path)
+    tensor = TensorProto(dtype=DT_STRING, tensor_shape=TensorShapeProto(),
+                         string_val=[checkpoint_path.encode()])
+    writer = SummaryWriterCache._acquire(output_dir)
+    try:
+        _summary._add_summary(writer, Summary(value=[Summary.Value(
+            tag="checkpoint_path", tensor=tensor)]), current_global_step)
+    finally:
+        SummaryWriterCache._release(output_dir)

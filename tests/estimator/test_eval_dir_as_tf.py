@@ -1,0 +1,89 @@
+"""What evaluate writes into its eval directories, against TF 2.15's recording
+(tests/support/fixtures/record_tf_eval_dir.py): the metrics as scalars and the
+evaluated checkpoint's path as a string tensor tagged `checkpoint_path`, at the
+checkpoint's step (none for the initial model); and the log lines saying so."""
+import glob
+import itertools
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+from tensorboard.util import tensor_util
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_eval_dir.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+
+X = np.arange(12, dtype=np.float32).reshape(6, 2) / 10   # as the recorder's
+Y = (X @ np.array([[1.0], [-2.0]], np.float32) + 0.5).astype(np.float32)
+BATCHES = [({"x": X[i:i + 3]}, Y[i:i + 3]) for i in (0, 3)]
+
+
+def model_fn(features, labels, mode):
+    def dense():
+        layer = torch.nn.Linear(2, 1)
+        torch.nn.init.zeros_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+        return layer
+    pred = est.get_module("dense", dense)(features["x"])
+    return est.EstimatorSpec(
+        mode, loss=est.losses.mean_squared_error(labels, pred),
+        train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)),
+        eval_metric_ops={"mae": est.metrics.mean_absolute_error(labels, pred)})
+
+
+def events(eval_dir, model_dir):
+    """[step, tag, kind, value] of every summary value, as the recorder lists them."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(eval_dir, "events.out.tfevents*"))):
+        for event in LegacyEventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    out.append([int(event.step), value.tag, "simple", value.simple_value])
+                else:
+                    text = tensor_util.make_ndarray(value.tensor).item().decode()
+                    out.append([int(event.step), value.tag, "string",
+                                text.replace(model_dir, "MODEL_DIR")])
+    return sorted(out)
+
+
+def assert_events_are_tfs(ours, recorded):
+    assert [e[:3] for e in ours] == [e[:3] for e in recorded]
+    for mine, theirs in zip(ours, recorded):
+        if mine[2] == "string":
+            assert mine[3] == theirs[3]
+        else:
+            assert mine[3] == pytest.approx(theirs[3], rel=1e-5)
+
+
+def test_eval_dirs_hold_the_metrics_and_the_checkpoint_path_as_tf(tmp_path, caplog):
+    model_dir = str(tmp_path / "m")
+    e = est.Estimator(model_fn, config=est.RunConfig(
+        model_dir=model_dir, save_checkpoints_steps=2, tf_random_seed=1))
+    e.train(lambda: itertools.cycle(BATCHES), steps=4)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        e.evaluate(lambda: BATCHES)
+    lines = [r.getMessage().replace(model_dir, "MODEL_DIR") for r in caplog.records
+             if r.getMessage().startswith("Saving")]
+    assert lines[1] == TF["latest_lines"][1]
+    assert lines[0].split(":")[0] == TF["latest_lines"][0].split(":")[0]
+    e.evaluate(lambda: BATCHES, checkpoint_path=os.path.join(model_dir, "model.ckpt-2"),
+               name="old")
+    assert_events_are_tfs(events(os.path.join(model_dir, "eval"), model_dir), TF["eval"])
+    assert_events_are_tfs(events(os.path.join(model_dir, "eval_old"), model_dir),
+                          TF["eval_old"])
+    fresh = str(tmp_path / "fresh")
+    est.Estimator(model_fn, config=est.RunConfig(model_dir=fresh, tf_random_seed=1)).evaluate(
+        lambda: BATCHES)
+    assert_events_are_tfs(events(os.path.join(fresh, "eval"), fresh), TF["initial"])
+    # what reads the eval dir (exporters, early stopping, the evaluator) sees the scalars only
+    from hooks.event_files import read_scalars
+    assert read_scalars(os.path.join(model_dir, "eval", "events.out.tfevents*")) == {
+        4: {"loss": pytest.approx(TF["eval"][1][3]), "mae": pytest.approx(TF["eval"][2][3])}}
