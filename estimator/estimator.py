@@ -25,7 +25,7 @@ from hooks.monitored_session import nan_checks_first, training_hooks
 from hooks.preemption import TrainingPreempted
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
 from hooks.progress import progress_hooks
-from hooks.summary_hooks import write_checkpoint_path_to_summary, write_dict_to_summary
+from hooks.summary_hooks import write_dict_to_summary
 from hooks.training_lock import TrainingLock
 
 from hooks import model_scope
@@ -371,12 +371,14 @@ class Estimator:
             results = {key: _python(value) for key, value in metric_ops.results().items()}
             results["loss"] = _python(loss.result())
             results["global_step"] = scope.global_step
-        if self._writes_eval_summaries(strategy):
-            write_dict_to_summary(self.eval_dir(name), results, scope.global_step)
+        writes = self._writes_eval_summaries(strategy)
+        if writes:   # with the evaluated checkpoint's path, as TF
+            write_dict_to_summary(self.eval_dir(name), results, scope.global_step, path)
         logger.info("Saving dict for global step %d: %s", scope.global_step,
                     ", ".join(f"{k} = {v}" for k, v in sorted(results.items())))
-        if path is not None and self._writes_eval_summaries(strategy):
-            write_checkpoint_path_to_summary(self.eval_dir(name), path, scope.global_step)
+        if writes and path is not None:
+            logger.info("Saving 'checkpoint_path' summary for global step %d: %s",
+                        scope.global_step, path)
         return _outcome(results, user_hooks)
 
     # -- predict ---------------------------------------------------------------------

@@ -327,10 +327,14 @@ def _tag_set(summary_op):
     return frozenset(tags)
 
 
-def write_dict_to_summary(output_dir: str, dictionary: dict, current_global_step: int) -> None:
+def write_dict_to_summary(output_dir: str, dictionary: dict, current_global_step: int,
+                          checkpoint_path: Optional[str] = None) -> None:
     """Write the numeric entries of `dictionary` (evaluation results) as
     scalars at `current_global_step` into `output_dir`, tags = keys, skipping
-    `global_step` (tf.estimator's write_dict_to_summary)."""
+    `global_step` (tf.estimator's _write_dict_to_summary); and the evaluated
+    `checkpoint_path` as a string tensor tagged `checkpoint_path`
+    (_write_checkpoint_path_to_summary; without a plugin, as TF's: for
+    programs reading the eval events, not a TensorBoard dashboard)."""
     writer = SummaryWriterCache._acquire(output_dir)
     try:
         for key, value in sorted(dictionary.items()):
@@ -341,27 +345,20 @@ def write_dict_to_summary(output_dir: str, dictionary: dict, current_global_step
             else:
                 logger.warning("Skipping summary for %s, must be a number (int or float, "
                                "numpy included), got %s.", key, type(value).__name__)
+        if checkpoint_path is not None:
+            _summary._add_summary(writer, _string_summary("checkpoint_path", checkpoint_path),
+                                  current_global_step)
     finally:
         SummaryWriterCache._release(output_dir)
 
 
-def write_checkpoint_path_to_summary(output_dir: str, checkpoint_path: str,
-                                     current_global_step: int) -> None:
-    """Write the evaluated checkpoint's path as a string tensor summary tagged
-    `checkpoint_path` at `current_global_step` into `output_dir`
-    (tf.estimator's _write_checkpoint_path_to_summary; without a plugin, as
-    TF's: for programs reading the eval events, not a TensorBoard dashboard)."""
+def _string_summary(tag: str, text: str):
+    """A Summary of one string scalar tensor (TF's make_tensor_proto(text, tf.string))."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
     from tensorboard.compat.proto.types_pb2 import DT_STRING
-    logger.info("Saving 'checkpoint_path' summary for global step %d: %s",
-                current_global_step, checkpoint_path)
     tensor = TensorProto(dtype=DT_STRING, tensor_shape=TensorShapeProto(),
-                         string_val=[checkpoint_path.encode()])
-    writer = SummaryWriterCache._acquire(output_dir)
-    try:
-        _summary._add_summary(writer, Summary(value=[Summary.Value(
-            tag="checkpoint_path", tensor=tensor)]), current_global_step)
-    finally:
-        SummaryWriterCache._release(output_dir)
+                         string_val=[text.encode()])
+    return Summary(value=[Summary.Value(tag=tag, tensor=tensor)])
+

@@ -77,6 +77,7 @@ def test_eval_dirs_hold_the_metrics_and_the_checkpoint_path_as_tf(tmp_path, capl
     e.evaluate(lambda: BATCHES, checkpoint_path=os.path.join(model_dir, "model.ckpt-2"),
                name="old")
     assert_events_are_tfs(events(os.path.join(model_dir, "eval"), model_dir), TF["eval"])
+    assert len(glob.glob(os.path.join(model_dir, "eval", "events.out.tfevents*"))) == 1   # as TF
     assert_events_are_tfs(events(os.path.join(model_dir, "eval_old"), model_dir),
                           TF["eval_old"])
     fresh = str(tmp_path / "fresh")
