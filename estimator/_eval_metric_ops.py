@@ -45,6 +45,12 @@ class EvalMetricOps:
         self._last = {}      # key -> the value of the last step (a per-call Metric)
 
     def update(self, eval_metric_ops: dict, features, labels) -> None:
+        for reserved in ("loss", "global_step"):
+            if reserved in eval_metric_ops:   # (TF's words)
+                raise ValueError(
+                    f'Metric with name "{reserved}" is not allowed, because Estimator '
+                    f"already defines a default metric with the same name "
+                    f"(eval_metric_ops[{reserved!r}]; rename it)")
         scope = self._scope
         for key, value in eval_metric_ops.items():
             if self._metrics.get(key) is value:

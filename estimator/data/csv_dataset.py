@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import csv
 import io
+import logging
 from typing import Optional, Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ from ..io.csv import decode_csv
 from .datasets import list_files
 
 _INFERENCE_ROWS = 100
+logger = logging.getLogger(__name__)
 
 
 def _header(path: str, delim: str, compression_type) -> list:
@@ -75,16 +77,21 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         epoch = 0
         rng = np.random.RandomState(self.shuffle_seed)
         while self.num_epochs is None or epoch < self.num_epochs:
-            if not self.shuffle:
-                yield from self._lines()
-            else:   # TF's shuffle(buffer_size): a random pick from a sliding buffer
-                buffer = []
-                for line in self._lines():
-                    buffer.append(line)
-                    if len(buffer) >= self.shuffle_buffer_size:
-                        yield buffer.pop(rng.randint(len(buffer)))
-                while buffer:
+            rows = 0
+            buffer = []   # TF's shuffle(buffer_size): a random pick from a sliding buffer
+            for line in self._lines():
+                rows += 1
+                if not self.shuffle:
+                    yield line
+                    continue
+                buffer.append(line)
+                if len(buffer) >= self.shuffle_buffer_size:
                     yield buffer.pop(rng.randint(len(buffer)))
+            while buffer:
+                yield buffer.pop(rng.randint(len(buffer)))
+            if not rows:   # no rows at all: repeating would loop for ever (TF's repeat ends)
+                logger.warning("make_csv_dataset: %s hold(s) no data rows", ", ".join(self.files))
+                return
             epoch += 1
 
     def __iter__(self):

@@ -210,6 +210,23 @@ def test_make_csv_dataset_repeats_and_shuffles_reproducibly():
     assert len(names(1)) == 12
 
 
+def test_make_csv_dataset_of_a_header_alone_ends_as_tfs_repeat(tmp_path, caplog):
+    """Repeating no rows ends (TF's repeat() of an empty dataset); it looped
+    for ever, the training that read it hanging without a word."""
+    import threading
+    path = tmp_path / "header_only.csv"
+    path.write_text("a,b,label\n")
+    for shuffle in (False, True):
+        got = []
+        reader = threading.Thread(target=lambda: got.append(list(est.data.make_csv_dataset(
+            str(path), batch_size=8, label_name="label", shuffle=shuffle))), daemon=True)
+        reader.start()
+        reader.join(timeout=20)
+        assert not reader.is_alive(), "make_csv_dataset of a header alone did not end"
+        assert got == [[]]
+    assert f"{path} hold(s) no data rows" in caplog.text
+
+
 def test_decode_csv_gives_tfs_columns():
     case = TF["csv"]["decode_csv"]
     columns = est.io.decode_csv(case["records"], record_defaults=[[0], [0.0], ["d"]])

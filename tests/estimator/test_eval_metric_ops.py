@@ -122,7 +122,7 @@ def test_custom_metric_and_scalar_tensor_are_exact_on_two_mirrored_replicas(trai
     assert os.path.isdir(os.path.join(trained.model_dir, "eval_two"))
 
 
-def _eval_with(value_fn, tmp_path):
+def _eval_with(value_fn, tmp_path, key="bad"):
     def fn(features, labels, mode):
         net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
         pred = net(features["x"]).squeeze(-1)
@@ -130,7 +130,7 @@ def _eval_with(value_fn, tmp_path):
         if mode == est.ModeKeys.TRAIN:
             return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
                 lambda p: torch.optim.SGD(p, lr=0.01)))
-        return est.EstimatorSpec(mode, loss=loss, eval_metric_ops={"bad": value_fn(pred)})
+        return est.EstimatorSpec(mode, loss=loss, eval_metric_ops={key: value_fn(pred)})
     e = est.Estimator(fn, model_dir=str(tmp_path / "bad"))
     e.train(_batches, steps=1)
     return e.evaluate(_batches)
@@ -147,6 +147,14 @@ def test_unsupported_metric_values_are_errors_naming_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"eval_metric_ops\['bad'\]: the same "
                                          r"MeanRelativeError object"):
         _eval_with(lambda pred: shared, tmp_path)
+
+
+def test_a_metric_named_loss_or_global_step_is_an_error_as_in_tf(tmp_path):
+    """TF1 refuses them; they were dropped, evaluate reporting its own loss."""
+    for key in ("loss", "global_step"):
+        with pytest.raises(ValueError, match=f'Metric with name "{key}" is not allowed.*'
+                                             f"eval_metric_ops\\['{key}'\\]"):
+            _eval_with(lambda pred: est.metrics.mean(pred), tmp_path / key, key=key)
 
 
 def test_tf_pair_from_a_metric_in_eval_metric_ops_is_the_metric(tmp_path):
