@@ -204,6 +204,14 @@ class Estimator:
             checkpoint.restore_rng(state["rng"])
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
                                           restore_path=latest), None
+        tf_prefix = checkpoint.latest_checkpoint(self._model_dir)   # (a TF one, then)
+        if tf_prefix is not None:
+            raise ValueError(
+                f"model_dir {self._model_dir} holds TensorFlow's checkpoint "
+                f"{os.path.basename(tf_prefix)}, which training here does not resume from "
+                "(it would start from step 0 and overwrite the directory's checkpoint "
+                f"index). To start from its variables give warm_start_from={tf_prefix!r} "
+                "(they load by TF's names) and a new model_dir")
         _seed(self._config.tf_random_seed)
         return self._initial_scope(ModeKeys.TRAIN, strategy)
 

@@ -204,6 +204,7 @@ class _WarmStarter:
         self._settings = settings
         self._names = []              # every module variable offered, in order
         self._renamed, self._remapped = set(), set()
+        self._started = 0             # module variables warm-started
         logger.info("Warm-starting from %s", self.path)
 
     def global_step(self) -> Optional[int]:
@@ -221,7 +222,14 @@ class _WarmStarter:
 
     def check_used(self) -> None:
         """TF's check, once the model is built: every renaming and VocabInfo
-        names a warm-started variable."""
+        names a warm-started variable. And a warning where nothing was
+        warm-started (TF logs "Warm-started 0 variables"): a pattern that
+        matches no variable, often a scope named as TF named it."""
+        if self._started == 0 and self._names and self._settings.vars_to_warm_start is not None:
+            logger.warning("Warm-start: vars_to_warm_start %r matched none of the model's "
+                           "variables, so none was warm-started from %s; the variables are "
+                           "%s", self._settings.vars_to_warm_start, self.path,
+                           self._names[:20] + (["..."] if len(self._names) > 20 else []))
         for what, given, used in (
                 ("var_name_to_prev_var_name", self._settings.var_name_to_prev_var_name,
                  self._renamed),
@@ -305,5 +313,6 @@ class _WarmStarter:
                     raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "
                                      f"{prev!r} in {self.path} has shape {tuple(value.shape)}")
                 tensor.copy_(value)
+                self._started += 1
                 if info is None:
                     logger.info("Warm-started %s from %s", name, prev)

@@ -273,6 +273,24 @@ def test_warm_start_from_path_and_settings(tmp_path, caplog):
     assert not np.allclose(part.get_variable_value("linear/weight"), w)
 
 
+def test_warm_start_whose_pattern_matches_no_variable_says_so(tmp_path, caplog):
+    """A scope named as TF named it ("dnn/.*" where the module is "linear")
+    warm-started nothing without a word; now a warning listing the variables."""
+    src = make(tmp_path, "src")
+    src.train(regression_input_fn(), steps=5)
+    for pattern, warned in (("dnn/.*", True), ("linear/.*", False)):
+        caplog.clear()
+        dst = est.Estimator(regression_model_fn, model_dir=str(tmp_path / pattern[:3]),
+                            warm_start_from=est.WarmStartSettings(
+                                src.model_dir, vars_to_warm_start=pattern))
+        with caplog.at_level("INFO"):
+            dst.train(regression_input_fn(), steps=1)
+        said = (f"vars_to_warm_start '{pattern}' matched none of the model's variables, so "
+                f"none was warm-started from {src.latest_checkpoint()}; the variables are "
+                "['linear/weight', 'linear/bias']")
+        assert (said in caplog.text) == warned, caplog.text
+
+
 def test_warm_start_renamed_variables(tmp_path):
     src = make(tmp_path, "src")
     src.train(regression_input_fn(), steps=20)

@@ -216,3 +216,20 @@ def test_a_list_warm_start_past_max_steps_still_saves_the_warm_started_model(tmp
     np.testing.assert_array_equal(estimator.get_variable_value("dnn/logits/kernel"),
                                   np.array(recorded["variables"]["dnn/logits/kernel"]["value"],
                                            np.float32))
+
+
+def test_training_into_a_tf_model_dir_is_an_error_saying_warm_start(tmp_path):
+    """A port given TF's model_dir as its model_dir (for warm_start_from) trained
+    from step 0 without a word and rewrote TF's checkpoint index."""
+    import shutil
+    recorded = TF["canned"]["linear"]
+    tf_dir = str(tmp_path / "tf")
+    shutil.copytree(os.path.dirname(os.path.join(FIXTURES, recorded["prefix"])), tf_dir)
+    before = {n: open(os.path.join(tf_dir, n), "rb").read() for n in os.listdir(tf_dir)}
+    estimator = _build("linear", tf_dir, None)
+    features, labels = make_census(64, 1)
+    prefix = os.path.join(tf_dir, os.path.basename(recorded["prefix"]))
+    with pytest.raises(ValueError, match=f"model_dir {tf_dir} holds TensorFlow's checkpoint "
+                       f"{os.path.basename(prefix)}.*warm_start_from='{prefix}'"):
+        estimator.train(lambda: [(features, labels)], steps=1)
+    assert {n: open(os.path.join(tf_dir, n), "rb").read() for n in os.listdir(tf_dir)} == before
