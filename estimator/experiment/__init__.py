@@ -48,6 +48,7 @@ import os
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from hooks.files import atomic_write_bytes
+from hooks.session_run_hook import SessionRunHook
 
 from ..run_config import writes_checkpoints
 from . import _yaml
@@ -220,14 +221,15 @@ class Experiment:
                         keys=built.kwargs)
 
     # -- saving ----------------------------------------------------------------------
-    def save(self, estimator, command: str = "run") -> Optional[str]:
-        """Write the resolved experiment to `model_dir/experiment.yaml`, atomically,
-        on the chief only (no other task writes to model_dir). Returns the path
-        written, or None on a non-chief task."""
+    def save_hook(self, estimator, command: str = "run") -> Optional["SaveExperimentHook"]:
+        """A hook writing the resolved experiment to `model_dir/experiment.yaml`
+        when training starts: after a checkpoint in model_dir was restored
+        into this experiment's model, so that a rerun that cannot resume (a
+        changed model) leaves the file of the run that wrote the checkpoints.
+        On the chief only (no other task writes to model_dir); None elsewhere."""
         config = estimator.config
         if not writes_checkpoints(config):
             return None
-        os.makedirs(estimator.model_dir, exist_ok=True)
         path = os.path.join(estimator.model_dir, EXPERIMENT_FILE)
         stamp = datetime.datetime.now().isoformat(timespec="seconds")
         resolved = dict(self.config)
@@ -237,9 +239,20 @@ class Experiment:
                 f"{os.path.abspath(self.path)} at {stamp}.\n"
                 f"# Run it again with: estimator {command} {path}\n"
                 + _yaml.dump(resolved))
-        atomic_write_bytes(path, text.encode("utf-8"))
-        logger.info("Saved the resolved experiment to %s", path)
-        return path
+        return SaveExperimentHook(path, text)
+
+
+class SaveExperimentHook(SessionRunHook):
+    """Writes an experiment's record (`Experiment.save_hook`), atomically,
+    when the training session is created."""
+
+    def __init__(self, path: str, text: str):
+        self.path, self.text = path, text
+
+    def after_create_session(self, session, coord) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        atomic_write_bytes(self.path, self.text.encode("utf-8"))
+        logger.info("Saved the resolved experiment to %s", self.path)
 
 
 def _context(estimator) -> dict:

@@ -184,7 +184,9 @@ def _run(args) -> int:
     exp.require("train_spec", "eval_spec", command="estimator run")
     estimator = exp.estimator()
     train_spec, eval_spec = exp.train_spec(estimator), exp.eval_spec(estimator)
-    exp.save(estimator, "run")
+    record = exp.save_hook(estimator, "run")   # experiment.yaml, once training starts
+    if record is not None:
+        train_spec = train_spec._replace(hooks=train_spec.hooks + (record,))
     outcome = est.train_and_evaluate(estimator, train_spec, eval_spec)
     if outcome is None or (outcome[0] is None and not _is_chief(estimator)):
         # a training task of a cluster, or a replica other than the chief
@@ -210,9 +212,10 @@ def _train(args) -> int:
     exp.require("train_spec", command="estimator train")
     estimator = exp.estimator()
     spec = exp.train_spec(estimator)
-    exp.save(estimator, "train")
+    record = exp.save_hook(estimator, "train")   # experiment.yaml, once training starts
     # `--steps` trains that many more steps; else up to the TrainSpec's max_steps.
-    estimator.train(spec.input_fn, hooks=list(spec.hooks), steps=args.steps,
+    estimator.train(spec.input_fn, hooks=list(spec.hooks) + ([record] if record else []),
+                    steps=args.steps,
                     max_steps=spec.max_steps if args.steps is None else None,
                     saving_listeners=list(spec.saving_listeners))
     if not _is_chief(estimator):

@@ -406,7 +406,9 @@ def test_saved_experiment_reruns_from_anywhere(workdir, tmp_path_factory):
     path = write(workdir, HEAD + "  max_steps: 4\nrun_config: {model_dir: rel/run}\n")
     exp = experiment.load(path, ["params.lr=0.2"])
     estimator = exp.estimator()
-    saved = exp.save(estimator, "run")
+    hook = exp.save_hook(estimator, "run")
+    hook.after_create_session(None, None)   # (when training starts)
+    saved = hook.path
     assert saved == os.path.join("rel/run", "experiment.yaml")
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     os.chdir(elsewhere)
@@ -421,11 +423,26 @@ def test_only_the_chief_saves_the_experiment(workdir, set_tf_config):
     cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
     set_tf_config(cluster, "worker", 0)
     exp = experiment.load(path)
-    assert exp.save(exp.estimator()) is None
-    assert not os.path.exists(workdir / "shared" / "experiment.yaml")
+    assert exp.save_hook(exp.estimator()) is None
     set_tf_config(cluster, "chief", 0)
     exp = experiment.load(path)
-    assert exp.save(exp.estimator()) == os.path.join("shared", "experiment.yaml")
+    assert exp.save_hook(exp.estimator()).path == os.path.join("shared", "experiment.yaml")
+
+
+def test_a_rerun_that_cannot_resume_keeps_the_experiment_file(tmp_path, capsys):
+    """A changed model in a model_dir of checkpoints fails to restore; its
+    experiment.yaml used to be rewritten first, losing the record of the run
+    that wrote the checkpoints (and its rerun command then failed too)."""
+    result, _, model_dir = _run_config("iris.yaml", tmp_path, capsys,
+                                       "--set", "train_spec.max_steps=20")
+    record = os.path.join(model_dir, "experiment.yaml")
+    before = open(record).read()
+    with pytest.raises(Exception, match="size mismatch|shape"):
+        cli.main(["run", os.path.join(CONFIGS, "iris.yaml"), "-q",
+                  "--set", f"run_config.model_dir={model_dir}",
+                  "--set", "params.hidden_units=[32]", "--set", "train_spec.max_steps=40"])
+    assert open(record).read() == before
+    assert experiment.load(record).params["hidden_units"] == [16, 16]
 
 
 # -- every config in configs/ runs ------------------------------------------------------------
