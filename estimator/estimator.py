@@ -164,6 +164,11 @@ class Estimator:
                 warm.check_used()
             first = first[0]
             _check_parameters_in_scope(first.loss, scope)
+            if isinstance(first.train_op, torch.optim.Optimizer) and not first.loss.requires_grad:
+                raise ValueError(
+                    "EstimatorSpec(mode='train'): the loss has no gradient, so the optimizer "
+                    "cannot train: it was detached (.detach(), .item(), computed under "
+                    "torch.no_grad) or uses no module of est.get_module")
             is_chief = self._is_chief(strategy)
             defaults = self._default_training_hooks(
                 is_chief, listeners,

@@ -66,6 +66,29 @@ class EstimatorSpec:
         return EstimatorSpec(**fields)
 
 
+_CALLED_BARE_OK: set = set()   # code objects of train_op callables seen taking no arguments
+
+
+def _check_called_bare(train_op) -> None:
+    """A callable `train_op` is called with no arguments; one that needs some
+    (an optimizer factory `lambda params: SGD(params)`) is an error saying so."""
+    code = getattr(train_op, "__code__", None)
+    if code is not None and code in _CALLED_BARE_OK:
+        return
+    try:
+        inspect.signature(train_op).bind()
+    except TypeError:
+        raise TypeError(
+            f"EstimatorSpec(mode='train'): a callable `train_op` is called with no "
+            f"arguments to run the step, but {getattr(train_op, '__name__', train_op)!s}"
+            f"{inspect.signature(train_op)} takes some. To build an optimizer give "
+            f"train_op=est.get_optimizer(lambda params: torch.optim.SGD(params, ...))") from None
+    except ValueError:   # (no signature to read: a builtin)
+        return
+    if code is not None:
+        _CALLED_BARE_OK.add(code)
+
+
 def _validate(mode, predictions, loss, train_op, eval_metric_ops, export_outputs) -> None:
     """Raise on a spec TF would reject, naming the mode and the field."""
     if mode not in ModeKeys.ALL:
@@ -85,6 +108,8 @@ def _validate(mode, predictions, loss, train_op, eval_metric_ops, export_outputs
     if train_op is not None and not (isinstance(train_op, _Optimizer) or callable(train_op)):
         raise TypeError(f"EstimatorSpec(mode={mode!r}): field `train_op` must be an "
                         f"optimizer or a callable, got {type(train_op).__name__}")
+    if mode == ModeKeys.TRAIN and not isinstance(train_op, _Optimizer):
+        _check_called_bare(train_op)
     if mode == ModeKeys.PREDICT:
         if predictions is None:
             raise ValueError("EstimatorSpec(mode='infer'): missing field `predictions`; "

@@ -194,6 +194,28 @@ def test_custom_train_op_callable(tmp_path):
     assert abs(e.get_variable_value("net/weight")[0, 0] - 2.0) < 0.5
 
 
+def test_a_train_op_that_cannot_train_says_why(tmp_path):
+    """An optimizer factory given as train_op, and a detached loss, failed
+    with torch's words from deep inside (a missing argument 'p'; "element 0
+    of tensors does not require grad")."""
+    def model_fn(train_op, detach=False):
+        def fn(features, labels, mode):
+            net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+            loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+            return est.EstimatorSpec(mode, loss=loss.detach() if detach else loss,
+                                     train_op=train_op())
+        return fn
+    factory = est.Estimator(model_fn(lambda: lambda p: torch.optim.SGD(p, lr=0.1)),
+                            model_dir=str(tmp_path / "f"))
+    with pytest.raises(TypeError, match=r"a callable `train_op` is called with no arguments.*"
+                                        r"<lambda>\(p\) takes some.*est.get_optimizer"):
+        factory.train(regression_input_fn(), steps=1)
+    detached = est.Estimator(model_fn(lambda: est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)), detach=True), model_dir=str(tmp_path / "d"))
+    with pytest.raises(ValueError, match="the loss has no gradient.*detached"):
+        detached.train(regression_input_fn(), steps=1)
+
+
 # -- resume and warm start ---------------------------------------------------------
 def test_resume_restores_weights_optimizer_and_step(tmp_path):
     model_dir = tmp_path / "r"
