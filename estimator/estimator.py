@@ -28,7 +28,7 @@ from hooks.progress import progress_hooks
 from hooks.summary_hooks import write_dict_to_summary
 from hooks.training_lock import TrainingLock
 
-from hooks import model_scope
+from hooks import model_scope, tf_checkpoint
 
 from . import _checks, _console, _inputs, checkpoint, metrics
 from ._eval_metric_ops import EvalMetricOps
@@ -209,7 +209,7 @@ class Estimator:
             checkpoint.restore_rng(state["rng"])
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
                                           restore_path=latest), None
-        tf_prefix = checkpoint.latest_checkpoint(self._model_dir)   # (a TF one, then)
+        tf_prefix = tf_checkpoint.find_prefix(self._model_dir) if self._model_dir else None
         if tf_prefix is not None:
             raise ValueError(
                 f"model_dir {self._model_dir} holds TensorFlow's checkpoint "
