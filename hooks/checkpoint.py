@@ -143,6 +143,16 @@ def latest_checkpoint(model_dir: str) -> Optional[str]:
     return found[0]
 
 
+# Checkpoints this process found damaged (restore_latest passed over them): a
+# Saver's next save unlists and deletes them, so that they do not count towards
+# max_to_keep, evicting good ones.
+_damaged: set = set()
+
+
+def _is_damaged(model_dir: str, name: str) -> bool:
+    return os.path.realpath(os.path.join(model_dir, name)) in _damaged
+
+
 def restore_latest(model_dir: Optional[str]) -> Tuple[Optional[str], Optional[dict]]:
     """(path, contents) of the newest good checkpoint of `model_dir`, falling
     back past a damaged one (or a broken index) with a warning naming it;
@@ -154,6 +164,7 @@ def restore_latest(model_dir: Optional[str]) -> Tuple[Optional[str], Optional[di
         try:
             return path, load(path)
         except (OSError, ValueError) as e:
+            _damaged.add(os.path.realpath(path))
             fallback = (f"falling back to {os.path.basename(candidates[i + 1])}"
                         if i + 1 < len(candidates) else "no older checkpoint is left")
             logger.warning("%s; %s", e, fallback)   # (the error names the file)
@@ -280,10 +291,13 @@ class Saver:
         self.wait()
         name = f"{PREFIX}-{global_step}"
         path = os.path.join(self.model_dir, name)
+        _damaged.discard(os.path.realpath(path))   # (replaced by this save)
         logger.info("Saving checkpoints for %d into %s.", global_step, path)   # (TF: before)
         kept = self._kept if self._kept is not None else self._listed()
-        kept, dropped = self._retain([(n, t) for n, t in kept if n != name]
+        damaged = [n for n, _ in kept if n != name and _is_damaged(self.model_dir, n)]
+        kept, dropped = self._retain([(n, t) for n, t in kept if n != name and n not in damaged]
                                      + [(name, time.time())])
+        dropped += damaged   # (deleted once the index no longer lists them)
         # On the step, as a plain loop's torch.save: the bytes into a temp file
         # (the copy training cannot change), their digest computed on the way.
         # Then, here or by the writer process, the digest, the checkpoint made

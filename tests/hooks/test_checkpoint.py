@@ -169,6 +169,25 @@ def test_a_damaged_index_or_checkpoint_falls_back_to_the_newest_good_one(tmp_pat
         caplog.text
 
 
+def test_a_damaged_checkpoint_passed_over_does_not_evict_a_good_one(tmp_path):
+    """keep_checkpoint_max=2 over [4, 6] with 6 damaged: the restart restores
+    4 and saves 5, unlisting and deleting 6; the damaged 6 used to stay listed
+    and the good 4 was deleted, leaving one good checkpoint."""
+    train(tmp_path, 6, save_checkpoints_steps=2, keep_checkpoint_max=2)
+    assert checkpoint.all_checkpoints(str(tmp_path)) == [
+        str(tmp_path / "model.ckpt-4"), str(tmp_path / "model.ckpt-6")]
+    with open(tmp_path / "model.ckpt-6", "r+b") as f:
+        f.truncate(100)
+    train(tmp_path, 1, save_checkpoints_steps=2, keep_checkpoint_max=2)   # from 4 to 5
+    assert checkpoint.all_checkpoints(str(tmp_path)) == [
+        str(tmp_path / "model.ckpt-4"), str(tmp_path / "model.ckpt-5")]
+    for path in checkpoint.all_checkpoints(str(tmp_path)):
+        checkpoint.load(path)   # both good
+    assert not (tmp_path / "model.ckpt-6").exists()
+    assert not (tmp_path / "model.ckpt-6.crc32c").exists()
+    assert _resumed_step(tmp_path) == 5
+
+
 @pytest.mark.parametrize("right", [True, False])
 def test_an_earlier_version_s_sha256_digest_is_still_checked(tmp_path, caplog, right):
     """Checkpoints written before the digest became CRC-32C carry
