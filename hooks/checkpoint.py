@@ -143,7 +143,8 @@ def latest_checkpoint(model_dir: str) -> Optional[str]:
     return found[0]
 
 
-# Checkpoints this process found damaged (restore_latest passed over them): a
+# Checkpoints this process found damaged (restore_latest passed over them for
+# their content: a digest that does not match, a file torch cannot read): a
 # Saver's next save unlists and deletes them, so that they do not count towards
 # max_to_keep, evicting good ones.
 _damaged: set = set()
@@ -164,7 +165,8 @@ def restore_latest(model_dir: Optional[str]) -> Tuple[Optional[str], Optional[di
         try:
             return path, load(path)
         except (OSError, ValueError) as e:
-            _damaged.add(os.path.realpath(path))
+            if isinstance(e, ValueError):   # its content (not a read that may succeed later)
+                _damaged.add(os.path.realpath(path))
             fallback = (f"falling back to {os.path.basename(candidates[i + 1])}"
                         if i + 1 < len(candidates) else "no older checkpoint is left")
             logger.warning("%s; %s", e, fallback)   # (the error names the file)
