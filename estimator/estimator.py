@@ -112,13 +112,11 @@ class Estimator:
         """The value of variable `name` in the latest checkpoint."""
         return checkpoint.load_variable(self._require_checkpoint(), name)
 
-    def _require_checkpoint(self, path: Optional[str] = None, what: str = "read") -> str:
-        if path is not None:
-            return checkpoint.resolve(path)
+    def _require_checkpoint(self) -> str:
         latest = self.latest_checkpoint()
         if latest is None:
             raise ValueError(f"Could not find a trained model in model_dir {self._model_dir!r} "
-                             f"to {what}: train first, or pass checkpoint_path")
+                             "to read: train first")
         return latest
 
     # -- train ---------------------------------------------------------------------
@@ -209,16 +207,35 @@ class Estimator:
             checkpoint.restore_rng(state["rng"])
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
                                           restore_path=latest), None
+        self._check_not_tf_model_dir("training here does not resume from (it would start "
+                                     "from step 0 and overwrite the directory's checkpoint "
+                                     "index)")
+        _seed(self._config.tf_random_seed)
+        return self._initial_scope(ModeKeys.TRAIN, strategy)
+
+    def _check_not_tf_model_dir(self, why: str) -> None:
         tf_prefix = tf_checkpoint.find_prefix(self._model_dir) if self._model_dir else None
         if tf_prefix is not None:
             raise ValueError(
                 f"model_dir {self._model_dir} holds TensorFlow's checkpoint "
-                f"{os.path.basename(tf_prefix)}, which training here does not resume from "
-                "(it would start from step 0 and overwrite the directory's checkpoint "
-                f"index). To start from its variables give warm_start_from={tf_prefix!r} "
-                "(they load by TF's names) and a new model_dir")
-        _seed(self._config.tf_random_seed)
-        return self._initial_scope(ModeKeys.TRAIN, strategy)
+                f"{os.path.basename(tf_prefix)}, which {why}. To start from its variables "
+                f"give warm_start_from={tf_prefix!r} (they load by TF's names) and a new "
+                "model_dir")
+
+    def _newest_good(self, what: str) -> tuple:
+        """(path, contents) of the checkpoint to `what` when none is named: the
+        newest good one in model_dir, past a damaged one with a warning naming
+        it (as training resumes); (None, None) when model_dir has none; an
+        error when it has only damaged ones."""
+        if self.latest_checkpoint() is None:
+            return None, None
+        path, state = checkpoint.restore_latest(self._model_dir, none_left=f"nothing to {what}")
+        if path is None:
+            self._check_not_tf_model_dir(f"{what} does not read")
+            raise ValueError(f"No good checkpoint in model_dir {self._model_dir!r} to {what}: "
+                             "each is damaged (the warnings above name them); train again, or "
+                             "pass checkpoint_path")
+        return path, state
 
     def _initial_scope(self, mode: str, strategy) -> tuple:
         """(scope, warm starter or None) of the model before any training, as
@@ -307,22 +324,29 @@ class Estimator:
         """Evaluate a checkpoint (the latest by default) over `steps` batches or
         the whole input; returns `loss`, `global_step` and every metric."""
         steps = _checks.steps(steps, "steps")
+        if checkpoint_path is not None:   # (read here: a damaged one fails before any replica)
+            path = checkpoint.resolve(checkpoint_path)
+            state = checkpoint.load(path)
+        else:
+            path, state = self._newest_good("evaluate")
+        return self._evaluate_checkpoint(input_fn, steps, hooks, name, path, state)
+
+    def _evaluate_checkpoint(self, input_fn, steps, hooks, name, path, state) -> dict:
+        """`evaluate` of the checkpoint at `path`, read (`state`), or of the
+        initial model when `path` is None."""
         strategy = self._config.eval_distribute or distribute.get_strategy()
-        path = None
-        if checkpoint_path is not None or self.latest_checkpoint() is not None:
-            path = self._require_checkpoint(checkpoint_path, "evaluate")
-        elif strategy.num_replicas_in_sync > 1:   # each draws a model of its own
+        if path is None and strategy.num_replicas_in_sync > 1:   # each draws a model of its own
             raise ValueError(
                 f"Could not find a trained model in model_dir {self._model_dir!r} to evaluate: "
                 f"the initial model is evaluated on one replica, not on "
                 f"{strategy.num_replicas_in_sync} (eval_distribute); train first, or pass "
                 "checkpoint_path")
-        else:   # TF evaluates the initialization (seeded as training would start it)
+        elif path is None:   # TF evaluates the initialization (seeded as training would start it)
             logger.warning("Could not find trained model in model_dir: %s, running "
                            "initialization to evaluate.", self._model_dir)
         user_hooks = check_hooks(hooks)
         return _run(strategy, self._evaluate, user_hooks,   # sharded over replicas: rank 0's
-                    strategy, input_fn, steps, user_hooks, path, name)
+                    strategy, input_fn, steps, user_hooks, path, name, state)
 
     def _evaluate_in_memory(self, training: model_scope.ModelScope, input_fn, steps,
                             user_hooks, name) -> dict:
@@ -333,8 +357,8 @@ class Estimator:
                                   state=training.state())[0]
 
     def _evaluate(self, strategy, input_fn, steps, user_hooks, path, name, state=None):
-        """The body of `evaluate`, in this process or on each replica; of the
-        checkpoint at `path`, of `state` (a ModelScope's) when given, else of
+        """The body of `evaluate`, in this process or on each replica; of
+        `state` (the checkpoint at `path`'s, or a ModelScope's) when given, else of
         the initial model (seeded by `tf_random_seed` as training would seed
         it; the random state is left as it was)."""
         if path is None and state is None:
@@ -346,9 +370,8 @@ class Estimator:
             scope, warm = self._initial_scope(ModeKeys.EVAL, strategy)
             what = "the initial model" + (f" warm-started from {warm.path}" if warm else "")
         else:
-            scope = model_scope.ModelScope(ModeKeys.EVAL, strategy,
-                                           restore=checkpoint.load(path) if state is None
-                                           else state, restore_path=path or "the training's state")
+            scope = model_scope.ModelScope(ModeKeys.EVAL, strategy, restore=state,
+                                           restore_path=path or "the training's state")
             what = path or f"the training's state at global step {scope.global_step}"
         logger.info("Starting evaluation of %s", what)
         with scope, strategy.scope(), torch.no_grad():
@@ -401,15 +424,16 @@ class Estimator:
         per example when `yield_single_examples`)."""
         if checkpoint_path is not None:
             path = checkpoint.resolve(checkpoint_path)
+            state = checkpoint.load(path)
         else:
-            path = self.latest_checkpoint()
+            path, state = self._newest_good("predict")
             if path is None:
                 logger.warning("Could not find trained model in model_dir: %s, running "
                                "initialization to predict.", self._model_dir)
         keys = [predict_keys] if isinstance(predict_keys, str) else predict_keys
         user_hooks = check_hooks(hooks)
         strategy = self._config.eval_distribute or distribute.get_strategy()
-        scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=checkpoint.load(path),
+        scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state,
                                        restore_path=path) if path else \
             self._initial_scope(ModeKeys.PREDICT, strategy)[0]
         with scope, strategy.scope(), torch.no_grad():

@@ -590,7 +590,11 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     if not callable(serving_input_receiver_fn):
         raise TypeError(f"serving_input_receiver_fn must be callable, got "
                         f"{serving_input_receiver_fn!r}")
-    path = checkpoint.resolve(checkpoint_path) if checkpoint_path else estimator.latest_checkpoint()
+    if checkpoint_path:
+        path = checkpoint.resolve(checkpoint_path)
+        state = checkpoint.load(path)
+    else:
+        path, state = estimator._newest_good("export")
     if path is None and estimator._warm_start_settings is None:
         raise ValueError(f"Couldn't find trained model at {estimator.model_dir}.")
     receiver = serving_input_receiver_fn()
@@ -599,7 +603,7 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                         f"{type(receiver).__name__}")
     strategy = distribute.OneDeviceStrategy("cpu")
     if path is not None:
-        scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=checkpoint.load(path),
+        scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state,
                                        restore_path=path)
     else:   # TF exports what it warm-starts from when model_dir has no checkpoint
         scope, warm = estimator._initial_scope(ModeKeys.PREDICT, strategy)

@@ -384,10 +384,10 @@ class _Evaluator:
                             "are in %s): recording it without evaluating it again",
                             checkpoint_path, os.path.dirname(self.ledger.path))
                 metrics = dict(summarized, global_step=step)
-            else:
-                metrics = self.estimator.evaluate(spec.input_fn, steps=spec.steps,
-                                                  name=spec.name, checkpoint_path=held,
-                                                  hooks=list(spec.hooks))
+            else:   # (read from the link; named by its own path in the eval dir)
+                metrics = self.estimator._evaluate_checkpoint(
+                    spec.input_fn, spec.steps, list(spec.hooks), spec.name, checkpoint_path,
+                    checkpoint.load(held))
             if not isinstance(metrics, dict) or "global_step" not in metrics:
                 raise ValueError(f"Internal error: `Estimator.evaluate` result should have "
                                  f"`global_step` in result. Given {metrics!r}")
@@ -395,8 +395,7 @@ class _Evaluator:
                                   and metrics["global_step"] >= self._max_training_steps)
             export_results = self.export(_EvalResult(metrics, held), final)
         finally:
-            if held != checkpoint_path:
-                os.remove(held)
+            checkpoint.unpin(held, checkpoint_path)
         result = _EvalResult(metrics, checkpoint_path)
         self.ledger.record(checkpoint_path, metrics)
         self.stop_requested = any(fn() for fn in self._should_stop_fns)
@@ -761,6 +760,10 @@ def _run_evaluator(estimator, train_spec, eval_spec):
                 logger.warning("Checkpoint %s was deleted before it could be evaluated "
                                "(keep_checkpoint_max on the chief; use EvalSpec("
                                "checkpoint_policy='every') to keep unseen ones)", path)
+                continue
+            except checkpoint.DataLossError as e:   # (the chief falls back past it on restart)
+                logger.warning("Checkpoint %s is not evaluated: %s", path, e)
+                done.add(checkpoint.step_of(path))
                 continue
             done.add(result.metrics["global_step"])
             last = (result.metrics, exports)

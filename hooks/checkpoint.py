@@ -143,8 +143,13 @@ def latest_checkpoint(model_dir: str) -> Optional[str]:
     return found[0]
 
 
+class DataLossError(ValueError):
+    """A checkpoint whose content is damaged: its digest does not match, or
+    torch cannot read it (TF's tf.errors.DataLossError on restore)."""
+
+
 # Checkpoints this process found damaged (restore_latest passed over them for
-# their content: a digest that does not match, a file torch cannot read): a
+# their content, a DataLossError): a
 # Saver's next save unlists and deletes them, so that they do not count towards
 # max_to_keep, evicting good ones.
 _damaged: set = set()
@@ -154,10 +159,12 @@ def _is_damaged(model_dir: str, name: str) -> bool:
     return os.path.realpath(os.path.join(model_dir, name)) in _damaged
 
 
-def restore_latest(model_dir: Optional[str]) -> Tuple[Optional[str], Optional[dict]]:
+def restore_latest(model_dir: Optional[str], none_left: str = "training starts from step 0"
+                   ) -> Tuple[Optional[str], Optional[dict]]:
     """(path, contents) of the newest good checkpoint of `model_dir`, falling
     back past a damaged one (or a broken index) with a warning naming it;
-    (None, None) when there is none, said in the log when files were there."""
+    (None, None) when there is none, said in the log (with `none_left`, what
+    follows) when files were there."""
     if not model_dir or not os.path.isdir(model_dir):
         return None, None
     candidates = _candidates(model_dir, warn=True)
@@ -165,13 +172,13 @@ def restore_latest(model_dir: Optional[str]) -> Tuple[Optional[str], Optional[di
         try:
             return path, load(path)
         except (OSError, ValueError) as e:
-            if isinstance(e, ValueError):   # its content (not a read that may succeed later)
+            if isinstance(e, DataLossError):   # (not a read that may succeed later)
                 _damaged.add(os.path.realpath(path))
             fallback = (f"falling back to {os.path.basename(candidates[i + 1])}"
                         if i + 1 < len(candidates) else "no older checkpoint is left")
             logger.warning("%s; %s", e, fallback)   # (the error names the file)
     if candidates:
-        logger.warning("No good checkpoint in %s: training starts from step 0", model_dir)
+        logger.warning("No good checkpoint in %s: %s", model_dir, none_left)
     return None, None
 
 
@@ -469,26 +476,37 @@ def _remove_temp_files(model_dir: str) -> None:
 
 
 def pin(path: str, directory: str) -> str:
-    """A hard link to checkpoint `path` in `directory` (same name), so that a
-    reader in another process keeps the file while the chief's Saver deletes
-    the original; `path` itself where the file system has no hard links.
-    FileNotFoundError if `path` is already gone. Remove the link when done."""
+    """A hard link to checkpoint `path` in `directory` (same name), its digest
+    linked beside it, so that a reader in another process keeps the file while
+    the chief's Saver deletes the original; `path` itself where the file
+    system has no hard links. FileNotFoundError if `path` is already gone.
+    `unpin` the link when done."""
     os.makedirs(directory, exist_ok=True)
     link = os.path.join(directory, os.path.basename(path))
-    if os.path.lexists(link):
-        os.remove(link)
-    try:
-        os.link(path, link)
-    except FileNotFoundError:
-        raise
-    except OSError:
+    unpin(link, path)   # (left by a killed reader)
+    pairs = [(path + s, link + s) for s in _DIGESTS if os.path.isfile(path + s)]
+    try:   # the digest first: the file is never there without it
+        for source, target in pairs + [(path, link)]:
+            os.link(source, target)
+    except OSError as e:
+        unpin(link, path)
+        if isinstance(e, FileNotFoundError) and not os.path.exists(path):
+            raise
         return path
     return link
 
 
+def unpin(link: str, path: str) -> None:
+    """Remove what `pin(path, ...)` returned (nothing when it was `path`)."""
+    if link != path:
+        for name in (link, *(link + suffix for suffix in _DIGESTS)):
+            if os.path.lexists(name):
+                os.remove(name)
+
+
 def load(path: str) -> dict:
     """Load a checkpoint file safely (weights_only=True), its content digest
-    checked when it has one; a damaged file is a ValueError naming it."""
+    checked when it has one; a damaged file is a DataLossError naming it."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Checkpoint {path!r} does not exist")
     with open(path, "rb") as f:
@@ -499,7 +517,7 @@ def load(path: str) -> dict:
         with open(path + suffix, "rb") as f:
             want = f.read().strip().decode("ascii", "replace")
         if digest(data) != want:
-            raise ValueError(f"Checkpoint {path!r} is damaged: its content does not match the "
+            raise DataLossError(f"Checkpoint {path!r} is damaged: its content does not match the "
                              f"digest saved with it ({os.path.basename(path)}{suffix})")
         break
     try:
@@ -507,7 +525,7 @@ def load(path: str) -> dict:
     except Exception as e:  # truncated, foreign or unsafe content
         reason = " ".join(line for line in str(e).splitlines()[:1]
                           if "weights_only" not in line) or type(e).__name__
-        raise ValueError(f"Checkpoint {path!r} cannot be read: it is truncated, damaged or "
+        raise DataLossError(f"Checkpoint {path!r} cannot be read: it is truncated, damaged or "
                          f"not a checkpoint of this library ({reason})") from None
 
 

@@ -394,11 +394,15 @@ def _inspect(args) -> int:
 
 def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
     latest = checkpoint.latest_checkpoint(model_dir)
-    checkpoints = []
+    checkpoints, contents = [], {}
     for path in checkpoint.all_checkpoints(model_dir):
         stat = os.stat(path)
+        try:   # (each read whole: its digest checked)
+            contents[path], damaged = checkpoint.load(path), None
+        except checkpoint.DataLossError as e:
+            damaged = str(e)
         checkpoints.append({"step": checkpoint.step_of(path), "path": path,
-                            "bytes": stat.st_size,
+                            "bytes": stat.st_size, "damaged": damaged,
                             "time": datetime.datetime.fromtimestamp(stat.st_mtime)
                             .isoformat(timespec="seconds")})
     tf_prefix = tf_checkpoint.find_prefix(ckpt or model_dir)
@@ -410,11 +414,13 @@ def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
                             os.stat(tf_prefix + ".index").st_mtime).isoformat(timespec="seconds")}]
         variables = [{"name": n, "shape": list(shape), "dtype": dtype} for n, (dtype, shape)
                      in tf_checkpoint.TFCheckpointReader(tf_prefix).variables().items()]
-    else:
-        shown = checkpoint.resolve(ckpt) if ckpt else latest
+    else:   # unless named, the newest good one listed (the latest when none is listed)
+        shown = (checkpoint.resolve(ckpt) if ckpt else next(reversed(contents), None)
+                 if checkpoints else latest)
         variables = []
     if shown and tf_prefix is None:
-        for name, tensor in sorted(checkpoint.flat_variables(checkpoint.load(shown)).items()):
+        state = contents.get(shown) or checkpoint.load(shown)
+        for name, tensor in sorted(checkpoint.flat_variables(state).items()):
             variables.append({"name": name, "shape": list(tensor.shape),
                               "dtype": str(tensor.dtype).replace("torch.", "")})
     evals = {}
@@ -475,6 +481,8 @@ def _format_report(r: dict) -> str:
         for c in r["checkpoints"]:
             lines.append(f"  step {c['step']:>8}  {os.path.basename(c['path']):<24} "
                          f"{_size(c['bytes']):>9}  {c['time']}")
+            if c.get("damaged"):
+                lines.append(f"    DAMAGED: {c['damaged']}")
     if r["variables_of"]:
         lines.append(f"variables in {os.path.basename(r['variables_of'])}:")
         width = max(len(v["name"]) for v in r["variables"]) if r["variables"] else 0

@@ -88,3 +88,19 @@ def test_eval_dirs_hold_the_metrics_and_the_checkpoint_path_as_tf(tmp_path, capl
     from hooks.event_files import read_scalars
     assert read_scalars(os.path.join(model_dir, "eval", "events.out.tfevents*")) == {
         4: {"loss": pytest.approx(TF["eval"][1][3]), "mae": pytest.approx(TF["eval"][2][3])}}
+
+
+def test_the_evaluator_task_names_the_checkpoint_it_evaluated_not_its_link(tmp_path,
+                                                                           monkeypatch):
+    """The evaluator reads each checkpoint through a hard link that keeps it
+    while the chief deletes it; its eval dir named that link."""
+    from tf_cluster import tf_config
+    model_dir = str(tmp_path / "m")
+    config = dict(model_dir=model_dir, save_checkpoints_steps=2, tf_random_seed=1)
+    est.Estimator(model_fn, config=est.RunConfig(**config)).train(
+        lambda: itertools.cycle(BATCHES), steps=4)
+    monkeypatch.setenv("TF_CONFIG", tf_config({"chief": ["127.0.0.1:1111"]}, "evaluator", 0))
+    e = est.Estimator(model_fn, config=est.RunConfig(**config))
+    est.train_and_evaluate(e, est.TrainSpec(lambda: BATCHES, max_steps=4), est.EvalSpec(
+        lambda: BATCHES, steps=None, start_delay_secs=0, throttle_secs=0))
+    assert_events_are_tfs(events(os.path.join(model_dir, "eval"), model_dir), TF["eval"])

@@ -218,9 +218,11 @@ def test_a_list_warm_start_past_max_steps_still_saves_the_warm_started_model(tmp
                                            np.float32))
 
 
-def test_training_into_a_tf_model_dir_is_an_error_saying_warm_start(tmp_path):
+@pytest.mark.parametrize("call", ["train", "evaluate", "predict", "export"])
+def test_training_into_a_tf_model_dir_is_an_error_saying_warm_start(tmp_path, call):
     """A port given TF's model_dir as its model_dir (for warm_start_from) trained
-    from step 0 without a word and rewrote TF's checkpoint index."""
+    from step 0 without a word and rewrote TF's checkpoint index; evaluate,
+    predict and export failed on a file "that does not exist"."""
     import shutil
     recorded = TF["canned"]["linear"]
     tf_dir = str(tmp_path / "tf")
@@ -231,5 +233,12 @@ def test_training_into_a_tf_model_dir_is_an_error_saying_warm_start(tmp_path):
     prefix = os.path.join(tf_dir, os.path.basename(recorded["prefix"]))
     with pytest.raises(ValueError, match=f"model_dir {tf_dir} holds TensorFlow's checkpoint "
                        f"{os.path.basename(prefix)}.*warm_start_from='{prefix}'"):
-        estimator.train(lambda: [(features, labels)], steps=1)
+        if call == "train":
+            estimator.train(lambda: [(features, labels)], steps=1)
+        elif call == "evaluate":
+            estimator.evaluate(lambda: [(features, labels)])
+        elif call == "predict":
+            next(estimator.predict(lambda: [features]))
+        else:
+            estimator.export_saved_model(str(tmp_path / "export"), lambda: None)
     assert {n: open(os.path.join(tf_dir, n), "rb").read() for n in os.listdir(tf_dir)} == before

@@ -3,6 +3,7 @@ checkpoint policy, completion and stop markers) and real multi-process runs."""
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -349,6 +350,26 @@ def test_evaluator_ledger_neither_repeats_nor_skips(tmp_path, monkeypatch):
         os.remove(event_file)
     steps, *_ = evaluator(tmp_path, monkeypatch)
     assert steps == [40]
+
+
+@pytest.mark.parametrize("damaged", [20, 40])
+def test_evaluator_passes_over_a_damaged_checkpoint(tmp_path, monkeypatch, caplog, damaged):
+    """It stopped on it (and again on each restart); now a warning naming it.
+    The final one damaged, the evaluator still ends (the chief's restart falls
+    back past it and trains on)."""
+    make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
+    path = tmp_path / "m" / f"model.ckpt-{damaged}"
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 10)
+    with caplog.at_level("WARNING"):
+        steps, metrics, _ = evaluator(tmp_path, monkeypatch)
+    assert steps == [s for s in (10, 20, 30, 40) if s != damaged]
+    assert metrics["global_step"] == (40 if damaged == 20 else 30)
+    assert re.search(f"Checkpoint {path} is not evaluated: Checkpoint '.*/{training._PIN_DIR}/"
+                     f"model.ckpt-{damaged}' is damaged: its content does not match the digest",
+                     caplog.text), caplog.text
+    assert ledger_steps(str(tmp_path / "m")) == steps
+    assert os.listdir(tmp_path / "m" / "eval" / training._PIN_DIR) == []   # links removed
 
 
 def _loss_points(eval_dir):

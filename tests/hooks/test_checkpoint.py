@@ -84,11 +84,12 @@ def test_truncated_checkpoint_is_a_clear_error(tmp_path):
     path = e.latest_checkpoint()
     with open(path, "r+b") as f:
         f.truncate(100)
-    with pytest.raises(ValueError, match="is damaged: its content does not match"):
-        e.evaluate(regression_input_fn(repeat=False))
+    with pytest.raises(checkpoint.DataLossError, match="is damaged: its content does not match"):
+        e.evaluate(regression_input_fn(repeat=False), checkpoint_path=path)
     os.remove(path + checkpoint.DIGEST_SUFFIX)   # a file without a digest (older saves)
-    with pytest.raises(ValueError, match="cannot be read: it is truncated, damaged") as info:
-        e.evaluate(regression_input_fn(repeat=False))
+    with pytest.raises(checkpoint.DataLossError,
+                       match="cannot be read: it is truncated, damaged") as info:
+        e.evaluate(regression_input_fn(repeat=False), checkpoint_path=path)
     assert "weights_only" not in str(info.value)   # never advise loading unsafely
 
 

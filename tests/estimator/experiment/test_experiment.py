@@ -641,6 +641,32 @@ def test_cli_inspect(trained, capsys):
     assert report["eval"]["eval"]["100"]["accuracy"] >= 0
 
 
+def test_cli_evaluate_and_inspect_a_model_dir_with_a_damaged_latest(trained, tmp_path, capsys,
+                                                                    caplog):
+    """evaluate, predict and export fall back to the newest good checkpoint
+    (they stopped with a traceback); inspect marks the damaged one."""
+    import shutil
+    model_dir = str(tmp_path / "iris")
+    shutil.copytree(trained[0], model_dir)
+    latest = os.path.join(model_dir, "model.ckpt-100")
+    with open(latest, "r+b") as f:
+        f.truncate(os.path.getsize(latest) // 2)
+    args = [trained[1][0], "-q", "--set", f"run_config.model_dir={model_dir}"]
+    assert cli.main(["evaluate", *args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_step"] == 50
+    assert "model.ckpt-100' is damaged" in caplog.text
+    assert "falling back to model.ckpt-50" in caplog.text
+    assert cli.main(["inspect", model_dir]) == 0
+    text = capsys.readouterr().out
+    assert "checkpoints (2 kept, latest model.ckpt-100):" in text
+    assert f"    DAMAGED: Checkpoint '{latest}' is damaged: its content" in text
+    assert "variables in model.ckpt-50:" in text and "  dnn/0/weight" in text
+    assert cli.main(["inspect", model_dir, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [bool(c["damaged"]) for c in report["checkpoints"]] == [False, True]
+    assert report["variables_of"] == os.path.join(model_dir, "model.ckpt-50")
+
+
 def test_cli_print_config_runs_nothing(tmp_path, capsys):
     model_dir = tmp_path / "never"
     assert cli.main(["run", os.path.join(CONFIGS, "iris.yaml"), "--print-config",
