@@ -44,6 +44,7 @@ import torch
 
 from . import tf_checkpoint
 from . import files
+from .files import DataLossError
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +142,6 @@ def latest_checkpoint(model_dir: str) -> Optional[str]:
     if not found:   # a TF model_dir: its latest checkpoint prefix
         return tf_checkpoint.find_prefix(model_dir)
     return found[0]
-
-
-class DataLossError(ValueError):
-    """A checkpoint whose content is damaged: its digest does not match, or
-    torch cannot read it (TF's tf.errors.DataLossError on restore)."""
 
 
 # Checkpoints this process found damaged (restore_latest passed over them for

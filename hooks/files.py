@@ -1,7 +1,8 @@
 """Files written atomically, the one way this library writes what a crash
 must not leave half-written (checkpoints, the checkpoint index, markers in
-model_dir, the resolved experiment, profiler traces), and `WriterProcess`,
-which carries such writes out in a child process while training goes on.
+model_dir, the resolved experiment, profiler traces), `WriterProcess`,
+which carries such writes out in a child process while training goes on, and
+`DataLossError`, what reading a damaged file raises.
 
 Standard library only: the writer process runs this file alone (no torch,
 no import of the package), and starts in about 10 ms."""
@@ -25,6 +26,12 @@ if __name__ != "_checkpoint_writer":   # the parent's side only
 
 _CHUNK = 1 << 20
 _serial = itertools.count()
+
+
+class DataLossError(ValueError):
+    """A file whose content is damaged: a checkpoint whose digest does not
+    match or that torch cannot read, a TFRecord with a bad CRC (TF:
+    ``tf.errors.DataLossError``); the message names the file."""
 
 
 def atomic_write(path: str, write: Callable[[IO[bytes]], None], sync_dir: bool = True) -> None:

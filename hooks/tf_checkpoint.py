@@ -30,6 +30,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import google_crc32c
 import numpy as np
 
+from .files import DataLossError
+
 _MAGIC = 0xDB4775248B80FB57
 _FOOTER = 48
 _MASK_DELTA = 0xA282EAD8
@@ -42,7 +44,7 @@ _DTYPE_NAMES = {1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 
                 19: "float16", 22: "uint32", 23: "uint64"}
 
 
-class CorruptCheckpointError(ValueError):
+class CorruptCheckpointError(DataLossError):
     """A TF checkpoint file is damaged, truncated or missing; the message names it."""
 
 

@@ -24,15 +24,12 @@ from typing import BinaryIO, Iterator, Optional, Tuple
 
 import google_crc32c
 
+from hooks.files import DataLossError   # (the one class: a damaged TFRecord names its offset)
+
 COMPRESSION_TYPES = (None, "", "GZIP", "ZLIB")
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
-
-
-class DataLossError(ValueError):
-    """A TFRecord file is damaged (TF: ``tf.errors.DataLossError``); the
-    message names the file and the byte offset of the bad record."""
 
 
 def masked_crc(data: bytes) -> int:
