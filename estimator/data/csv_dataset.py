@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..io._records import open_stream
-from ..io.csv import decode_csv
+from ..io.csv import DecodeCSVError, decode_csv
 from .datasets import list_files
 
 _INFERENCE_ROWS = 100
@@ -24,8 +24,9 @@ def _header(path: str, delim: str, compression_type) -> list:
     return next(csv.reader([first], delimiter=delim))
 
 
-def _infer_default(values: Sequence[str], na_value: str):
-    """TF's type inference over the first rows: int32, int64, float32, else string."""
+def _infer_default(name: str, values: Sequence[str], na_value: str):
+    """TF's type inference over the first rows: int32, int64, float32, else
+    string; a warning when a few values make a column of numbers strings."""
     kind = int
     for v in values:
         if v == "" or v == na_value:
@@ -39,6 +40,7 @@ def _infer_default(values: Sequence[str], na_value: str):
             float(v)
             kind = float if kind is int else kind
         except ValueError:
+            _warn_if_mostly_numbers(name, values, na_value)
             return [""]
     if kind is int:
         ints = [int(v) for v in values if v not in ("", na_value)]
@@ -46,6 +48,23 @@ def _infer_default(values: Sequence[str], na_value: str):
             return [np.int64(0)]
         return [0]
     return [0.0]
+
+
+def _warn_if_mostly_numbers(name: str, values: Sequence[str], na_value: str) -> None:
+    odd = []
+    for v in values:
+        try:
+            float(v)
+        except ValueError:
+            if v not in ("", na_value):
+                odd.append(v)
+    numbers = sum(v not in ("", na_value) for v in values) - len(odd)
+    if numbers > len(odd):
+        logger.warning(
+            "make_csv_dataset: column %r is read as strings, as TF reads it: %d of its first "
+            "%d values are numbers, but not %s. Give column_defaults to read it as numbers (a "
+            "bad value is then an error naming its line), or na_value for a missing-value mark",
+            name, numbers, len(values), ", ".join(repr(v) for v in sorted(set(odd))[:3]))
 
 
 class _CsvBatches(torch.utils.data.IterableDataset):
@@ -63,15 +82,16 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         self.drop_final_batch = drop_final_batch
 
     def _lines(self):
+        """(line, file, line number) of each data line."""
         for path in self.files:
             with open_stream(path, self.compression_type) as f:
                 lines = io.TextIOWrapper(f, encoding="utf-8", newline="")
                 if self.header:
                     next(lines, None)
-                for line in lines:
+                for number, line in enumerate(lines, 1 + self.header):
                     line = line.rstrip("\r\n")
                     if line:
-                        yield line
+                        yield line, path, number
 
     def _ordered(self):
         epoch = 0
@@ -79,12 +99,12 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         while self.num_epochs is None or epoch < self.num_epochs:
             rows = 0
             buffer = []   # TF's shuffle(buffer_size): a random pick from a sliding buffer
-            for line in self._lines():
+            for row in self._lines():
                 rows += 1
                 if not self.shuffle:
-                    yield line
+                    yield row
                     continue
-                buffer.append(line)
+                buffer.append(row)
                 if len(buffer) >= self.shuffle_buffer_size:
                     yield buffer.pop(rng.randint(len(buffer)))
             while buffer:
@@ -96,19 +116,27 @@ class _CsvBatches(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         batch = []
-        for line in self._ordered():
-            batch.append(line)
+        for row in self._ordered():
+            batch.append(row)
             if len(batch) == self.batch_size:
                 yield self._parse(batch)
                 batch = []
         if batch and not self.drop_final_batch:
             yield self._parse(batch)
 
-    def _parse(self, lines):
-        columns = decode_csv(lines, self.defaults, self.field_delim, self.use_quote_delim,
-                             self.na_value, select_cols=self.select)
+    def _parse(self, batch):
         names = ([self.column_names[i] for i in self.select] if self.select is not None
                  else self.column_names)
+        try:
+            columns = decode_csv([line for line, _, _ in batch], self.defaults,
+                                 self.field_delim, self.use_quote_delim, self.na_value,
+                                 select_cols=self.select)
+        except DecodeCSVError as e:   # TF names the record in the batch; here its line
+            line, path, number = batch[e.record]
+            where = f"column {names[e.field]!r} {e.problem}" if e.field is not None \
+                else e.problem
+            raise ValueError(f"make_csv_dataset: {path}, line {number}: {where}\n"
+                             f"  {line}") from None
         features = collections.OrderedDict(zip(names, columns))
         if self.label_name is None:
             return features
@@ -155,8 +183,9 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
     if column_defaults is None:
         sample = _sample_rows(files[0], header, field_delim, num_rows_for_inference,
                               compression_type)
-        column_defaults = [_infer_default([row[i] if i < len(row) else "" for row in sample],
-                                          na_value) for i in wanted]
+        column_defaults = [_infer_default(column_names[i], [row[i] if i < len(row) else ""
+                                                            for row in sample], na_value)
+                           for i in wanted]
     elif select is not None and len(column_defaults) == len(column_names):
         column_defaults = [column_defaults[i] for i in select]
     column_defaults = [d if isinstance(d, (list, tuple)) or not isinstance(

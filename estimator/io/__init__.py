@@ -6,13 +6,13 @@ specs) and the Example messages themselves (`Example`, `Features`, `Feature`,
 from ._example_pb import (BytesList, Example, Feature, FeatureList, FeatureLists, Features,
                           FloatList, Int64List, SequenceExample)
 from ._records import DataLossError, TFRecordWriter
-from .csv import decode_csv
+from .csv import DecodeCSVError, decode_csv
 from .parsing import (FixedLenFeature, FixedLenSequenceFeature, VarLenFeature, parse_example,
                       parse_single_example)
 
 __all__ = [
     "TFRecordWriter", "DataLossError", "parse_example", "parse_single_example",
-    "FixedLenFeature", "VarLenFeature", "FixedLenSequenceFeature", "decode_csv",
+    "FixedLenFeature", "VarLenFeature", "FixedLenSequenceFeature", "decode_csv", "DecodeCSVError",
     "Example", "Features", "Feature", "BytesList", "FloatList", "Int64List",
     "FeatureList", "FeatureLists", "SequenceExample",
 ]

@@ -7,6 +7,17 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 
+class DecodeCSVError(ValueError):
+    """A bad CSV record, with TF's message (TF: ``InvalidArgumentError`` from
+    ``decode_csv``); `record` (its index in the batch), `field` (the column,
+    None for a wrong field count) and `problem` let a reader that knows where
+    the record came from name its file and line."""
+
+    def __init__(self, message: str, record: int, field: Optional[int], problem: str):
+        super().__init__(message)
+        self.record, self.field, self.problem = record, field, problem
+
+
 def _column_kind(default, index: int):
     """(numpy dtype, default value or None when required) of a record_defaults entry."""
     if isinstance(default, (list, tuple, np.ndarray)):
@@ -51,9 +62,9 @@ def _convert(text: str, dtype: np.dtype, field: int, record: int):
     try:
         return dtype.type(int(text)) if dtype.kind == "i" else dtype.type(float(text))
     except ValueError:
-        kind = "int" if dtype.kind == "i" else "float"
-        raise ValueError(f"Field {field} in record {record} is not a valid {kind}: "
-                         f"{text}") from None
+        problem = f"is not a valid {'int' if dtype.kind == 'i' else 'float'}: {text}"
+        raise DecodeCSVError(f"Field {field} in record {record} {problem}", record, field,
+                             problem) from None
 
 
 def decode_csv(records, record_defaults: Sequence, field_delim: str = ",",
@@ -84,15 +95,17 @@ def decode_csv(records, record_defaults: Sequence, field_delim: str = ",",
         fields = next(reader, None) or [""]
         if select_cols is not None:
             if select_cols and select_cols[-1] >= len(fields):
-                raise ValueError(f"Expect {select_cols[-1] + 1} fields but have "
-                                 f"{len(fields)} in record {r}")
+                problem = f"Expect {select_cols[-1] + 1} fields but have {len(fields)}"
+                raise DecodeCSVError(f"{problem} in record {r}", r, None, problem)
             fields = [fields[i] for i in select_cols]
         elif len(fields) != len(kinds):
-            raise ValueError(f"Expect {len(kinds)} fields but have {len(fields)} in record {r}")
+            problem = f"Expect {len(kinds)} fields but have {len(fields)}"
+            raise DecodeCSVError(f"{problem} in record {r}", r, None, problem)
         for c, (text, (dtype, default)) in enumerate(zip(fields, kinds)):
             if text == "" or text == na_value:
                 if default is None:
-                    raise ValueError(f"Field {c} is required but missing in record {r}!")
+                    raise DecodeCSVError(f"Field {c} is required but missing in record {r}!",
+                                         r, c, "is required but missing")
                 value = default.encode("utf-8") if isinstance(default, str) else default
                 columns[c].append(value if dtype == object else dtype.type(value))
             else:

@@ -227,6 +227,49 @@ def test_make_csv_dataset_of_a_header_alone_ends_as_tfs_repeat(tmp_path, caplog)
     assert f"{path} hold(s) no data rows" in caplog.text
 
 
+@pytest.mark.parametrize("bad, where", [
+    ("5.1,abc,setosa", "column 'width' is not a valid float: abc"),
+    ("5.1,,setosa", "column 'width' is required but missing"),
+    ("5.1,3.0", "Expect 3 fields but have 2"),
+])
+def test_make_csv_dataset_errors_name_the_file_and_line(tmp_path, bad, where):
+    """TF (and decode_csv) name the record's index in its batch; a user of a
+    file needs its line. Here the bad row is line 8 of the second file, in the
+    second batch, shuffled."""
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    rows = [f"{i}.5,{i}.25,setosa" for i in range(9)]
+    first.write_text("length,width,species\n" + "\n".join(rows[:4]) + "\n")
+    second.write_text("length,width,species\n" + "\n".join(rows[4:]) + "\n\n"
+                      + bad + "\n" + rows[0] + "\n")
+    dataset = est.data.make_csv_dataset(str(tmp_path / "*.csv"), batch_size=4,
+                                        label_name="species", num_epochs=1, shuffle_seed=3,
+                                        column_defaults=[[0.0], np.float32, [""]])
+    with pytest.raises(ValueError) as info:
+        list(dataset)
+    assert str(info.value) == f"make_csv_dataset: {second}, line 8: {where}\n  {bad}"
+
+
+def test_make_csv_dataset_says_when_a_few_values_make_numbers_strings(tmp_path, caplog):
+    """TF infers the column as strings, silently; the model then fails far
+    from the cause (or a numeric_column hashes bytes)."""
+    path = tmp_path / "a.csv"
+    path.write_text("x,y,name\n" + "".join(f"{i}.5,{i},n{i}\n" for i in range(20))
+                    + "?,3,n\n1.5,?,m\n2.5,n/a,k\n")
+    with caplog.at_level("WARNING"):
+        features, _ = next(iter(est.data.make_csv_dataset(str(path), batch_size=30,
+                                                          label_name="name", shuffle=False)))
+    assert features["x"].dtype == object and features["y"].dtype == object   # as TF
+    assert ("column 'x' is read as strings, as TF reads it: 22 of its first 23 values are "
+            "numbers, but not '?'") in caplog.text
+    assert "21 of its first 23 values are numbers, but not '?', 'n/a'" in caplog.text
+    assert "column 'name'" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        features, _ = next(iter(est.data.make_csv_dataset(
+            str(path), batch_size=30, label_name="name", shuffle=False, na_value="?")))
+    assert features["x"].dtype == np.float32 and "column 'x'" not in caplog.text
+
+
 def test_decode_csv_gives_tfs_columns():
     case = TF["csv"]["decode_csv"]
     columns = est.io.decode_csv(case["records"], record_defaults=[[0], [0.0], ["d"]])
