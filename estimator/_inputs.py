@@ -17,12 +17,11 @@ from hooks.mode_keys import ModeKeys
 logger = logging.getLogger(__name__)
 
 
-def _arg_names(fn: Callable) -> set:
+def _parameters(fn: Callable) -> dict:
     try:
-        params = inspect.signature(fn).parameters
+        return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        return set()
-    return set(params)
+        return {}
 
 
 def call_input_fn(input_fn: Callable, mode: str, params: dict, config, input_context):
@@ -30,11 +29,19 @@ def call_input_fn(input_fn: Callable, mode: str, params: dict, config, input_con
     `mode`, `config` by name (tf.estimator's rules)."""
     if not callable(input_fn):
         raise TypeError(f"input_fn must be callable, got {type(input_fn).__name__}")
-    names = _arg_names(input_fn)
+    parameters = _parameters(input_fn)
     available = {"params": params, "mode": mode, "config": config,
                  "input_context": input_context}
-    kwargs = {k: v for k, v in available.items() if k in names}
-    return input_fn(**kwargs)
+    missing = [name for name, p in parameters.items() if name not in available
+               and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if missing:   # (TF's call fails with Python's "missing 1 required positional argument")
+        listed = ", ".join(repr(name) for name in missing)
+        raise TypeError(
+            f"input_fn {getattr(input_fn, '__qualname__', input_fn)!r} takes {listed}, which "
+            "the Estimator does not give: it passes only mode, params, config and "
+            "input_context, by name. Bind the others, as with TF: "
+            f"functools.partial(input_fn, {missing[0]}=...) or lambda: input_fn(...)")
+    return input_fn(**{k: v for k, v in available.items() if k in parameters})
 
 
 def iterate(dataset, mode: str = "") -> Iterator:

@@ -397,6 +397,26 @@ def test_input_fn_signatures_and_types(tmp_path):
         e.train(lambda: [{"x": x}], steps=1)
 
 
+def test_an_input_fn_taking_an_argument_the_estimator_does_not_give_says_how_to_bind_it(
+        tmp_path):
+    """`def input_fn(batch_size)` handed over unbound: Python's "missing 1
+    required positional argument" from deep in train, as in TF."""
+    e = make(tmp_path)
+    x, y = regression_data(64)
+
+    def input_fn(data_file, batch_size, mode, shuffle=True):
+        return [({"x": x[:batch_size]}, y[:batch_size])]
+    for call in (lambda: e.train(input_fn, steps=1), lambda: e.evaluate(input_fn),
+                 lambda: next(e.predict(input_fn))):
+        with pytest.raises(TypeError, match=(
+                r"input_fn '.*input_fn' takes 'data_file', 'batch_size', which the Estimator "
+                r"does not give: .* functools.partial\(input_fn, data_file=...\)")):
+            call()
+    import functools
+    e.train(functools.partial(input_fn, "unused", 32), steps=1)   # bound: trains
+    assert e.latest_checkpoint().endswith("model.ckpt-1")
+
+
 
 def test_input_fn_returning_one_batch_as_tf_does_is_an_error_saying_how(tmp_path):
     """A TF input_fn may return one batch's tensors: `(features, labels)`, a
