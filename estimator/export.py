@@ -561,6 +561,26 @@ def _trace(built: _Built, scope) -> torch.export.ExportedProgram:
                                dynamic_shapes=built.dynamic_shapes)
 
 
+class _HintedKeyError(KeyError):
+    def __str__(self):   # (KeyError's shows its argument's repr)
+        return str(self.args[0])
+
+
+def _missing_feature(e: KeyError, receiver) -> Optional[KeyError]:
+    """A KeyError from model_fn's PREDICT path whose key the receiver's
+    features do not hold (a feature named otherwise than in training, most
+    likely): the error with both sides named; None for another."""
+    features = receiver.features
+    if not isinstance(features, dict) or len(e.args) != 1 or e.args[0] in features:
+        return None
+    error = _HintedKeyError(
+        f"model_fn's PREDICT path raised KeyError({e.args[0]!r}); the "
+        f"serving_input_receiver_fn's features are {sorted(features)}. If {e.args[0]!r} is "
+        "a feature, the receiver must name its features as the training input_fn names them")
+    error.__cause__ = e
+    return error
+
+
 def _trace_error(e: Exception, path: str, dynamic: bool, any_size: dict) -> ValueError:
     if _host_code(e):
         hint = (" model_fn's PREDICT path computes on a tensor's values in Python or "
@@ -617,8 +637,11 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
             raise ValueError(f"receiver_tensors {sorted(any_size)}: a placeholder's "
                              f"dimensions of any size past the batch are not exported with "
                              f"string or tf.Example inputs")
-        built = _host_program(receiver, scope, call) if host else _tensor_program(
-            receiver, scope, call, any_size)
+        try:
+            built = _host_program(receiver, scope, call) if host else _tensor_program(
+                receiver, scope, call, any_size)
+        except KeyError as e:
+            raise _missing_feature(e, receiver) or e
         try:
             program = _trace(built, scope)
         except Exception as e:

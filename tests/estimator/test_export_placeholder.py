@@ -217,3 +217,28 @@ def test_host_code_in_model_fn_that_no_column_does_says_so(tmp_path):
         e.export_saved_model(str(tmp_path / "e"), est.export.build_raw_serving_input_receiver_fn(
             {"x": torch.zeros(2, 3)}))
     assert "batch size" not in str(raised.value)
+
+
+def test_a_receiver_naming_features_otherwise_than_training_says_so(tmp_path):
+    """It was a bare KeyError('x') from deep in model_fn; the hint is worded
+    for a KeyError model_fn raises for another reason too."""
+    def model_fn(features, labels, mode, params):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        if params.get("fail"):
+            raise KeyError("a lookup of the user's own")
+        logits = net(features["x"])
+        return est.EstimatorSpec(mode, predictions={"y": logits},
+                                 loss=logits.mean() if labels is not None else None,
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    e.train(lambda: [({"x": torch.ones(4, 3)}, torch.ones(4, 1))], steps=1)
+    receiver = est.export.build_raw_serving_input_receiver_fn({"inputs": torch.zeros(2, 3)})
+    failing = est.Estimator(model_fn, model_dir=str(tmp_path / "m"), params={"fail": True})
+    for estimator, key in ((e, "'x'"), (failing, '"a lookup of the user\'s own"')):
+        with pytest.raises(KeyError) as raised:
+            estimator.export_saved_model(str(tmp_path / "e"), receiver)
+        assert str(raised.value) == (
+            f"model_fn's PREDICT path raised KeyError({key}); the serving_input_receiver_fn's "
+            f"features are ['inputs']. If {key} is a feature, the receiver must name its "
+            "features as the training input_fn names them")
+    assert not os.path.exists(tmp_path / "e")
