@@ -64,6 +64,9 @@ class Estimator:
                              f"with different values. In constructor: '{model_dir}', in "
                              f"`RunConfig`: '{config.model_dir}'.")
         model_dir = model_dir or config.model_dir
+        if model_dir and os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ValueError(f"model_dir {model_dir!r} is a file, not a directory: give the "
+                             "directory the checkpoints and summaries go to")
         if not model_dir:
             model_dir = tempfile.mkdtemp(prefix="estimator-")
             logger.warning("Using temporary folder as model directory: %s", model_dir)

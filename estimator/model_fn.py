@@ -126,8 +126,14 @@ def _validate(mode, predictions, loss, train_op, eval_metric_ops, export_outputs
 
 
 def _check_predictions(predictions) -> None:
-    items = predictions.items() if isinstance(predictions, dict) else [("predictions", predictions)]
-    for key, value in items:
+    if not isinstance(predictions, dict):
+        if not (isinstance(predictions, torch.Tensor) or _is_strings(predictions)):
+            several = isinstance(predictions, (list, tuple))
+            raise TypeError(f"EstimatorSpec(mode='infer'): predictions must be a tensor or a "
+                            f"dict of tensors (or strings), got {type(predictions).__name__}"
+                            + ("; name them: {'name': tensor, ...}" if several else ""))
+        return
+    for key, value in predictions.items():
         if not (isinstance(value, torch.Tensor) or _is_strings(value)):
             raise TypeError(f"EstimatorSpec(mode='infer'): predictions[{key!r}] must be a "
                             f"tensor or strings (a numpy str/bytes array, a list of str "

@@ -151,11 +151,27 @@ def test_bad_spec_is_an_error_before_anything_is_written(tmp_path, kind, message
     assert not model_dir.exists() or not os.listdir(model_dir)
 
 
+def test_a_model_dir_that_is_a_file_is_named_at_once(tmp_path):
+    """It failed at the first summary, with 'File exists writing the summaries'."""
+    path = tmp_path / "data.csv"
+    path.write_text("x\n1\n")
+    for kwargs in ({"model_dir": str(path)}, {"config": est.RunConfig(model_dir=str(path))}):
+        with pytest.raises(ValueError, match=f"model_dir '{path}' is a file, not a directory"):
+            est.Estimator(regression_model_fn, **kwargs)
+    assert path.read_text() == "x\n1\n"
+
+
 def test_predict_spec_needs_predictions():
     with pytest.raises(ValueError, match=r"mode='infer'.*missing field `predictions`"):
         est.EstimatorSpec(est.ModeKeys.PREDICT)
     with pytest.raises(TypeError, match=r"predictions\['a'\] must be a tensor"):
         est.EstimatorSpec(est.ModeKeys.PREDICT, predictions={"a": [1]})
+    y = torch.ones(2, 1)   # it said predictions['predictions'] of a list
+    with pytest.raises(TypeError, match=r"^EstimatorSpec\(mode='infer'\): predictions must be "
+                       r"a tensor or a dict of tensors \(or strings\), got list; name them: "
+                       r"\{'name': tensor, ...\}$"):
+        est.EstimatorSpec(est.ModeKeys.PREDICT, predictions=[y, y * 2])
+    est.EstimatorSpec(est.ModeKeys.PREDICT, predictions=["a", "b"])   # strings: as before
 
 
 def test_model_fn_arguments_follow_its_signature(tmp_path):
