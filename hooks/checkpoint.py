@@ -513,16 +513,24 @@ def load(path: str) -> dict:
         with open(path + suffix, "rb") as f:
             want = f.read().strip().decode("ascii", "replace")
         if digest(data) != want:
-            raise DataLossError(f"Checkpoint {path!r} is damaged: its content does not match the "
-                             f"digest saved with it ({os.path.basename(path)}{suffix})")
+            raise DataLossError(f"Checkpoint {path!r} is damaged: its content does not match "
+                                f"the digest saved with it ({os.path.basename(path)}{suffix})")
         break
+    else:   # (copied without it, or deleted): said once a file
+        if os.path.realpath(path) not in _unchecked:
+            _unchecked.add(os.path.realpath(path))
+            logger.warning("Checkpoint %s has no digest beside it (%s%s): its content is "
+                           "loaded unchecked", path, os.path.basename(path), DIGEST_SUFFIX)
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, foreign or unsafe content
         reason = " ".join(line for line in str(e).splitlines()[:1]
                           if "weights_only" not in line) or type(e).__name__
         raise DataLossError(f"Checkpoint {path!r} cannot be read: it is truncated, damaged or "
-                         f"not a checkpoint of this library ({reason})") from None
+                            f"not a checkpoint of this library ({reason})") from None
+
+
+_unchecked: set = set()   # checkpoints loaded without a digest, said once
 
 
 def resolve(path_or_dir: str) -> str:

@@ -93,6 +93,19 @@ def test_truncated_checkpoint_is_a_clear_error(tmp_path):
     assert "weights_only" not in str(info.value)   # never advise loading unsafely
 
 
+def test_a_checkpoint_without_its_digest_loads_and_says_it_is_unchecked(tmp_path, caplog):
+    """Copied without it, or the digest deleted: it loaded without a word."""
+    e = train(tmp_path, 3, save_checkpoints_steps=100)
+    path = e.latest_checkpoint()
+    os.remove(path + checkpoint.DIGEST_SUFFIX)
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            assert checkpoint.load(path)["global_step"] == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Checkpoint {path} has no digest beside it (model.ckpt-3.crc32c): its content is "
+        "loaded unchecked"]   # once a file
+
+
 def test_checkpoint_cannot_run_code(tmp_path):
     class Evil:
         def __reduce__(self):
