@@ -199,7 +199,10 @@ class _WarmStarter:
             self.path = prefix
             self._variables = _TFVariables(tf_checkpoint.TFCheckpointReader(prefix))
         else:
-            self.path = checkpoint.resolve(settings.ckpt_to_initialize_from)
+            try:
+                self.path = checkpoint.resolve(settings.ckpt_to_initialize_from)
+            except ValueError as e:
+                raise ValueError(f"warm_start_from: {e}") from None
             self._variables = checkpoint.flat_variables(checkpoint.load(self.path))
         self._settings = settings
         self._names = []              # every module variable offered, in order

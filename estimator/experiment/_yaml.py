@@ -106,15 +106,28 @@ class Tree:
         return node
 
 
-def _syntax_error(source: str, error: yaml.MarkedYAMLError) -> ExperimentError:
-    mark = error.problem_mark or error.context_mark
+def _syntax_error(source: str, text: str, error: yaml.MarkedYAMLError) -> ExperimentError:
+    mark, opened = error.problem_mark or error.context_mark, error.context_mark
     what = error.problem or error.context or "cannot parse"
-    context = f" ({error.context})" if error.context and error.problem else ""
+    earlier = opened is not None and mark is not None and opened.line < mark.line
+    context = ""
+    if error.context and error.problem:
+        context = f" ({error.context}" + (
+            f" started on line {opened.line + 1}" if earlier else "") + ")"
     column = f" at column {mark.column + 1}" if mark else ""
+    lines = text.splitlines()
+    marked = [lines[m.line] for m in (mark, opened) if m and m.line < len(lines)]
+    if any("${" in line for line in marked):
+        fix = ("quote a ${...} reference inside {...} or [...] ('${a.b}'): unquoted, its "
+               "braces are YAML's")
+    elif earlier:   # (a bracket left open)
+        fix = (f"close the bracket opened on line {opened.line + 1}, or fix the YAML syntax "
+               "on this line")
+    else:
+        fix = ("fix the YAML syntax on this line (indentation, ':' after each key, closed "
+               "quotes and brackets)")
     return ExperimentError([Problem(Location(source, mark.line + 1 if mark else None), "",
-                                    f"malformed YAML: {what}{context}{column}; fix the YAML "
-                                    f"syntax on this line (indentation, ':' after each key, "
-                                    f"closed quotes and brackets)")])
+                                    f"malformed YAML: {what}{context}{column}; {fix}")])
 
 
 # What an experiment file may hold: far more than any real one, far less than
@@ -160,7 +173,7 @@ def load_text(text: str, source: str) -> Tree:
             _limit(text, source)
             node = loader.get_single_node()
         except yaml.MarkedYAMLError as e:
-            raise _syntax_error(source, e) from None
+            raise _syntax_error(source, text, e) from None
         marks: Dict[Path, Location] = {}
         problems: List[Problem] = []
         if node is None:

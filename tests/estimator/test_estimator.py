@@ -349,9 +349,15 @@ def test_warm_start_renamed_variables(tmp_path):
 def test_warm_start_from_missing_checkpoint_is_an_error(tmp_path):
     e = est.Estimator(regression_model_fn, model_dir=str(tmp_path / "d"),
                       warm_start_from=str(tmp_path / "missing"))
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match=f"^warm_start_from: Checkpoint '{tmp_path}/missing' "
+                       "does not exist$"):
         e.train(regression_input_fn(), steps=1)
     assert not (tmp_path / "d").exists() or not os.listdir(tmp_path / "d")
+    (tmp_path / "empty").mkdir()
+    e = est.Estimator(regression_model_fn, model_dir=str(tmp_path / "d"),
+                      warm_start_from=str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="^warm_start_from: No checkpoint found in directory"):
+        e.evaluate(regression_input_fn(repeat=False))
 
 
 def test_resume_wins_over_warm_start(tmp_path, caplog):

@@ -192,8 +192,12 @@ BAD = [
      "syntax on this line (indentation, ':' after each key, closed quotes and brackets)"),
     ("unclosed bracket", HEAD + "params: {lr: 0.1\n",
      "{f}:5: malformed YAML: expected ',' or '}}', but got '<stream end>' (while parsing a flow "
-     "mapping) at column 1; fix the YAML syntax on this line (indentation, ':' after each key, "
-     "closed quotes and brackets)"),
+     "mapping started on line 4) at column 1; close the bracket opened on line 4, or fix the "
+     "YAML syntax on this line"),
+    ("a reference unquoted in a flow mapping", HEAD + "params: {lr: 0.1, b: ${params.lr}}\n",
+     "{f}:4: malformed YAML: expected ',' or '}}', but got '{{' (while parsing a flow mapping) "
+     "at column 23; quote a ${{...}} reference inside {{...}} or [...] ('${{a.b}}'): unquoted, "
+     "its braces are YAML's"),
     ("duplicate key", HEAD + "run_config:\n  model_dir: a\n  model_dir: b\n",
      "{f}:6: run_config.model_dir: duplicate key (first given on line 5); keep only one of "
      "them"),
