@@ -46,6 +46,7 @@ from hooks.basic_session_run_hooks import CheckpointSaverHook, CheckpointSaverLi
 from hooks.event_files import EVENT_FILE_PATTERN, read_scalars
 from hooks import files
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
+from hooks.training_lock import EvaluationLock
 
 from . import _checks, checkpoint, remote
 from ._checks import is_number
@@ -710,7 +711,13 @@ def _early_stopping_fns(train_spec) -> list:
 
 def _run_evaluator(estimator, train_spec, eval_spec):
     """Evaluate new checkpoints until the one at max_steps (or the final one)
-    has been evaluated (TF's run_evaluator / _start_continuous_evaluation)."""
+    has been evaluated (TF's run_evaluator / _start_continuous_evaluation),
+    holding the eval dir's lock (one evaluator per eval dir)."""
+    with EvaluationLock(_eval_dir(estimator, eval_spec.name)):
+        return _evaluate_continuously(estimator, train_spec, eval_spec)
+
+
+def _evaluate_continuously(estimator, train_spec, eval_spec):
     model_dir, max_steps = estimator.model_dir, train_spec.max_steps
     pin_dir = os.path.join(_eval_dir(estimator, eval_spec.name), _PIN_DIR)
     shutil.rmtree(pin_dir, ignore_errors=True)   # links left by a killed evaluator

@@ -11,6 +11,10 @@ A second trainer waits up to `WAIT_SECS` (for a preempted chief finishing its
 save, a terminating pod), then fails naming the holder.
 Where locks are unsupported (a filesystem without them, no `fcntl`),
 training goes on with a warning.
+
+`EvaluationLock` is the same for the evaluator task and its eval dir: two
+evaluators of one model_dir wrote each evaluation twice and removed the
+checkpoints the other held for its exports.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import os
 import socket
 import time
 import weakref
-from typing import Optional
+from typing import NamedTuple, Optional
 
 try:
     import fcntl
@@ -30,9 +34,35 @@ except ImportError:   # (no POSIX locks: train without one)
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".training.lock"
+EVAL_LOCK_FILE = ".evaluation.lock"
 WAIT_SECS = 60.0    # the longest a second trainer waits for the first to end
 _POLL_SECS = 0.2
 _held: set = set()   # the lock files this process holds (their real paths)
+
+
+class _Kind(NamedTuple):
+    """A lock's file and what its messages say ({dir}: the directory)."""
+    lock_file: str
+    busy: str        # "<dir> ... by another process (holder)"
+    harm: str
+    instead: str
+    resumed: str
+    unlocked: str
+
+
+_TRAINING = _Kind(
+    LOCK_FILE, "model_dir {dir} is being trained",
+    "two trainers writing one model_dir overwrite each other's checkpoints",
+    "train into another model_dir", "model_dir {dir}: the other process ended; training",
+    "Training into {dir} without a lock ({error}): another process training into it at the "
+    "same time would not be noticed")
+_EVALUATION = _Kind(
+    EVAL_LOCK_FILE, "eval dir {dir} is being written",
+    "two evaluators of one model_dir write each evaluation twice and remove the checkpoints "
+    "the other holds", "give this evaluator's EvalSpec another name",
+    "eval dir {dir}: the other process ended; evaluating",
+    "Evaluating into {dir} without a lock ({error}): another evaluator writing it at the "
+    "same time would not be noticed")
 
 
 class TrainingLock:
@@ -40,10 +70,12 @@ class TrainingLock:
     another holder, up to `wait_secs`) until `release()` (or until this
     object is collected)."""
 
-    def __init__(self, model_dir: str, wait_secs: Optional[float] = None):
+    def __init__(self, model_dir: str, wait_secs: Optional[float] = None,
+                 _kind: _Kind = _TRAINING):
         self.model_dir = model_dir
-        self._fd = _acquire(model_dir, WAIT_SECS if wait_secs is None else wait_secs)
-        self._finalizer = weakref.finalize(self, _release, model_dir, self._fd)
+        path = os.path.join(model_dir, _kind.lock_file)
+        self._fd = _acquire(path, WAIT_SECS if wait_secs is None else wait_secs, _kind)
+        self._finalizer = weakref.finalize(self, _release, path, self._fd)
 
     @property
     def held(self) -> bool:
@@ -59,10 +91,16 @@ class TrainingLock:
         self.release()
 
 
-def _release(model_dir: str, fd: Optional[int]) -> None:
+class EvaluationLock(TrainingLock):
+    """The evaluator task's lock on its eval dir (`eval_dir/.evaluation.lock`)."""
+
+    def __init__(self, eval_dir: str, wait_secs: Optional[float] = None):
+        super().__init__(eval_dir, wait_secs, _EVALUATION)
+
+
+def _release(path: str, fd: Optional[int]) -> None:
     if fd is None:
         return
-    path = os.path.join(model_dir, LOCK_FILE)
     _held.discard(os.path.realpath(path))
     try:   # removed while held, so a waiter that then locks it sees it gone (_acquire)
         os.unlink(path)
@@ -71,30 +109,30 @@ def _release(model_dir: str, fd: Optional[int]) -> None:
     os.close(fd)   # (the lock goes with the descriptor)
 
 
-def _acquire(model_dir: str, wait_secs: float) -> Optional[int]:
-    """The descriptor holding the lock; None where no lock can be taken or
-    this process holds it already (a POSIX lock is the process's: a second
-    descriptor's close would release it)."""
+def _acquire(path: str, wait_secs: float, kind: _Kind) -> Optional[int]:
+    """The descriptor holding the lock file `path`; None where no lock can be
+    taken or this process holds it already (a POSIX lock is the process's: a
+    second descriptor's close would release it)."""
     if fcntl is None:
         return None
-    path = os.path.join(model_dir, LOCK_FILE)
+    directory = os.path.dirname(path)
     if os.path.realpath(path) in _held:
         return None
     deadline = time.monotonic() + wait_secs
     waiting = False
     while True:
         try:
-            os.makedirs(model_dir, exist_ok=True)
+            os.makedirs(directory, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            _unlocked(model_dir, e)
+            logger.warning(kind.unlocked.format(dir=directory, error=e))
             return None
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EACCES, errno.EAGAIN):
                 os.close(fd)
-                _unlocked(model_dir, e)
+                logger.warning(kind.unlocked.format(dir=directory, error=e))
                 return None
         else:
             if _same_file(fd, path):
@@ -103,16 +141,13 @@ def _acquire(model_dir: str, wait_secs: float) -> Optional[int]:
             continue
         holder = _holder(fd)
         os.close(fd)
+        busy = f"{kind.busy.format(dir=directory)} by another process ({holder})"
         if time.monotonic() >= deadline:
-            raise RuntimeError(
-                f"model_dir {model_dir} is being trained by another process ({holder}), "
-                f"still after {wait_secs:g} s: two trainers writing one model_dir overwrite "
-                f"each other's checkpoints. Stop that process, or train into another "
-                f"model_dir ({path} names the holder)")
+            raise RuntimeError(f"{busy}, still after {wait_secs:g} s: {kind.harm}. Stop that "
+                               f"process, or {kind.instead} ({path} names the holder)")
         if not waiting:
             waiting = True
-            logger.warning("model_dir %s is being trained by another process (%s): waiting "
-                           "up to %g s for it to end", model_dir, holder, wait_secs)
+            logger.warning("%s: waiting up to %g s for it to end", busy, wait_secs)
         time.sleep(_POLL_SECS)
     try:
         os.ftruncate(fd, 0)
@@ -121,7 +156,7 @@ def _acquire(model_dir: str, wait_secs: float) -> Optional[int]:
     except OSError:   # (a full disk: the lock holds all the same)
         pass
     if waiting:
-        logger.warning("model_dir %s: the other process ended; training", model_dir)
+        logger.warning(kind.resumed.format(dir=directory))
     _held.add(os.path.realpath(path))
     return fd
 
@@ -142,8 +177,3 @@ def _holder(fd: int) -> str:
     except OSError:
         text = ""
     return text or "holder unknown"
-
-
-def _unlocked(model_dir: str, error: OSError) -> None:
-    logger.warning("Training into %s without a lock (%s): another process training into it "
-                   "at the same time would not be noticed", model_dir, error)

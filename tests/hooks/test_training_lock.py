@@ -45,11 +45,13 @@ e.train(slow, max_steps=last, saving_listeners=[Ready()])
 _HOLDER = """
 import sys, time
 sys.path[:0] = [{root!r}]
-from hooks.training_lock import TrainingLock
-lock = TrainingLock(sys.argv[1])
+from hooks.training_lock import {lock}
+lock = {lock}(sys.argv[1])
 open(sys.argv[2], "w").close()
 time.sleep(120)
 """
+_EVALUATOR_HOLDER = _HOLDER.replace("{lock}", "EvaluationLock")
+_HOLDER = _HOLDER.replace("{lock}", "TrainingLock")
 
 
 def _start(tmp_path, template, *args):
@@ -153,3 +155,30 @@ def test_the_lock_is_the_process_s_once(tmp_path):
         assert probe.returncode == 1 and "is being trained by another process" in probe.stderr
     assert not outer.held
     assert not os.path.exists(os.path.join(model_dir, training_lock.LOCK_FILE))
+
+
+@pytest.mark.slow
+def test_a_second_evaluator_of_one_eval_dir_is_an_error_naming_the_first(tmp_path, monkeypatch):
+    """Both evaluated every checkpoint into one eval dir (each point twice in
+    TensorBoard, each export twice), and the second's start removed the links
+    through which the first held checkpoints for its exports."""
+    from tf_cluster import tf_config
+    model_dir = tmp_path / "m"
+    _estimator(model_dir).train(regression_input_fn(), max_steps=5)
+    holder = _start(tmp_path, _EVALUATOR_HOLDER, model_dir / "eval")
+    monkeypatch.setattr(training_lock, "WAIT_SECS", 0.5)
+    monkeypatch.setenv("TF_CONFIG", tf_config({"chief": ["127.0.0.1:1111"]}, "evaluator", 0))
+    specs = (est.TrainSpec(regression_input_fn(), max_steps=5), est.EvalSpec(
+        regression_input_fn(repeat=False), steps=None, start_delay_secs=0, throttle_secs=0))
+    try:
+        with pytest.raises(RuntimeError, match=(
+                f"^eval dir {model_dir / 'eval'} is being written by another process \\(pid "
+                f"{holder.pid} on .*\\), still after 0.5 s: two evaluators of one model_dir "
+                "write each evaluation twice .* give this evaluator's EvalSpec another name")):
+            est.train_and_evaluate(_estimator(model_dir), *specs)
+        assert os.listdir(model_dir / "eval") == [training_lock.EVAL_LOCK_FILE]
+    finally:
+        _stop(holder)
+    metrics, _ = est.train_and_evaluate(_estimator(model_dir), *specs)   # the holder gone
+    assert metrics["global_step"] == 5
+    assert training_lock.EVAL_LOCK_FILE not in os.listdir(model_dir / "eval")
