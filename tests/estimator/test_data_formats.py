@@ -249,6 +249,15 @@ def test_make_csv_dataset_errors_name_the_file_and_line(tmp_path, bad, where):
     assert str(info.value) == f"make_csv_dataset: {second}, line 8: {where}\n  {bad}"
 
 
+def test_make_csv_dataset_of_an_empty_file_says_so(tmp_path):
+    """It said "`label_name` provided must be one of the columns: []"."""
+    path = tmp_path / "a.csv"
+    path.write_text("")
+    with pytest.raises(ValueError, match=f"^make_csv_dataset: {path} is empty: it has no header "
+                       "line to name the columns$"):
+        est.data.make_csv_dataset(str(path), batch_size=2, label_name="y")
+
+
 def test_make_csv_dataset_says_when_a_few_values_make_numbers_strings(tmp_path, caplog):
     """TF infers the column as strings, silently; the model then fails far
     from the cause (or a numeric_column hashes bytes)."""
