@@ -20,6 +20,7 @@ to check on the same steps.
 from __future__ import annotations
 
 import collections
+import difflib
 import logging
 import operator
 import os
@@ -123,8 +124,10 @@ def _check_common(what: str, estimator, metric_name, min_steps) -> None:
 
 def _metric(metrics: dict, metric_name: str, step: int, eval_dir: str):
     if metric_name not in metrics:
+        close = difflib.get_close_matches(metric_name, list(metrics), n=1)
         raise KeyError(f"Early stopping: metric {metric_name!r} is not in the evaluation at "
-                       f"global step {step} in {eval_dir}; it has {sorted(metrics)}")
+                       f"global step {step} in {eval_dir}; it has {sorted(metrics)}"
+                       + (f": did you mean {close[0]!r}?" if close else ""))
     return metrics[metric_name]
 
 

@@ -489,9 +489,13 @@ def test_early_stopping_errors(tmp_path):
         hooks.stop_if_higher_hook(e, "acc", "0.9")
     with SummaryWriter(e.eval_dir()) as writer:
         writer.add_scalar("loss", 1.0, 5)
-    hook = hooks.stop_if_higher_hook(e, "accuracy", 0.5, **EVERY_STEP)
-    with pytest.raises(KeyError, match=r"metric 'accuracy' is not in the evaluation at global "
-                       r"step 5 .* it has \['loss'\]"):
+        writer.add_scalar("accuracy", 0.5, 5)
+    hook = hooks.stop_if_higher_hook(e, "acuracy", 0.5, **EVERY_STEP)
+    with pytest.raises(KeyError, match=r"metric 'acuracy' is not in the evaluation at global "
+                       r"step 5 .* it has \['accuracy', 'loss'\]: did you mean 'accuracy'\?"):
+        e.train(regression_input_fn(), steps=3, hooks=[hook])
+    hook = hooks.stop_if_higher_hook(e, "auc", 0.5, **EVERY_STEP)
+    with pytest.raises(KeyError, match=r"it has \['accuracy', 'loss'\]\W*$"):
         e.train(regression_input_fn(), steps=3, hooks=[hook])
 
 
