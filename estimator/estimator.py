@@ -210,34 +210,44 @@ class Estimator:
             checkpoint.restore_rng(state["rng"])
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
                                           restore_path=latest), None
-        self._check_not_tf_model_dir("training here does not resume from (it would start "
-                                     "from step 0 and overwrite the directory's checkpoint "
-                                     "index)")
+        self._check_not_tf_model_dir(self._model_dir, "training here does not resume from (it "
+                                     "would start from step 0 and overwrite the directory's "
+                                     "checkpoint index)")
         _seed(self._config.tf_random_seed)
         return self._initial_scope(ModeKeys.TRAIN, strategy)
 
-    def _check_not_tf_model_dir(self, why: str) -> None:
-        tf_prefix = tf_checkpoint.find_prefix(self._model_dir) if self._model_dir else None
+    @staticmethod
+    def _check_not_tf_model_dir(directory: Optional[str], why: str) -> None:
+        tf_prefix = tf_checkpoint.find_prefix(directory) if directory else None
         if tf_prefix is not None:
             raise ValueError(
-                f"model_dir {self._model_dir} holds TensorFlow's checkpoint "
+                f"model_dir {directory} holds TensorFlow's checkpoint "
                 f"{os.path.basename(tf_prefix)}, which {why}. To start from its variables "
                 f"give warm_start_from={tf_prefix!r} (they load by TF's names) and a new "
                 "model_dir")
 
-    def _newest_good(self, what: str) -> tuple:
-        """(path, contents) of the checkpoint to `what` when none is named: the
-        newest good one in model_dir, past a damaged one with a warning naming
-        it (as training resumes); (None, None) when model_dir has none; an
-        error when it has only damaged ones."""
-        if self.latest_checkpoint() is None:
+    def _checkpoint_to_read(self, checkpoint_path: Optional[str], what: str) -> tuple:
+        """(path, contents) of the checkpoint to `what`: `checkpoint_path` (a
+        file, or a directory's newest good checkpoint), else model_dir's newest
+        good one; past a damaged one with a warning naming it (as training
+        resumes). (None, None) when model_dir has none; an error when a
+        directory holds only damaged ones, a DataLossError for a damaged file
+        named."""
+        if checkpoint_path is not None and not os.path.isdir(checkpoint_path):
+            path = checkpoint.resolve(checkpoint_path)
+            return path, checkpoint.load(path)
+        directory = self._model_dir if checkpoint_path is None else checkpoint_path
+        if checkpoint.latest_checkpoint(directory) is None:
+            if checkpoint_path is not None:
+                raise ValueError(f"No checkpoint found in directory {checkpoint_path!r}")
             return None, None
-        path, state = checkpoint.restore_latest(self._model_dir, none_left=f"nothing to {what}")
+        path, state = checkpoint.restore_latest(directory, none_left=f"nothing to {what}")
         if path is None:
-            self._check_not_tf_model_dir(f"{what} does not read")
-            raise ValueError(f"No good checkpoint in model_dir {self._model_dir!r} to {what}: "
-                             "each is damaged (the warnings above name them); train again, or "
-                             "pass checkpoint_path")
+            self._check_not_tf_model_dir(directory, f"{what} does not read")
+            raise ValueError(f"No good checkpoint in "
+                             f"{'model_dir ' if checkpoint_path is None else ''}{directory!r} "
+                             f"to {what}: each is damaged (the warnings above name them); train "
+                             "again, or pass checkpoint_path")
         return path, state
 
     def _initial_scope(self, mode: str, strategy) -> tuple:
@@ -327,11 +337,8 @@ class Estimator:
         """Evaluate a checkpoint (the latest by default) over `steps` batches or
         the whole input; returns `loss`, `global_step` and every metric."""
         steps = _checks.steps(steps, "steps")
-        if checkpoint_path is not None:   # (read here: a damaged one fails before any replica)
-            path = checkpoint.resolve(checkpoint_path)
-            state = checkpoint.load(path)
-        else:
-            path, state = self._newest_good("evaluate")
+        # (read here: a damaged checkpoint fails before any replica starts)
+        path, state = self._checkpoint_to_read(checkpoint_path, "evaluate")
         return self._evaluate_checkpoint(input_fn, steps, hooks, name, path, state)
 
     def _evaluate_checkpoint(self, input_fn, steps, hooks, name, path, state) -> dict:
@@ -425,14 +432,10 @@ class Estimator:
                 checkpoint_path: Optional[str] = None, yield_single_examples: bool = True):
         """Yield predictions for every input batch (as dicts of numpy values, one
         per example when `yield_single_examples`)."""
-        if checkpoint_path is not None:
-            path = checkpoint.resolve(checkpoint_path)
-            state = checkpoint.load(path)
-        else:
-            path, state = self._newest_good("predict")
-            if path is None:
-                logger.warning("Could not find trained model in model_dir: %s, running "
-                               "initialization to predict.", self._model_dir)
+        path, state = self._checkpoint_to_read(checkpoint_path, "predict")
+        if path is None:
+            logger.warning("Could not find trained model in model_dir: %s, running "
+                           "initialization to predict.", self._model_dir)
         keys = [predict_keys] if isinstance(predict_keys, str) else predict_keys
         user_hooks = check_hooks(hooks)
         strategy = self._config.eval_distribute or distribute.get_strategy()

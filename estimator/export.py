@@ -50,7 +50,6 @@ import distribute
 
 from hooks import model_scope
 
-from . import checkpoint
 from . import io as tf_io
 from .feature_column import recorded
 from .host_transform import EXAMPLES, HostTransform, is_host_value, template_examples
@@ -610,11 +609,7 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     if not callable(serving_input_receiver_fn):
         raise TypeError(f"serving_input_receiver_fn must be callable, got "
                         f"{serving_input_receiver_fn!r}")
-    if checkpoint_path:
-        path = checkpoint.resolve(checkpoint_path)
-        state = checkpoint.load(path)
-    else:
-        path, state = estimator._newest_good("export")
+    path, state = estimator._checkpoint_to_read(checkpoint_path or None, "export")
     if path is None and estimator._warm_start_settings is None:
         raise ValueError(f"Couldn't find trained model at {estimator.model_dir}.")
     receiver = serving_input_receiver_fn()

@@ -91,3 +91,22 @@ def test_a_damaged_checkpoint_path_is_tf_s_data_loss_error(tmp_path, model_dir):
                  lambda: e.export_saved_model(str(tmp_path / "x"), SERVING, checkpoint_path=path)):
         with pytest.raises(checkpoint.DataLossError, match=f"Checkpoint '{path}' is damaged"):
             call()
+
+
+def test_a_directory_as_checkpoint_path_falls_back_as_model_dir_does(tmp_path, model_dir,
+                                                                     caplog):
+    """TF reads a directory's latest checkpoint; a damaged one is passed over
+    there too, and only damaged ones is an error naming the directory."""
+    e = est.Estimator(bn_dropout_model_fn, params={"width": 16},
+                      model_dir=str(tmp_path / "other"))
+    good = predictions(e, checkpoint_path=os.path.join(model_dir, "model.ckpt-3"))
+    damage(os.path.join(model_dir, "model.ckpt-6"))
+    with caplog.at_level("WARNING"):
+        np.testing.assert_array_equal(predictions(e, checkpoint_path=model_dir), good)
+    assert "model.ckpt-6' is damaged" in caplog.text
+    damage(os.path.join(model_dir, "model.ckpt-3"))
+    with pytest.raises(ValueError, match=f"^No good checkpoint in '{model_dir}' to evaluate: "
+                       "each is damaged"):
+        e.evaluate(iris_like_input_fn(), checkpoint_path=model_dir)
+    with pytest.raises(ValueError, match="No checkpoint found in directory"):
+        e.evaluate(iris_like_input_fn(), checkpoint_path=str(tmp_path))

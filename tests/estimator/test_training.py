@@ -523,7 +523,9 @@ def test_evaluator_started_first_and_faster_than_the_chief(tmp_path):
     try:
         wait_for(lambda: "not trained yet" in open(evaluator_proc.log_path).read(), 60,
                  "the evaluator to poll an empty model_dir")
-        assert not os.path.exists(model_dir) or not os.listdir(model_dir)
+        written = [os.path.relpath(os.path.join(d, f), model_dir)
+                   for d, _, files in os.walk(model_dir) for f in files]
+        assert written == [os.path.join("eval", ".evaluation.lock")]   # only its lock
         procs.append(start_task(tmp_path, "chief", args + ["--step_sleep", "0.05"], cluster))
     finally:
         finish(procs)
