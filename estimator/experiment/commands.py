@@ -146,7 +146,10 @@ def add_parsers(subparsers) -> None:
 
 
 def _guarded(name: str, handler):
-    """Run a handler; a bad experiment is exit status 2 with every problem on stderr."""
+    """Run a handler; a bad experiment is exit status 2 with every problem on
+    stderr; an error this library raised with no user code on the stack (a
+    missing checkpoint, a model_dir with none to export) is exit status 1
+    with its message. Errors from user code keep their traceback."""
     def run(args) -> int:
         _setup_logging(args.quiet)
         try:
@@ -155,7 +158,36 @@ def _guarded(name: str, handler):
             for problem in e.problems:
                 print(f"estimator {name}: error: {problem}", file=sys.stderr)
             return 2
+        except (ValueError, TypeError, OSError, RuntimeError) as e:
+            if not _ours_alone(e):
+                raise
+            for line in [str(e), *getattr(e, "__notes__", ())]:
+                print(f"estimator {name}: error: {line}", file=sys.stderr)
+            return 1
     return run
+
+
+def _ours_alone(error: BaseException) -> bool:
+    """Whether `error` was raised by this library's own checks: every frame
+    of its traceback in its packages, the standard library or installed
+    packages (none in a user's model_fn, input_fn or hook), and not chained
+    from another error."""
+    if error.__cause__ is not None or (error.__context__ is not None
+                                       and not error.__suppress_context__):
+        return False
+    import distribute
+    import hooks
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # estimator/
+    ours = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                 for m in (distribute, hooks)) + (package + os.sep,)
+    installed = tuple({p + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    tb = error.__traceback__
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not filename.startswith(ours) and not filename.startswith(installed):
+            return False
+        tb = tb.tb_next
+    return True
 
 
 def _setup_logging(quiet: bool) -> None:

@@ -592,6 +592,25 @@ def test_cli_inspect_errors(tmp_path, workdir, capsys):
                                       "run_config.model_dir\n"
 
 
+def test_cli_errors_of_its_own_checks_are_one_line_user_code_s_keep_the_traceback(
+        trained, tmp_path, capsys):
+    """A missing checkpoint or model printed a traceback through the library."""
+    config, sets = trained[1][0], ["-q", "--set", f"run_config.model_dir={tmp_path / 'none'}"]
+    assert cli.main(["export", config, *sets]) == 1
+    assert capsys.readouterr().err == (f"estimator export: error: Couldn't find trained model "
+                                       f"at {tmp_path / 'none'}.\n")
+    assert cli.main(["evaluate", config, *trained[1][1:], "--checkpoint",
+                     str(tmp_path / "model.ckpt-7")]) == 1
+    assert capsys.readouterr().err == (f"estimator evaluate: error: Checkpoint "
+                                       f"'{tmp_path / 'model.ckpt-7'}' does not exist\n")
+    (tmp_path / "mod.py").write_text(
+        "def input_fn(params, mode):\n"
+        "    raise ValueError('a bug in input_fn')\n")
+    with pytest.raises(ValueError, match="a bug in input_fn"):   # the traceback is the user's
+        cli.main(["evaluate", config, *trained[1][1:], "--set",
+                  f"eval_spec.input_fn={tmp_path / 'mod.py'}:input_fn"])
+
+
 def test_cli_evaluate_json_and_text(trained, capsys):
     _, args = trained
     assert cli.main(["evaluate", *args, "--json"]) == 0
