@@ -65,16 +65,15 @@ _EVALUATION = _Kind(
     "same time would not be noticed")
 
 
-class TrainingLock:
-    """The lock on `model_dir`, held from construction (after waiting for
+class _DirectoryLock:
+    """The lock on `directory`, held from construction (after waiting for
     another holder, up to `wait_secs`) until `release()` (or until this
     object is collected)."""
 
-    def __init__(self, model_dir: str, wait_secs: Optional[float] = None,
-                 _kind: _Kind = _TRAINING):
-        self.model_dir = model_dir
-        path = os.path.join(model_dir, _kind.lock_file)
-        self._fd = _acquire(path, WAIT_SECS if wait_secs is None else wait_secs, _kind)
+    def __init__(self, directory: str, kind: _Kind, wait_secs: Optional[float]):
+        self.directory = directory
+        path = os.path.join(directory, kind.lock_file)
+        self._fd = _acquire(path, WAIT_SECS if wait_secs is None else wait_secs, kind)
         self._finalizer = weakref.finalize(self, _release, path, self._fd)
 
     @property
@@ -84,18 +83,25 @@ class TrainingLock:
     def release(self) -> None:
         self._finalizer()
 
-    def __enter__(self) -> "TrainingLock":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
 
 
-class EvaluationLock(TrainingLock):
+class TrainingLock(_DirectoryLock):
+    """The chief's lock on its model_dir (`model_dir/.training.lock`)."""
+
+    def __init__(self, model_dir: str, wait_secs: Optional[float] = None):
+        super().__init__(model_dir, _TRAINING, wait_secs)
+
+
+class EvaluationLock(_DirectoryLock):
     """The evaluator task's lock on its eval dir (`eval_dir/.evaluation.lock`)."""
 
     def __init__(self, eval_dir: str, wait_secs: Optional[float] = None):
-        super().__init__(eval_dir, wait_secs, _EVALUATION)
+        super().__init__(eval_dir, _EVALUATION, wait_secs)
 
 
 def _release(path: str, fd: Optional[int]) -> None:
