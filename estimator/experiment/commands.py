@@ -426,17 +426,18 @@ def _inspect(args) -> int:
 
 def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
     latest = checkpoint.latest_checkpoint(model_dir)
-    checkpoints, contents = [], {}
-    for path in checkpoint.all_checkpoints(model_dir):
+    checkpoints, newest_good = [], None   # (path, contents)
+    for path in reversed(checkpoint.all_checkpoints(model_dir)):   # newest first
         stat = os.stat(path)
-        try:   # (each read whole: its digest checked)
-            contents[path], damaged = checkpoint.load(path), None
+        try:   # (each read whole: its digest checked; only the newest good one kept)
+            state, damaged = checkpoint.load(path), None
+            newest_good = newest_good or (path, state)
         except checkpoint.DataLossError as e:
             damaged = str(e)
-        checkpoints.append({"step": checkpoint.step_of(path), "path": path,
-                            "bytes": stat.st_size, "damaged": damaged,
-                            "time": datetime.datetime.fromtimestamp(stat.st_mtime)
-                            .isoformat(timespec="seconds")})
+        checkpoints.insert(0, {"step": checkpoint.step_of(path), "path": path,
+                               "bytes": stat.st_size, "damaged": damaged,
+                               "time": datetime.datetime.fromtimestamp(stat.st_mtime)
+                               .isoformat(timespec="seconds")})
     tf_prefix = tf_checkpoint.find_prefix(ckpt or model_dir)
     if tf_prefix is not None:   # a TF model_dir or checkpoint: read without TF
         shown = latest = tf_prefix
@@ -447,11 +448,12 @@ def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
         variables = [{"name": n, "shape": list(shape), "dtype": dtype} for n, (dtype, shape)
                      in tf_checkpoint.TFCheckpointReader(tf_prefix).variables().items()]
     else:   # unless named, the newest good one listed (the latest when none is listed)
-        shown = (checkpoint.resolve(ckpt) if ckpt else next(reversed(contents), None)
+        shown = (checkpoint.resolve(ckpt) if ckpt else newest_good and newest_good[0]
                  if checkpoints else latest)
         variables = []
     if shown and tf_prefix is None:
-        state = contents.get(shown) or checkpoint.load(shown)
+        state = newest_good[1] if newest_good and newest_good[0] == shown else \
+            checkpoint.load(shown)
         for name, tensor in sorted(checkpoint.flat_variables(state).items()):
             variables.append({"name": name, "shape": list(tensor.shape),
                               "dtype": str(tensor.dtype).replace("torch.", "")})
