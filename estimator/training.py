@@ -279,7 +279,7 @@ class _NewCheckpointListenerForEvaluate(CheckpointSaverListener):
             raise RuntimeError("There was no new checkpoint after the training.")
         with checkpoint.rng_preserved():   # training goes on as if it had not evaluated
             self.eval_result, self.export_results = (   # (TF evaluates in a graph of its own)
-                self._evaluator.evaluate_and_export(path, final))
+                self._evaluator.evaluate_and_export(path, *self._evaluator.hold(path), final))
 
 
 # -- evaluation shared by every mode -----------------------------------------------------
@@ -369,14 +369,26 @@ class _Evaluator:
         self.is_final_export_triggered = False
         self.stop_requested = False
 
-    def evaluate_and_export(self, checkpoint_path: str, final: bool = False):
-        """Evaluate `checkpoint_path`, export, record; FileNotFoundError if the
-        checkpoint was deleted before it could be held. A checkpoint already
-        evaluated by an evaluator that died before its ledger line is not
-        evaluated again (no duplicate TensorBoard points): its metrics are
-        read back from the event files, and it is exported and recorded."""
-        spec = self._eval_spec
+    def hold(self, checkpoint_path: str) -> tuple:
+        """(held path, contents) of `checkpoint_path`: linked in the pin dir
+        (kept while the chief's Saver deletes it) and read. FileNotFoundError
+        if it was deleted before it could be held, DataLossError if damaged.
+        `evaluate_and_export` lets it go."""
         held = checkpoint.pin(checkpoint_path, self._pin_dir) if self._pin_dir else checkpoint_path
+        try:
+            return held, checkpoint.load(held)
+        except BaseException:
+            checkpoint.unpin(held, checkpoint_path)
+            raise
+
+    def evaluate_and_export(self, checkpoint_path: str, held: str, state: dict,
+                            final: bool = False):
+        """Evaluate `checkpoint_path` (`hold`'s `held` and `state`), export,
+        record. A checkpoint already evaluated by an evaluator that died
+        before its ledger line is not evaluated again (no duplicate
+        TensorBoard points): its metrics are read back from the event files,
+        and it is exported and recorded."""
+        spec = self._eval_spec
         step = checkpoint.step_of(checkpoint_path)
         summarized = self._summarized.pop(step, None)
         try:
@@ -385,10 +397,10 @@ class _Evaluator:
                             "are in %s): recording it without evaluating it again",
                             checkpoint_path, os.path.dirname(self.ledger.path))
                 metrics = dict(summarized, global_step=step)
-            else:   # (read from the link; named by its own path in the eval dir)
+            else:   # (named by its own path in the eval dir, not the link's)
                 metrics = self.estimator._evaluate_checkpoint(
                     spec.input_fn, spec.steps, list(spec.hooks), spec.name, checkpoint_path,
-                    checkpoint.load(held))
+                    state)
             if not isinstance(metrics, dict) or "global_step" not in metrics:
                 raise ValueError(f"Internal error: `Estimator.evaluate` result should have "
                                  f"`global_step` in result. Given {metrics!r}")
@@ -761,17 +773,23 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
             continue
         last_start = time.monotonic()
         for path, final in zip(pending, is_final):
-            try:
-                result, exports = evaluator.evaluate_and_export(path, final)
+            try:   # (only the checkpoint's own read: errors of input_fn or hooks stop)
+                held, state = evaluator.hold(path)
             except FileNotFoundError:
                 logger.warning("Checkpoint %s was deleted before it could be evaluated "
                                "(keep_checkpoint_max on the chief; use EvalSpec("
                                "checkpoint_policy='every') to keep unseen ones)", path)
                 continue
-            except checkpoint.DataLossError as e:   # (the chief falls back past it on restart)
+            except checkpoint.DataLossError as e:
+                if final:   # (nothing would be exported as final)
+                    raise checkpoint.DataLossError(
+                        f"The final checkpoint {path} is damaged, so it is not evaluated or "
+                        f"exported: {e}. Train again (training resumes from the newest good "
+                        "checkpoint), then restart the evaluator") from None
                 logger.warning("Checkpoint %s is not evaluated: %s", path, e)
                 done.add(checkpoint.step_of(path))
                 continue
+            result, exports = evaluator.evaluate_and_export(path, held, state, final)
             done.add(result.metrics["global_step"])
             last = (result.metrics, exports)
             if evaluator.stop_requested and not _read_marker(model_dir, STOP_MARKER, max_steps):

@@ -14,7 +14,7 @@ import torch
 
 import estimator as est
 import hooks
-from estimator import training
+from estimator import checkpoint, training
 from models import regression_data, regression_input_fn, regression_model_fn
 from paths import ROOT
 from tf_cluster import tf_config
@@ -296,17 +296,22 @@ def test_trainer_stops_on_the_evaluator_s_stop_marker(tmp_path, monkeypatch):
 
 
 # -- the evaluator, in-process on a finished model_dir --------------------------------------
-def evaluator(tmp_path, monkeypatch, max_steps=40, policy="every", train_hooks=(), **eval_kw):
+def evaluator(tmp_path, monkeypatch, max_steps=40, policy="every", train_hooks=(),
+              eval_fn=eval_input_fn, recorder=None, **eval_kw):
+    """The evaluator task over model_dir `m`; `recorder`: a list the steps of
+    the evaluated checkpoints are appended to as they come."""
     set_cluster(monkeypatch, "evaluator")
     e = make(tmp_path)
     assert e.config.task_type == "evaluator"
-    recorder = _RecordSteps()
+    hook = _RecordSteps()
+    if recorder is not None:
+        hook.steps = recorder
     metrics, exports = est.train_and_evaluate(
         e, est.TrainSpec(input_fn, max_steps, hooks=list(train_hooks)),
-        est.EvalSpec(eval_input_fn, steps=None, throttle_secs=0, start_delay_secs=0,
-                     checkpoint_policy=policy, hooks=[recorder],
+        est.EvalSpec(eval_fn, steps=None, throttle_secs=0, start_delay_secs=0,
+                     checkpoint_policy=policy, hooks=[hook],
                      exporters=[est.FinalExporter("final", SERVING)], **eval_kw))
-    return recorder.steps, metrics, exports
+    return hook.steps, metrics, exports
 
 
 def test_evaluator_says_it_waits_on_a_machine_booted_minutes_ago(tmp_path, monkeypatch, caplog):
@@ -352,24 +357,43 @@ def test_evaluator_ledger_neither_repeats_nor_skips(tmp_path, monkeypatch):
     assert steps == [40]
 
 
-@pytest.mark.parametrize("damaged", [20, 40])
-def test_evaluator_passes_over_a_damaged_checkpoint(tmp_path, monkeypatch, caplog, damaged):
-    """It stopped on it (and again on each restart); now a warning naming it.
-    The final one damaged, the evaluator still ends (the chief's restart falls
-    back past it and trains on)."""
+def test_evaluator_passes_over_a_damaged_checkpoint_and_stops_on_a_damaged_final_one(
+        tmp_path, monkeypatch, caplog):
+    """It stopped on any damaged checkpoint (again on each restart); now a
+    warning naming it. The final one damaged, nothing would be exported as
+    final: an error saying what to do (TF's evaluator stops on it too)."""
     make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
-    path = tmp_path / "m" / f"model.ckpt-{damaged}"
-    with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 10)
+    for step in (20, 40):
+        path = tmp_path / "m" / f"model.ckpt-{step}"
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 10)
+    recorder = []
     with caplog.at_level("WARNING"):
-        steps, metrics, _ = evaluator(tmp_path, monkeypatch)
-    assert steps == [s for s in (10, 20, 30, 40) if s != damaged]
-    assert metrics["global_step"] == (40 if damaged == 20 else 30)
-    assert re.search(f"Checkpoint {path} is not evaluated: Checkpoint '.*/{training._PIN_DIR}/"
-                     f"model.ckpt-{damaged}' is damaged: its content does not match the digest",
-                     caplog.text), caplog.text
-    assert ledger_steps(str(tmp_path / "m")) == steps
+        with pytest.raises(checkpoint.DataLossError, match=(
+                f"^The final checkpoint {tmp_path}/m/model.ckpt-40 is damaged, so it is not "
+                "evaluated or exported: .* Train again")):
+            evaluator(tmp_path, monkeypatch, recorder=recorder)
+    assert recorder == [10, 30]
+    assert re.search(f"Checkpoint {tmp_path}/m/model.ckpt-20 is not evaluated: Checkpoint "
+                     f"'.*/{training._PIN_DIR}/model.ckpt-20' is damaged: its content does not "
+                     "match the digest", caplog.text), caplog.text
+    assert ledger_steps(str(tmp_path / "m")) == [10, 30]
     assert os.listdir(tmp_path / "m" / "eval" / training._PIN_DIR) == []   # links removed
+
+
+@pytest.mark.parametrize("error", [FileNotFoundError("eval.csv"),
+                                   checkpoint.DataLossError("eval.tfrecord: corrupted record")])
+def test_an_evaluator_whose_input_fails_stops_on_it(tmp_path, monkeypatch, error):
+    """A missing eval file or a damaged TFRecord read by input_fn was taken
+    for a checkpoint deleted or damaged: every checkpoint skipped with a
+    warning about the checkpoint, the evaluator ending with nothing."""
+    make(tmp_path).train(input_fn, max_steps=20)
+
+    def failing_input_fn():
+        raise error
+    with pytest.raises(type(error), match=str(error)):
+        evaluator(tmp_path, monkeypatch, max_steps=20, eval_fn=failing_input_fn)
+    assert ledger_steps(str(tmp_path / "m")) == []
 
 
 def _loss_points(eval_dir):
