@@ -57,12 +57,11 @@ def iterate(dataset, mode: str = "") -> Iterator:
             "here it returns an iterable of batches: `[batch]` for this one batch, "
             "`itertools.repeat(batch)` for TF's same batch at every step, or "
             "est.inputs.numpy_input_fn(x, y, batch_size=...) to batch arrays")
-    try:
-        iterator = iter(dataset)
-    except TypeError:
+    kind = type(dataset)
+    if not (hasattr(kind, "__iter__") or hasattr(kind, "__getitem__")):
         raise TypeError(f"input_fn must return an iterable of batches (a DataLoader, a "
-                        f"generator, a list), got {type(dataset).__name__}") from None
-    return iterator
+                        f"generator, a list), got {kind.__name__}")
+    return iter(dataset)   # (an error in the dataset's own __iter__ is its own)
 
 
 def _one_batch(dataset, mode: str) -> str:

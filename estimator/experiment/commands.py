@@ -169,22 +169,26 @@ def _guarded(name: str, handler):
 
 def _ours_alone(error: BaseException) -> bool:
     """Whether `error` was raised by this library's own checks: every frame
-    of its traceback in its packages, the standard library or installed
-    packages (none in a user's model_fn, input_fn or hook), and not chained
-    from another error."""
+    of its traceback in its packages or Python's standard library (none in
+    a user's model_fn, input_fn or hook, nor in torch or another installed
+    package), and not chained from another error."""
     if error.__cause__ is not None or (error.__context__ is not None
                                        and not error.__suppress_context__):
         return False
+    import sysconfig
     import distribute
     import hooks
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # estimator/
     ours = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                  for m in (distribute, hooks)) + (package + os.sep,)
-    installed = tuple({p + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    stdlib = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                    for k in ("stdlib", "platstdlib")})
     tb = error.__traceback__
     while tb is not None:
         filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if not filename.startswith(ours) and not filename.startswith(installed):
+        installed = f"{os.sep}site-packages{os.sep}" in filename or \
+            f"{os.sep}dist-packages{os.sep}" in filename
+        if not filename.startswith(ours) and (installed or not filename.startswith(stdlib)):
             return False
         tb = tb.tb_next
     return True

@@ -419,6 +419,19 @@ def test_input_fn_signatures_and_types(tmp_path):
         e.train(lambda: [{"x": x}], steps=1)
 
 
+def test_an_error_in_a_dataset_s_own_iter_is_not_taken_for_a_non_iterable(tmp_path):
+    """It said "input_fn must return an iterable of batches ..., got Data",
+    hiding the user's TypeError and its traceback."""
+    class Data:
+        def __iter__(self):
+            return iter(None)   # the user's bug
+    e = make(tmp_path)
+    with pytest.raises(TypeError, match="'NoneType' object is not iterable"):
+        e.train(lambda: Data(), steps=1)
+    with pytest.raises(TypeError, match="must return an iterable of batches .* got int"):
+        e.train(lambda: 3, steps=1)
+
+
 def test_an_input_fn_taking_an_argument_the_estimator_does_not_give_says_how_to_bind_it(
         tmp_path):
     """`def input_fn(batch_size)` handed over unbound: Python's "missing 1

@@ -611,6 +611,24 @@ def test_cli_errors_of_its_own_checks_are_one_line_user_code_s_keep_the_tracebac
                   f"eval_spec.input_fn={tmp_path / 'mod.py'}:input_fn"])
 
 
+def test_cli_keeps_the_traceback_of_code_installed_with_pip():
+    """A user's model package in site-packages (or torch under it) is not the
+    library: its errors keep their traceback."""
+    from estimator import checkpoint
+    from estimator.experiment import commands
+    namespace = {}
+    exec(compile("def input_fn():\n    raise ValueError('a bug')\n",
+                 os.path.join(sys.prefix, "lib", "site-packages", "users_model", "inputs.py"),
+                 "exec"), namespace)
+    for call, ours in ((namespace["input_fn"], False),
+                       (lambda: checkpoint.resolve("/no/such/model.ckpt-1"), True)):
+        try:
+            call()
+        except ValueError as e:   # (its traceback less this test's frame and the lambda's)
+            tb = e.__traceback__.tb_next
+            assert commands._ours_alone(e.with_traceback(tb.tb_next if ours else tb)) == ours
+
+
 def test_cli_evaluate_json_and_text(trained, capsys):
     _, args = trained
     assert cli.main(["evaluate", *args, "--json"]) == 0
