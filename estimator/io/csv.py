@@ -56,15 +56,22 @@ def _dtype_of_type(dtype, index):
                          f"or a dtype, got {dtype!r}") from None
 
 
+_TF_NAMES = {"int32": "int32", "int64": "int64", "float32": "float", "float64": "double"}
+
+
 def _convert(text: str, dtype: np.dtype, field: int, record: int):
     if dtype == object:
         return text.encode("utf-8")
     try:
-        return dtype.type(int(text)) if dtype.kind == "i" else dtype.type(float(text))
+        if dtype.kind != "i":
+            return dtype.type(float(text))
+        value = int(text)
+        if np.iinfo(dtype).min <= value <= np.iinfo(dtype).max:
+            return dtype.type(value)
     except ValueError:
-        problem = f"is not a valid {'int' if dtype.kind == 'i' else 'float'}: {text}"
-        raise DecodeCSVError(f"Field {field} in record {record} {problem}", record, field,
-                             problem) from None
+        pass
+    problem = f"is not a valid {_TF_NAMES.get(dtype.name, dtype.name)}: {text}"   # TF's words
+    raise DecodeCSVError(f"Field {field} in record {record} {problem}", record, field, problem)
 
 
 def decode_csv(records, record_defaults: Sequence, field_delim: str = ",",

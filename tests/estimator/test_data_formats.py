@@ -231,19 +231,22 @@ def test_make_csv_dataset_of_a_header_alone_ends_as_tfs_repeat(tmp_path, caplog)
     ("5.1,abc,setosa", "column 'width' is not a valid float: abc"),
     ("5.1,,setosa", "column 'width' is required but missing"),
     ("5.1,3.0", "Expect 3 fields but have 2"),
+    ("3000000000,3.0,setosa", "column 'length' is not a valid int32: 3000000000"),   # TF's
+    ("5.5,3.0,setosa", "column 'length' is not a valid int32: 5.5"),
 ])
 def test_make_csv_dataset_errors_name_the_file_and_line(tmp_path, bad, where):
     """TF (and decode_csv) name the record's index in its batch; a user of a
     file needs its line. Here the bad row is line 8 of the second file, in the
     second batch, shuffled."""
     first, second = tmp_path / "a.csv", tmp_path / "b.csv"
-    rows = [f"{i}.5,{i}.25,setosa" for i in range(9)]
+    rows = [f"{i},{i}.25,setosa" for i in range(9)]
     first.write_text("length,width,species\n" + "\n".join(rows[:4]) + "\n")
     second.write_text("length,width,species\n" + "\n".join(rows[4:]) + "\n\n"
                       + bad + "\n" + rows[0] + "\n")
     dataset = est.data.make_csv_dataset(str(tmp_path / "*.csv"), batch_size=4,
                                         label_name="species", num_epochs=1, shuffle_seed=3,
-                                        column_defaults=[[0.0], np.float32, [""]])
+                                        column_defaults=[[0] if "int" in where else [0.0],
+                                                         np.float32, [""]])
     with pytest.raises(ValueError) as info:
         list(dataset)
     assert str(info.value) == f"make_csv_dataset: {second}, line 8: {where}\n  {bad}"
@@ -293,6 +296,11 @@ def test_decode_csv_gives_tfs_columns():
         est.io.decode_csv(["1", ""], record_defaults=[np.int32])
     with pytest.raises(ValueError, match="Expect 2 fields but have 3 in record 0"):
         est.io.decode_csv(["1,2,3"], record_defaults=[[0], [0]])
+    for default, name in (([0], "int32"), ([np.int64(0)], "int64"), ([np.float64(0)], "double")):
+        with pytest.raises(ValueError, match=f"^Field 0 in record 1 is not a valid {name}: x$"):
+            est.io.decode_csv(["1", "x"], record_defaults=[default])   # TF's words
+    with pytest.raises(ValueError, match="^Field 0 in record 0 is not a valid int32: 2147483648$"):
+        est.io.decode_csv(["2147483648"], record_defaults=[[0]])
 
 
 def test_text_lines(tmp_path):
