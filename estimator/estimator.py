@@ -232,7 +232,8 @@ class Estimator:
         good one; past a damaged one with a warning naming it (as training
         resumes). (None, None) when model_dir has none; an error when a
         directory holds only damaged ones, a DataLossError for a damaged file
-        named."""
+        named. An empty checkpoint_path is none, as in TF."""
+        checkpoint_path = checkpoint_path or None
         if checkpoint_path is not None and not os.path.isdir(checkpoint_path):
             path = checkpoint.resolve(checkpoint_path)
             return path, checkpoint.load(path)

@@ -609,7 +609,7 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     if not callable(serving_input_receiver_fn):
         raise TypeError(f"serving_input_receiver_fn must be callable, got "
                         f"{serving_input_receiver_fn!r}")
-    path, state = estimator._checkpoint_to_read(checkpoint_path or None, "export")
+    path, state = estimator._checkpoint_to_read(checkpoint_path, "export")
     if path is None and estimator._warm_start_settings is None:
         raise ValueError(f"Couldn't find trained model at {estimator.model_dir}.")
     receiver = serving_input_receiver_fn()

@@ -179,10 +179,20 @@ def restore_latest(model_dir: Optional[str], none_left: str = "training starts f
 
 
 def all_checkpoints(model_dir: str) -> List[str]:
-    """Paths of the kept checkpoints, oldest first."""
-    _, kept = _read_index(model_dir)
+    """Paths of the kept checkpoints (those the index lists), oldest first;
+    none when the index cannot be read."""
+    try:
+        _, kept = _read_index(model_dir)
+    except (OSError, ValueError):
+        return []
     return [os.path.join(model_dir, n) for n, _ in kept
             if os.path.exists(os.path.join(model_dir, n))]
+
+
+def checkpoints_on_disk(model_dir: str) -> List[str]:
+    """Paths of the checkpoint files in `model_dir`, listed or not, oldest
+    first (what restore falls back to when the index is missing or broken)."""
+    return [os.path.join(model_dir, n) for n in reversed(_on_disk(model_dir))]
 
 
 def step_of(path: str) -> int:

@@ -170,8 +170,8 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
             raise ValueError("Cannot infer column names without a header line.")
         column_names = _header(files[0], field_delim, compression_type)
         if not column_names:
-            raise ValueError(f"make_csv_dataset: {files[0]} is empty: it has no header line "
-                             "to name the columns")
+            raise ValueError(f"make_csv_dataset: {files[0]} has no header line to name the "
+                             "columns (it is empty, or its first line is)")
     column_names = list(column_names)
     if len(set(column_names)) != len(column_names):
         raise ValueError(f"Cannot have duplicate column names: {column_names}")

@@ -431,7 +431,8 @@ def _inspect(args) -> int:
 def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
     latest = checkpoint.latest_checkpoint(model_dir)
     checkpoints, newest_good = [], None   # (path, contents)
-    for path in reversed(checkpoint.all_checkpoints(model_dir)):   # newest first
+    listed = checkpoint.all_checkpoints(model_dir) or checkpoint.checkpoints_on_disk(model_dir)
+    for path in reversed(listed):   # newest first
         stat = os.stat(path)
         try:   # (each read whole: its digest checked; only the newest good one kept)
             state, damaged = checkpoint.load(path), None
@@ -451,9 +452,8 @@ def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
                             os.stat(tf_prefix + ".index").st_mtime).isoformat(timespec="seconds")}]
         variables = [{"name": n, "shape": list(shape), "dtype": dtype} for n, (dtype, shape)
                      in tf_checkpoint.TFCheckpointReader(tf_prefix).variables().items()]
-    else:   # unless named, the newest good one listed (the latest when none is listed)
-        shown = (checkpoint.resolve(ckpt) if ckpt else newest_good and newest_good[0]
-                 if checkpoints else latest)
+    else:   # unless named, the newest good one (on disk when the index lists none)
+        shown = checkpoint.resolve(ckpt) if ckpt else newest_good and newest_good[0]
         variables = []
     if shown and tf_prefix is None:
         state = newest_good[1] if newest_good and newest_good[0] == shown else \

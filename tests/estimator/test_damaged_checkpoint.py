@@ -110,3 +110,10 @@ def test_a_directory_as_checkpoint_path_falls_back_as_model_dir_does(tmp_path, m
         e.evaluate(iris_like_input_fn(), checkpoint_path=model_dir)
     with pytest.raises(ValueError, match="No checkpoint found in directory"):
         e.evaluate(iris_like_input_fn(), checkpoint_path=str(tmp_path))
+
+
+def test_an_empty_checkpoint_path_is_the_latest_as_in_tf(tmp_path, model_dir):
+    """It was "Checkpoint '' does not exist" in evaluate and predict."""
+    e = make(tmp_path)
+    assert e.evaluate(iris_like_input_fn(), checkpoint_path="")["global_step"] == 6
+    np.testing.assert_array_equal(predictions(e, checkpoint_path=""), predictions(e))

@@ -256,9 +256,11 @@ def test_make_csv_dataset_of_an_empty_file_says_so(tmp_path):
     """It said "`label_name` provided must be one of the columns: []"."""
     path = tmp_path / "a.csv"
     path.write_text("")
-    with pytest.raises(ValueError, match=f"^make_csv_dataset: {path} is empty: it has no header "
-                       "line to name the columns$"):
-        est.data.make_csv_dataset(str(path), batch_size=2, label_name="y")
+    for text in ("", "\nx,y\n1,2\n"):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=f"^make_csv_dataset: {path} has no header line to "
+                           "name the columns \\(it is empty, or its first line is\\)$"):
+            est.data.make_csv_dataset(str(path), batch_size=2, label_name="y")
 
 
 def test_make_csv_dataset_says_when_a_few_values_make_numbers_strings(tmp_path, caplog):

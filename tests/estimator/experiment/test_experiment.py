@@ -706,6 +706,19 @@ def test_cli_evaluate_and_inspect_a_model_dir_with_a_damaged_latest(trained, tmp
     report = json.loads(capsys.readouterr().out)
     assert [bool(c["damaged"]) for c in report["checkpoints"]] == [False, True]
     assert report["variables_of"] == os.path.join(model_dir, "model.ckpt-50")
+    # the index missing, or unreadable: the files on disk, as restore reads them (it
+    # failed on the damaged latest, and on a garbage index)
+    index = os.path.join(model_dir, "checkpoint")
+    for damage in ("missing", "garbage"):
+        if damage == "missing":
+            os.remove(index)
+        else:
+            open(index, "wb").write(b"\xff\xfe garbage: here\n")
+        assert cli.main(["inspect", model_dir, "--json"]) == 0, capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert [(c["step"], bool(c["damaged"])) for c in report["checkpoints"]] == [
+            (50, False), (100, True)]
+        assert report["variables_of"] == os.path.join(model_dir, "model.ckpt-50")
 
 
 def test_cli_print_config_runs_nothing(tmp_path, capsys):
