@@ -82,16 +82,29 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         self.drop_final_batch = drop_final_batch
 
     def _lines(self):
-        """(line, file, line number) of each data line."""
+        """(record, file, line number) of each data record: a line, or the
+        lines a quoted field with line breaks spans (RFC 4180, as TF's
+        CsvDataset reads them), numbered by its first."""
         for path in self.files:
             with open_stream(path, self.compression_type) as f:
                 lines = io.TextIOWrapper(f, encoding="utf-8", newline="")
                 if self.header:
                     next(lines, None)
+                record, first = None, None
                 for number, line in enumerate(lines, 1 + self.header):
                     line = line.rstrip("\r\n")
-                    if line:
-                        yield line, path, number
+                    if record is not None:   # inside a quoted field
+                        record, line = record + "\n" + line, None
+                    elif line:
+                        record, first = line, number
+                    if record is None or (self.use_quote_delim and record.count('"') % 2):
+                        continue
+                    yield record, path, first
+                    record = None
+                if record is not None:   # (TF's CsvDataset fails on it too)
+                    raise ValueError(f"make_csv_dataset: {path}, line {first}: a quoted field "
+                                     "opened on this line is not closed before the end of "
+                                     "the file")
 
     def _ordered(self):
         epoch = 0

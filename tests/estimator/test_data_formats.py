@@ -252,6 +252,28 @@ def test_make_csv_dataset_errors_name_the_file_and_line(tmp_path, bad, where):
     assert str(info.value) == f"make_csv_dataset: {second}, line 8: {where}\n  {bad}"
 
 
+def test_make_csv_dataset_reads_quoted_fields_with_line_breaks(tmp_path):
+    """RFC 4180, as TF's CsvDataset: each physical line was a record ("Expect
+    2 fields but have 1"). A quote never closed is an error naming its line,
+    not the rest of the file read as one field."""
+    path = tmp_path / "a.csv"
+    path.write_text('id,text\n1,"hello\nworld"\n2,plain\n\n3,"a ""quoted""\nline\n\nthree"\n'
+                    "4,x\n")
+    features = next(iter(est.data.make_csv_dataset(str(path), batch_size=10, shuffle=False,
+                                                   num_epochs=1)))
+    assert features["id"].tolist() == [1, 2, 3, 4]
+    assert features["text"].tolist() == [b"hello\nworld", b"plain",
+                                         b'a "quoted"\nline\n\nthree', b"x"]
+    path.write_text('id,text\n1,a\n2,"oops\n3,c\n4,d\n')
+    with pytest.raises(ValueError, match=f"^make_csv_dataset: {path}, line 3: a quoted field "
+                       "opened on this line is not closed before the end of the file$"):
+        list(est.data.make_csv_dataset(str(path), batch_size=10, shuffle=False, num_epochs=1))
+    path.write_text('id,text\n0,x\n1,"a\nb",c\n')   # its line is the record's first
+    with pytest.raises(ValueError, match="line 3: Expect 2 fields but have 3"):
+        list(est.data.make_csv_dataset(str(path), batch_size=10, shuffle=False, num_epochs=1,
+                                       column_defaults=[[0], [""]]))
+
+
 def test_make_csv_dataset_of_an_empty_file_says_so(tmp_path):
     """It said "`label_name` provided must be one of the columns: []"."""
     path = tmp_path / "a.csv"
