@@ -20,6 +20,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import sysconfig
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 
@@ -261,6 +262,21 @@ def _module_name(path: str) -> str:
 
 
 def _describe(e: BaseException) -> str:
+    """The error a module raised on import, with where: the file and line of
+    the innermost frame in the user's code (else in what it called), past
+    this package and Python's import machinery."""
     if isinstance(e, SyntaxError):
         return f"SyntaxError: {e.msg} ({e.filename}, line {e.lineno})"
-    return f"{type(e).__name__}: {e}"
+    ours = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    library = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                    for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    frames, tb = [], e.__traceback__
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not tb.tb_frame.f_code.co_filename.startswith("<") and not filename.startswith(ours):
+            frames.append((not filename.startswith(library), tb.tb_frame.f_code.co_filename,
+                           tb.tb_lineno))
+        tb = tb.tb_next
+    users = [f for f in frames if f[0]] or frames
+    where = f" ({users[-1][1]}, line {users[-1][2]})" if users else ""
+    return f"{type(e).__name__}: {e}{where}"

@@ -83,6 +83,7 @@ def workdir(tmp_path, monkeypatch):
     experiment files go there too."""
     (tmp_path / "mod.py").write_text(MODULE)
     (tmp_path / "broken.py").write_text("def input_fn(:\n")
+    (tmp_path / "failing.py").write_text("import json\n\nVOCAB = json.loads('[1, 2')\n")
     monkeypatch.chdir(tmp_path)
     yield tmp_path
     sys.modules.pop("mod", None)
@@ -135,6 +136,10 @@ BAD = [
     ("import error: the module fails", "model_fn: broken.py:input_fn\n",
      "{f}:1: model_fn: importing 'broken.py' ({d}/broken.py) failed: SyntaxError: invalid syntax "
      "({d}/broken.py, line 1); fix that file"),
+    ("import error: the module raises", "model_fn: failing.py:model_fn\n",   # (it had no line)
+     "{f}:1: model_fn: importing 'failing.py' ({d}/failing.py) failed: JSONDecodeError: "
+     "Expecting ',' delimiter: line 1 column 6 (char 5) ({d}/failing.py, line 3); fix that "
+     "file"),
     ("model_fn signature", "model_fn: mod.py:bad_model_fn\n",
      "{f}:1: model_fn: mod.py:bad_model_fn: model_fn has unexpected arguments ['hparams']; it "
      "may take features, labels, mode, params, config"),
