@@ -377,6 +377,9 @@ class _Evaluator:
         held = checkpoint.pin(checkpoint_path, self._pin_dir) if self._pin_dir else checkpoint_path
         try:
             return held, checkpoint.load(held)
+        except checkpoint.DataLossError as e:   # (named by its own path, not the link's)
+            checkpoint.unpin(held, checkpoint_path)
+            raise checkpoint.DataLossError(str(e).replace(held, checkpoint_path)) from None
         except BaseException:
             checkpoint.unpin(held, checkpoint_path)
             raise
