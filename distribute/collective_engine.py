@@ -670,7 +670,7 @@ class _CollectiveExtended(StrategyExtended):
             input_lib.set_epoch(dataset, seed)
         else:
             dataset = input_lib.shard(dataset, context.num_input_pipelines,
-                                      context.input_pipeline_id, seed)
+                                      context.input_pipeline_id, seed, by_batch=mode == _EVAL)
         stream = InputStream(seed, self._group.rank, not input_lib.ordered_by_sampler(dataset))
         dataset = read(stream.iterate(dataset, input_lib._iterate))
         if mode == _TRAIN:

@@ -75,9 +75,36 @@ class ShardSampler(Sampler):
         return len(range(self.index, self.num_examples, self.num_shards))
 
 
-def _reshard_loader(loader: DataLoader, num_shards: int, index: int,
-                    seed: int) -> Optional[DataLoader]:
-    """`loader` rebuilt on a ShardSampler, or None if its sampling cannot be
+class ShardBatchSampler(Sampler):
+    """Every `num_shards`-th batch of a (shuffled) order cut into batches of
+    `batch_size`, from `index` on: the replicas read, in turn, the very
+    batches one process reads (as TF's Estimator hands them whole batches),
+    so that a mean over batches (the evaluation loss) is one process's."""
+
+    def __init__(self, num_examples: int, batch_size: int, drop_last: bool, num_shards: int,
+                 index: int, shuffle: bool, seed: int = 0):
+        self.sampler = ShardSampler(num_examples, 1, 0, shuffle, seed)   # the whole order
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.num_shards, self.index = num_shards, index
+
+    def _batches(self, order: list) -> list:
+        size = self.batch_size
+        batches = [order[i:i + size] for i in range(0, len(order), size)]
+        if self.drop_last and batches and len(batches[-1]) < size:
+            batches.pop()
+        return batches[self.index::self.num_shards]
+
+    def __iter__(self):
+        return iter(self._batches(list(self.sampler)))
+
+    def __len__(self):
+        return len(self._batches(list(range(self.sampler.num_examples))))
+
+
+def _reshard_loader(loader: DataLoader, num_shards: int, index: int, seed: int,
+                    by_batch: bool) -> Optional[DataLoader]:
+    """`loader` rebuilt on a ShardSampler (every n-th example) or, `by_batch`,
+    a ShardBatchSampler (every n-th batch); None if its sampling cannot be
     sharded that way (iterable dataset, custom sampler or batch sampler)."""
     if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
         return None
@@ -91,26 +118,34 @@ def _reshard_loader(loader: DataLoader, num_shards: int, index: int,
         shuffle = False
     else:
         return None
-    kwargs = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
-                  num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+    kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                   pin_memory=loader.pin_memory, timeout=loader.timeout,
                   worker_init_fn=loader.worker_init_fn,
                   multiprocessing_context=loader.multiprocessing_context,
                   persistent_workers=loader.persistent_workers)
     if loader.num_workers:
         kwargs["prefetch_factor"] = loader.prefetch_factor
+    if by_batch:
+        return DataLoader(loader.dataset, batch_sampler=ShardBatchSampler(
+            len(loader.dataset), loader.batch_size, loader.drop_last, num_shards, index,
+            shuffle, seed), **kwargs)
     return DataLoader(loader.dataset, sampler=ShardSampler(
-        len(loader.dataset), num_shards, index, shuffle, seed), **kwargs)
+        len(loader.dataset), num_shards, index, shuffle, seed), batch_size=loader.batch_size,
+        drop_last=loader.drop_last, **kwargs)
 
 
-def shard(dataset, num_shards: int, index: int, seed: int = 0) -> Iterable:
+def shard(dataset, num_shards: int, index: int, seed: int = 0,
+          by_batch: bool = False) -> Iterable:
     """Replica `index`'s part of what an `input_fn` without `input_context`
-    returned (TF's AutoShardPolicy.AUTO)."""
+    returned (TF's AutoShardPolicy.AUTO). A DataLoader is rebuilt to read
+    every n-th example (training), or every n-th batch (`by_batch`:
+    evaluation, whose loss is a mean over batches)."""
     if isinstance(dataset, DataLoader):
-        loader = _reshard_loader(dataset, num_shards, index, seed)
+        loader = _reshard_loader(dataset, num_shards, index, seed, by_batch)
         if loader is not None:
             logger.info("Sharding the DataLoader by sampler: replica %d of %d reads every "
-                        "%d-th example", index, num_shards, num_shards)
+                        "%d-th %s", index, num_shards, num_shards,
+                        "batch" if by_batch else "example")
             return loader
     logger.warning(
         "input_fn does not take an input_context: replica %d of %d reads the whole input "
@@ -132,8 +167,8 @@ def ordered_by_sampler(dataset) -> bool:
     not from torch's default one."""
     if not isinstance(dataset, DataLoader):
         return False
-    sampler = dataset.batch_sampler.sampler if dataset.batch_sampler is not None \
-        else dataset.sampler
+    sampler = getattr(dataset.batch_sampler, "sampler", None) \
+        if dataset.batch_sampler is not None else dataset.sampler
     return isinstance(sampler, (ShardSampler, DistributedSampler))
 
 

@@ -799,6 +799,21 @@ def test_a_dataloader_is_sharded_by_sampler_and_matches_one_process(tmp_path):
     assert_same_variables(two, one)
 
 
+def test_an_uneven_dataloader_evaluates_on_two_replicas_as_in_one_process(tmp_path):
+    """The loss is a mean over batches (TF's metrics.mean of each batch's loss):
+    resharded by example, 10 rows in batches of 4 became batches of 4 and 1
+    on each replica, and the loss differed from one process's by 16%."""
+    data = _Examples(10)
+    one = make(tmp_path / "m")
+    one.train(lambda: torch.utils.data.DataLoader(data, batch_size=4), steps=3)
+    two = make(tmp_path / "m", STRATEGIES["mirrored"]())
+    want = one.evaluate(lambda: torch.utils.data.DataLoader(data, batch_size=4))
+    got = two.evaluate(lambda: torch.utils.data.DataLoader(data, batch_size=4))
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-6), key
+
+
 def test_uneven_shards_and_one_replicas_stop_end_training_on_the_same_step(tmp_path):
     s = STRATEGIES["mirrored"]()
     e = make(tmp_path / "uneven", s)

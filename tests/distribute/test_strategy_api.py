@@ -415,6 +415,23 @@ def test_shard_sampler_partitions_without_padding_and_reshuffles_each_epoch():
     assert list(input_lib.ShardSampler(5, 2, 1, shuffle=False)) == [1, 3]
 
 
+def test_an_evaluation_dataloader_is_sharded_by_whole_batches():
+    """Evaluation reads, in turn, the very batches of one process (its loss is
+    a mean over batches): 10 rows in batches of 4 are [0-3], [4-7], [8, 9]."""
+    data = torch.utils.data.TensorDataset(torch.arange(10.0))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    shards = [input_lib.shard(loader, 2, i, by_batch=True) for i in range(2)]
+    assert [[b[0].tolist() for b in shard] for shard in shards] == [
+        [[0.0, 1.0, 2.0, 3.0], [8.0, 9.0]], [[4.0, 5.0, 6.0, 7.0]]]
+    assert [len(shard) for shard in shards] == [2, 1]
+    assert all(input_lib.ordered_by_sampler(shard) for shard in shards)
+    shuffled = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, drop_last=True)
+    shards = [input_lib.shard(shuffled, 2, i, seed=7, by_batch=True) for i in range(2)]
+    read = [[b[0].tolist() for b in shard] for shard in shards]
+    assert [len(r) for r in read] == [1, 1]   # the short batch dropped, as one process drops it
+    assert len(set(sum(sum(read, []), []))) == 8   # one order, agreed by the seed
+
+
 def test_shard_policies(caplog):
     data = torch.utils.data.TensorDataset(torch.arange(10.0))
     loader = torch.utils.data.DataLoader(data, batch_size=2, drop_last=True)
