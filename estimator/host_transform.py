@@ -89,11 +89,19 @@ def example_of(values: Dict[str, Any], spec: Dict[str, Any]) -> bytes:
             elif kind.startswith(("float", "bfloat", "half", "double")):
                 feature.float_list.value.extend(float(v) for v in items)
             else:
-                feature.int64_list.value.extend(int(v) for v in items)
+                feature.int64_list.value.extend(_integer(v) for v in items)
         except (TypeError, ValueError) as e:
             raise ValueError(f"feature {key!r}: {value!r} is not a {kind} value ({e})"
                              ) from None
     return example.SerializeToString()
+
+
+def _integer(value) -> int:
+    """An int64 feature's value: an integer (2.0 too), never a truncated 2.7
+    or a bool (TF Serving rejects both)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError("expected an integer")
+    return int(value)
 
 
 def template_examples(spec: Dict[str, Any], batch: int) -> np.ndarray:

@@ -239,7 +239,11 @@ class Model:
             raise RequestError(f"input {name!r} has dtype {spec['dtype']}, which a JSON "
                                "request cannot give")
         try:
-            tensor = torch.as_tensor(np.asarray(values), dtype=dtype)
+            array = np.asarray(values)
+            if not dtype.is_floating_point and (array.dtype == bool or (
+                    array.dtype.kind == "f" and not np.all(np.mod(array, 1) == 0))):
+                raise ValueError("expected integers; it would truncate or take true as 1")
+            tensor = torch.as_tensor(array, dtype=dtype)
         except (TypeError, ValueError) as e:
             raise RequestError(f"input {name!r}: cannot make a {spec['dtype']} tensor of "
                                f"the values given ({e})") from None
