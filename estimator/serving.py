@@ -240,7 +240,8 @@ class Model:
                                "request cannot give")
         try:
             array = np.asarray(values)
-            if not dtype.is_floating_point and (array.dtype == bool or (
+            integer = not dtype.is_floating_point and dtype is not torch.bool
+            if integer and (array.dtype == bool or (
                     array.dtype.kind == "f" and not np.all(np.mod(array, 1) == 0))):
                 raise ValueError("expected integers; it would truncate or take true as 1")
             tensor = torch.as_tensor(array, dtype=dtype)

@@ -253,22 +253,25 @@ def test_a_non_integral_number_for_an_integer_input_is_refused_not_truncated(tmp
     """2.7 for an int64 input or tf.Example feature gave 2's answer, and true
     1's; TF Serving answers 400. 2.0 is still 2."""
     def model_fn(features, labels, mode):
-        y = est.get_module("w", lambda: torch.nn.Linear(1, 1))(features["ids"].float())
+        x = torch.cat([features["ids"].float(), features["flag"].float()], 1)
+        y = est.get_module("w", lambda: torch.nn.Linear(2, 1))(x)
         return est.EstimatorSpec(mode, predictions={"y": y},
                                  loss=None if labels is None else ((y - labels) ** 2).mean(),
                                  train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
     e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
-    e.train(lambda: [({"ids": torch.tensor([[1], [3]])}, torch.ones(2, 1))], steps=1)
+    e.train(lambda: [({"ids": torch.tensor([[1], [3]]), "flag": torch.tensor([[True], [False]])},
+                      torch.ones(2, 1))], steps=1)
     export_dir = e.export_saved_model(
         str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(
-            {"ids": torch.zeros(2, 1, dtype=torch.int64)}))
+            {"ids": torch.zeros(2, 1, dtype=torch.int64),
+             "flag": torch.zeros(2, 1, dtype=torch.bool)}))
     model = serving.Model(export_dir)
-    two = model.predict({"instances": [{"ids": [2]}]})
-    assert model.predict({"instances": [{"ids": [2.0]}]}) == two
+    two = model.predict({"instances": [{"ids": [2], "flag": [True]}]})
+    assert model.predict({"instances": [{"ids": [2.0], "flag": [True]}]}) == two
     for bad in (2.7, True):
         with pytest.raises(serving.RequestError, match="input 'ids': cannot make a int64 "
                            "tensor of the values given \\(expected integers"):
-            model.predict({"instances": [{"ids": [bad]}]})
+            model.predict({"instances": [{"ids": [bad], "flag": [True]}]})
     spec = {"kids": est.io.FixedLenFeature([1], torch.int64)}
     assert example_of({"kids": 2.0}, spec) == example_of({"kids": 2}, spec)
     for bad in (2.7, True):
