@@ -298,18 +298,21 @@ class Saver:
         waits for anyway (the last of a `train` call) is best made with
         `background=False`: starting a writer process only to wait for it
         costs more than the save."""
-        if self._saved_here and not os.path.isdir(self.model_dir):
+        if not self._saved_here:
+            os.makedirs(self.model_dir, exist_ok=True)
+            self._saved_here = True
+        elif not os.path.isdir(self.model_dir):
             self._removed(global_step)
-        os.makedirs(self.model_dir, exist_ok=True)
-        self._saved_here = True
         payload = dict(state, rng=rng_state())
         self.wait()
         name = f"{PREFIX}-{global_step}"
         path = os.path.join(self.model_dir, name)
-        _damaged.discard(os.path.realpath(path))   # (replaced by this save)
+        if _damaged:   # (realpath costs the step 10-20 us a call: only when there are any)
+            _damaged.discard(os.path.realpath(path))   # (replaced by this save)
         logger.info("Saving checkpoints for %d into %s.", global_step, path)   # (TF: before)
         kept = self._kept if self._kept is not None else self._listed()
-        damaged = [n for n, _ in kept if n != name and _is_damaged(self.model_dir, n)]
+        damaged = [n for n, _ in kept if n != name and _is_damaged(self.model_dir, n)
+                   ] if _damaged else []
         kept, dropped = self._retain([(n, t) for n, t in kept if n != name and n not in damaged]
                                      + [(name, time.time())])
         dropped += damaged   # (deleted once the index no longer lists them)
