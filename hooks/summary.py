@@ -39,6 +39,7 @@ class _Record(NamedTuple):
     tag: str
     value: Any
     step: Optional[int]
+    max_outputs: int = 1       # images: tagged `tag/image`, or `tag/image/<i>` when > 1
 
 
 # -- recording (inside model_fn) -------------------------------------------------
@@ -67,7 +68,7 @@ def scalar(name: str, data, step: Optional[int] = None) -> bool:
     else:
         raise TypeError(f"est.summary.scalar({name!r}): data must be a number or a "
                         f"one-element tensor, got {type(data).__name__}")
-    scope.summaries.append(_Record("scalar", name, value, step))
+    scope.summaries.append(_Record("scalar", _tag(scope, name), value, step))
     return True
 
 
@@ -92,7 +93,7 @@ def histogram(name: str, data, step: Optional[int] = None) -> bool:
     if _numel(value) == 0:
         raise ValueError(f"est.summary.histogram({name!r}): data is empty "
                          f"(shape {tuple(value.shape)})")
-    scope.summaries.append(_Record("histogram", name, value, step))
+    scope.summaries.append(_Record("histogram", _tag(scope, name), value, step))
     return True
 
 
@@ -100,7 +101,8 @@ def image(name: str, data, step: Optional[int] = None, max_outputs: int = 3) -> 
     """Record up to `max_outputs` images (tf.summary.image). `data`: a 4-D
     tensor or array `[k, height, width, channels]`, channels 1 (grayscale),
     3 (RGB) or 4 (RGBA); floats in [0, 1] (clipped) or uint8. Tags follow
-    tf.compat.v1: `name/image` for one image, `name/image/<i>` for several.
+    tf.compat.v1, by `max_outputs` (not by how many images a batch has):
+    `name/image` when it is 1, `name/image/0`, `name/image/1`, ... otherwise.
     Returns whether it was recorded."""
     scope = model_scope._current
     if scope is None or not scope.summaries_due:
@@ -124,7 +126,7 @@ def image(name: str, data, step: Optional[int] = None, max_outputs: int = 3) -> 
                         f"point, got dtype {data.dtype}")
     value = data[:max_outputs]
     value = value.detach().clone() if isinstance(value, torch.Tensor) else value.copy()
-    scope.summaries.append(_Record("image", name, value, step))
+    scope.summaries.append(_Record("image", _tag(scope, name), value, step, max_outputs))
     return True
 
 
@@ -142,8 +144,19 @@ def text(name: str, data, step: Optional[int] = None) -> bool:
         if value.size == 0 or not all(isinstance(v, (str, bytes)) for v in value.flat):
             raise TypeError(f"est.summary.text({name!r}): data must be a string or a "
                             f"non-empty list of strings, got {data!r:.80}")
-    scope.summaries.append(_Record("text", name, value, step))
+    scope.summaries.append(_Record("text", _tag(scope, name), value, step))
     return True
+
+
+def _tag(scope, name: str) -> str:
+    """`name`, or `name_1`, `name_2`, ... when this model_fn call already
+    recorded a summary of that tag (TF's unique name scopes: two
+    `summary.scalar("x", ...)` in one graph write the tags `x` and `x_1`)."""
+    used = {record.tag for record in scope.summaries}
+    tag, i = name, 1
+    while tag in used:
+        tag, i = f"{name}_{i}", i + 1
+    return tag
 
 
 def _check(name, step, fn: str) -> None:
@@ -193,7 +206,7 @@ def _write(writer, record: _Record, global_step: int) -> None:
         values = []
         for i, img in enumerate(value):
             height, width, channels = img.shape
-            sub = f"{tag}/image" if len(value) == 1 else f"{tag}/image/{i}"
+            sub = f"{tag}/image" if record.max_outputs == 1 else f"{tag}/image/{i}"
             values.append(Summary.Value(tag=sub, image=Summary.Image(
                 height=height, width=width, colorspace=channels,
                 encoded_image_string=_png(img))))

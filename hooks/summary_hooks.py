@@ -224,9 +224,10 @@ class SummarySaverHook(_WritesSummaries):
     """Writes the summaries every N steps or seconds (tf.estimator.SummarySaverHook).
 
     On a due step it fetches "summaries" (what `est.summary.*` recorded in
-    the model_fn on that step) and "loss", and writes the
-    scalar `loss` and every record at the global step after the step (1, 1 +
-    N, 1 + 2N, ... from a fresh start). `summary_op` (TF: the summary tensor
+    the model_fn on that step) and "loss", and writes every record and the
+    scalar `loss` (unless the model_fn recorded a `loss` itself: TF's
+    Estimator adds its own only then) at the global step after the step
+    (1, 1 + N, 1 + 2N, ... from a fresh start). `summary_op` (TF: the summary tensor
     to run) here names the tags to write, a string or a list; default all,
     `loss` included (the step must then expose a loss, as the Estimator's
     does). `scaffold` is accepted for compatibility and unused. The
@@ -268,10 +269,12 @@ class SummarySaverHook(_WritesSummaries):
         step = run_context.session.global_step
         self._timer.update_last_triggered_step(step)
         writer = self._writer()
-        if "loss" in results:
+        records = results["summaries"]
+        # TF's Estimator adds its `loss` summary only where the model_fn wrote none
+        if "loss" in results and not any(record.tag == "loss" for record in records):
             self._write_scalar("loss", results["loss"], step)
         tags = self._tags
-        for record in results["summaries"]:
+        for record in records:
             if tags is None or record.tag in tags:
                 _summary._write(writer, record, step)
 

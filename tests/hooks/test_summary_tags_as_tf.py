@@ -1,0 +1,82 @@
+"""The tags and values of the summaries a model_fn makes, against TF 2.15's
+recording (tests/support/fixtures/record_tf_summary_tags.py): a `loss`
+summary of the model_fn's own replaces the Estimator's (one series, not two
+under one tag), a tag used twice in one model_fn call is made unique (`dup`,
+`dup_1`; again from `dup` on the next step), and image tags follow
+`max_outputs`, not how many images the batch has."""
+import json
+import os
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_summary_tags.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)["cases"]
+
+
+def _images(batch, max_outputs):
+    return lambda loss: est.summary.image("img", torch.zeros(batch, 2, 2, 3),
+                                          max_outputs=max_outputs)
+
+
+def _unique(loss):
+    est.summary.scalar("dup", 1.0)
+    est.summary.scalar("dup", 2.0)
+    est.summary.histogram("dup_1_hist", torch.ones(2))
+    est.summary.scalar("x_1", 5.0)
+    est.summary.scalar("x", 3.0)
+    est.summary.scalar("x", 4.0)
+    est.summary.image("img", torch.zeros(1, 2, 2, 1))
+    est.summary.image("img", torch.zeros(1, 2, 2, 1))
+
+
+CASES = {   # as the recorder's
+    "own_loss": lambda loss: est.summary.scalar("loss", loss * 2),
+    "other_scalar": lambda loss: est.summary.scalar("other", 1.0),
+    "unique": _unique,
+    "images_3_of_1": _images(1, 3),
+    "images_3_of_2": _images(2, 3),
+    "images_1_of_1": _images(1, 1),
+    "images_1_of_4": _images(4, 1),
+}
+
+
+def _zeroed(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.zero_()
+    return module
+
+
+def _run(record, model_dir):
+    """The recorder's model: loss exactly 9.0 at every step."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("dense", lambda: _zeroed(torch.nn.Linear(1, 1)))
+        loss = torch.nn.functional.mse_loss(net(features), labels)
+        record(loss)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.0)))
+
+    def input_fn():
+        return [(torch.ones(1, 1), torch.full((1, 1), 3.0))] * 3
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=model_dir, save_summary_steps=2))
+    e.train(input_fn, steps=3)
+    acc = EventAccumulator(model_dir, size_guidance={"scalars": 0, "images": 0,
+                                                     "histograms": 0}).Reload()
+    tags = acc.Tags()
+    return {"scalars": {tag: [[e.step, e.value] for e in acc.Scalars(tag)]
+                        for tag in sorted(tags["scalars"]) if tag != "global_step/sec"},
+            "images": sorted(tags["images"]), "histograms": sorted(tags["histograms"])}
+
+
+def test_the_cases_are_the_recorders():
+    assert sorted(CASES) == sorted(TF)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_summary_tags_and_values_are_tfs(tmp_path, case):
+    assert _run(CASES[case], str(tmp_path)) == TF[case]
