@@ -1,7 +1,6 @@
 """CSV records (TF: ``tf.io.decode_csv``)."""
 from __future__ import annotations
 
-import csv
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -97,9 +96,7 @@ def decode_csv(records, record_defaults: Sequence, field_delim: str = ",",
     columns: List[list] = [[] for _ in kinds]
     for r, record in enumerate(records):
         line = record.decode("utf-8") if isinstance(record, bytes) else str(record)
-        reader = csv.reader([line], delimiter=field_delim,
-                            quoting=csv.QUOTE_MINIMAL if use_quote_delim else csv.QUOTE_NONE)
-        fields = next(reader, None) or [""]
+        fields = _fields(line, field_delim, use_quote_delim, r)
         if select_cols is not None:
             if select_cols and select_cols[-1] >= len(fields):
                 problem = f"Expect {select_cols[-1] + 1} fields but have {len(fields)}"
@@ -119,6 +116,56 @@ def decode_csv(records, record_defaults: Sequence, field_delim: str = ",",
                 columns[c].append(_convert(text, dtype, c, r))
     return [np.array(col, dtype=dtype) if dtype != object else _objects(col)
             for col, (dtype, _) in zip(columns, kinds)]
+
+
+# TF's words (decode_csv's kernel) for a record it cannot split
+_QUOTE_NOT_CLOSED = "Quoted field has to end with quote followed by delim or end"
+_QUOTE_INSIDE = "Quote inside a string has to be escaped by another quote"
+_QUOTE_UNQUOTED = "Unquoted fields cannot have quotes/CRLFs inside"
+
+
+def _fields(line: str, delim: str, quoted: bool, record: int) -> List[str]:
+    """The fields of one record, split as TF's decode_csv kernel splits it:
+    with `quoted`, a field that starts with a quote ends at a quote followed
+    by the delimiter or the end (`""` inside it is a quote); a quote anywhere
+    else, or a line break in a field not quoted, is an error (Python's csv
+    module reads `"ab"c` as `abc`, and an unclosed quote as closed)."""
+    if "\r" not in line and "\n" not in line and not (quoted and '"' in line):
+        return line.split(delim)   # (the usual record, at str.split's speed)
+    fields, i, n = [], 0, len(line)
+    while True:
+        if quoted and line.startswith('"', i):
+            pieces, i = [], i + 1
+            while True:
+                j = line.find('"', i)
+                if j < 0:
+                    raise _malformed(_QUOTE_NOT_CLOSED, len(fields), record)
+                pieces.append(line[i:j])
+                if line.startswith('"', j + 1):   # "" is a quote
+                    pieces.append('"')
+                    i = j + 2
+                    continue
+                i = j + 1
+                if i < n and line[i] != delim:
+                    raise _malformed(_QUOTE_INSIDE, len(fields), record)
+                break
+            fields.append("".join(pieces))
+        else:
+            j = line.find(delim, i)
+            j = n if j < 0 else j
+            field = line[i:j]
+            if "\r" in field or "\n" in field or (quoted and '"' in field):
+                raise _malformed(_QUOTE_UNQUOTED, len(fields), record)
+            fields.append(field)
+            i = j
+        if i >= n:
+            return fields
+        i += 1   # the delimiter
+
+
+def _malformed(words: str, field: int, record: int) -> DecodeCSVError:
+    problem = f"{words} (field {field})"
+    return DecodeCSVError(f"{problem} in record {record}", record, None, problem)
 
 
 def _objects(values: list) -> np.ndarray:

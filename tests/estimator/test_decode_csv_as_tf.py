@@ -1,0 +1,47 @@
+"""How decode_csv splits records with quotes and line breaks, against TF
+2.15's recording (tests/support/fixtures/record_tf_decode_csv_quotes.py):
+a quoted field ends at a quote followed by the delimiter or the end, `""`
+is a quote, and a stray quote or line break is an error in TF's words (no
+silent `"ab"c` -> `abc`, as Python's csv module reads it); and
+make_csv_dataset names the file and line of such a record."""
+import json
+import os
+
+import pytest
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_decode_csv_quotes.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)["cases"]
+
+
+def _decode(record, use_quote_delim):
+    try:
+        columns = est.io.decode_csv([record], record_defaults=[[""], [""]],
+                                    use_quote_delim=use_quote_delim)
+    except est.io.DecodeCSVError as e:
+        return {"error": str(e)}
+    return {"fields": [c[0].decode() for c in columns]}
+
+
+@pytest.mark.parametrize("case", TF, ids=[repr(c["record"]) for c in TF])
+@pytest.mark.parametrize("quoting", ["quoted", "unquoted"])
+def test_records_split_as_tf(case, quoting):
+    got, want = _decode(case["record"], quoting == "quoted"), case[quoting]
+    if "error" in want:   # TF's words, then where (the field, the record)
+        assert got.keys() == {"error"} and got["error"].startswith(
+            want["error"].replace(" in record 0", "")), got
+        assert got["error"].endswith("in record 0")
+    else:
+        assert got == want
+
+
+def test_make_csv_dataset_names_the_line_of_a_stray_quote(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text('name,size\n"ok",1\n"big"ger,2\n')
+    dataset = est.data.make_csv_dataset(str(path), batch_size=4, num_epochs=1,
+                                          shuffle=False)
+    with pytest.raises(ValueError, match=rf'{path}, line 3: Quote inside a string has to be '
+                                         r'escaped by another quote \(field 0\)'):
+        list(dataset)
