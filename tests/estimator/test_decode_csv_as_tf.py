@@ -40,8 +40,7 @@ def test_records_split_as_tf(case, quoting):
 def test_make_csv_dataset_names_the_line_of_a_stray_quote(tmp_path):
     path = tmp_path / "data.csv"
     path.write_text('name,size\n"ok",1\n"big"ger,2\n')
-    dataset = est.data.make_csv_dataset(str(path), batch_size=4, num_epochs=1,
-                                          shuffle=False)
+    dataset = est.data.make_csv_dataset(str(path), batch_size=4, num_epochs=1, shuffle=False)
     with pytest.raises(ValueError, match=rf'{path}, line 3: Quote inside a string has to be '
                                          r'escaped by another quote \(field 0\)'):
         list(dataset)
