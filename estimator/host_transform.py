@@ -84,8 +84,7 @@ def example_of(values: Dict[str, Any], spec: Dict[str, Any]) -> bytes:
         feature = example.features.feature[key]
         try:
             if kind == "string":
-                feature.bytes_list.value.extend(
-                    v if isinstance(v, bytes) else str(v).encode("utf-8") for v in items)
+                feature.bytes_list.value.extend(_text(v) for v in items)
             elif kind.startswith(("float", "bfloat", "half", "double")):
                 feature.float_list.value.extend(float(v) for v in items)
             else:
@@ -94,6 +93,18 @@ def example_of(values: Dict[str, Any], spec: Dict[str, Any]) -> bytes:
             raise ValueError(f"feature {key!r}: {value!r} is not a {kind} value ({e})"
                              ) from None
     return example.SerializeToString()
+
+
+def _text(value) -> bytes:
+    """A string feature's value: str or bytes, never a number made text (as
+    TF Serving, whose JSON number makes an int64 or float feature that the
+    string spec then refuses: 12.0 would be "12.0", 2134 not "02134")."""
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}; send it as a JSON "
+                        "string, as it was in training")
+    return value.encode("utf-8")
 
 
 def _integer(value) -> int:

@@ -332,8 +332,14 @@ def _strings(name: str, values):
                 raise RequestError(f"input {name!r}{where}: bad base64 ({e})") from None
         if isinstance(value, bytes):
             return value
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return value if isinstance(value, str) else str(value)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # (TF Serving's 400 too: as text, 12.0 would be "12.0" and 2134 would
+            # not be "02134", another vocabulary entry or hash bucket, said nowhere)
+            raise RequestError(f"input {name!r}{where}: expected a string, got the number "
+                               f"{value!r}: send it as a JSON string, as it was in training "
+                               f"(e.g. \"{value}\")")
         raise RequestError(f"input {name!r}{where}: expected a string, got "
                            f"{type(value).__name__}")
     if not isinstance(values, list):

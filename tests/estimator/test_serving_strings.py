@@ -277,3 +277,36 @@ def test_a_non_integral_number_for_an_integer_input_is_refused_not_truncated(tmp
     for bad in (2.7, True):
         with pytest.raises(ValueError, match=f"feature 'kids': {bad!r} is not a int64 value"):
             example_of({"kids": bad}, spec)
+
+
+@pytest.mark.parametrize("value", [12, 12.0, 2134])
+def test_a_number_for_a_string_feature_is_refused_not_made_text(url, value):
+    """TF Serving answers 400: as text, 12.0 was "12.0" (another hash bucket
+    than "12") and 2134 not "02134", with no word."""
+    status, answer = _post(url + ":classify", {"examples": [
+        {"age": 30.0, "hours": 40.0, "occupation": value}]})
+    assert status == 400 and "feature 'occupation'" in answer["error"] \
+        and "expected a string, got" in answer["error"], answer
+    status, answer = _post(url + ":classify", {"examples": [
+        {"age": 30.0, "hours": 40.0, "occupation": str(value)}]})
+    assert status == 200, answer
+
+
+def test_a_number_for_a_raw_string_input_is_refused_not_made_text(tmp_path):
+    def model_fn(features, labels, mode):
+        ids = torch.tensor([[float(len(s))] for s in features["code"]])
+        y = est.get_module("w", lambda: torch.nn.Linear(1, 1))(ids)
+        return est.EstimatorSpec(mode, predictions={"y": y},
+                                 loss=None if labels is None else ((y - labels) ** 2).mean(),
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    e.train(lambda: [({"code": ["02134", "7"]}, torch.ones(2, 1))], steps=1)
+    export_dir = e.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(
+            {"code": np.array(["02134", "7"], dtype=object)}))
+    model = serving.Model(export_dir)
+    model.predict({"instances": [{"code": "02134"}]})
+    for bad in (2134, 12.0):
+        with pytest.raises(serving.RequestError, match=rf"input 'code'\[0\]: expected a string, "
+                           rf"got the number {bad!r}: send it as a JSON string"):
+            model.predict({"instances": [{"code": bad}]})
