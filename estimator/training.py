@@ -259,7 +259,7 @@ class _NewCheckpointListenerForEvaluate(CheckpointSaverListener):
     def after_save(self, session, global_step_value):
         if self._timer.should_trigger_for_step(global_step_value):
             self._timer.update_last_triggered_step(global_step_value)
-            self._evaluate(final=False)
+            self._evaluate()
             return self._evaluator.stop_requested
         logger.info("Skip the current checkpoint eval due to throttle secs (%s secs).",
                     self._eval_throttle_secs)
@@ -269,17 +269,15 @@ class _NewCheckpointListenerForEvaluate(CheckpointSaverListener):
         evaluated = self.eval_result.checkpoint_path if self.eval_result else None
         if latest is not None and latest != evaluated:
             self._timer.update_last_triggered_step(global_step_value)
-            self._evaluate(final=True)
-        elif self.eval_result is not None and not self._evaluator.is_final_export_triggered:
-            self.export_results = self._evaluator.export(self.eval_result, final=True)
+            self._evaluate()
 
-    def _evaluate(self, final):
+    def _evaluate(self):
         path = self._evaluator.estimator.latest_checkpoint()
         if path is None:
             raise RuntimeError("There was no new checkpoint after the training.")
         with checkpoint.rng_preserved():   # training goes on as if it had not evaluated
             self.eval_result, self.export_results = (   # (TF evaluates in a graph of its own)
-                self._evaluator.evaluate_and_export(path, *self._evaluator.hold(path), final))
+                self._evaluator.evaluate_and_export(path, *self._evaluator.hold(path)))
 
 
 # -- evaluation shared by every mode -----------------------------------------------------
@@ -366,7 +364,6 @@ class _Evaluator:
         # Evaluations whose summaries reached the event files before a crash
         # kept their ledger line from being written: recorded, not repeated.
         self._summarized = read_scalars(os.path.join(eval_dir, EVENT_FILE_PATTERN))
-        self.is_final_export_triggered = False
         self.stop_requested = False
 
     def hold(self, checkpoint_path: str) -> tuple:
@@ -384,13 +381,14 @@ class _Evaluator:
             checkpoint.unpin(held, checkpoint_path)
             raise
 
-    def evaluate_and_export(self, checkpoint_path: str, held: str, state: dict,
-                            final: bool = False):
+    def evaluate_and_export(self, checkpoint_path: str, held: str, state: dict):
         """Evaluate `checkpoint_path` (`hold`'s `held` and `state`), export,
-        record. A checkpoint already evaluated by an evaluator that died
-        before its ledger line is not evaluated again (no duplicate
-        TensorBoard points): its metrics are read back from the event files,
-        and it is exported and recorded."""
+        record. The export is final (FinalExporter exports) where the step
+        reached max_steps, as TF's: never for a run that ended before it
+        (early stopping, the input ran out, no max_steps). A checkpoint
+        already evaluated by an evaluator that died before its ledger line is
+        not evaluated again (no duplicate TensorBoard points): its metrics are
+        read back from the event files, and it is exported and recorded."""
         spec = self._eval_spec
         step = checkpoint.step_of(checkpoint_path)
         summarized = self._summarized.pop(step, None)
@@ -407,8 +405,8 @@ class _Evaluator:
             if not isinstance(metrics, dict) or "global_step" not in metrics:
                 raise ValueError(f"Internal error: `Estimator.evaluate` result should have "
                                  f"`global_step` in result. Given {metrics!r}")
-            final = final or bool(self._max_training_steps
-                                  and metrics["global_step"] >= self._max_training_steps)
+            final = bool(self._max_training_steps
+                         and metrics["global_step"] >= self._max_training_steps)
             export_results = self.export(_EvalResult(metrics, held), final)
         finally:
             checkpoint.unpin(held, checkpoint_path)
@@ -422,8 +420,6 @@ class _Evaluator:
         results = [exporter.export(self.estimator, os.path.join(export_dir_base, exporter.name),
                                    result.checkpoint_path, result.metrics, final)
                    for exporter in self._eval_spec.exporters]
-        if final:
-            self.is_final_export_triggered = True
         return results
 
 
@@ -784,7 +780,7 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
                                "checkpoint_policy='every') to keep unseen ones)", path)
                 continue
             except checkpoint.DataLossError as e:
-                if final:   # (nothing would be exported as final)
+                if final:   # (the last of the training: none comes after it)
                     raise checkpoint.DataLossError(
                         f"The final checkpoint {path} is damaged, so it is not evaluated or "
                         f"exported: {e}. Train again (training resumes from the newest good "
@@ -792,7 +788,7 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
                 logger.warning("Checkpoint %s is not evaluated: %s", path, e)
                 done.add(checkpoint.step_of(path))
                 continue
-            result, exports = evaluator.evaluate_and_export(path, held, state, final)
+            result, exports = evaluator.evaluate_and_export(path, held, state)
             done.add(result.metrics["global_step"])
             last = (result.metrics, exports)
             if evaluator.stop_requested and not _read_marker(model_dir, STOP_MARKER, max_steps):

@@ -172,11 +172,13 @@ def test_local_throttle_skips_checkpoints_but_not_the_end(tmp_path):
     assert steps == [10, 35] and metrics["global_step"] == 35
 
 
-def test_local_final_export_when_the_input_runs_out(tmp_path):
+def test_local_no_final_export_when_the_input_runs_out_before_max_steps(tmp_path):
     short = regression_input_fn(batch_size=32, n=32 * 25, repeat=False)
-    _, steps, (metrics, exports) = run_local(tmp_path, max_steps=100, train_input=short)
+    e, steps, (metrics, exports) = run_local(tmp_path, max_steps=100, train_input=short)
     assert steps == [10, 20, 25] and metrics["global_step"] == 25
-    assert exports[0] is not None   # FinalExporter: the end of training is final
+    assert exports[0] is None   # FinalExporter: final only at max_steps, as TF's
+    assert len(os.listdir(os.path.join(e.model_dir, "export", "latest"))) == 3   # none twice
+    assert not os.path.exists(os.path.join(e.model_dir, "export", "final"))
 
 
 def test_local_returns_none_when_already_trained(tmp_path):
@@ -414,12 +416,14 @@ def test_evaluator_latest_policy_evaluates_the_newest_only(tmp_path, monkeypatch
 
 def test_evaluator_stops_at_the_chief_s_final_step(tmp_path, monkeypatch):
     """Training ended before max_steps (input ran out, early stop): the
-    completion marker names the final step; it is evaluated and exported as final."""
+    completion marker names the final step; it is evaluated, then the
+    evaluator stops (TF's would wait for max_steps for ever). Not exported as
+    final: as TF's, FinalExporter exports only at max_steps."""
     make(tmp_path).train(input_fn, max_steps=25)
     training._write_json(str(tmp_path / "m" / training.COMPLETION_MARKER),
                          {"global_step": 25, "max_steps": 1000})
     steps, metrics, exports = evaluator(tmp_path, monkeypatch, max_steps=1000, policy="latest")
-    assert steps == [25] and exports[0] is not None
+    assert steps == [25] and metrics["global_step"] == 25 and exports == [None]
 
 
 def test_evaluator_early_stopping_writes_the_stop_marker(tmp_path, monkeypatch):
