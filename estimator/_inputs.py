@@ -84,9 +84,10 @@ def _one_batch(dataset, mode: str) -> str:
 
 
 def split_batch(batch, mode: str, predict: bool):
-    """(features, labels) from one element of the input."""
+    """(features, labels) from one element of the input; in PREDICT the
+    labels are None (TF's predict hands the model_fn none, given or not)."""
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
+        return batch[0], None if predict else batch[1]
     if predict:
         return batch, None
     raise ValueError(f"In mode {mode!r} each batch must be a (features, labels) pair, got "

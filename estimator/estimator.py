@@ -467,7 +467,7 @@ class Estimator:
                     spec = session.run(step)
                     if spec is None:
                         break
-                    predictions = _select(spec.predictions, keys)
+                    predictions = _select(spec.predictions, keys, warn=spec is first)
                     if yield_single_examples:
                         examples = _examples(predictions)
                     else:
@@ -529,9 +529,9 @@ class Estimator:
             lambda context: _inputs.call_input_fn(input_fn, mode, self.params, self._config,
                                                   context), input_fn, mode, read)
         for batch in moved:
-            if type(batch) is tuple and len(batch) == 2:
+            if type(batch) is tuple and len(batch) == 2 and not predict:
                 yield batch
-            else:
+            else:   # (PREDICT: labels given are dropped, as TF's predict passes None)
                 yield _inputs.split_batch(batch, mode, predict)
 
     def _first_spec(self, batches, scope, mode, strategy, call) -> Optional[tuple]:
@@ -667,26 +667,43 @@ def _python(value):
     return value
 
 
-def _select(predictions, keys):
+def _select(predictions, keys, warn: bool = False):
+    """The predictions `keys` names, in the model_fn's order, as TF's
+    `_extract_keys`: all of them for no keys (None or []); keys that name
+    none are ignored (with a warning, where `warn`) unless no key names one."""
+    if keys and not isinstance(predictions, dict):
+        raise ValueError("predict_keys argument is not valid in case of non-dict predictions "
+                         f"(the model_fn returned one tensor); got predict_keys={keys!r}")
     if not isinstance(predictions, dict):
         predictions = {"predictions": predictions}
-    if keys is not None:
-        missing = [k for k in keys if k not in predictions]
-        if missing:
-            raise ValueError(f"predict_keys {missing} are not in the predictions; available: "
-                             f"{sorted(predictions)}")
-        predictions = {k: predictions[k] for k in keys}
+    if keys:
+        unknown = [k for k in keys if k not in predictions]
+        if len(unknown) == len(keys):
+            raise ValueError(f"Expected to run at least one output from "
+                             f"{list(predictions)}, provided {list(keys)}")
+        if unknown and warn:
+            logger.warning("predict_keys %s are not in the predictions (%s): ignored, as TF "
+                           "ignores them", unknown, ", ".join(predictions))
+        predictions = {k: v for k, v in predictions.items() if k in keys}
     return {k: _host(v) for k, v in predictions.items()}
 
 
 def _host(value) -> np.ndarray:
-    """A prediction as a numpy array (strings keep their Python type)."""
+    """A prediction as a numpy array; strings as bytes (utf-8), as TF's
+    string tensors come out of `predict` (b"a", an object array of bytes)."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "UO":
         return value
-    out = np.empty(len(value), dtype=object)
-    out[:] = list(value)
+    if isinstance(value, np.ndarray):
+        out = value.astype(object)   # (a copy: the model_fn's array is left as it was)
+    else:
+        out = np.empty(len(value), dtype=object)
+        out[:] = list(value)
+    flat = out.reshape(-1)   # (a view)
+    for i, item in enumerate(flat):
+        if isinstance(item, str):
+            flat[i] = item.encode("utf-8")
     return out
 
 

@@ -76,7 +76,7 @@ def test_add_metrics_and_forward_features(tmp_path):
     forwarding = est.forward_features(base, ["id", "color"])
     rows = list(forwarding.predict(_input(features, labels)))
     assert [int(r["id"]) for r in rows] == list(range(N))
-    assert [r["color"] for r in rows] == list(features["color"])
+    assert [r["color"] for r in rows] == [c.encode() for c in features["color"]]   # TF's bytes
     assert rows[5]["logistic"] == pytest.approx(list(base.predict(_input(features, labels)))[5]
                                                 ["logistic"])
     with pytest.raises(ValueError, match=r"Feature \(nope\) is not in features dict"):

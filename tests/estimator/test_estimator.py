@@ -105,7 +105,8 @@ def test_predict_single_examples_keys_and_batches(tmp_path):
     np.testing.assert_allclose([p["y"][0] for p in preds], [3.0, -2.0, 1.5], atol=0.1)
     batches = list(e.predict(lambda: [{"x": x}], yield_single_examples=False))
     assert batches[0]["y"].shape == (3, 1)
-    with pytest.raises(ValueError, match="predict_keys"):
+    with pytest.raises(ValueError, match=r"Expected to run at least one output from \['y'\], "
+                                         r"provided \['nope'\]"):
         list(e.predict(lambda: [{"x": x}], predict_keys=["nope"]))
 
 

@@ -54,8 +54,8 @@ def test_strings_pass_to_model_fn_and_come_back_from_predict(tmp_path):
     e.train(input_fn(), max_steps=8.0)                # an integral float, as TF takes
     assert est.checkpoint.step_of(e.latest_checkpoint()) == 8
     preds = list(e.predict(input_fn(labels=False)))
-    assert [p["key"] for p in preds] == KEYS
-    assert all(p["classes"] == VOCAB[p["class_ids"]] for p in preds)
+    assert [p["key"] for p in preds] == [k.encode() for k in KEYS]   # as TF's, bytes
+    assert all(p["classes"] == VOCAB[p["class_ids"]].encode() for p in preds)
     batch = next(e.predict(input_fn(labels=False), yield_single_examples=False))
     assert batch["classes"].dtype == object and batch["classes"].shape == (8,)
 

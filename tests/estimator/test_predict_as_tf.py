@@ -1,0 +1,107 @@
+"""Estimator.predict against TF 2.15's recording
+(tests/support/fixtures/record_tf_predict_api.py): `predict_keys` keeps the
+model_fn's order, ignores keys that name nothing unless none names one, and
+an empty list means all; string predictions come out as bytes; the model_fn
+gets no labels in PREDICT, although the input_fn gives them."""
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_predict_api.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)["cases"]
+
+X = np.array([[1.0], [2.0], [3.0]], dtype=np.float32)   # as the recorder's
+IDS = ["u1", "u2", "u3"]
+CASES = {
+    "all": {},
+    "keys_in_model_order": {"predict_keys": ["n", "y"]},
+    "a_key_unknown": {"predict_keys": ["y", "typo"]},
+    "no_keys": {"predict_keys": []},
+    "only_unknown_keys": {"predict_keys": ["typo"]},
+    "batches": {"yield_single_examples": False},
+}
+
+
+def model_fn(features, labels, mode):
+    x = torch.as_tensor(features["x"])
+    scale = est.get_module("scale", lambda: torch.nn.Linear(1, 1))
+    return est.EstimatorSpec(mode, predictions={
+        "y": 2.0 * x + 0 * scale(x), "n": 3.0 * x, "id": features["id"],
+        "labelled": torch.full(x.shape, labels is not None)})
+
+
+def input_fn():
+    return [({"x": X[i:i + 2], "id": np.array(IDS[i:i + 2])}, X[i:i + 2]) for i in (0, 2)]
+
+
+def describe(predictions):
+    first = predictions[0]
+    out = {"count": len(predictions), "keys": list(first)}
+    if "id" in first:
+        value = first["id"]
+        out["id_type"] = type(value).__name__
+        if isinstance(value, np.ndarray):
+            out["id_item_type"] = type(value.flat[0]).__name__
+    if "labelled" in first:
+        out["labelled"] = bool(np.asarray(first["labelled"]).flat[0])
+    return out
+
+
+@pytest.fixture(scope="module")
+def estimator(tmp_path_factory):
+    return est.Estimator(model_fn, model_dir=str(tmp_path_factory.mktemp("m")))
+
+
+def test_the_cases_are_the_recorders():
+    assert sorted(CASES) == sorted(TF)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_predict_yields_what_tf_yields(estimator, case):
+    recorded = TF[case]
+    if "error" in recorded:
+        with pytest.raises(ValueError) as raised:
+            list(estimator.predict(input_fn, **CASES[case]))
+        assert str(raised.value).startswith("Expected to run at least one output from ")
+        assert str(raised.value).endswith("provided ['typo']")
+        return
+    assert describe(list(estimator.predict(input_fn, **CASES[case]))) == recorded
+
+
+def test_an_ignored_key_is_said_once(estimator, caplog):
+    with caplog.at_level(logging.WARNING, logger="estimator"):
+        list(estimator.predict(input_fn, predict_keys=["y", "typo"]))
+    assert [r.getMessage() for r in caplog.records if "typo" in r.getMessage()] == [
+        "predict_keys ['typo'] are not in the predictions (y, n, id, labelled): ignored, as "
+        "TF ignores them"]
+
+
+def test_string_predictions_are_utf8_bytes(estimator):
+    def words(features, labels, mode):
+        x = torch.as_tensor(features["x"])
+        est.get_module("scale", lambda: torch.nn.Linear(1, 1))
+        return est.EstimatorSpec(mode, predictions={
+            "x": x, "word": ["héllo", "wörld"][:len(x)], "kept": np.array([b"a", b"b"][:len(x)],
+                                                                          dtype=object)})
+    e = est.Estimator(words, model_dir=estimator.model_dir)
+    got = list(e.predict(lambda: [{"x": X[:2]}]))
+    assert [(p["word"], p["kept"]) for p in got] == [("héllo".encode(), b"a"),
+                                                     ("wörld".encode(), b"b")]
+
+
+def test_a_single_tensor_prediction_takes_no_keys(estimator):
+    def tensor(features, labels, mode):
+        est.get_module("scale", lambda: torch.nn.Linear(1, 1))
+        return est.EstimatorSpec(mode, predictions=torch.as_tensor(features["x"]))
+    e = est.Estimator(tensor, model_dir=estimator.model_dir)
+    assert [float(p[0]) for p in e.predict(lambda: [{"x": X}])] == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="predict_keys argument is not valid in case of "
+                                         "non-dict predictions"):
+        list(e.predict(lambda: [{"x": X}], predict_keys=["predictions"]))
