@@ -497,10 +497,14 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
             for key in _collect_leaf_level_keys(self):
                 if isinstance(key, str):
                     feature = builder.raw(key)
-                    if feature.kind not in ("string", "int"):
+                    if feature.kind not in ("string", "int"):   # (TF truncates: 40.7 -> 40)
                         raise ValueError(f"crossed_column {self.name!r}: feature {key!r} "
                                          f"must hold strings or ints, got "
-                                         f"{feature._dtype_text()}")
+                                         f"{feature._dtype_text()} (TF's cross casts floats "
+                                         f"to int64, 40.7 to 40, with no word; pandas makes "
+                                         f"an int column float where a value is missing). "
+                                         f"Fill the missing values and cast the column to "
+                                         f"int64, or bucketize it (bucketized_column)")
                     values, rows, positions = feature.flat(drop_missing=False)
                     if values.dtype.kind in "US":
                         values = mapped(self, key, values, *feature.codes(positions),

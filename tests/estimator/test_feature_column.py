@@ -353,6 +353,11 @@ def test_bad_arguments(make, error, match):
     ({"i": [[1, 2]], "w": [[1.0]]},
      [fc.indicator_column(fc.weighted_categorical_column(
          fc.categorical_column_with_identity("i", 3), "w"))], "layout"),
+    # (an int column pandas made float64 by a missing value: TF truncates it silently)
+    ({"hours": np.array([40.0, np.nan]), "t": ["a", "b"]},
+     [fc.indicator_column(fc.crossed_column(["hours", "t"], 5))],
+     r"feature 'hours' must hold strings or ints, got float64 \(TF's cross casts floats to "
+     r"int64, 40.7 to 40, with no word.*cast the column to int64, or bucketize it"),
 ])
 def test_bad_inputs(features, columns, match):
     with pytest.raises((ValueError, TypeError), match=match):
