@@ -39,6 +39,17 @@ def test_save_timeline_runs_every_mode(capsys):
     assert "window beyond steady" in capsys.readouterr().out
 
 
+def test_step_breakdown_adds_up_and_puts_back_what_it_timed(capsys):
+    from distribute import strategy
+    update = strategy.StrategyExtended.apply_gradients
+    results = _bench("step_breakdown").main(["--steps", "50", "--rounds", "2"])
+    assert strategy.StrategyExtended.apply_gradients is update
+    for parts in results.values():
+        assert all(parts[p] > 0 for p in ("forward", "update", "total"))
+        assert parts["forward"] + parts["update"] + parts["rest"] == pytest.approx(parts["total"])
+    assert "ours" in capsys.readouterr().out
+
+
 def test_canned_benchmark_runs(capsys):
     ratio = _bench("canned").main(["--rounds", "1", "--steps", "5", "--batch", "32"])
     assert ratio > 0 and "canned" in capsys.readouterr().out
