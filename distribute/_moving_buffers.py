@@ -14,6 +14,10 @@ never averaged, so they never drift by rounding. A layer that first moves
 at a later step (batch norm used only after a warm-up) joins the average in
 that step: the layers left out are watched by their buffers' versions
 (batch norm counts its batches in one), which the step's agreement carries.
+Their integer buffers (batch norm's `num_batches_tracked`, the weight of a
+cumulative average with momentum=None) count every replica's own batches,
+the same on each: not averaged, but put back, with the floating ones, after
+a step agreed away, which makes no update.
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ class MovingBuffers:
         self._still: List[_Layer] = []        # layers seen not moving (yet)
         self._still_versions = 0              # the sum of their buffers' versions then
         self._moving: List[torch.Tensor] = []
+        self._counters: List[torch.Tensor] = []   # the moving layers' integer buffers
+        self._counted: List[torch.Tensor] = []    # their values after the last step made
         self._sum: Optional[_Flat] = None     # the step's sum
         self._mean: Optional[_Flat] = None    # the last step's mean
         self._have_mean = False
@@ -76,6 +82,11 @@ class MovingBuffers:
                 torch._foreach_copy_(self._moving, self._mean.pieces)
         if moved_late:
             self._join(group, step_made)
+        if self._counters:
+            if step_made:
+                torch._foreach_copy_(self._counted, self._counters)
+            else:
+                torch._foreach_copy_(self._counters, self._counted)
 
     def _join(self, group, step_made: bool) -> None:
         """Add the layers that moved after the first step (on any replica) to
@@ -91,6 +102,7 @@ class MovingBuffers:
         for layer in joining:
             if not step_made:
                 layer.restore()
+        self._count(joining)
         buffers = [b for layer in joining for b in layer.floating]
         if not buffers:
             return
@@ -113,12 +125,20 @@ class MovingBuffers:
         for layer, moved in zip(self._unsorted, changed.tolist()):
             if moved:
                 self._moving += layer.floating
+                self._count([layer])
             else:
                 self._still.append(layer)
         self._still_versions = _versions(self._still)
         self._unsorted = []
         self._sum = self._mean = None
         self._have_mean = False
+
+    def _count(self, layers: List["_Layer"]) -> None:
+        """Put the integer buffers of `layers` among the counters, with
+        their values now as the last kept."""
+        counters = [b for layer in layers for b in layer.counters]
+        self._counters += counters
+        self._counted += [b.detach().clone() for b in counters]
 
 
 class _Layer:
@@ -127,6 +147,8 @@ class _Layer:
     def __init__(self, module: torch.nn.Module):
         own = list(module.buffers(recurse=False))
         self.floating = [b for b in own if b.is_floating_point()]
+        self.counters = [b for b in own if not b.is_floating_point() and not b.is_complex()
+                         and b.dtype != torch.bool]
         self._before = [(b, b._version, b.detach().clone()) for b in own]
 
     def changed(self) -> bool:

@@ -203,6 +203,37 @@ def test_batch_norm_first_moving_in_the_step_agreed_away_keeps_its_statistics(tm
     np.testing.assert_array_equal(e.get_variable_value("bn/running_var"), [1.0, 1.0])
 
 
+def _cumulative_batch_norm_model_fn(features, labels, mode):
+    """Batch norm with momentum=None: its statistics are the cumulative
+    average of the batches', weighted by the batches it has counted."""
+    bn = est.get_module("bn", lambda: torch.nn.BatchNorm1d(2, momentum=None))
+    dense = est.get_module("dense", lambda: torch.nn.Linear(2, 1))
+    loss = torch.nn.functional.mse_loss(dense(bn(features["x"])), labels)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.0)))
+
+
+def test_batch_norm_counts_only_the_steps_made_across_train_calls(tmp_path):
+    """The step agreed away at the end of each train call runs a forward pass
+    and makes no update: batch norm's batch counter is put back with its
+    statistics. It counted one batch more per train call (5 after 4 steps, 6
+    after two calls), so a cumulative average (momentum=None) weighted the
+    batches after a resume wrongly, with no word."""
+    rng = np.random.RandomState(1)
+    data = [({"x": rng.normal(3.0 * i, 1.0, (4, 2)).astype(np.float32)},
+             np.zeros((4, 1), np.float32)) for i in range(8)]
+    e = est.Estimator(_cumulative_batch_norm_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=STRATEGIES["mirrored"]()))
+    e.train(lambda: data, max_steps=2)
+    assert e.get_variable_value("bn/num_batches_tracked") == 2
+    e.train(lambda: data, max_steps=4)   # input read again from its start
+    assert e.get_variable_value("bn/num_batches_tracked") == 4
+    # replica r reads batches r and 2 + r in each call: the average of the 4 batches' means
+    means = np.stack([f["x"].mean(0) for f, _ in data[:4]])
+    np.testing.assert_allclose(e.get_variable_value("bn/running_mean"), means.mean(0),
+                               rtol=1e-5)
+
+
 class _TwoHeads(torch.nn.Module):
     """A body and two heads, as a multi-output model: `a` trains, `b` serves
     predictions only."""
