@@ -13,6 +13,7 @@ import torch
 
 import estimator as est
 from paths import FIXTURES
+from run_outline import predictions_outline
 
 with open(os.path.join(FIXTURES, "tf_predict_api.json"), encoding="utf-8") as _f:
     TF = json.load(_f)["cases"]
@@ -41,19 +42,6 @@ def input_fn():
     return [({"x": X[i:i + 2], "id": np.array(IDS[i:i + 2])}, X[i:i + 2]) for i in (0, 2)]
 
 
-def describe(predictions):
-    first = predictions[0]
-    out = {"count": len(predictions), "keys": list(first)}
-    if "id" in first:
-        value = first["id"]
-        out["id_type"] = type(value).__name__
-        if isinstance(value, np.ndarray):
-            out["id_item_type"] = type(value.flat[0]).__name__
-    if "labelled" in first:
-        out["labelled"] = bool(np.asarray(first["labelled"]).flat[0])
-    return out
-
-
 @pytest.fixture(scope="module")
 def estimator(tmp_path_factory):
     return est.Estimator(model_fn, model_dir=str(tmp_path_factory.mktemp("m")))
@@ -72,7 +60,7 @@ def test_predict_yields_what_tf_yields(estimator, case):
         assert str(raised.value).startswith("Expected to run at least one output from ")
         assert str(raised.value).endswith("provided ['typo']")
         return
-    assert describe(list(estimator.predict(input_fn, **CASES[case]))) == recorded
+    assert predictions_outline(list(estimator.predict(input_fn, **CASES[case]))) == recorded
 
 
 def test_an_ignored_key_is_said_once(estimator, caplog):

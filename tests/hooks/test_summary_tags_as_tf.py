@@ -9,10 +9,10 @@ import os
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import estimator as est
 from paths import FIXTURES
+from run_outline import summaries_outline
 
 with open(os.path.join(FIXTURES, "tf_summary_tags.json"), encoding="utf-8") as _f:
     TF = json.load(_f)["cases"]
@@ -65,12 +65,7 @@ def _run(record, model_dir):
         return [(torch.ones(1, 1), torch.full((1, 1), 3.0))] * 3
     e = est.Estimator(model_fn, config=est.RunConfig(model_dir=model_dir, save_summary_steps=2))
     e.train(input_fn, steps=3)
-    acc = EventAccumulator(model_dir, size_guidance={"scalars": 0, "images": 0,
-                                                     "histograms": 0}).Reload()
-    tags = acc.Tags()
-    return {"scalars": {tag: [[e.step, e.value] for e in acc.Scalars(tag)]
-                        for tag in sorted(tags["scalars"]) if tag != "global_step/sec"},
-            "images": sorted(tags["images"]), "histograms": sorted(tags["histograms"])}
+    return summaries_outline(model_dir)
 
 
 def test_the_cases_are_the_recorders():
