@@ -30,7 +30,7 @@ from hooks.training_lock import TrainingLock
 
 from hooks import model_scope, tf_checkpoint
 
-from . import _checks, _console, _inputs, checkpoint, metrics
+from . import _checks, _console, _inputs, checkpoint, host_transform, metrics
 from ._eval_metric_ops import EvalMetricOps
 from hooks.mode_keys import ModeKeys
 from ._dropout_check import DropoutWatch
@@ -695,16 +695,7 @@ def _host(value) -> np.ndarray:
         return value.detach().cpu().numpy()
     if isinstance(value, np.ndarray) and value.dtype.kind not in "UO":
         return value
-    if isinstance(value, np.ndarray):
-        out = value.astype(object)   # (a copy: the model_fn's array is left as it was)
-    else:
-        out = np.empty(len(value), dtype=object)
-        out[:] = list(value)
-    flat = out.reshape(-1)   # (a view)
-    for i, item in enumerate(flat):
-        if isinstance(item, str):
-            flat[i] = item.encode("utf-8")
-    return out
+    return host_transform.as_bytes(value)
 
 
 def _examples(predictions: dict):

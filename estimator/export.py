@@ -34,6 +34,7 @@ dict of receiver tensors (the preprocessing TF would build into the graph).
 """
 from __future__ import annotations
 
+import copy
 import json
 import keyword
 import logging
@@ -50,7 +51,7 @@ import distribute
 
 from hooks import model_scope
 
-from . import io as tf_io
+from . import host_transform, io as tf_io
 from .feature_column import recorded
 from .host_transform import EXAMPLES, HostTransform, is_host_value, template_examples
 from hooks.mode_keys import ModeKeys
@@ -278,7 +279,10 @@ class ExportOutput:
     output: the id output it names, or None for every class name per
     example; or a pair (that, its own class names)}) are recorded with the
     export, and `estimator serve` answers with the names, as TF Serving
-    answers with TF's string tensors."""
+    answers with TF's string tensors. An output may also be a string
+    feature itself (`features["key"]`, as `forward_features` adds it): the
+    export records which feature, and serves each request's own values of
+    it (TF's string output of the feature)."""
 
     method_name = ""
 
@@ -286,9 +290,9 @@ class ExportOutput:
                  named_outputs: Optional[Dict[str, Any]] = None):
         name = type(self).__name__
         for key, value in outputs.items():
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(f"{name}: output {key!r} must be a tensor, "
-                                 f"got {type(value).__name__}")
+            if not isinstance(value, torch.Tensor) and not is_host_value(value):
+                raise ValueError(f"{name}: output {key!r} must be a tensor (or a string "
+                                 f"feature, forwarded), got {type(value).__name__}")
         self.outputs = outputs
         self.class_names = _names(name, "class_names", class_names)
         self.named_outputs = {}   # {string output: {"ids": output or None, "names": [...]}}
@@ -302,6 +306,12 @@ class ExportOutput:
                 raise ValueError(f"{name}: named output {new!r} has no class names: give "
                                  "class_names")
             self.named_outputs[new] = {"ids": ids, "names": names}
+
+    def _with_outputs(self, more: Dict[str, Any]) -> "ExportOutput":
+        """A copy holding `more` outputs too (its class names kept)."""
+        copied = copy.copy(self)
+        copied.outputs = {**self.outputs, **more}
+        return copied
 
 
 def _names(owner: str, what: str, names) -> Optional[list]:
@@ -399,27 +409,52 @@ class _ServingModule(torch.nn.Module):
         self._call = call_model_fn
         self._features_fn = features_fn
         self.signatures: Optional[Dict[str, ExportOutput]] = None
+        # {signature: {output: (feature, its value here)}}: string features
+        # returned as they are, which the server adds from each request
+        self.forwarded: Dict[str, Dict[str, tuple]] = {}
 
     def _serve(self, inputs: dict):
         scope = self._scope
+        features = self._features_fn(inputs)
         with scope, scope.strategy.scope():
-            spec = self._call(self._features_fn(inputs), None, ModeKeys.PREDICT)
+            spec = self._call(features, None, ModeKeys.PREDICT)
         if not isinstance(spec, EstimatorSpec) or spec.mode != ModeKeys.PREDICT:
             raise ValueError(f"model_fn in mode 'infer' must return an EstimatorSpec for "
                              f"that mode, got {spec!r:.200}")
         scope.named_tensors.clear()
         self.signatures = _signatures(spec)
         if self.signatures is not None:
-            return {name: dict(output.outputs) for name, output in self.signatures.items()}
+            return {name: self._tensors(output.outputs, features, name,
+                                        f"export_outputs[{name!r}]")
+                    for name, output in self.signatures.items()}
         predictions = spec.predictions
-        for key, value in (predictions.items() if isinstance(predictions, dict)
-                           else [("predictions", predictions)]):
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(f"predictions[{key!r}] is {type(value).__name__}, not a "
-                                 "tensor: an export serves tensors only (leave string "
-                                 "outputs out of the PREDICT spec for export, or give "
-                                 "export_outputs of tensors)")
-        return predictions
+        single = not isinstance(predictions, dict)
+        tensors = self._tensors({"predictions": predictions} if single else predictions,
+                                features, DEFAULT_SERVING_SIGNATURE_DEF_KEY, "predictions")
+        return tensors["predictions"] if single else tensors
+
+    def _tensors(self, outputs: dict, features, signature: str, what: str) -> dict:
+        """The tensors of `outputs`; its string features are noted in
+        `forwarded` (TF serves them as string outputs; a torch program holds
+        no strings), any other value is an error."""
+        tensors, forwarded = {}, {}
+        named = {id(v): k for k, v in features.items()} if isinstance(features, dict) else {}
+        for key, value in outputs.items():
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value
+            elif id(value) in named:
+                forwarded[key] = (named[id(value)], value)
+            else:
+                raise ValueError(f"{what}[{key!r}] is {type(value).__name__}, not a "
+                                 "tensor: an export serves tensors, and string features as "
+                                 "they came in (leave other string outputs out of the "
+                                 "PREDICT spec for export)")
+        if not tensors:
+            raise ValueError(f"{what} hold no tensor, only the string features "
+                             f"{sorted(forwarded)}: an export needs a tensor to serve")
+        if forwarded:
+            self.forwarded[signature] = forwarded
+        return tensors
 
 
 def _serving_class(names) -> type:
@@ -673,6 +708,11 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                              **({"named_outputs": output.named_outputs}
                                 if output.named_outputs else {})}
                       for name, output in module.signatures.items()}
+    for name, forwarded in module.forwarded.items():   # string features, served as given
+        signatures[name]["outputs"] += [
+            {"name": key, "dtype": "string", "shape": [None, *np.shape(value)[1:]]}
+            for key, (_, value) in forwarded.items()]
+        signatures[name]["forwarded"] = {key: feature for key, (feature, _) in forwarded.items()}
     signature = {
         "format": "torch.export",
         "program": PROGRAM,
@@ -864,20 +904,32 @@ class LoadedExport:
     def _signature_fn(self, name: str) -> Callable:
         by_signature = self.signature.get("outputs_are_signatures", False)
         as_dict = self.signature.get("outputs_are_dict", True)
+        forwarded = (self.signature.get("signatures") or {}).get(name, {}).get("forwarded")
 
-        def serve(**inputs) -> Dict[str, torch.Tensor]:
-            outputs = self(**inputs)
+        def serve(**inputs) -> Dict[str, Any]:
+            """{output: tensor}; a string feature forwarded as it is: bytes."""
+            outputs, features = self._run(inputs)
             if by_signature:
-                return outputs[name]
-            return outputs if as_dict else {"output": outputs}
+                outputs = outputs[name]
+            elif not as_dict:
+                outputs = {"output": outputs}
+            if forwarded:
+                outputs = {**outputs, **{key: host_transform.as_bytes(features[feature])
+                                         for key, feature in forwarded.items()}}
+            return outputs
         return serve
 
     def __call__(self, **inputs):
         """The program on `inputs`: for an export with a host transform, the
         client's inputs (strings, or ``examples`` to parse) go through it first."""
-        if self.transform is not None:
-            inputs = self.transform.program_inputs(inputs)
-        return self.program(**inputs)
+        return self._run(inputs)[0]
+
+    def _run(self, inputs: dict) -> tuple:
+        """(the program's outputs, the features it was given)."""
+        if self.transform is None:
+            return self.program(**inputs), inputs
+        features = self.transform.features(inputs)
+        return self.program(**self.transform.program_inputs(inputs, features)), features
 
 
 def load(export_dir: str) -> LoadedExport:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import inspect
 from typing import Callable, Optional, Sequence
 
-import torch
-
 from hooks.mode_keys import ModeKeys
 
 from . import export
@@ -63,10 +61,12 @@ def add_metrics(estimator: Estimator, metric_fn: Callable) -> Estimator:
 def forward_features(estimator: Estimator, keys: Optional[Sequence[str]] = None,
                      sparse_default_values=None) -> Estimator:
     """An Estimator whose predictions also hold the features `keys` (all
-    features when None), e.g. an example id to join results on. A forwarded
-    tensor is added to the export's ``predict`` signature too. Features given
-    as lists of lists (sparse) cannot be forwarded; `sparse_default_values`
-    is accepted for TF's signature."""
+    features when None), e.g. an example id to join results on. As TF's,
+    a forwarded feature is added to the export's ``predict`` signature (and
+    to ``serving_default`` where that is a PredictOutput) too: the server
+    answers with each request's own values, strings included. Features
+    given as lists of lists (sparse) cannot be forwarded;
+    `sparse_default_values` is accepted for TF's signature."""
     del sparse_default_values
     if isinstance(keys, str):
         keys = [keys]
@@ -94,10 +94,11 @@ def forward_features(estimator: Estimator, keys: Optional[Sequence[str]] = None,
                                  "features can be forwarded")
             forwarded[key] = value
         outputs = spec.export_outputs
-        if outputs and isinstance(outputs.get("predict"), export.PredictOutput):
-            tensors = {k: v for k, v in forwarded.items() if isinstance(v, torch.Tensor)}
-            outputs = {**outputs, "predict": export.PredictOutput(
-                {**outputs["predict"].outputs, **tensors})}
+        if outputs:   # TF's: its `predict` and `serving_default` PredictOutputs
+            outputs = {name: output._with_outputs(forwarded)
+                       if name in ("predict", export.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
+                       and isinstance(output, export.PredictOutput) else output
+                       for name, output in outputs.items()}
         return spec._replace(predictions={**predictions, **forwarded}, export_outputs=outputs)
 
     return _extended(estimator, wrap)

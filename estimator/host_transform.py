@@ -37,6 +37,21 @@ def is_host_value(value) -> bool:
     return isinstance(value, (list, tuple))
 
 
+def as_bytes(value) -> np.ndarray:
+    """Host strings (a numpy str/object array, or a list) as an object array
+    of bytes (utf-8), as TF's string tensors come out (b"a")."""
+    if isinstance(value, np.ndarray):
+        out = value.astype(object)   # (a copy: the caller's array is left as it was)
+    else:
+        out = np.empty(len(value), dtype=object)
+        out[:] = list(value)
+    flat = out.reshape(-1)   # (a view)
+    for i, item in enumerate(flat):
+        if isinstance(item, str):
+            flat[i] = item.encode("utf-8")
+    return out
+
+
 # -- parsing specs as JSON ---------------------------------------------------------------
 def _is_string(dtype) -> bool:
     return dtype in (str, bytes, "string", np.str_, np.bytes_, np.object_)
@@ -173,9 +188,12 @@ class HostTransform:
                              f"{{{EXAMPLES!r}: [...]}}, not {sorted(inputs)}")
         return tf_io.parse_example(list(inputs[EXAMPLES]), self.parse_spec)
 
-    def program_inputs(self, inputs: Dict[str, Any]) -> Dict[str, torch.Tensor]:
-        """The program's inputs for a request's inputs."""
-        features = self.features(inputs)
+    def program_inputs(self, inputs: Dict[str, Any],
+                       features: Optional[Dict[str, Any]] = None) -> Dict[str, torch.Tensor]:
+        """The program's inputs for a request's inputs (whose `features`,
+        when given, are those already made of them)."""
+        if features is None:
+            features = self.features(inputs)
         out = {}
         for name, dtype in self.numeric.items():
             if name not in features:

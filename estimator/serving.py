@@ -269,7 +269,8 @@ class Model:
                 outputs = self.loaded.signatures[signature](**tensors)
             except Exception as e:   # the program's own checks (shapes, dtypes)
                 raise RequestError(f"the model rejected the inputs: {e}") from None
-        outputs = {k: v.detach().cpu().numpy() for k, v in outputs.items()}
+        outputs = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor)
+                   else _json_strings(k, v) for k, v in outputs.items()}
         described = self.signatures[signature]
         for new, spec in described["named_outputs"].items():   # TF's string classes
             if spec["ids"] is None:   # every class name, per example
@@ -349,6 +350,20 @@ def _strings(name: str, values):
     if any(isinstance(row, list) for row in rows):
         return [row if isinstance(row, list) else [row] for row in rows]
     return np.array(rows, dtype=object)
+
+
+def _json_strings(name: str, values: np.ndarray) -> np.ndarray:
+    """A string output (bytes) as JSON gives it, as TF Serving does: text,
+    or {"b64": ...} for an output named ``*_bytes`` or bytes not utf-8."""
+    out = np.empty(values.shape, dtype=object)
+    for i, value in np.ndenumerate(values):
+        try:
+            if name.endswith("_bytes"):
+                raise UnicodeDecodeError("utf-8", value, 0, 0, "binary by name")
+            out[i] = value.decode("utf-8")
+        except UnicodeDecodeError:
+            out[i] = {"b64": base64.b64encode(value).decode("ascii")}
+    return out
 
 
 def _rows_of(outputs: Dict[str, np.ndarray]) -> list:
