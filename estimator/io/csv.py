@@ -1,6 +1,7 @@
 """CSV records (TF: ``tf.io.decode_csv``)."""
 from __future__ import annotations
 
+import re
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -58,17 +59,29 @@ def _dtype_of_type(dtype, index):
 _TF_NAMES = {"int32": "int32", "int64": "int64", "float32": "float", "float64": "double"}
 
 
+# The numbers TF's kernel reads (strto32/64, strtof/d): ASCII digits, space
+# around; integers with no '+'; floats also as hex, inf and nan (any case),
+# not "infinity", and nothing Python adds ('1_000', other scripts' digits).
+_INTEGER = re.compile(r"\s*(-?[0-9]+)\s*", re.ASCII)
+_DECIMAL = re.compile(r"\s*([+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+                      r"|[+-]?(inf|nan))\s*", re.ASCII | re.IGNORECASE)
+_HEX = re.compile(r"\s*([+-]?0x([0-9a-f]+\.?[0-9a-f]*|\.[0-9a-f]+)(p[+-]?[0-9]+)?)\s*",
+                  re.ASCII | re.IGNORECASE)
+
+
 def _convert(text: str, dtype: np.dtype, field: int, record: int):
     if dtype == object:
         return text.encode("utf-8")
-    try:
-        if dtype.kind != "i":
-            return dtype.type(float(text))
-        value = int(text)
-        if np.iinfo(dtype).min <= value <= np.iinfo(dtype).max:
-            return dtype.type(value)
-    except ValueError:
-        pass
+    if dtype.kind == "i":
+        match = _INTEGER.fullmatch(text)
+        if match and np.iinfo(dtype).min <= int(match[1]) <= np.iinfo(dtype).max:
+            return dtype.type(int(match[1]))
+    else:
+        decimal, hexadecimal = _DECIMAL.fullmatch(text), _HEX.fullmatch(text)
+        if decimal or hexadecimal:
+            value = float(decimal[1]) if decimal else float.fromhex(hexadecimal[1])
+            with np.errstate(over="ignore"):   # (as TF's float: 1e40 is inf)
+                return dtype.type(value)
     problem = f"is not a valid {_TF_NAMES.get(dtype.name, dtype.name)}: {text}"   # TF's words
     raise DecodeCSVError(f"Field {field} in record {record} {problem}", record, field, problem)
 

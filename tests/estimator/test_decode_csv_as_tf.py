@@ -3,10 +3,12 @@
 a quoted field ends at a quote followed by the delimiter or the end, `""`
 is a quote, and a stray quote or line break is an error in TF's words (no
 silent `"ab"c` -> `abc`, as Python's csv module reads it); and
-make_csv_dataset names the file and line of such a record."""
+make_csv_dataset names the file and line of such a record. Which texts are
+numbers, against TF's recording (record_tf_decode_csv_numbers.py)."""
 import json
 import os
 
+import numpy as np
 import pytest
 
 import estimator as est
@@ -44,3 +46,28 @@ def test_make_csv_dataset_names_the_line_of_a_stray_quote(tmp_path):
     with pytest.raises(ValueError, match=rf'{path}, line 3: Quote inside a string has to be '
                                          r'escaped by another quote \(field 0\)'):
         list(dataset)
+
+
+with open(os.path.join(FIXTURES, "tf_decode_csv_numbers.json"), encoding="utf-8") as _f:
+    NUMBERS = json.load(_f)["cases"]
+_DTYPES = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "float64": np.float64}
+
+
+@pytest.mark.parametrize("case", NUMBERS, ids=[repr(c["text"]) for c in NUMBERS])
+@pytest.mark.parametrize("dtype", list(_DTYPES))
+def test_numbers_read_as_tf(case, dtype):
+    """What TF reads as a number and as which (recorded by
+    record_tf_decode_csv_numbers.py): Python's int() and float() take more
+    ('1_000', '+7' as an int, 'Infinity', other scripts' digits)."""
+    want = case[dtype]
+    try:
+        (column,) = est.io.decode_csv([case["text"]], record_defaults=[_DTYPES[dtype]])
+    except est.io.DecodeCSVError as e:
+        assert str(e) == want.get("error"), want
+        return
+    assert "value" in want, f"read {column[0]!r}; TF: {want['error']}"
+    assert column.dtype == _DTYPES[dtype]
+    if dtype.startswith("int"):
+        assert int(column[0]) == want["value"]
+    else:
+        assert repr(float(column[0])) == want["value"]
