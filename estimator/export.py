@@ -415,8 +415,8 @@ class _ServingModule(torch.nn.Module):
 
     def _serve(self, inputs: dict):
         scope = self._scope
-        features = self._features_fn(inputs)
         with scope, scope.strategy.scope():
+            features = self._features_fn(inputs)
             spec = self._call(features, None, ModeKeys.PREDICT)
         if not isinstance(spec, EstimatorSpec) or spec.mode != ModeKeys.PREDICT:
             raise ValueError(f"model_fn in mode 'infer' must return an EstimatorSpec for "
