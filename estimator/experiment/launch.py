@@ -38,7 +38,8 @@ import threading
 import time
 from typing import List, Optional, Sequence, Union
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # holds `estimator/`
+# The directory holding the `estimator` package (this is estimator/experiment/launch.py).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _Task:

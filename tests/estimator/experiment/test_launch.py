@@ -349,3 +349,16 @@ def test_launcher_flags_may_follow_an_experiment_file(monkeypatch):
     assert captured["cmd"] == ["configs/cluster.yaml", "--set", "a=1"]
     launch_mod._run_from_args(parser.parse_args(["train.py", "--workers", "3"]))
     assert captured["workers"] == 0 and captured["cmd"] == ["train.py", "--workers", "3"]
+
+
+def test_tasks_import_the_launchers_packages_from_any_directory(tmp_path):
+    """The tasks' PYTHONPATH starts with the directory holding `estimator/`
+    (it named estimator/ itself, where estimator/estimator.py then shadowed
+    the package: every task failed at import outside the repository root)."""
+    script = tmp_path / "where.py"
+    script.write_text("import estimator, distribute, hooks\nprint('FROM', estimator.__file__)\n")
+    output = io.StringIO()
+    status = launch([str(script)], output=output, cwd=str(tmp_path), timeout=60,
+                    stop_grace_secs=2)
+    assert status == 0, output.getvalue()
+    assert f"FROM {os.path.join(ROOT, 'estimator', '__init__.py')}" in output.getvalue()
