@@ -69,7 +69,7 @@ _HEARTBEAT_SECS = 5.0
 STOP_MARKER = "stop_training.json"
 LEDGER = "evaluated_checkpoints.jsonl"
 _PIN_DIR = ".checkpoints_in_evaluation"   # in the eval dir: hard links held while evaluating
-_POLL_SECS = 0.5            # evaluator / waiting worker: how often to look at model_dir
+_POLL_SECS = 0.5            # evaluator: how often to look at model_dir
 _STOP_POLL_SECS = 2.0       # trainers: how often to look for the stop marker
 _CHECKPOINT_POLICIES = ("latest", "every")
 
@@ -558,22 +558,6 @@ class _ProtectUnevaluated(CheckpointSaverListener):
         return checkpoint.step_of(path) > self._ledger.last_step()
 
 
-class _SaveInitialState(SessionRunHook):
-    """On the chief, writes a checkpoint of the initial state when model_dir
-    has none, for workers that start from the chief's state (TF's chief saves
-    one at session creation)."""
-
-    def __init__(self, config):
-        self._config = config
-
-    def after_create_session(self, session, coord):
-        model_dir = self._config.model_dir
-        if checkpoint.latest_checkpoint(model_dir) is None:
-            checkpoint.Saver(model_dir, self._config.keep_checkpoint_max,
-                             self._config.keep_checkpoint_every_n_hours).save(
-                session.scope.state(), session.global_step)
-
-
 # -- distributed roles ----------------------------------------------------------------
 def _train_strategy(config):
     import distribute
@@ -612,7 +596,7 @@ def _worker_start_delay(config) -> float:
 def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
     """Train as the chief; write the completion marker at the end."""
     config = estimator.config
-    strategy = _check_cluster_strategy(config)
+    _check_cluster_strategy(config)
     model_dir = estimator.model_dir
     os.makedirs(model_dir, exist_ok=True)
     for name in (COMPLETION_MARKER, FAILURE_MARKER):
@@ -625,8 +609,6 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
             config.save_checkpoints_steps or config.save_checkpoints_secs
             or any(isinstance(h, CheckpointSaverHook) for h in train_hooks)):
         listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name))))
-    if config.num_worker_replicas > 1 and not _synchronises_state(strategy):
-        train_hooks.append(_SaveInitialState(config))
     heartbeat = _Heartbeat(os.path.join(model_dir, HEARTBEAT))
     try:
         estimator.train(train_spec.input_fn, hooks=train_hooks, max_steps=train_spec.max_steps,
@@ -661,36 +643,20 @@ def _run_worker(estimator, train_spec, eval_spec):
     """Train as a non-chief worker: no checkpoints, no summaries."""
     config = estimator.config
     strategy = _check_cluster_strategy(config)
+    if not _synchronises_state(strategy):
+        # (TF's worker would wait for ever for the chief to make its variables)
+        raise ValueError(
+            f"{config.task_type} {config.task_id} has no model to train with: the cluster in "
+            f"TF_CONFIG has no 'ps' tasks and train_distribute {strategy!r} does not span "
+            "workers, so its updates would reach neither the chief's model nor a checkpoint. "
+            "Give train_distribute=MultiWorkerMirroredStrategy() (synchronous), add 'ps' tasks "
+            "(ParameterServerStrategy, asynchronous), or leave the workers out")
     delay = _worker_start_delay(config)
     if delay:
         logger.info("Waiting %d secs before starting training.", delay)
         time.sleep(delay)
-    if not _synchronises_state(strategy):
-        _wait_for_chief_state(estimator, train_spec, config.session_creation_timeout_secs)
     estimator.train(train_spec.input_fn, hooks=_trainer_hooks(estimator, train_spec),
                     max_steps=train_spec.max_steps)
-
-
-def _wait_for_chief_state(estimator, train_spec, timeout: float) -> None:
-    """Wait until the chief has written a checkpoint (or finished), at most
-    `timeout` seconds (RunConfig.session_creation_timeout_secs, TF's wait for
-    the chief's session)."""
-    config = estimator.config
-    deadline = time.monotonic() + timeout
-    logged = False
-    while estimator.latest_checkpoint() is None:
-        if _completion(estimator.model_dir, train_spec.max_steps) is not None:
-            return
-        if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"{config.task_type} {config.task_id}: the chief wrote no initial state (a "
-                f"checkpoint in {estimator.model_dir}) within {timeout:g} s. Is the chief "
-                "running, and do all tasks share model_dir? "
-                "(RunConfig.session_creation_timeout_secs sets this wait.)")
-        if not logged:
-            logger.info("Waiting for the chief's initial state in %s", estimator.model_dir)
-            logged = True
-        time.sleep(min(_POLL_SECS, max(0.0, deadline - time.monotonic())))
 
 
 def _run_ps(estimator, train_spec, eval_spec):

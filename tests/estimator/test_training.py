@@ -235,39 +235,30 @@ def test_ps_tasks_need_a_parameter_server_strategy(tmp_path, monkeypatch, task_t
                                est.TrainSpec(input_fn, 10), est.EvalSpec(input_fn))
 
 
-def test_chief_writes_initial_state_and_completion_marker(tmp_path, monkeypatch):
+def test_chief_writes_the_completion_marker(tmp_path, monkeypatch):
     set_cluster(monkeypatch, "chief", 0, {"chief": ["a:1"], "worker": ["a:2"]})
     e = make(tmp_path)
     assert est.train_and_evaluate(e, est.TrainSpec(input_fn, 25), est.EvalSpec(input_fn)) is None
     steps = [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(e.model_dir)]
-    assert steps == [0, 10, 20, 25]   # step 0: the state workers start from
+    assert steps == [10, 20, 25]
     marker = json.load(open(os.path.join(e.model_dir, training.COMPLETION_MARKER)))
     assert marker["global_step"] == 25 and marker["max_steps"] == 25
 
 
-def test_worker_trains_from_the_chief_state_without_writing(tmp_path, monkeypatch):
-    e = make(tmp_path)
-    e.train(input_fn, max_steps=10)
-    before = {n: os.path.getmtime(os.path.join(e.model_dir, n)) for n in os.listdir(e.model_dir)}
-    set_cluster(monkeypatch, "worker", 0, {"chief": ["a:1"], "worker": ["a:2"]})
-    worker = make(tmp_path)
-    assert worker.config.task_type == "worker" and not worker.config.is_chief
-    recorder = hooks.FinalOpsHook("global_step")
-    est.train_and_evaluate(worker, est.TrainSpec(input_fn, 30, hooks=[recorder]),
-                           est.EvalSpec(input_fn))
-    assert recorder.final_ops_values == 30   # trained from the chief's step 10
-    after = {n: os.path.getmtime(os.path.join(e.model_dir, n)) for n in os.listdir(e.model_dir)}
-    assert after == before
-
-
-def test_worker_waiting_for_the_chief_times_out_clearly(tmp_path, monkeypatch):
+def test_a_worker_with_no_model_to_train_is_an_error(tmp_path, monkeypatch):
+    """No ps tasks and a strategy that does not span workers: a worker's
+    updates would reach neither the chief's model nor a checkpoint (it trained
+    its own copy and exited 0; TF's worker waits for ever for the chief's
+    variables)."""
     set_cluster(monkeypatch, "worker", 1, {"chief": ["a:1"], "worker": ["a:2", "a:3"]})
-    e = make(tmp_path, session_creation_timeout_secs=0.6)
+    e = make(tmp_path, experimental_max_worker_delay_secs=60)
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"worker 1: the chief wrote no initial state \(a "
-                                           r"checkpoint in .*\) within 0.6 s"):
+    with pytest.raises(ValueError, match=r"worker 1 has no model to train with: the cluster in "
+                                         r"TF_CONFIG has no 'ps' tasks .* Give train_distribute="
+                                         r"MultiWorkerMirroredStrategy\(\)"):
         est.train_and_evaluate(e, est.TrainSpec(input_fn, 10), est.EvalSpec(input_fn))
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 5   # before the worker delay
+    assert not os.path.exists(e.model_dir) or not os.listdir(e.model_dir)
 
 
 def test_worker_start_delay_is_tf_s_when_asked(monkeypatch, tmp_path):
