@@ -237,7 +237,9 @@ class _ParameterServerExtended(StrategyExtended):
                 self._initializing = not status["ready"]
                 if not self._initializing:
                     logger.info("%s: the ps tasks already hold the parameters (global step "
-                                "%d); taking them", client.task, status["global_step"])
+                                "%d); taking them, not model_dir's checkpoint (TF's restarted "
+                                "chief restores its checkpoint into them)", client.task,
+                                status["global_step"])
             if not self._initializing:   # a module the ps tasks hold, or a new one
                 layout = self._client.lookup(name)
                 scope.global_step = status["global_step"]
