@@ -149,8 +149,10 @@ def shard(dataset, num_shards: int, index: int, seed: int = 0,
             return loader
     logger.warning(
         "input_fn does not take an input_context: replica %d of %d reads the whole input "
-        "and keeps every %d-th batch (TF's AutoShardPolicy.DATA). Take `input_context` and "
-        "read only `input_context.input_pipeline_id`'s part to save the reading",
+        "and keeps every %d-th batch (TF's AutoShardPolicy.DATA; TF's Estimator would have "
+        "each replica read it all). Take `input_context` and read only "
+        "`input_context.input_pipeline_id`'s part to save the reading; an input_fn that "
+        "already reads its part (by TF_CONFIG) must take it too, or it is sharded twice",
         index, num_shards, num_shards)
     return _every_nth(dataset, num_shards, index)
 
