@@ -2,9 +2,9 @@
 
 The model is `feature_column.linear_model` under the variable scope
 ``linear``: ``linear/linear_model/<column>/weights`` and
-``linear/linear_model/bias_weights``, all starting at zero. Default
-optimizer: ``'Ftrl'`` with learning rate ``min(0.2, 1 / sqrt(number of
-columns))``. Training summaries as TF's: ``linear/bias`` and
+``linear/linear_model/bias_weights``, all starting at zero. Optimizer: a
+name (default ``'Ftrl'``) at learning rate 0.2; ``optimizer=None``: Ftrl at
+``min(0.2, 1 / sqrt(number of columns))`` (TF's rules). Training summaries as TF's: ``linear/bias`` and
 ``linear/fraction_of_zero_weights``, on steps that write summaries.
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ _COMBINERS = ("mean", "sqrtn", "sum")
 
 
 def learning_rate(num_columns: int, cap: float = LEARNING_RATE) -> float:
-    """TF1's default linear learning rate: min(cap, 1 / sqrt(num_columns))."""
+    """TF1's linear learning rate for a default optimizer (LinearClassifier's
+    `optimizer=None`, wide & deep's linear part): min(cap, 1 / sqrt(num_columns))."""
     return min(cap, 1.0 / math.sqrt(num_columns))
 
 
@@ -63,7 +64,8 @@ class _Linear(CannedEstimator):
         self._feature_columns = column_tuple(feature_columns, "feature_columns")
         if not self._feature_columns:
             raise ValueError("feature_columns must not be empty.")
-        check_optimizer_spec(optimizer)
+        if optimizer is not None:
+            check_optimizer_spec(optimizer)
         self._optimizer = optimizer
         self._sparse_combiner = check_combiner(sparse_combiner)
         super().__init__(head, model_dir, config, warm_start_from)
@@ -73,7 +75,9 @@ class _Linear(CannedEstimator):
                              self._sparse_combiner)
 
     def _train_op_fn(self, loss):
-        return make_optimizer(self._optimizer, learning_rate(len(self._feature_columns)))
+        if self._optimizer is None:   # TF's _get_default_optimizer
+            return make_optimizer("Ftrl", learning_rate(len(self._feature_columns)))
+        return make_optimizer(self._optimizer, LEARNING_RATE)   # a name: 0.2, any number of columns
 
 
 class LinearClassifier(_Linear):

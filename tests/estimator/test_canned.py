@@ -238,6 +238,30 @@ def test_combined_steps_each_part_with_its_own_optimizer(tmp_path):
     assert state["global_step"] == 2
 
 
+with open(os.path.join(FIXTURES, "tf_linear_learning_rate.json"), encoding="utf-8") as _f:
+    LINEAR_RATE = json.load(_f)
+
+
+@pytest.mark.parametrize("case", LINEAR_RATE["cases"], ids=lambda c: str(c["optimizer"]))
+def test_linear_learning_rate_with_many_columns_is_tf_s(tmp_path, case):
+    """A linear estimator's optimizer by name learns at 0.2 whatever the number
+    of columns; only `optimizer=None` takes Ftrl at min(0.2, 1/sqrt(n))
+    (record_tf_linear_learning_rate.py, TF 2.15, 30 columns: the rule was
+    applied to every name, so 'SGD' stepped at 0.18, silently; None was refused)."""
+    n, batch, steps = LINEAR_RATE["columns"], LINEAR_RATE["batch"], LINEAR_RATE["steps"]
+    rng = np.random.RandomState(0)   # the recorder's data
+    x = rng.normal(size=(batch * steps, n)).astype(np.float32)
+    y = (x[:, :3].sum(axis=1, keepdims=True) + 0.5).astype(np.float32)
+    kwargs = {} if case["optimizer"] == "default" else {"optimizer": case["optimizer"]}
+    estimator = est.LinearRegressor([est.feature_column.numeric_column(f"x{i}")
+                                     for i in range(n)], model_dir=str(tmp_path), **kwargs)
+    estimator.train(lambda: [({f"x{i}": x[j:j + batch, i] for i in range(n)}, y[j:j + batch])
+                             for j in range(0, batch * steps, batch)], steps=steps)
+    for name, key in (("bias_weights", "bias"), ("x0/weights", "x0"), ("x2/weights", "x2")):
+        assert float(estimator.get_variable_value(f"linear/linear_model/{name}").reshape(-1)[0]
+                     ) == pytest.approx(case[key], rel=1e-5, abs=1e-6)
+
+
 # -- bad input -------------------------------------------------------------------------
 def test_unknown_feature_key_is_named(tmp_path):
     features, labels = _data()
