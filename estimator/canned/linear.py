@@ -77,7 +77,7 @@ class _Linear(CannedEstimator):
     def _train_op_fn(self, loss):
         if self._optimizer is None:   # TF's _get_default_optimizer
             return make_optimizer("Ftrl", learning_rate(len(self._feature_columns)))
-        return make_optimizer(self._optimizer, LEARNING_RATE)   # a name: 0.2, any number of columns
+        return make_optimizer(self._optimizer, LEARNING_RATE)   # by name: 0.2, any columns
 
 
 class LinearClassifier(_Linear):
