@@ -6,6 +6,7 @@ line that built it, before the framework applies or writes anything.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -161,10 +162,13 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
     still do."""
     if not callable(model_fn):
         raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
-    declared = [n for n in inspect.signature(model_fn).parameters if n != "self"]
+    declared = _declared(model_fn)
     if not declared:
         raise ValueError("model_fn must take at least `features`")
-    names = set(declared[1:])
+    # TF passes every argument by name, `features` too (in any order); a
+    # model_fn naming no `features` takes them first.
+    by_name = "features" in declared and declared[0] != "features"
+    names = set(declared) - {"features"} if by_name else set(declared[1:])
     unknown = names - {"labels", "mode", "params", "config"}
     if unknown:
         raise ValueError(f"model_fn has unexpected arguments {sorted(unknown)}; it may take "
@@ -172,7 +176,7 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
     fresh = params.copy if type(params) is dict else lambda: copy.copy(params)
     takes_labels, takes_mode = "labels" in names, "mode" in names
     rest = declared[1:]
-    if rest == ["labels", "mode", "params", "config"][:len(rest)]:
+    if not by_name and rest == ["labels", "mode", "params", "config"][:len(rest)]:
         # The usual signatures: called positionally, no kwargs built per step.
         if len(rest) == 4:
             return lambda features, labels, mode: model_fn(features, labels, mode, fresh(),
@@ -197,5 +201,16 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
             extra["params"] = fresh()
         if "config" in names:
             extra["config"] = config
+        if by_name:
+            return model_fn(features=features, **extra)
         return model_fn(features, **extra)
     return call
+
+
+def _declared(model_fn: Callable) -> list:
+    """The names a model_fn takes, as TF's `fn_args`: not *args/**kwargs, nor
+    what a functools.partial has bound already."""
+    bound = set(model_fn.keywords) if isinstance(model_fn, functools.partial) else set()
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in inspect.signature(model_fn).parameters.values()
+            if p.name != "self" and p.kind not in variadic and p.name not in bound]

@@ -194,6 +194,40 @@ def test_model_fn_arguments_follow_its_signature(tmp_path):
         est.Estimator(lambda features, foo: None)
 
 
+def _model_fn_with(features, labels, mode, params=None, hidden=None, seen=None):
+    seen.append((mode, hidden, params, sorted(features)))
+    return regression_model_fn(features, labels, mode, {"lr": 0.01})
+
+
+@pytest.mark.parametrize("signature", ["mode_features_labels", "labels_features_mode",
+                                       "kwargs", "args", "partial"])
+def test_model_fn_arguments_are_passed_by_name_as_tf_does(tmp_path, signature):
+    """TF calls model_fn(features=..., labels=..., mode=...) by name: any order,
+    with *args / **kwargs, or a functools.partial binding more (all refused
+    here before, as unexpected arguments)."""
+    import functools
+    seen = []
+    model_fns = {
+        "mode_features_labels": lambda mode, features, labels: _model_fn_with(
+            features, labels, mode, seen=seen),
+        "labels_features_mode": lambda labels, features, mode: _model_fn_with(
+            features, labels, mode, seen=seen),
+        "kwargs": lambda features, labels, mode, **kwargs: _model_fn_with(
+            features, labels, mode, params=kwargs, seen=seen),   # (TF passes none there)
+        "args": lambda features, labels, mode, *args: _model_fn_with(
+            features, labels, mode, params=args, seen=seen),
+        "partial": functools.partial(_model_fn_with, hidden=5, seen=seen),
+    }
+    e = est.Estimator(model_fns[signature], model_dir=str(tmp_path), params={"lr": 0.01}
+                      if signature == "partial" else None)
+    e.train(regression_input_fn(), steps=1)
+    mode, hidden, params, keys = seen[-1]
+    assert mode == est.ModeKeys.TRAIN and keys == ["x"]
+    assert hidden == (5 if signature == "partial" else None)
+    assert params == ({"lr": 0.01} if signature == "partial" else
+                      {} if signature == "kwargs" else () if signature == "args" else None)
+
+
 def test_custom_train_op_callable(tmp_path):
     def model_fn(features, labels, mode):
         net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
