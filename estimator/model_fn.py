@@ -23,7 +23,8 @@ class EstimatorSpec:
     - `predictions`: a tensor or dict of tensors (PREDICT needs it); a value
       may also be strings (a numpy str array or a list of str/bytes: class
       names from a label vocabulary, a forwarded key).
-    - `loss`: a scalar tensor (TRAIN and EVAL need it).
+    - `loss`: a scalar tensor (TRAIN and EVAL need it; one of shape [1] or
+      [1, 1] is made a scalar, as TF's).
     - `train_op`: an optimizer from `est.get_optimizer` (the framework
       back-propagates `loss`, steps it and increments the global step) or a
       callable doing a custom step (several optimizers, a GAN); TRAIN needs it.
@@ -49,6 +50,8 @@ class EstimatorSpec:
                 and isinstance(loss, _Tensor) and loss.dim() == 0     # checked first
                 and eval_metric_ops is None and export_outputs is None):
             _validate(mode, predictions, loss, train_op, eval_metric_ops, export_outputs)
+            if isinstance(loss, _Tensor) and loss.dim():   # one element: TF reshapes it to []
+                loss = loss.reshape(())
         self.mode = mode
         self.predictions = predictions
         self.loss = loss
@@ -98,11 +101,11 @@ def _validate(mode, predictions, loss, train_op, eval_metric_ops, export_outputs
         if loss is None:
             raise ValueError(f"EstimatorSpec(mode={mode!r}): missing field `loss`; "
                              "TRAIN and EVAL need a scalar loss tensor")
-        if not isinstance(loss, _Tensor) or loss.dim() != 0:
+        if not isinstance(loss, _Tensor) or loss.numel() != 1:
             what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, _Tensor)
                     else type(loss).__name__)
             raise ValueError(f"EstimatorSpec(mode={mode!r}): field `loss` must be a "
-                             f"scalar tensor, got {what}")
+                             f"scalar tensor (or one of one element), got {what}")
     if mode == ModeKeys.TRAIN and train_op is None:
         raise ValueError("EstimatorSpec(mode='train'): missing field `train_op`; give "
                          "est.get_optimizer(...) or a callable doing the step")

@@ -140,7 +140,8 @@ def bad_model_fn(kind):
 @pytest.mark.parametrize("kind, message", [
     ("no_loss", r"mode='train'.*missing field `loss`"),
     ("no_train_op", r"mode='train'.*missing field `train_op`"),
-    ("vector_loss", r"mode='train'.*`loss` must be a scalar tensor, got a tensor of shape"),
+    ("vector_loss", r"mode='train'.*`loss` must be a scalar tensor \(or one of one element\), "
+                    r"got a tensor of shape"),
     ("not_a_spec", r"must return an EstimatorSpec, got Tensor"),
     ("wrong_mode", r"called in mode 'train' but returned an EstimatorSpec for mode 'eval'"),
 ])
@@ -150,6 +151,23 @@ def test_bad_spec_is_an_error_before_anything_is_written(tmp_path, kind, message
     with pytest.raises((ValueError, TypeError), match=message):
         e.train(regression_input_fn(), steps=3)
     assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+def test_a_loss_of_one_element_is_a_scalar_as_in_tf(tmp_path):
+    """`tf.reduce_mean(tf.square(pred - y), 0)` over [N, 1] predictions is a
+    loss of shape [1]: TF's EstimatorSpec reshapes it to a scalar (it was an
+    error here)."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        loss = ((net(features["x"]) - labels) ** 2).mean(0)   # shape [1]
+        return est.EstimatorSpec(mode, loss=loss[None] if mode == "eval" else loss,
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    assert est.EstimatorSpec("eval", loss=torch.ones(1, 1)).loss.shape == ()
+    e.train(regression_input_fn(), steps=3)
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 3
+    result = e.evaluate(regression_input_fn(), steps=2)   # a [1, 1] loss
+    assert isinstance(result["loss"], float)
 
 
 def test_a_model_dir_that_is_a_file_is_named_at_once(tmp_path):
