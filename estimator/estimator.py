@@ -54,6 +54,8 @@ class Estimator:
                  config: Optional[RunConfig] = None, params: Optional[dict] = None,
                  warm_start_from=None):
         _console.use_console_by_default()
+        if model_dir is not None:
+            model_dir = os.fspath(model_dir)   # a pathlib.Path, as TF takes it
         if config is None:
             config = RunConfig()
         elif not isinstance(config, RunConfig):
@@ -111,8 +113,9 @@ class Estimator:
         """Names of every variable in the latest checkpoint (`net/0/weight`, ...)."""
         return [name for name, _ in checkpoint.list_variables(self._require_checkpoint())]
 
-    def get_variable_value(self, name: str) -> np.ndarray:
-        """The value of variable `name` in the latest checkpoint."""
+    def get_variable_value(self, name: str):
+        """The value of variable `name` in the latest checkpoint (numpy; a
+        scalar as a numpy scalar, as TF's)."""
         return checkpoint.load_variable(self._require_checkpoint(), name)
 
     def _require_checkpoint(self) -> str:

@@ -587,17 +587,19 @@ def list_variables(ckpt_dir_or_file: str) -> List[Tuple[str, List[int]]]:
     return sorted((n, list(v.shape)) for n, v in variables.items())
 
 
-def load_variable(ckpt_dir_or_file: str, name: str) -> np.ndarray:
-    """One variable's value as numpy (tf.train.load_variable); from a TF
-    checkpoint too."""
+def load_variable(ckpt_dir_or_file: str, name: str):
+    """One variable's value as numpy (tf.train.load_variable), a scalar as a
+    numpy scalar (`global_step`: np.int64), as TF's; from a TF checkpoint too."""
     prefix = tf_checkpoint.find_prefix(ckpt_dir_or_file)
     if prefix is not None:
         try:
-            return tf_checkpoint.TFCheckpointReader(prefix).tensor(name)
+            value = np.asarray(tf_checkpoint.TFCheckpointReader(prefix).tensor(name))
         except KeyError as e:
             raise ValueError(e.args[0]) from None
-    variables = flat_variables(load(resolve(ckpt_dir_or_file)))
-    if name not in variables:
-        raise ValueError(f"Variable {name!r} not found in checkpoint {ckpt_dir_or_file!r}; "
-                         f"it has {sorted(variables)}")
-    return variables[name].numpy()
+    else:
+        variables = flat_variables(load(resolve(ckpt_dir_or_file)))
+        if name not in variables:
+            raise ValueError(f"Variable {name!r} not found in checkpoint {ckpt_dir_or_file!r}; "
+                             f"it has {sorted(variables)}")
+        value = variables[name].numpy()
+    return value[()] if value.ndim == 0 else value

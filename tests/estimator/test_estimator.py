@@ -170,6 +170,14 @@ def test_a_loss_of_one_element_is_a_scalar_as_in_tf(tmp_path):
     assert isinstance(result["loss"], float)
 
 
+def test_model_dir_may_be_a_path(tmp_path):
+    """As TF's (path_to_str): train failed on a pathlib.Path model_dir."""
+    e = est.Estimator(regression_model_fn, model_dir=tmp_path / "m", params={"lr": 0.01})
+    assert e.model_dir == str(tmp_path / "m")
+    e.train(regression_input_fn(), steps=2)
+    assert e.evaluate(regression_input_fn(), steps=1)["global_step"] == 2
+
+
 def test_a_model_dir_that_is_a_file_is_named_at_once(tmp_path):
     """It failed at the first summary, with 'File exists writing the summaries'."""
     path = tmp_path / "data.csv"

@@ -431,7 +431,9 @@ def test_list_and_load_variables(tmp_path):
     names = dict(checkpoint.list_variables(str(tmp_path)))
     assert names["linear/weight"] == [1, 3] and names["linear/bias"] == [1]
     assert names["global_step"] == []
-    assert checkpoint.load_variable(str(tmp_path), "global_step") == 4
+    step = checkpoint.load_variable(str(tmp_path), "global_step")
+    assert step == 4 and type(step) is np.int64   # TF's scalar, not a 0-d array
+    assert type(e.get_variable_value("global_step")) is np.int64
     np.testing.assert_array_equal(checkpoint.load_variable(e.latest_checkpoint(), "linear/bias"),
                                   e.get_variable_value("linear/bias"))
     with pytest.raises(ValueError, match="not found in checkpoint"):
