@@ -420,7 +420,8 @@ class Estimator:
             strategy.extended.reduce_metrics(list(scope.metrics.values()))
             results = {key: _python(value) for key, value in metric_ops.results().items()}
             results["loss"] = _python(loss.result())
-            results["global_step"] = scope.global_step
+            # TF's order: the metrics sorted by name (loss among them), global_step last
+            results = dict(sorted(results.items()), global_step=scope.global_step)
         writes = self._writes_eval_summaries(strategy)
         if writes:   # with the evaluated checkpoint's path, as TF
             write_dict_to_summary(self.eval_dir(name), results, scope.global_step, path)

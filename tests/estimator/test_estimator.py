@@ -62,6 +62,7 @@ def test_training_learns_and_evaluate_is_exact(tmp_path):
     batches = [({"x": x[i:i + 30]}, y[i:i + 30]) for i in range(0, 100, 30)]  # uneven
     result = e.evaluate(lambda: batches)
     assert result["global_step"] == 10
+    assert list(result) == ["loss", "mae", "global_step"]   # TF's: sorted, global_step last
     with torch.no_grad():
         w = torch.tensor(e.get_variable_value("linear/weight"))
         b = torch.tensor(e.get_variable_value("linear/bias"))
