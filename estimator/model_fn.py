@@ -65,6 +65,8 @@ class EstimatorSpec:
         self.prediction_hooks = tuple(prediction_hooks) if prediction_hooks else ()
 
     def _replace(self, **kwargs) -> "EstimatorSpec":
+        if "mode" in kwargs and kwargs["mode"] != self.mode:
+            raise ValueError("mode of EstimatorSpec cannot be changed.")   # TF's words
         fields = {k: getattr(self, k) for k in self.__slots__}
         fields.update(kwargs)
         return EstimatorSpec(**fields)

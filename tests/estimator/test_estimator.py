@@ -164,7 +164,10 @@ def test_a_loss_of_one_element_is_a_scalar_as_in_tf(tmp_path):
         return est.EstimatorSpec(mode, loss=loss[None] if mode == "eval" else loss,
                                  train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
     e = est.Estimator(model_fn, model_dir=str(tmp_path))
-    assert est.EstimatorSpec("eval", loss=torch.ones(1, 1)).loss.shape == ()
+    spec = est.EstimatorSpec("eval", loss=torch.ones(1, 1))
+    assert spec.loss.shape == ()
+    with pytest.raises(ValueError, match="mode of EstimatorSpec cannot be changed"):   # TF's
+        spec._replace(mode="train")
     e.train(regression_input_fn(), steps=3)
     assert est.checkpoint.step_of(e.latest_checkpoint()) == 3
     result = e.evaluate(regression_input_fn(), steps=2)   # a [1, 1] loss
