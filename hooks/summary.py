@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numbers
 import struct
+import time
 import zlib
 from typing import Any, NamedTuple, Optional
 
@@ -224,6 +225,15 @@ def _write_scalar(writer, tag: str, value, step: int, walltime: Optional[float] 
     from tensorboard.compat.proto.summary_pb2 import Summary
     _add_summary(writer, Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]),
                  step, walltime)
+
+
+def _write_session_start(writer, step: int) -> None:
+    """TF's SessionLog START at `step` (the first step a training session
+    writes): TensorBoard then drops the points at and after `step` that an
+    earlier, interrupted run wrote, instead of showing both."""
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+    writer._get_file_writer().add_event(Event(
+        wall_time=time.time(), step=step, session_log=SessionLog(status=SessionLog.START)))
 
 
 def _add_summary(writer, summary, step: int, walltime: Optional[float] = None) -> None:

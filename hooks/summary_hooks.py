@@ -227,7 +227,9 @@ class SummarySaverHook(_WritesSummaries):
     the model_fn on that step) and "loss", and writes every record and the
     scalar `loss` (unless the model_fn recorded a `loss` itself: TF's
     Estimator adds its own only then) at the global step after the step
-    (1, 1 + N, 1 + 2N, ... from a fresh start). `summary_op` (TF: the summary tensor
+    (1, 1 + N, 1 + 2N, ... from a fresh start), after TF's SessionLog START
+    at the first (TensorBoard then drops what an interrupted run wrote past
+    it). `summary_op` (TF: the summary tensor
     to run) here names the tags to write, a string or a list; default all,
     `loss` included (the step must then expose a loss, as the Estimator's
     does). `scaffold` is accepted for compatibility and unused. The
@@ -253,9 +255,11 @@ class SummarySaverHook(_WritesSummaries):
         if wants_loss:
             self._fetches["loss"] = "loss"
         self._due = False
+        self._started = False
 
     def begin(self):
         self._timer.reset()
+        self._started = False
 
     def before_run(self, run_context):
         self._due = self._timer.should_trigger_for_step(run_context.session.global_step + 1)
@@ -269,6 +273,9 @@ class SummarySaverHook(_WritesSummaries):
         step = run_context.session.global_step
         self._timer.update_last_triggered_step(step)
         writer = self._writer()
+        if not self._started:   # TF's SessionLog START, at the session's first step
+            self._started = True
+            _summary._write_session_start(writer, step)
         records = results["summaries"]
         # TF's Estimator adds its `loss` summary only where the model_fn wrote none
         if "loss" in results and not any(record.tag == "loss" for record in records):

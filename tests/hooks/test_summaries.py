@@ -114,6 +114,34 @@ def test_train_writes_loss_speed_and_model_fn_summaries(tmp_path):
     assert tensor_util.make_ndarray(notes[1].tensor_proto).item() == b"step **10**"
 
 
+class _CrashAt(hooks.SessionRunHook):
+    def __init__(self, step):
+        self.step = step
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step == self.step:
+            raise RuntimeError("the machine went away")
+
+
+def test_a_resumed_run_replaces_what_the_interrupted_one_wrote_past_its_checkpoint(tmp_path):
+    """TF's SessionLog START at a session's first step: TensorBoard drops the
+    points at and after it that the interrupted run wrote (16 and 21 past the
+    checkpoint of step 10 here), instead of drawing both runs' points
+    there (found against TF 2.15: [.., 11, 16, 11, 16, 21, ..] here)."""
+    from models import regression_model_fn
+    kwargs = dict(model_fn=regression_model_fn, save_summary_steps=5, log_step_count_steps=5)
+    with pytest.raises(RuntimeError, match="went away"):
+        make(tmp_path, **kwargs).train(regression_input_fn(), max_steps=30,
+                                       hooks=[_CrashAt(18)])
+    hooks.SummaryWriterCache.clear()   # (the process ended: a new writer, a new file)
+    make(tmp_path, **kwargs).train(regression_input_fn(), max_steps=30)
+    hooks.SummaryWriterCache.clear()
+    acc = events(tmp_path)
+    assert [e.step for e in acc.Scalars("loss")] == [1, 6, 11, 16, 21, 26]
+    # (the resumed run's speed starts 5 steps in, at 16, as TF's: its 11 is gone)
+    assert [e.step for e in acc.Scalars("global_step/sec")] == [6, 16, 21, 26]
+
+
 def test_summaries_are_recorded_only_on_due_steps(tmp_path):
     recorded, seen_pending = {}, []
 
