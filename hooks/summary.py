@@ -101,7 +101,8 @@ def histogram(name: str, data, step: Optional[int] = None) -> bool:
 def image(name: str, data, step: Optional[int] = None, max_outputs: int = 3) -> bool:
     """Record up to `max_outputs` images (tf.summary.image). `data`: a 4-D
     tensor or array `[k, height, width, channels]`, channels 1 (grayscale),
-    3 (RGB) or 4 (RGBA); floats in [0, 1] (clipped) or uint8. Tags follow
+    3 (RGB) or 4 (RGBA); uint8, or floats rescaled as TF1's image summary
+    rescales them (each image to fill 0-255; with negatives, 0 at 128). Tags follow
     tf.compat.v1, by `max_outputs` (not by how many images a batch has):
     `name/image` when it is 1, `name/image/0`, `name/image/1`, ... otherwise.
     Returns whether it was recorded."""
@@ -182,10 +183,33 @@ def _to_host(records) -> list:
         if isinstance(value, torch.Tensor):
             value = value.item() if record.kind == "scalar" else value.cpu().numpy()
         if record.kind == "image" and value.dtype != np.uint8:
-            value = np.rint(np.clip(value.astype(np.float32), 0.0, 1.0) * 255.0).astype(np.uint8)
+            value = np.stack([_image_pixels(image) for image in value])
         out.append(record._replace(value=value,
                                    step=None if record.step is None else int(record.step)))
     return out
+
+
+def _image_pixels(image: np.ndarray) -> np.ndarray:
+    """A float image [h, w, c] as uint8, as TF1's image summary kernel makes
+    it, each image alone: scaled so its largest value is 255, or, with
+    negative values, 0 at 128 and the largest magnitude at 1 or 255 (the
+    scale in float32, the pixels in the image's precision, truncated); a
+    pixel with a NaN or Inf is red."""
+    if image.dtype != np.float64:
+        image = image.astype(np.float32)
+    dtype = image.dtype.type
+    good = np.isfinite(image).all(axis=-1)
+    values = image[good].astype(np.float32)
+    low, high = (values.min(), values.max()) if values.size else (np.float32(0),) * 2
+    if low < 0:
+        top = max(abs(low), abs(high))
+        scale, offset = (0.0 if top < 1e-6 else np.float32(127) / top), 128.0
+    else:
+        scale, offset = (0.0 if high < 1e-6 else np.float32(255) / high), 0.0
+    pixels = image * dtype(scale) + dtype(offset)
+    pixels = np.clip(np.where(good[..., None], pixels, 0), 0, 255).astype(np.uint8)
+    pixels[~good] = (255, 0, 0, 255)[:image.shape[-1]]   # TF's bad_color
+    return pixels
 
 
 # -- writing (SummarySaverHook, evaluation) ----------------------------------------------

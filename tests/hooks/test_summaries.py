@@ -1,6 +1,7 @@
 """TensorBoard summaries: est.summary.*, SummarySaverHook, StepCounterHook,
 evaluation summaries and chief-only writing, read back with TensorBoard's own
 EventAccumulator."""
+import json
 import logging
 import os
 import zlib
@@ -15,7 +16,8 @@ import distribute
 import estimator as est
 import hooks
 from hooks import model_scope
-from models import regression_input_fn
+from models import regression_input_fn, regression_model_fn
+from paths import FIXTURES
 from tf_cluster import tf_config
 
 CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
@@ -97,8 +99,8 @@ def test_train_writes_loss_speed_and_model_fn_summaries(tmp_path):
     assert (first.step, first.height, first.width) == (1, 3, 4)
     pixels = _png_pixels(first.encoded_image_string, 3, 4, 3)
     np.testing.assert_array_equal(pixels, IMAGES[1].numpy())
-    gray = acc.Images("float_img/image/0")[0]
-    assert (_png_pixels(gray.encoded_image_string, 2, 2, 1) == 128).all()
+    gray = acc.Images("float_img/image/0")[0]   # all 0.5: TF1 scales the largest to 255
+    assert (_png_pixels(gray.encoded_image_string, 2, 2, 1) == 255).all()
     try:
         import io
 
@@ -128,7 +130,6 @@ def test_a_resumed_run_replaces_what_the_interrupted_one_wrote_past_its_checkpoi
     points at and after it that the interrupted run wrote (16 and 21 past the
     checkpoint of step 10 here), instead of drawing both runs' points
     there (found against TF 2.15: [.., 11, 16, 11, 16, 21, ..] here)."""
-    from models import regression_model_fn
     kwargs = dict(model_fn=regression_model_fn, save_summary_steps=5, log_step_count_steps=5)
     with pytest.raises(RuntimeError, match="went away"):
         make(tmp_path, **kwargs).train(regression_input_fn(), max_steps=30,
@@ -140,6 +141,31 @@ def test_a_resumed_run_replaces_what_the_interrupted_one_wrote_past_its_checkpoi
     assert [e.step for e in acc.Scalars("loss")] == [1, 6, 11, 16, 21, 26]
     # (the resumed run's speed starts 5 steps in, at 16, as TF's: its 11 is gone)
     assert [e.step for e in acc.Scalars("global_step/sec")] == [6, 16, 21, 26]
+
+
+with open(os.path.join(FIXTURES, "tf_image_summary.json"), encoding="utf-8") as _f:
+    TF_IMAGES = json.load(_f)["cases"]
+
+
+def test_float_images_are_scaled_as_tf1_scales_them(tmp_path):
+    """Each float image on its own, as TF1's image summary kernel does
+    (record_tf_image_summary.py, TF 2.15): the largest value at 255, or with
+    negatives 0 at 128; float32 and float64 alike. They were clipped to
+    [0, 1] (TF2's rule): 0-200 pixel values came out white, 0-0.5 dark."""
+    def model_fn(features, labels, mode):
+        for name, case in TF_IMAGES.items():
+            for dtype in ("float32", "float64"):
+                images = np.asarray(case["images"], dtype).reshape(-1, 2, 3, 1)
+                est.summary.image(f"{name}_{dtype}", images, max_outputs=2)
+        return regression_model_fn(features, labels, mode, {})
+    make(tmp_path, model_fn=model_fn).train(regression_input_fn(), max_steps=1)
+    hooks.SummaryWriterCache.clear()
+    acc = events(tmp_path)
+    for name, case in TF_IMAGES.items():
+        for dtype in ("float32", "float64"):
+            got = [_png_pixels(acc.Images(f"{name}_{dtype}/image/{i}")[0].encoded_image_string,
+                               2, 3, 1).reshape(-1).tolist() for i in range(len(case[dtype]))]
+            assert got == case[dtype], (name, dtype)
 
 
 def test_summaries_are_recorded_only_on_due_steps(tmp_path):
