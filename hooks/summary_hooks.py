@@ -341,7 +341,8 @@ def write_dict_to_summary(output_dir: str, dictionary: dict, current_global_step
                           checkpoint_path: Optional[str] = None) -> None:
     """Write the numeric entries of `dictionary` (evaluation results) as
     scalars at `current_global_step` into `output_dir`, tags = keys, skipping
-    `global_step` (tf.estimator's _write_dict_to_summary); and the evaluated
+    `global_step`, numeric arrays as tensor summaries (tf.estimator's
+    _write_dict_to_summary); and the evaluated
     `checkpoint_path` as a string tensor tagged `checkpoint_path`
     (_write_checkpoint_path_to_summary; without a plugin, as TF's: for
     programs reading the eval events, not a TensorBoard dashboard)."""
@@ -352,6 +353,9 @@ def write_dict_to_summary(output_dir: str, dictionary: dict, current_global_step
                 continue
             if isinstance(value, (numbers.Real, np.number)) and not isinstance(value, np.ndarray):
                 _summary._write_scalar(writer, key, value, current_global_step)
+            elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+                # TF's: a tensor summary (no plugin: TensorBoard does not draw it)
+                _summary._add_summary(writer, _tensor_summary(key, value), current_global_step)
             else:
                 logger.warning("Skipping summary for %s, must be a number (int or float, "
                                "numpy included), got %s.", key, type(value).__name__)
@@ -360,6 +364,14 @@ def write_dict_to_summary(output_dir: str, dictionary: dict, current_global_step
                                   current_global_step)
     finally:
         SummaryWriterCache._release(output_dir)
+
+
+def _tensor_summary(tag: str, array: np.ndarray):
+    """A Summary of one numeric tensor (TF's make_tensor_proto of an ndarray result)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.util.tensor_util import make_tensor_proto
+    return Summary(value=[Summary.Value(tag=tag, node_name=tag,
+                                        tensor=make_tensor_proto(array))])
 
 
 def _string_summary(tag: str, text: str):

@@ -424,15 +424,19 @@ def test_evaluation_writes_result_scalars_at_the_checkpoint_step(tmp_path):
         (10, pytest.approx(named["loss"]))]
 
 
-def test_non_numeric_results_are_skipped_with_a_warning(tmp_path, caplog):
+def test_array_results_are_tensors_and_other_results_are_skipped(tmp_path, caplog):
     from hooks.summary_hooks import write_dict_to_summary
     with caplog.at_level(logging.WARNING):
         write_dict_to_summary(str(tmp_path), {"acc": np.float32(0.5), "n": 3, "global_step": 7,
                                                "per_class": np.ones(3), "name": "x"}, 7)
-    assert "Skipping summary for per_class" in caplog.text and "name" in caplog.text
+    assert "Skipping summary for name" in caplog.text and "per_class" not in caplog.text
     acc = events(tmp_path)
     assert sorted(acc.Tags()["scalars"]) == ["acc", "n"]
     assert [(ev.step, ev.value) for ev in acc.Scalars("n")] == [(7, 3.0)]
+    # an array result is a tensor summary, as TF's (precision_at_thresholds)
+    (per_class,) = acc.Tensors("per_class")
+    assert per_class.step == 7
+    np.testing.assert_array_equal(tensor_util.make_ndarray(per_class.tensor_proto), np.ones(3))
 
 
 def test_writer_cache_shares_one_writer_per_logdir(tmp_path):
