@@ -25,29 +25,34 @@ def _header(path: str, delim: str, compression_type) -> list:
 
 
 def _infer_default(name: str, values: Sequence[str], na_value: str):
-    """TF's type inference over the first rows: int32, int64, float32, else
-    string; a warning when a few values make a column of numbers strings."""
-    kind = int
+    """TF's type inference (`_infer_type`) over the first rows: the least
+    permissive of int32, int64, float32, float64 (a finite value: "nan" and
+    "inf" are strings) and string that every value fits; string for a column
+    with no value; a warning when a few values make a column of numbers strings."""
+    kind = None
     for v in values:
-        if v == "" or v == na_value:
-            continue
-        try:
-            int(v)
-            continue
-        except ValueError:
-            pass
-        try:
-            float(v)
-            kind = float if kind is int else kind
-        except ValueError:
-            _warn_if_mostly_numbers(name, values, na_value)
-            return [""]
-    if kind is int:
-        ints = [int(v) for v in values if v not in ("", na_value)]
-        if ints and not all(-2**31 <= i < 2**31 for i in ints):
-            return [np.int64(0)]
-        return [0]
-    return [0.0]
+        if v not in ("", na_value):   # the first type at least as permissive that fits
+            kind = next(i for i in range(kind or 0, _STRING + 1) if _VALID[i](v))
+    if kind == _STRING:
+        _warn_if_mostly_numbers(name, values, na_value)
+    return [[0], [np.int64(0)], [0.0], [np.float64(0.0)], [""]][_STRING if kind is None else kind]
+
+
+def _fits(cast, value: str) -> bool:
+    try:
+        with np.errstate(over="ignore"):   # ("1e39" as float32: inf, so not a float32)
+            return bool(cast(value))
+    except (ValueError, OverflowError):
+        return False
+
+
+# TF's validations, in order of permissiveness (numpy's parsing, as TF's)
+_VALID = (lambda v: _fits(lambda x: np.int32(x) == np.int64(x), v),
+          lambda v: _fits(lambda x: np.int64(x) is not None, v),
+          lambda v: _fits(lambda x: np.float32(x) < np.inf, v),
+          lambda v: _fits(lambda x: np.float64(x) < np.inf, v),
+          lambda v: True)
+_STRING = len(_VALID) - 1
 
 
 def _warn_if_mostly_numbers(name: str, values: Sequence[str], na_value: str) -> None:
@@ -168,9 +173,10 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
                      drop_final_batch: bool = False):
     """Batches of CSV rows as ({column: numpy array}, label array) (or the
     features alone without `label_name`), as TF's ``make_csv_dataset``:
-    column names from the header unless given; column types from
-    `column_defaults` or inferred from the first `num_rows_for_inference`
-    rows (int32, int64, float32, else string); `select_columns` by name or
+    column names from the header unless given (every file's the same);
+    column types from `column_defaults` or inferred as TF infers them from
+    the first `num_rows_for_inference` rows of the files (int32, int64,
+    float32, float64 for finite numbers, else string); `select_columns` by name or
     index; `num_epochs` None repeats forever; `shuffle` with a buffer of
     `shuffle_buffer_size` rows and `shuffle_seed` (a different order than
     TF's: its shuffling algorithm is not reproducible outside TF). Strings are
@@ -185,6 +191,13 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
         if not column_names:
             raise ValueError(f"make_csv_dataset: {files[0]} has no header line to name the "
                              "columns (it is empty, or its first line is)")
+        for path in files[1:]:   # (each file is read by the first one's header)
+            other = _header(path, field_delim, compression_type)
+            if other != column_names:
+                raise ValueError(
+                    f"make_csv_dataset: all input CSV files should have the same column names "
+                    f"in the header row (TF's rule): {path} has {other}, {files[0]} has "
+                    f"{column_names}")
     column_names = list(column_names)
     if len(set(column_names)) != len(column_names):
         raise ValueError(f"Cannot have duplicate column names: {column_names}")
@@ -197,7 +210,7 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
         raise ValueError(f"`label_name` provided must be one of the columns: "
                          f"{[column_names[i] for i in wanted]}; got {label_name!r}")
     if column_defaults is None:
-        sample = _sample_rows(files[0], header, field_delim, num_rows_for_inference,
+        sample = _sample_rows(files, header, field_delim, num_rows_for_inference,
                               compression_type)
         column_defaults = [_infer_default(column_names[i], [row[i] if i < len(row) else ""
                                                             for row in sample], na_value)
@@ -228,15 +241,18 @@ def _check_selected(select_columns, column_names):
     return select_columns
 
 
-def _sample_rows(path, header, delim, n, compression_type) -> list:
+def _sample_rows(files, header, delim, n, compression_type) -> list:
+    """The first `n` rows of the files, in order (TF's inference reads on
+    into the next file)."""
     rows = []
-    with open_stream(path, compression_type) as f:
-        lines = io.TextIOWrapper(f, encoding="utf-8", newline="")
-        if header:
-            next(lines, None)
-        for row in csv.reader(lines, delimiter=delim):
-            if row:
-                rows.append(row)
-            if len(rows) >= n:
-                break
+    for path in files:
+        with open_stream(path, compression_type) as f:
+            lines = io.TextIOWrapper(f, encoding="utf-8", newline="")
+            if header:
+                next(lines, None)
+            for row in csv.reader(lines, delimiter=delim):
+                if len(rows) >= n:
+                    return rows
+                if row:
+                    rows.append(row)
     return rows

@@ -331,3 +331,32 @@ def test_text_lines(tmp_path):
     path = tmp_path / "a.txt"
     path.write_bytes(b"one\r\ntwo\nthree")
     assert list(est.data.TextLineDataset(str(path))) == [b"one", b"two", b"three"]
+
+
+with open(os.path.join(FIXTURES, "tf_csv_inference.json"), encoding="utf-8") as _f:
+    TF_CSV_INFERENCE = json.load(_f)["cases"]
+
+
+@pytest.mark.parametrize("name", list(TF_CSV_INFERENCE))
+def test_make_csv_dataset_infers_and_reads_files_as_tf(tmp_path, name):
+    """TF's inference (record_tf_csv_inference.py, TF 2.15): float64 where a
+    value overflows float32, "nan"/"inf" and empty columns as strings, rows
+    read on into the next file; files whose headers differ are an error (the
+    second was read by the first one's header, its columns swapped)."""
+    case = TF_CSV_INFERENCE[name]
+    for file_name, text in case["files"].items():
+        (tmp_path / file_name).write_text(text)
+    try:
+        (batch,) = list(est.data.make_csv_dataset(str(tmp_path / "*.csv"), batch_size=100,
+                                                  shuffle=False, num_epochs=1, **case["kwargs"]))
+    except ValueError as e:
+        assert "error" in case, e
+        assert "All input CSV files should have the same column names" in case["error"]
+        assert "all input CSV files should have the same column names" in str(e)
+        return
+    assert "columns" in case, f"read {batch}; TF: {case.get('error')}"
+    got = {k: {"dtype": "string" if v.dtype == object else v.dtype.name,
+               "values": [x.decode() if isinstance(x, bytes) else
+                          repr(float(x)) if v.dtype.kind == "f" else int(x) for x in v]}
+           for k, v in batch.items()}
+    assert got == case["columns"]
