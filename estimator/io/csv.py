@@ -60,13 +60,12 @@ _TF_NAMES = {"int32": "int32", "int64": "int64", "float32": "float", "float64": 
 
 
 # The numbers TF's kernel reads (strto32/64, strtof/d): ASCII digits, space
-# around; integers with no '+'; floats also as hex, inf and nan (any case),
+# around; integers with no '+'; floats also as hex integers, inf and nan (any case),
 # not "infinity", and nothing Python adds ('1_000', other scripts' digits).
 _INTEGER = re.compile(r"\s*(-?[0-9]+)\s*", re.ASCII)
 _DECIMAL = re.compile(r"\s*([+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
                       r"|[+-]?(inf|nan))\s*", re.ASCII | re.IGNORECASE)
-_HEX = re.compile(r"\s*([+-]?0x([0-9a-f]+\.?[0-9a-f]*|\.[0-9a-f]+)(p[+-]?[0-9]+)?)\s*",
-                  re.ASCII | re.IGNORECASE)
+_HEX = re.compile(r"\s*([+-]?0x[0-9a-f]+)\s*", re.ASCII | re.IGNORECASE)   # no '.', no 'p'
 
 
 def _convert(text: str, dtype: np.dtype, field: int, record: int):
