@@ -83,6 +83,14 @@ def read_records(path: str, compression_type: Optional[str] = None,
     """(offset, data) of each record of `path`, CRCs checked; a truncated or
     damaged record raises DataLossError naming the file and offset."""
     compression_type = check_compression(compression_type)
+    try:
+        yield from _records(path, compression_type, check_crc)
+    except (zlib.error, EOFError, gzip.BadGzipFile) as e:   # damaged compressed data
+        raise DataLossError(f"{path}: damaged {compression_type} data ({type(e).__name__}: "
+                            f"{e})") from e
+
+
+def _records(path: str, compression_type: Optional[str], check_crc: bool):
     with open_stream(path, compression_type) as stream:
         offset = 0
         while True:

@@ -87,6 +87,22 @@ def test_a_truncated_file_is_an_error_naming_it(tmp_path):
         list(est.data.TFRecordDataset(str(path)))
 
 
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+@pytest.mark.parametrize("damage", ["flipped", "cut"])
+def test_damaged_compressed_files_are_data_loss_errors(tmp_path, compression, damage):
+    """As TF's DataLossError (zlib.error and EOFError came out, which an
+    `except est.io.DataLossError` does not catch)."""
+    path = tmp_path / "bad.tfrecord"
+    data = bytearray(open(os.path.join(DATA, FILES[compression]), "rb").read())
+    if damage == "flipped":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        del data[len(data) // 2:]
+    path.write_bytes(bytes(data))
+    with pytest.raises(est.io.DataLossError, match=rf"{path}: "):
+        list(est.data.TFRecordDataset(str(path), compression))
+
+
 def test_missing_file_and_bad_options():
     with pytest.raises(ValueError, match="nope.tfrecord: no such file"):
         est.data.TFRecordDataset("nope.tfrecord")
