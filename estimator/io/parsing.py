@@ -127,13 +127,11 @@ def _parse_key(examples: Sequence, key: str, spec, kind: str):
 def _fixed(rows, key, spec: FixedLenFeature, kind: str) -> np.ndarray:
     shape = tuple(spec.shape)
     size = _size(shape)
-    default = None
-    if spec.default_value is not None:
-        default = np.broadcast_to(np.asarray(spec.default_value, dtype=_NUMPY[kind]),
-                                  shape).reshape(-1).tolist()
+    default = None if spec.default_value is None else _default(spec.default_value, kind, key,
+                                                               shape)
     out = []
     for i, row in enumerate(rows):
-        if not row:
+        if row is None:   # missing (a feature present with no values is TF's size error)
             if default is None:
                 raise ValueError(f"Name: example {i}, Feature: {key} (data type: "
                                  f"{_NAMES[kind]}) is required but could not be found.")
@@ -147,11 +145,37 @@ def _fixed(rows, key, spec: FixedLenFeature, kind: str) -> np.ndarray:
     return array.reshape((len(rows),) + shape)
 
 
+def _default(value, kind: str, key: str, shape: tuple) -> list:
+    """A FixedLenFeature's default_value as TF takes it: of the feature's
+    type (strings as bytes) and reshaped to `shape` (as many values)."""
+    array = np.asarray(_as_bytes(value) if kind == "string" else value,
+                       dtype=object if kind == "string" else None)
+    if kind == "int" and array.dtype.kind not in "iub":
+        raise ValueError(f"Key: {key}: default_value {value!r} is not an int64 (TF: cannot "
+                         "convert it to an int64 tensor)")
+    if array.size != _size(shape):
+        raise ValueError(f"Key: {key}: default_value {value!r} has {array.size} value(s); "
+                         f"shape {list(shape)} takes {_size(shape)} (TF reshapes the default "
+                         "to the shape)")
+    return array.astype(_NUMPY[kind]).reshape(-1).tolist()
+
+
+def _as_bytes(value):
+    """str (in nested lists too) as utf-8 bytes, as TF's string tensors hold them."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_as_bytes(v) for v in value]
+    return value
+
+
 def _sequence(rows, key, spec: FixedLenSequenceFeature, kind: str) -> np.ndarray:
     shape = tuple(spec.shape)
     size = _size(shape)
     pad = spec.default_value if spec.default_value is not None else (
         b"" if kind == "string" else 0)
+    if kind == "string":
+        pad = _as_bytes(pad)
     lengths = []
     for i, row in enumerate(rows):
         if row is None and not spec.allow_missing:

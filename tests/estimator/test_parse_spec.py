@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import estimator as est
+from estimator.host_transform import example_of
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_parse_spec.json"), encoding="utf-8") as _f:
@@ -94,3 +95,32 @@ def test_a_canned_classifier_trains_on_examples_parsed_with_its_spec(tmp_path):
     labels = (ages > 40).astype(float)
     assert results["label/mean"] == pytest.approx(float((labels * weights).sum()
                                                         / weights.sum()), rel=1e-6)
+
+
+with open(os.path.join(FIXTURES, "tf_parse_defaults.json"), encoding="utf-8") as _f:
+    TF_DEFAULTS = json.load(_f)["cases"]
+
+
+@pytest.mark.parametrize("name", list(TF_DEFAULTS))
+def test_fixed_len_defaults_are_taken_as_tf_takes_them(name):
+    """record_tf_parse_defaults.py (TF 2.15): a string default is bytes (it was
+    str, in an array mixing str and bytes); the default is reshaped to the
+    shape, so it needs as many values (a scalar was broadcast); an int64
+    default of 1.7 and a feature present with no values are errors (the
+    default was truncated to 1 / used)."""
+    case = TF_DEFAULTS[name]
+    dtype = {"string": str, "int64": torch.int64}[case["dtype"]]
+    values = case["present"]
+    examples = [b"", example_of({"f": values}, {"f": est.io.VarLenFeature(dtype)})]
+    spec = {"f": est.io.FixedLenFeature(case["shape"], dtype, default_value=case["default"])}
+    try:
+        parsed = est.io.parse_example(examples, spec)["f"]
+    except ValueError as e:
+        assert "error" in case, e
+        return
+    assert "values" in case, f"parsed {parsed!r}; TF: {case['error']}"
+    assert list(parsed.shape) == case["parsed_shape"] and [
+        v.decode() if isinstance(v, bytes) else int(v) for v in parsed.reshape(-1)
+    ] == case["values"]
+    if case["dtype"] == "string":
+        assert all(type(v) is bytes for v in parsed.reshape(-1))
