@@ -376,3 +376,17 @@ def test_make_csv_dataset_infers_and_reads_files_as_tf(tmp_path, name):
                           repr(float(x)) if v.dtype.kind == "f" else int(x) for x in v]}
            for k, v in batch.items()}
     assert got == case["columns"]
+
+
+with open(os.path.join(FIXTURES, "tf_text_lines.json"), encoding="utf-8") as _f:
+    TF_TEXT_LINES = json.load(_f)["cases"]
+
+
+@pytest.mark.parametrize("case", TF_TEXT_LINES, ids=lambda c: repr(c["text"]))
+def test_text_lines_are_split_as_tf_splits_them(tmp_path, case):
+    """record_tf_text_lines.py (TF 2.15): lines end at "\\n" and TF's reader
+    drops every "\\r" (a "\\r" inside a line was kept here)."""
+    path = tmp_path / "t.txt"
+    path.write_bytes(case["text"].encode("latin-1"))
+    assert [line.decode("latin-1") for line in est.data.TextLineDataset(str(path))] == \
+        case["lines"]
