@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 def _header(path: str, delim: str, compression_type) -> list:
     with open_stream(path, compression_type) as f:
-        first = f.readline().decode("utf-8").rstrip("\r\n")
+        first = f.readline().decode("utf-8", "surrogateescape").rstrip("\r\n")
     return next(csv.reader([first], delimiter=delim))
 
 
@@ -92,7 +92,8 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         CsvDataset reads them), numbered by its first."""
         for path in self.files:
             with open_stream(path, self.compression_type) as f:
-                lines = io.TextIOWrapper(f, encoding="utf-8", newline="")
+                lines = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape",
+                                         newline="")
                 if self.header:
                     next(lines, None)
                 record, first = None, None
@@ -247,7 +248,8 @@ def _sample_rows(files, header, delim, n, compression_type) -> list:
     rows = []
     for path in files:
         with open_stream(path, compression_type) as f:
-            lines = io.TextIOWrapper(f, encoding="utf-8", newline="")
+            lines = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape",
+                                     newline="")
             if header:
                 next(lines, None)
             for row in csv.reader(lines, delimiter=delim):

@@ -70,7 +70,7 @@ _HEX = re.compile(r"\s*([+-]?0x[0-9a-f]+)\s*", re.ASCII | re.IGNORECASE)   # no 
 
 def _convert(text: str, dtype: np.dtype, field: int, record: int):
     if dtype == object:
-        return text.encode("utf-8")
+        return text.encode("utf-8", "surrogateescape")   # (bytes not utf-8 kept as they were)
     if dtype.kind == "i":
         match = _INTEGER.fullmatch(text)
         if match and np.iinfo(dtype).min <= int(match[1]) <= np.iinfo(dtype).max:
@@ -107,7 +107,8 @@ def decode_csv(records, record_defaults: Sequence, field_delim: str = ",",
                              f"({len(kinds)}) do not match.")
     columns: List[list] = [[] for _ in kinds]
     for r, record in enumerate(records):
-        line = record.decode("utf-8") if isinstance(record, bytes) else str(record)
+        line = record.decode("utf-8", "surrogateescape") if isinstance(record, bytes) \
+            else str(record)
         fields = _fields(line, field_delim, use_quote_delim, r)
         if select_cols is not None:
             if select_cols and select_cols[-1] >= len(fields):

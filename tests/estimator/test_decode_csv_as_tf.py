@@ -71,3 +71,10 @@ def test_numbers_read_as_tf(case, dtype):
         assert int(column[0]) == want["value"]
     else:
         assert repr(float(column[0])) == want["value"]
+
+
+def test_bytes_that_are_not_utf8_come_back_as_they_were():
+    """TF's decode_csv works on bytes (b'\\xff' comes back b'\\xff'); it was a
+    UnicodeDecodeError here, in make_csv_dataset too."""
+    columns = est.io.decode_csv([b"\xff,0", b"a\xfe,1"], record_defaults=[[""], [0]])
+    assert columns[0].tolist() == [b"\xff", b"a\xfe"] and columns[1].tolist() == [0, 1]
