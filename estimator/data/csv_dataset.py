@@ -98,14 +98,13 @@ class _CsvBatches(torch.utils.data.IterableDataset):
                     next(lines, None)
                 record, first = None, None
                 for number, line in enumerate(lines, 1 + self.header):
-                    line = line.rstrip("\r\n")
-                    if record is not None:   # inside a quoted field
-                        record, line = record + "\n" + line, None
-                    elif line:
+                    if record is not None:   # inside a quoted field: its line break too
+                        record += line
+                    elif line.rstrip("\r\n"):
                         record, first = line, number
                     if record is None or (self.use_quote_delim and record.count('"') % 2):
                         continue
-                    yield record, path, first
+                    yield record.rstrip("\r\n"), path, first
                     record = None
                 if record is not None:   # (TF's CsvDataset fails on it too)
                     raise ValueError(f"make_csv_dataset: {path}, line {first}: a quoted field "

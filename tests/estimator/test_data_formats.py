@@ -361,7 +361,7 @@ def test_make_csv_dataset_infers_and_reads_files_as_tf(tmp_path, name):
     second was read by the first one's header, its columns swapped)."""
     case = TF_CSV_INFERENCE[name]
     for file_name, text in case["files"].items():
-        (tmp_path / file_name).write_text(text)
+        (tmp_path / file_name).write_bytes(text.encode())
     try:
         (batch,) = list(est.data.make_csv_dataset(str(tmp_path / "*.csv"), batch_size=100,
                                                   shuffle=False, num_epochs=1, **case["kwargs"]))
