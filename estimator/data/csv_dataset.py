@@ -12,7 +12,7 @@ import torch
 
 from ..io._records import open_stream
 from ..io.csv import DecodeCSVError, decode_csv
-from .datasets import list_files
+from .datasets import _interleave, list_files
 
 _INFERENCE_ROWS = 100
 logger = logging.getLogger(__name__)
@@ -85,31 +85,36 @@ class _CsvBatches(torch.utils.data.IterableDataset):
             compression_type
         self.shuffle, self.shuffle_buffer_size, self.shuffle_seed = shuffling
         self.drop_final_batch = drop_final_batch
+        self.cycle_length = 1   # (make_csv_dataset sets TF's num_parallel_reads)
 
     def _lines(self):
-        """(record, file, line number) of each data record: a line, or the
-        lines a quoted field with line breaks spans (RFC 4180, as TF's
+        """(record, file, line number) of each data record, the files read
+        `num_parallel_reads` at a time, interleaved as TF's."""
+        return _interleave(self.files, self._file_lines, self.cycle_length)
+
+    def _file_lines(self, path: str):
+        """(record, file, line number) of each data record of `path`: a line,
+        or the lines a quoted field with line breaks spans (RFC 4180, as TF's
         CsvDataset reads them), numbered by its first."""
-        for path in self.files:
-            with open_stream(path, self.compression_type) as f:
-                lines = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape",
-                                         newline="")
-                if self.header:
-                    next(lines, None)
-                record, first = None, None
-                for number, line in enumerate(lines, 1 + self.header):
-                    if record is not None:   # inside a quoted field: its line break too
-                        record += line
-                    elif line.rstrip("\r\n"):
-                        record, first = line, number
-                    if record is None or (self.use_quote_delim and record.count('"') % 2):
-                        continue
-                    yield record.rstrip("\r\n"), path, first
-                    record = None
-                if record is not None:   # (TF's CsvDataset fails on it too)
-                    raise ValueError(f"make_csv_dataset: {path}, line {first}: a quoted field "
-                                     "opened on this line is not closed before the end of "
-                                     "the file")
+        with open_stream(path, self.compression_type) as f:
+            lines = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape",
+                                     newline="")
+            if self.header:
+                next(lines, None)
+            record, first = None, None
+            for number, line in enumerate(lines, 1 + self.header):
+                if record is not None:   # inside a quoted field: its line break too
+                    record += line
+                elif line.rstrip("\r\n"):
+                    record, first = line, number
+                if record is None or (self.use_quote_delim and record.count('"') % 2):
+                    continue
+                yield record.rstrip("\r\n"), path, first
+                record = None
+            if record is not None:   # (TF's CsvDataset fails on it too)
+                raise ValueError(f"make_csv_dataset: {path}, line {first}: a quoted field "
+                                 "opened on this line is not closed before the end of "
+                                 "the file")
 
     def _ordered(self):
         epoch = 0
@@ -180,9 +185,10 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
     index; `num_epochs` None repeats forever; `shuffle` with a buffer of
     `shuffle_buffer_size` rows and `shuffle_seed` (a different order than
     TF's: its shuffling algorithm is not reproducible outside TF). Strings are
-    bytes, as TF's. `prefetch_buffer_size`, `num_parallel_reads`, `sloppy` and
+    bytes, as TF's. `num_parallel_reads` files are read in turn, a row from
+    each, as TF's interleave. `prefetch_buffer_size`, `sloppy` and
     `ignore_errors` are accepted for TF's signature (errors are raised)."""
-    del prefetch_buffer_size, num_parallel_reads, sloppy, ignore_errors
+    del prefetch_buffer_size, sloppy, ignore_errors
     files = list_files(file_pattern)
     if column_names is None:
         if not header:
@@ -224,10 +230,13 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
                          f"{len(wanted)} columns")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    return _CsvBatches(files, batch_size, column_names, list(column_defaults), label_name,
-                       select, (field_delim, use_quote_delim, na_value), header, num_epochs,
-                       (shuffle, shuffle_buffer_size, shuffle_seed), compression_type,
-                       drop_final_batch)
+    batches = _CsvBatches(files, batch_size, column_names, list(column_defaults), label_name,
+                          select, (field_delim, use_quote_delim, na_value), header, num_epochs,
+                          (shuffle, shuffle_buffer_size, shuffle_seed), compression_type,
+                          drop_final_batch)
+    if isinstance(num_parallel_reads, int) and num_parallel_reads > 1:
+        batches.cycle_length = num_parallel_reads   # rows of that many files in turn
+    return batches
 
 
 def _check_selected(select_columns, column_names):

@@ -36,11 +36,16 @@ def list_files(file_pattern: Files) -> list:
 
 
 class _ShardedFiles(torch.utils.data.IterableDataset):
-    """Records of several files, in order, keeping this shard's."""
+    """Records of several files, in order (interleaved `num_parallel_reads`
+    at a time, as TF's), keeping this shard's."""
 
     def __init__(self, filenames: Files, compression_type: Optional[str] = None,
-                 input_context=None, num_shards: int = 1, index: int = 0):
+                 input_context=None, num_shards: int = 1, index: int = 0,
+                 num_parallel_reads=None):
         self.filenames = _files(filenames)
+        # (TF's AUTOTUNE, -1, picks a cycle by the machine: read here in order)
+        self.cycle_length = num_parallel_reads if isinstance(num_parallel_reads, int) \
+            and num_parallel_reads > 1 else 1
         self.compression_type = check_compression(compression_type)
         if input_context is not None:
             num_shards = num_shards * input_context.num_input_pipelines
@@ -62,6 +67,9 @@ class _ShardedFiles(torch.utils.data.IterableDataset):
         return clone
 
     def _records(self) -> Iterator[bytes]:
+        return _interleave(self.filenames, self._file_records, self.cycle_length)
+
+    def _file_records(self, path: str) -> Iterator[bytes]:
         raise NotImplementedError
 
     def __iter__(self):
@@ -79,33 +87,63 @@ class TFRecordDataset(_ShardedFiles):
     ``tf.data.TFRecordDataset(filenames, compression_type)``), each a bytes
     object; every record's CRCs are checked, and a damaged or truncated one
     raises ``estimator.io.DataLossError`` naming the file and offset.
-    `buffer_size` and `num_parallel_reads` are accepted for TF's signature."""
+    `num_parallel_reads` files are read interleaved, a record from each in
+    turn, as TF's (deterministic) order; `buffer_size` is accepted for TF's
+    signature."""
 
     def __init__(self, filenames: Files, compression_type: Optional[str] = None,
                  buffer_size=None, num_parallel_reads=None, *, input_context=None):
-        del buffer_size, num_parallel_reads
-        super().__init__(filenames, compression_type, input_context)
+        del buffer_size
+        super().__init__(filenames, compression_type, input_context,
+                         num_parallel_reads=num_parallel_reads)
 
-    def _records(self):
-        for path in self.filenames:
-            for _, data in read_records(path, self.compression_type):
-                yield data
+    def _file_records(self, path: str):
+        for _, data in read_records(path, self.compression_type):
+            yield data
 
 
 class TextLineDataset(_ShardedFiles):
     """The lines of text files, as bytes, split at "\n" and without any "\r"
-    (TF's line reader drops every one, not only a CRLF's) (TF:
-    ``tf.data.TextLineDataset``)."""
+    (TF's line reader drops every one, not only a CRLF's), files interleaved
+    as TFRecordDataset's (TF: ``tf.data.TextLineDataset``)."""
 
     def __init__(self, filenames: Files, compression_type: Optional[str] = None,
                  buffer_size=None, num_parallel_reads=None, *, input_context=None):
-        del buffer_size, num_parallel_reads
-        super().__init__(filenames, compression_type, input_context)
+        del buffer_size
+        super().__init__(filenames, compression_type, input_context,
+                         num_parallel_reads=num_parallel_reads)
 
-    def _records(self):
-        for path in self.filenames:
-            with open_stream(path, self.compression_type) as f:
-                for line in f:
-                    text = line.rstrip(b"\n").replace(b"\r", b"")
-                    if text or line.endswith(b"\n"):   # (a last line of only "\r"s: none)
-                        yield text
+    def _file_records(self, path: str):
+        with open_stream(path, self.compression_type) as f:
+            for line in f:
+                text = line.rstrip(b"\n").replace(b"\r", b"")
+                if text or line.endswith(b"\n"):   # (a last line of only "\r"s: none)
+                    yield text
+
+
+def _interleave(sources, read, cycle_length: int) -> Iterator:
+    """TF's deterministic interleave (cycle_length, block_length 1): a record
+    from each of `cycle_length` open sources in turn; a source that ends
+    gives its place to the next one when the turn comes back to it."""
+    sources = iter(sources)
+    slots: list = [None] * cycle_length
+    more, opened, i = True, 0, 0
+    while more or opened:
+        if slots[i] is not None:
+            item = next(slots[i], _END)
+            if item is _END:
+                slots[i], opened = None, opened - 1
+            else:
+                yield item
+            i = (i + 1) % cycle_length
+        elif more:
+            source = next(sources, _END)
+            if source is _END:
+                more = False
+            else:
+                slots[i], opened = iter(read(source)), opened + 1
+        else:
+            i = (i + 1) % cycle_length
+
+
+_END = object()

@@ -390,3 +390,31 @@ def test_text_lines_are_split_as_tf_splits_them(tmp_path, case):
     path.write_bytes(case["text"].encode("latin-1"))
     assert [line.decode("latin-1") for line in est.data.TextLineDataset(str(path))] == \
         case["lines"]
+
+
+with open(os.path.join(FIXTURES, "tf_interleave.json"), encoding="utf-8") as _f:
+    TF_INTERLEAVE = json.load(_f)
+
+
+@pytest.mark.parametrize("case", TF_INTERLEAVE["cases"], ids=lambda c: str(c["num_parallel_reads"]))
+def test_num_parallel_reads_interleaves_files_as_tf(tmp_path, case):
+    """record_tf_interleave.py (TF 2.15): with num_parallel_reads the files'
+    records (make_csv_dataset's rows) come interleaved, in TF's deterministic
+    order (the argument was ignored: the files were read one after the other)."""
+    records, lines = [], []
+    for f, n in enumerate(TF_INTERLEAVE["sizes"]):
+        records.append(str(tmp_path / f"f{f}.tfrecord"))
+        lines.append(tmp_path / f"f{f}.txt")
+        with est.io.TFRecordWriter(records[-1]) as writer:
+            for i in range(n):
+                writer.write(f"f{f}-{i}".encode())
+        lines[-1].write_text("".join(f"f{f}-{i}\n" for i in range(n)))
+        (tmp_path / f"f{f}.csv").write_text("v\n" + "".join(f"f{f}-{i}\n" for i in range(n)))
+    reads = case["num_parallel_reads"]
+    assert [v.decode() for b in est.data.make_csv_dataset(
+        str(tmp_path / "*.csv"), batch_size=100, shuffle=False, num_epochs=1,
+        num_parallel_reads=reads) for v in b["v"]] == case["csv"]
+    assert [r.decode() for r in est.data.TFRecordDataset(
+        records, num_parallel_reads=reads)] == case["tfrecord"]
+    assert [r.decode() for r in est.data.TextLineDataset(
+        [str(p) for p in lines], num_parallel_reads=reads)] == case["text"]
