@@ -904,10 +904,18 @@ class LoadedExport:
     def _signature_fn(self, name: str) -> Callable:
         by_signature = self.signature.get("outputs_are_signatures", False)
         as_dict = self.signature.get("outputs_are_dict", True)
-        forwarded = (self.signature.get("signatures") or {}).get(name, {}).get("forwarded")
+        described = (self.signature.get("signatures") or {}).get(name, {})
+        forwarded = described.get("forwarded")
+        # TF's classify and regress signatures name their serialized Examples
+        # `inputs` (the receiver's name, `examples`, is the predict signature's)
+        takes_inputs = (described.get("method_name") in (ClassificationOutput.method_name,
+                                                          RegressionOutput.method_name)
+                        and self.transform is not None and self.transform.parse_spec is not None)
 
         def serve(**inputs) -> Dict[str, Any]:
             """{output: tensor}; a string feature forwarded as it is: bytes."""
+            if takes_inputs and set(inputs) == {"inputs"}:
+                inputs = {EXAMPLES: inputs["inputs"]}
             outputs, features = self._run(inputs)
             if by_signature:
                 outputs = outputs[name]

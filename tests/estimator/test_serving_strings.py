@@ -104,10 +104,16 @@ def test_loaded_exports_equal_estimator_predict(trained, n):
     estimator, spec, parsing, raw, _ = trained
     rows = _rows(np.random.RandomState(n), n)
     expected = _predicted(estimator, rows)
-    by_examples = est.export.load(parsing).signatures["predict"](
-        examples=_examples(rows, spec))
+    loaded = est.export.load(parsing)
+    by_examples = loaded.signatures["predict"](examples=_examples(rows, spec))
     np.testing.assert_allclose(by_examples["logistic"].numpy(), expected, rtol=1e-5,
                                atol=1e-6)
+    # TF's classify / regress signatures name the serialized Examples `inputs`
+    scores = loaded.signatures["classification"](inputs=_examples(rows, spec))["scores"]
+    np.testing.assert_allclose(scores.numpy()[:, 1], expected[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loaded.signatures["regression"](
+        inputs=_examples(rows, spec))["outputs"].numpy().reshape(-1), expected[:, 0],
+        rtol=1e-5, atol=1e-6)
     inputs = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f"
                   else v) for k, v in rows.items()}
     by_strings = est.export.load(raw).signatures["predict"](**inputs)
