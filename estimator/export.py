@@ -908,9 +908,9 @@ class LoadedExport:
         forwarded = described.get("forwarded")
         # TF's classify and regress signatures name their serialized Examples
         # `inputs` (the receiver's name, `examples`, is the predict signature's)
-        takes_inputs = (described.get("method_name") in (ClassificationOutput.method_name,
-                                                          RegressionOutput.method_name)
-                        and self.transform is not None and self.transform.parse_spec is not None)
+        methods = (ClassificationOutput.method_name, RegressionOutput.method_name)
+        takes_inputs = (described.get("method_name") in methods and self.transform is not None
+                        and self.transform.parse_spec is not None)
 
         def serve(**inputs) -> Dict[str, Any]:
             """{output: tensor}; a string feature forwarded as it is: bytes."""
