@@ -196,7 +196,7 @@ class Estimator:
                     last = session.run(step) or last
             strategy.extended.end_training()   # replicas return once the chief has saved
             logger.info("Loss for final step: %s.",
-                        _python(strategy.extended.reduce_loss(last.loss)))
+                        _as_tf_prints(_python(strategy.extended.reduce_loss(last.loss))))
             if session.preempted:   # saved at the agreed step: exit for a restart
                 preempted = TrainingPreempted(scope.global_step, session.preempted)
                 logger.warning("%s", preempted)
@@ -426,7 +426,7 @@ class Estimator:
         if writes:   # with the evaluated checkpoint's path, as TF
             write_dict_to_summary(self.eval_dir(name), results, scope.global_step, path)
         logger.info("Saving dict for global step %d: %s", scope.global_step,
-                    ", ".join(f"{k} = {v}" for k, v in sorted(results.items())))
+                    ", ".join(f"{k} = {_as_tf_prints(v)!s}" for k, v in sorted(results.items())))
         if writes and path is not None:
             logger.info("Saving 'checkpoint_path' summary for global step %d: %s",
                         scope.global_step, path)
@@ -662,6 +662,11 @@ def _check_spec(spec, mode: str) -> None:
     if spec.mode != mode:
         raise ValueError(f"model_fn was called in mode {mode!r} but returned an "
                          f"EstimatorSpec for mode {spec.mode!r}")
+
+
+def _as_tf_prints(value):
+    """A float as TF's logs print it, a float32 (0.6931472, not 0.6931471824645996)."""
+    return np.float32(value) if isinstance(value, float) else value
 
 
 def _python(value):

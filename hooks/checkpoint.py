@@ -309,7 +309,8 @@ class Saver:
         path = os.path.join(self.model_dir, name)
         if _damaged:   # (realpath costs the step 10-20 us a call: only when there are any)
             _damaged.discard(os.path.realpath(path))   # (replaced by this save)
-        logger.info("Saving checkpoints for %d into %s.", global_step, path)   # (TF: before)
+        logger.info("Saving checkpoints for %d into %s.", global_step,   # (TF's words)
+                    os.path.join(self.model_dir, PREFIX))
         kept = self._kept if self._kept is not None else self._listed()
         damaged = [n for n, _ in kept if n != name and _is_damaged(self.model_dir, n)
                    ] if _damaged else []

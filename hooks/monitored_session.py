@@ -366,10 +366,12 @@ class MonitoredSession:
         scope.summaries.clear()
 
     def _fetch_last(self, fetches, feed_dict: Optional[dict] = None):
-        if self._last_outputs is _NO_STEP:
-            raise RuntimeError(f"session.run({fetches!r}): no step has run in this session, "
-                               "so there are no step values to fetch")
         feed = feed_dict or {}
+        if self._last_outputs is _NO_STEP and any(
+                n not in feed and n != "global_step" for n in _names(fetches)):
+            # (the global step is known without one, as TF's session reads its variable)
+            raise RuntimeError(f"session.run({fetches!r}): no step has run in this session, "
+                               "so there are no step values to fetch (only global_step)")
         values = {n: feed[n] if n in feed else
                   self._resolve(n, self._last_outputs, self._last_named)
                   for n in _names(fetches)}

@@ -304,6 +304,10 @@ def test_end_values_need_a_step(caplog):
             with session([final]):
                 pass
     assert not [r for r in caplog.records if r.name == HOOKS_LOG]
+    step_only = hooks.FinalOpsHook({"gs": "global_step"})   # known without a step, as in TF
+    with session([step_only]):
+        pass
+    assert step_only.final_ops_values == {"gs": 0}
 
 
 def test_final_ops_hook_bad_arguments():
