@@ -182,6 +182,24 @@ def test_model_dir_may_be_a_path(tmp_path):
     assert e.evaluate(regression_input_fn(), steps=1)["global_step"] == 2
 
 
+def test_log_lines_read_as_tf_s(tmp_path, caplog):
+    """TF prints the loss and metrics as float32 (`loss = 5.0902576`, not
+    `5.090257644653320`) and saves "into <model_dir>/model.ckpt"."""
+    import logging
+    import re
+    e = est.Estimator(regression_model_fn, model_dir=str(tmp_path), params={})
+    with caplog.at_level(logging.INFO):
+        e.train(regression_input_fn(), steps=3)
+        e.evaluate(regression_input_fn(), steps=2)
+    text = caplog.text
+    assert f"Saving checkpoints for 3 into {os.path.join(str(tmp_path), 'model.ckpt')}." in text
+    loss = re.search(r"Loss for final step: (\S+)\.$", text, re.M).group(1)
+    assert loss == str(np.float32(loss))   # float32's shortest digits
+    saved = re.search(r"Saving dict for global step 3: global_step = 3, loss = (\S+), "
+                      r"mae = (\S+)$", text, re.M)
+    assert all(v == str(np.float32(v)) for v in saved.groups())
+
+
 def test_a_model_dir_that_is_a_file_is_named_at_once(tmp_path):
     """It failed at the first summary, with 'File exists writing the summaries'."""
     path = tmp_path / "data.csv"
