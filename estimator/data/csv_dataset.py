@@ -12,7 +12,7 @@ import torch
 
 from ..io._records import open_stream
 from ..io.csv import DecodeCSVError, decode_csv
-from .datasets import _interleave, list_files
+from .datasets import _interleave, cycle_length, list_files
 
 _INFERENCE_ROWS = 100
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
 
     def __init__(self, files, batch_size, column_names, defaults, label_name, select,
                  csv_format, header, num_epochs, shuffling, compression_type,
-                 drop_final_batch):
+                 drop_final_batch, cycle_length=1):
         self.files, self.batch_size, self.column_names = files, batch_size, column_names
         self.defaults, self.label_name, self.select = defaults, label_name, select
         self.field_delim, self.use_quote_delim, self.na_value = csv_format
@@ -85,7 +85,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
             compression_type
         self.shuffle, self.shuffle_buffer_size, self.shuffle_seed = shuffling
         self.drop_final_batch = drop_final_batch
-        self.cycle_length = 1   # (make_csv_dataset sets TF's num_parallel_reads)
+        self.cycle_length = cycle_length   # files read in turn (TF's num_parallel_reads)
 
     def _lines(self):
         """(record, file, line number) of each data record, the files read
@@ -230,13 +230,10 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
                          f"{len(wanted)} columns")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    batches = _CsvBatches(files, batch_size, column_names, list(column_defaults), label_name,
-                          select, (field_delim, use_quote_delim, na_value), header, num_epochs,
-                          (shuffle, shuffle_buffer_size, shuffle_seed), compression_type,
-                          drop_final_batch)
-    if isinstance(num_parallel_reads, int) and num_parallel_reads > 1:
-        batches.cycle_length = num_parallel_reads   # rows of that many files in turn
-    return batches
+    return _CsvBatches(files, batch_size, column_names, list(column_defaults), label_name,
+                       select, (field_delim, use_quote_delim, na_value), header, num_epochs,
+                       (shuffle, shuffle_buffer_size, shuffle_seed), compression_type,
+                       drop_final_batch, cycle_length(num_parallel_reads))
 
 
 def _check_selected(select_columns, column_names):

@@ -43,9 +43,7 @@ class _ShardedFiles(torch.utils.data.IterableDataset):
                  input_context=None, num_shards: int = 1, index: int = 0,
                  num_parallel_reads=None):
         self.filenames = _files(filenames)
-        # (TF's AUTOTUNE, -1, picks a cycle by the machine: read here in order)
-        self.cycle_length = num_parallel_reads if isinstance(num_parallel_reads, int) \
-            and num_parallel_reads > 1 else 1
+        self.cycle_length = cycle_length(num_parallel_reads)
         self.compression_type = check_compression(compression_type)
         if input_context is not None:
             num_shards = num_shards * input_context.num_input_pipelines
@@ -121,12 +119,19 @@ class TextLineDataset(_ShardedFiles):
                     yield text
 
 
-def _interleave(sources, read, cycle_length: int) -> Iterator:
-    """TF's deterministic interleave (cycle_length, block_length 1): a record
-    from each of `cycle_length` open sources in turn; a source that ends
+def cycle_length(num_parallel_reads) -> int:
+    """How many files are read in turn for TF's `num_parallel_reads` (None:
+    one; TF's AUTOTUNE, -1, picks a number by the machine: read here in order)."""
+    return num_parallel_reads if isinstance(num_parallel_reads, int) \
+        and num_parallel_reads > 1 else 1
+
+
+def _interleave(sources, read, cycle: int) -> Iterator:
+    """TF's deterministic interleave (cycle, block_length 1): a record
+    from each of `cycle` open sources in turn; a source that ends
     gives its place to the next one when the turn comes back to it."""
     sources = iter(sources)
-    slots: list = [None] * cycle_length
+    slots: list = [None] * cycle
     more, opened, i = True, 0, 0
     while more or opened:
         if slots[i] is not None:
@@ -135,7 +140,7 @@ def _interleave(sources, read, cycle_length: int) -> Iterator:
                 slots[i], opened = None, opened - 1
             else:
                 yield item
-            i = (i + 1) % cycle_length
+            i = (i + 1) % cycle
         elif more:
             source = next(sources, _END)
             if source is _END:
@@ -143,7 +148,7 @@ def _interleave(sources, read, cycle_length: int) -> Iterator:
             else:
                 slots[i], opened = iter(read(source)), opened + 1
         else:
-            i = (i + 1) % cycle_length
+            i = (i + 1) % cycle
 
 
 _END = object()
