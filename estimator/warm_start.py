@@ -103,9 +103,10 @@ class WarmStartSettings:
       or a TensorFlow checkpoint (a prefix, or a TF model_dir): a canned
       estimator with the same columns takes TF1's variables by their names;
       for your own modules map names with `var_name_to_prev_var_name`
-      ({"net/0/weight": "dense/kernel"}); a TF kernel is transposed to
-      `torch.nn.Linear`'s [out, in] (conv kernels permuted to [out, in, h, w])
-      where the shapes say so.
+      ({"net/0/weight": "dense/kernel"}); the weight of a `torch.nn.Linear`
+      or convolution takes TF's kernel [in, out] ([h, w, in, out]) in
+      torch's layout [out, in] ([out, in, h, w]); another module's variable
+      takes a TF `kernel` so where only that layout fits its shape.
     - `vars_to_warm_start`: a regex (matched from the start, as TF), default
       every module variable; or a list of them (names such as `"net/0/weight"`
       match themselves), which also reaches optimizer slots and `global_step`
@@ -157,16 +158,37 @@ def _slot_names(optimizer) -> Dict[str, str]:
     return {}
 
 
-def _torch_layout(value: torch.Tensor, shape: tuple, name: str) -> torch.Tensor:
-    """A TF kernel in torch's layout when the target wants it: a dense kernel
-    [in, out] for `torch.nn.Linear.weight` [out, in]; a conv kernel
-    [h, w, in, out] for `torch.nn.Conv2d.weight` [out, in, h, w]."""
-    if not name.endswith("kernel") or tuple(value.shape) == shape:
+# Torch's layers whose weight is [out, in, *spatial] where TF's kernel is
+# [*spatial, in, out] (TF's transposed convolutions: [*spatial, out, in], as
+# torch's [in, out, *spatial]: the same permutation).
+_TORCH_LAYOUT_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+                        torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
+                        torch.nn.ConvTranspose3d)
+
+
+def _layer_weights(module: torch.nn.Module) -> set:
+    """State-dict keys of `module`'s torch.nn.Linear and convolution weights."""
+    return {f"{prefix}.weight" if prefix else "weight"
+            for prefix, layer in module.named_modules() if isinstance(layer, _TORCH_LAYOUT_LAYERS)}
+
+
+def _torch_layout(value: torch.Tensor, shape: tuple, name: str, layer_weight: bool
+                  ) -> torch.Tensor:
+    """A TF kernel [*spatial, in, out] in torch's layout [out, in, *spatial].
+
+    A torch.nn.Linear or convolution weight (`layer_weight`) always takes it
+    so, whatever the TF variable's name (`kernel`, TF-slim's `weights`): the
+    layer says, where shapes cannot (a square dense kernel; a 3x3 kernel from
+    3 to 3 channels). Another module's variable takes it only from a TF
+    `kernel` whose shape matches the target's only so."""
+    if value.dim() < 2 or value.dim() != len(shape):
         return value
-    if value.dim() == 2 and tuple(value.t().shape) == shape:
-        return value.t()
-    if value.dim() == 4 and tuple(value.permute(3, 2, 0, 1).shape) == shape:
-        return value.permute(3, 2, 0, 1)
+    permuted = value.permute(value.dim() - 1, value.dim() - 2, *range(value.dim() - 2))
+    if layer_weight:
+        return permuted
+    if name.endswith("kernel") and tuple(value.shape) != shape and \
+            tuple(permuted.shape) == shape:
+        return permuted
     return value
 
 
@@ -285,6 +307,8 @@ class _WarmStarter:
 
     def apply(self, owner: str, module: torch.nn.Module) -> None:
         settings = self._settings
+        layer_weights = _layer_weights(module) if isinstance(self._variables, _TFVariables) \
+            else set()
         with torch.no_grad():
             for key, tensor in module.state_dict(keep_vars=True).items():
                 name = owner + "/" + key.replace(".", "/")
@@ -311,7 +335,8 @@ class _WarmStarter:
                     value = _remapped(value, info, tuple(tensor.shape), name, prev)
                     self._remapped.add(name)
                 elif isinstance(self._variables, _TFVariables):
-                    value = _torch_layout(value, tuple(tensor.shape), prev)
+                    value = _torch_layout(value, tuple(tensor.shape), prev,
+                                          key in layer_weights)
                 if tuple(value.shape) != tuple(tensor.shape):
                     raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "
                                      f"{prev!r} in {self.path} has shape {tuple(value.shape)}")

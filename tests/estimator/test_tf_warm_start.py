@@ -242,3 +242,44 @@ def test_training_into_a_tf_model_dir_is_an_error_saying_warm_start(tmp_path, ca
         else:
             estimator.export_saved_model(str(tmp_path / "export"), lambda: None)
     assert {n: open(os.path.join(tf_dir, n), "rb").read() for n in os.listdir(tf_dir)} == before
+
+
+with open(os.path.join(FIXTURES, "tf_layer_kernels.json"), encoding="utf-8") as _f:
+    LAYERS = json.load(_f)
+
+
+class _Layers(torch.nn.Module):
+    """record_tf_layer_kernels.py's layers, written in torch as a user would."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+        self.conv2d, self.conv1d = torch.nn.Conv2d(3, 3, 3), torch.nn.Conv1d(3, 3, 3)
+
+    def forward(self, features):
+        images = features["conv2d"].permute(0, 3, 1, 2)   # NHWC -> NCHW
+        sequences = features["conv1d"].permute(0, 2, 1)   # NWC -> NCW
+        return {"dense": self.out(torch.relu(self.hidden(features["dense"]))),
+                "conv2d": self.conv2d(images).permute(0, 2, 3, 1),
+                "conv1d": self.conv1d(sequences).permute(0, 2, 1)}
+
+
+def test_torch_layers_warm_started_from_tf_layers_compute_what_tf_computed(tmp_path):
+    """torch.nn.Linear/Conv1d/Conv2d weights take TF's kernels in torch's
+    layout even where the shapes cannot tell them apart (a square dense
+    kernel; a 3x3 conv kernel from 3 to 3 channels): the layer type says."""
+    names = {f"layers/{layer}/{ours}": f"{layer}/{theirs}"
+             for layer in ("hidden", "out", "conv2d", "conv1d")
+             for ours, theirs in (("weight", "kernel"), ("bias", "bias"))}
+    settings = est.WarmStartSettings(os.path.join(FIXTURES, LAYERS["prefix"]),
+                                     var_name_to_prev_var_name=names)
+
+    def model_fn(features, labels, mode):
+        outputs = est.get_module("layers", _Layers)(features)
+        return est.EstimatorSpec(mode, predictions=outputs)
+    estimator = est.Estimator(model_fn, model_dir=str(tmp_path), warm_start_from=settings)
+    inputs = {k: np.array(v, np.float32) for k, v in LAYERS["inputs"].items()}
+    predicted = list(estimator.predict(lambda: [inputs], yield_single_examples=False))[0]
+    for key, expected in LAYERS["outputs"].items():
+        np.testing.assert_allclose(predicted[key], np.array(expected, np.float32),
+                                   rtol=1e-5, atol=1e-6, err_msg=key)
