@@ -108,9 +108,12 @@ class WarmStartSettings:
       torch's layout [out, in] ([out, in, h, w]); another module's variable
       takes a TF `kernel` so where only that layout fits its shape.
     - `vars_to_warm_start`: a regex (matched from the start, as TF), default
-      every module variable; or a list of them (names such as `"net/0/weight"`
-      match themselves), which also reaches optimizer slots and `global_step`
-      (the run then starts at the checkpoint's step), as in TF.
+      every trainable variable (TF's TRAINABLE_VARIABLES: parameters that
+      require grad; not buffers such as batch norm's moving statistics); or
+      a list of them (names such as `"net/0/weight"` match themselves),
+      which reaches every variable, buffers, optimizer slots and
+      `global_step` too (the run then starts at the checkpoint's step), as
+      in TF.
     - `var_name_to_vocab_info`: {name: VocabInfo} for variables whose
       vocabulary changed (warm-started even when `vars_to_warm_start` is None).
     - `var_name_to_prev_var_name`: {new name: name in the old checkpoint}.
@@ -264,8 +267,9 @@ class _WarmStarter:
             if unused:
                 raise ValueError(f"You provided the following variables in {what} that were "
                                  f"not used: {unused}. Perhaps you misspelled them, or "
-                                 "vars_to_warm_start leaves them out? Here is the list of "
-                                 f"viable variable names: {self._names}")
+                                 "vars_to_warm_start leaves them out (a regex reaches "
+                                 "trainable variables only, a list every variable)? Here is "
+                                 f"the list of viable variable names: {self._names}")
 
     def apply_optimizer(self, optimizer: torch.optim.Optimizer, var_names: Sequence[str]):
         """Optimizer slots, when `vars_to_warm_start` is a list naming them (as
@@ -309,8 +313,15 @@ class _WarmStarter:
         settings = self._settings
         layer_weights = _layer_weights(module) if isinstance(self._variables, _TFVariables) \
             else set()
+        # A regex (or None) reaches trainable variables only, as TF's
+        # TRAINABLE_VARIABLES: not buffers (batch norm's moving statistics),
+        # not frozen parameters; a list reaches every variable.
+        trainable = None if isinstance(settings.vars_to_warm_start, (list, tuple)) else {
+            key for key, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
         with torch.no_grad():
             for key, tensor in module.state_dict(keep_vars=True).items():
+                if trainable is not None and key not in trainable:
+                    continue
                 name = owner + "/" + key.replace(".", "/")
                 self._names.append(name)
                 info = settings.var_name_to_vocab_info.get(name)

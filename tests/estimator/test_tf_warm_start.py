@@ -283,3 +283,25 @@ def test_torch_layers_warm_started_from_tf_layers_compute_what_tf_computed(tmp_p
     for key, expected in LAYERS["outputs"].items():
         np.testing.assert_allclose(predicted[key], np.array(expected, np.float32),
                                    rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+with open(os.path.join(FIXTURES, "tf_warm_start_scope.json"), encoding="utf-8") as _f:
+    SCOPE = json.load(_f)
+
+
+@pytest.mark.parametrize("form", sorted(SCOPE["warm_started"]))
+def test_a_regex_warm_starts_trainable_variables_only_as_tf(form, tmp_path):
+    """vars_to_warm_start as a regex reaches the trainable variables only, as
+    TF's (TRAINABLE_VARIABLES): batch norm's moving statistics keep their
+    initial values; as a list it reaches every variable. Before, a regex
+    took the moving statistics too and predicted other probabilities than
+    TF's warm-started model."""
+    recorded = SCOPE["warm_started"][form]
+    deep, _ = columns()
+    warm = est.WarmStartSettings(os.path.join(FIXTURES, SCOPE["prefix"]),
+                                 vars_to_warm_start=recorded["vars_to_warm_start"])
+    estimator = est.DNNClassifier([8, 4], deep, model_dir=str(tmp_path), batch_norm=True,
+                                  warm_start_from=warm)
+    rows = {k: v[:8] for k, v in make_census(200, 1)[0].items()}
+    got = np.stack([p["probabilities"] for p in estimator.predict(lambda: [(rows, None)])])
+    np.testing.assert_allclose(got, np.array(recorded["probabilities"]), rtol=1e-4, atol=1e-7)
