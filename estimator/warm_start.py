@@ -10,7 +10,9 @@ from __future__ import annotations
 import collections
 import collections.abc
 import difflib
+import json
 import logging
+import os
 import re
 from typing import Callable, Dict, Optional, Sequence, Union
 
@@ -145,10 +147,16 @@ class WarmStartSettings:
 def _settings(warm_start_from) -> Optional[WarmStartSettings]:
     if warm_start_from is None or isinstance(warm_start_from, WarmStartSettings):
         return warm_start_from
-    if isinstance(warm_start_from, str):
-        return WarmStartSettings(warm_start_from)
-    raise TypeError("warm_start_from must be a checkpoint path, a model_dir or "
-                    f"WarmStartSettings, got {type(warm_start_from).__name__}")
+    if isinstance(warm_start_from, (str, bytes, os.PathLike)):
+        path = os.fsdecode(warm_start_from)
+        variables = os.path.join(path, "variables", "variables")
+        if os.path.isfile(variables + ".index"):   # a TF SavedModel directory, as TF's
+            logger.info("Warm-starting from a SavedModel")   # Estimator takes it
+            return WarmStartSettings(variables)
+        return WarmStartSettings(path)
+    raise TypeError("warm_start_from must be a checkpoint path, a model_dir, a TF "
+                    f"SavedModel directory or WarmStartSettings, got "
+                    f"{type(warm_start_from).__name__}")
 
 
 def _slot_names(optimizer) -> Dict[str, str]:
@@ -215,6 +223,17 @@ class _TFVariables(collections.abc.Mapping):
         return len(self._names)
 
 
+def _exported(path: str) -> str:
+    """What to say where `path` is an export of this library (no checkpoint in it)."""
+    try:
+        with open(os.path.join(path, "signature.json"), encoding="utf-8") as f:
+            step = json.load(f).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return (f"; it is an export (model.pt2), which holds no checkpoint: warm-start from the "
+            f"model_dir it was exported from (its checkpoint of step {step})")
+
+
 class _WarmStarter:
     """Applies WarmStartSettings to each module as the model scope creates it."""
 
@@ -227,7 +246,8 @@ class _WarmStarter:
             try:
                 self.path = checkpoint.resolve(settings.ckpt_to_initialize_from)
             except ValueError as e:
-                raise ValueError(f"warm_start_from: {e}") from None
+                raise ValueError(f"warm_start_from: {e}" + _exported(
+                    settings.ckpt_to_initialize_from)) from None
             self._variables = checkpoint.flat_variables(checkpoint.load(self.path))
         self._settings = settings
         self._names = []              # every module variable offered, in order

@@ -305,3 +305,35 @@ def test_a_regex_warm_starts_trainable_variables_only_as_tf(form, tmp_path):
     rows = {k: v[:8] for k, v in make_census(200, 1)[0].items()}
     got = np.stack([p["probabilities"] for p in estimator.predict(lambda: [(rows, None)])])
     np.testing.assert_allclose(got, np.array(recorded["probabilities"]), rtol=1e-4, atol=1e-7)
+
+
+def test_warm_start_from_a_tf_saved_model_directory_takes_its_variables(tmp_path):
+    """warm_start_from naming a TF SavedModel directory warm-starts from its
+    variables/variables, as TF's Estimator does (an export being what a TF1
+    pipeline often keeps); before, no checkpoint was found there."""
+    with open(os.path.join(FIXTURES, "tf_warm_start_saved_model.json"), encoding="utf-8") as f:
+        recorded = json.load(f)
+    deep, _ = columns()
+    estimator = est.DNNClassifier([8, 4], deep, model_dir=str(tmp_path),
+                                  warm_start_from=os.path.join(FIXTURES, recorded["export_dir"]))
+    rows = {k: v[:8] for k, v in make_census(200, 1)[0].items()}
+    got = np.stack([p["probabilities"] for p in estimator.predict(lambda: [(rows, None)])])
+    np.testing.assert_allclose(got, np.array(recorded["probabilities"]), rtol=1e-5, atol=1e-6)
+
+
+def test_warm_start_from_one_of_our_exports_says_to_use_its_model_dir(tmp_path):
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
+        predictions = net(features["x"])
+        loss = None if labels is None else ((predictions - labels) ** 2).mean()
+        return est.EstimatorSpec(mode, predictions={"y": predictions}, loss=loss,
+                                 train_op=est.get_optimizer(FROZEN))
+    trained = est.Estimator(model_fn, model_dir=str(tmp_path / "run"))
+    trained.train(lambda: [({"x": torch.ones(4, 2)}, torch.ones(4, 1))] * 3, max_steps=3)
+    export = trained.export_saved_model(str(tmp_path / "export"),
+                                        est.export.build_raw_serving_input_receiver_fn(
+                                            {"x": torch.zeros(1, 2)}))
+    warm = est.Estimator(model_fn, model_dir=str(tmp_path / "new"), warm_start_from=export)
+    with pytest.raises(ValueError, match=r"warm_start_from: .*it is an export \(model\.pt2\), "
+                                         r".*model_dir it was exported from .*step 3\)"):
+        warm.train(lambda: [({"x": torch.ones(4, 2)}, torch.ones(4, 1))], max_steps=1)
