@@ -148,12 +148,7 @@ def _settings(warm_start_from) -> Optional[WarmStartSettings]:
     if warm_start_from is None or isinstance(warm_start_from, WarmStartSettings):
         return warm_start_from
     if isinstance(warm_start_from, (str, bytes, os.PathLike)):
-        path = os.fsdecode(warm_start_from)
-        variables = os.path.join(path, "variables", "variables")
-        if os.path.isfile(variables + ".index"):   # a TF SavedModel directory, as TF's
-            logger.info("Warm-starting from a SavedModel")   # Estimator takes it
-            return WarmStartSettings(variables)
-        return WarmStartSettings(path)
+        return WarmStartSettings(os.fsdecode(warm_start_from))
     raise TypeError("warm_start_from must be a checkpoint path, a model_dir, a TF "
                     f"SavedModel directory or WarmStartSettings, got "
                     f"{type(warm_start_from).__name__}")
@@ -223,6 +218,17 @@ class _TFVariables(collections.abc.Mapping):
         return len(self._names)
 
 
+def _tf_prefix(path: str) -> Optional[str]:
+    """The TF checkpoint `path` names: a prefix, a model_dir, or a SavedModel
+    directory (its variables/variables, as TF's Estimator takes a
+    `warm_start_from` naming one); None where it names none."""
+    variables = os.path.join(path, "variables", "variables")
+    if os.path.isfile(variables + ".index"):
+        logger.info("Warm-starting from a SavedModel")
+        return variables
+    return tf_checkpoint.find_prefix(path)
+
+
 def _exported(path: str) -> str:
     """What to say where `path` is an export of this library (no checkpoint in it)."""
     try:
@@ -238,7 +244,7 @@ class _WarmStarter:
     """Applies WarmStartSettings to each module as the model scope creates it."""
 
     def __init__(self, settings: WarmStartSettings):
-        prefix = tf_checkpoint.find_prefix(settings.ckpt_to_initialize_from)
+        prefix = _tf_prefix(settings.ckpt_to_initialize_from)
         if prefix is not None:   # a TF1/TF2 checkpoint: variables read as needed
             self.path = prefix
             self._variables = _TFVariables(tf_checkpoint.TFCheckpointReader(prefix))

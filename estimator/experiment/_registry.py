@@ -127,6 +127,10 @@ def suggest(name: str, candidates: Sequence[str]) -> Optional[str]:
     return by_lower[close[0]] if close else None
 
 
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
 def lookup(kind: str, name: str, base_dir: str):
     """The class or factory called `name` (a bare name or an import path)."""
     k = KINDS[kind]
@@ -141,8 +145,11 @@ def lookup(kind: str, name: str, base_dir: str):
         if obj is not None:
             if k.accepts(name, obj):
                 return obj
-            raise RefError(f"{package.__name__}.{name} is not a {k.noun}; known {k.noun} names: "
-                           f"{', '.join(names(kind)) or 'none yet'}")
+            hint = ("; a model_fn of your own is a top-level key: `model_fn: "
+                    "path/to/file.py:model_fn`" if kind == "estimator" and name == "model_fn"
+                    else "")
+            raise RefError(f"{package.__name__}.{name} is not {_a(k.noun)}; known {k.noun} "
+                           f"names: {', '.join(names(kind)) or 'none yet'}{hint}")
     known = names(kind)
     close = suggest(name, known)
     if close:

@@ -337,3 +337,19 @@ def test_warm_start_from_one_of_our_exports_says_to_use_its_model_dir(tmp_path):
     with pytest.raises(ValueError, match=r"warm_start_from: .*it is an export \(model\.pt2\), "
                                          r".*model_dir it was exported from .*step 3\)"):
         warm.train(lambda: [({"x": torch.ones(4, 2)}, torch.ones(4, 1))], max_steps=1)
+
+
+def test_an_experiment_warm_starts_from_a_tf_saved_model_directory(tmp_path):
+    """YAML's `warm_start: <path>` is warm_start_from=<path>: a SavedModel too."""
+    from estimator import experiment
+    with open(os.path.join(FIXTURES, "tf_warm_start_saved_model.json"), encoding="utf-8") as f:
+        export_dir = os.path.join(FIXTURES, json.load(f)["export_dir"])
+    path = tmp_path / "exp.yaml"
+    (tmp_path / "mod.py").write_text("def model_fn(features, labels, mode): pass\n"
+                                     "def input_fn(): pass\n")
+    path.write_text("model_fn: mod.py:model_fn\n"
+                    "train_spec: {input_fn: mod.py:input_fn, max_steps: 1}\n"
+                    f"run_config: {{model_dir: run}}\nwarm_start: {export_dir}\n")
+    settings = experiment.load(str(path)).warm_start_settings()
+    from estimator.warm_start import _WarmStarter
+    assert _WarmStarter(settings).path == os.path.join(export_dir, "variables", "variables")

@@ -206,6 +206,16 @@ train_spec: {input_fn: mod.py:input_fn, max_steps: 1}
         experiment.load(write(workdir, bad))
 
 
+def test_a_model_fn_under_estimator_says_where_it_goes(workdir):
+    text = HEAD.replace("LinearClassifier:\n    feature_columns: mod.py:columns\n",
+                        "model_fn: mod.py:columns\n")
+    with pytest.raises(ExperimentError, match=r"exp.yaml:2: estimator.model_fn: "
+                                              r"estimator.model_fn is not an estimator; known "
+                                              r"estimator names: .*; a model_fn of your own is "
+                                              r"a top-level key: `model_fn: "):
+        experiment.load(write(workdir, text)).estimator()
+
+
 def test_warm_start_refused_where_tf_refuses_it(workdir):
     text = HEAD.replace("LinearClassifier:\n    feature_columns: mod.py:columns\n",
                         "BaselineClassifier: {n_classes: 2}\n") + "warm_start: other_run\n"
