@@ -16,11 +16,14 @@ file is an error naming the file (and the variable).
 
 The few protobuf fields needed are decoded by hand (field numbers from TF's
 ``tensor_bundle.proto``, ``tensor_shape.proto`` and ``tensor_slice.proto``),
-so neither TensorFlow nor generated code is needed. String tensors are not
-read (model variables are numbers).
+so neither TensorFlow nor generated code is needed. Values come back as
+numpy arrays of TF's dtype, except bfloat16 (numpy has none): float32,
+which holds every bfloat16 value exactly; strings are object arrays of
+bytes (a scalar: bytes), as TF's reader gives them.
 """
 from __future__ import annotations
 
+import codecs
 import difflib
 import os
 import re
@@ -36,12 +39,15 @@ _MAGIC = 0xDB4775248B80FB57
 _FOOTER = 48
 _MASK_DELTA = 0xA282EAD8
 # TF's DataType enum -> numpy dtype.
+_STRING, _BFLOAT16 = 7, 14
 _DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 4: np.uint8, 5: np.int16, 6: np.int8,
-           9: np.int64, 10: np.bool_, 17: np.uint16, 19: np.float16, 22: np.uint32,
-           23: np.uint64}
+           _STRING: np.object_, 8: np.complex64, 9: np.int64, 10: np.bool_,
+           _BFLOAT16: np.float32, 17: np.uint16, 18: np.complex128, 19: np.float16,
+           22: np.uint32, 23: np.uint64}
 _DTYPE_NAMES = {1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8",
-                7: "string", 9: "int64", 10: "bool", 14: "bfloat16", 17: "uint16",
-                19: "float16", 22: "uint32", 23: "uint64"}
+                _STRING: "string", 8: "complex64", 9: "int64", 10: "bool",
+                _BFLOAT16: "bfloat16", 17: "uint16", 18: "complex128", 19: "float16",
+                22: "uint32", 23: "uint64"}
 
 
 class CorruptCheckpointError(DataLossError):
@@ -261,23 +267,45 @@ def decode_slice_key(key: bytes) -> Tuple[str, Tuple[_Extent, ...]]:
 
 
 # -- the reader --------------------------------------------------------------------------
-_STATE_RE = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.M)
+# A `checkpoint` state file (CheckpointState in protobuf text format, which
+# C-escapes its strings: a non-ASCII byte as \ooo, a quote as \" or \').
+_STATE_RE = re.compile(rb'^(model_checkpoint_path|all_model_checkpoint_paths):\s*'
+                       rb'"((?:[^"\\]|\\.)*)"\s*$', re.M)
+_FILE_RE = re.compile(r"(.+)\.(index|data-\d{5}-of-\d{5})$")
+
+
+def state_prefixes(model_dir: str) -> Tuple[Optional[str], List[str]]:
+    """(latest, all listed) prefixes of `model_dir`'s `checkpoint` state file,
+    as paths (relative ones joined to model_dir); (None, []) without one."""
+    try:
+        with open(os.path.join(model_dir, "checkpoint"), "rb") as f:
+            text = f.read()
+    except OSError:
+        return None, []
+    latest, listed = None, []
+    for match in _STATE_RE.finditer(text):
+        path = os.fsdecode(codecs.escape_decode(match.group(2))[0])
+        path = path if os.path.isabs(path) else os.path.join(model_dir, path)
+        if match.group(1) == b"model_checkpoint_path":
+            latest = path
+        else:
+            listed.append(path)
+    return latest, listed
 
 
 def find_prefix(path: str) -> Optional[str]:
-    """The TF checkpoint prefix `path` names (a prefix, or a model_dir whose
-    `checkpoint` state file names one), or None when it is not a TF checkpoint."""
+    """The TF checkpoint prefix `path` names (a prefix, one of its files, or a
+    model_dir whose `checkpoint` state file names one), or None when it is not
+    a TF checkpoint."""
     if os.path.isfile(path + ".index"):
         return path
-    state = os.path.join(path, "checkpoint")
-    if os.path.isdir(path) and os.path.isfile(state):
-        with open(state, encoding="utf-8", errors="replace") as f:
-            match = _STATE_RE.search(f.read())
-        if match:   # (this project's model_dirs have the same state file, no .index)
-            prefix = match.group(1)
-            prefix = prefix if os.path.isabs(prefix) else os.path.join(path, prefix)
-            if os.path.isfile(prefix + ".index"):
-                return prefix
+    named = _FILE_RE.match(path)
+    if named and os.path.isfile(path) and os.path.isfile(named.group(1) + ".index"):
+        return named.group(1)   # (TF's reader, given a file, finds no variables)
+    if os.path.isdir(path):   # (this project's model_dirs have the same state file, no .index)
+        latest, _ = state_prefixes(path)
+        if latest is not None and os.path.isfile(latest + ".index"):
+            return latest
     return None
 
 
@@ -321,19 +349,23 @@ class TFCheckpointReader:
         if len(parts) != len(entry.slices):
             raise CorruptCheckpointError(f"{self.prefix}.index: {name!r} lists "
                                          f"{len(entry.slices)} slices, {len(parts)} are there")
-        out = np.zeros(entry.shape, dtype=_DTYPES[entry.dtype])
+        out = np.empty(entry.shape, dtype=self._dtype(name, entry))
         for extents, part in parts:
             where = tuple(slice(e.start, None if e.length is None else e.start + e.length)
                           for e in extents)
             out[where] = self._read(name, part)
         return out
 
-    def _read(self, name: str, entry: Entry) -> np.ndarray:
+    def _dtype(self, name: str, entry: Entry):
         dtype = _DTYPES.get(entry.dtype)
-        if dtype is None:
+        if dtype is None:   # (TF's quantized types, resources, variants)
             raise ValueError(f"{name!r} in {self.prefix} has TF dtype "
-                             f"{_DTYPE_NAMES.get(entry.dtype, entry.dtype)}, which is not read "
-                             "here (numbers only)")
+                             f"{_DTYPE_NAMES.get(entry.dtype, f'enum {entry.dtype}')}, which is "
+                             "not read here (numbers, bool and strings are)")
+        return dtype
+
+    def _read(self, name: str, entry: Entry) -> np.ndarray:
+        dtype = self._dtype(name, entry)
         shard = f"{self.prefix}.data-{entry.shard_id:05d}-of-{self.num_shards:05d}"
         try:
             with open(shard, "rb") as f:
@@ -344,8 +376,46 @@ class TFCheckpointReader:
         if len(data) != entry.size:
             raise CorruptCheckpointError(f"{shard}: truncated ({name!r} needs bytes "
                                          f"{entry.offset}..{entry.offset + entry.size})")
+        if entry.dtype == _STRING:
+            return self._strings(name, entry, data, shard)
         if entry.crc32c is not None and google_crc32c.value(data) != _unmask(entry.crc32c):
-            raise CorruptCheckpointError(f"{shard}: the data of {name!r} is corrupted (CRC "
-                                         "mismatch)")
+            raise self._corrupted(shard, name)
+        if entry.dtype == _BFLOAT16:   # the high half of a float32
+            high = np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16
+            return high.view(np.float32).reshape(entry.shape)
         return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(
             entry.shape).astype(dtype)
+
+    def _strings(self, name: str, entry: Entry, data: bytes, shard: str):
+        """A string tensor: [varint64 length]... [masked CRC-32C of the lengths]
+        [the bytes]; its entry's CRC covers each length as a little-endian
+        uint32 (uint64 past 4 GiB), that CRC, then the bytes (TF's
+        WriteStringTensor)."""
+        count = int(np.prod(entry.shape, dtype=np.int64))
+        lengths, pos, crc = [], 0, 0
+        try:
+            for _ in range(count):
+                length, pos = _varint(data, pos)
+                lengths.append(length)
+                crc = google_crc32c.extend(crc, struct.pack(
+                    "<I" if length <= 0xFFFFFFFF else "<Q", length))
+            stored = data[pos:pos + 4]
+            valid = len(stored) == 4 and _unmask(struct.unpack("<I", stored)[0]) == crc
+        except ValueError:
+            valid = False
+        crc = google_crc32c.extend(crc, stored) if valid else crc
+        pos += 4
+        valid = valid and pos + sum(lengths) == len(data)
+        if valid and entry.crc32c is not None:
+            valid = google_crc32c.extend(crc, data[pos:]) == _unmask(entry.crc32c)
+        if not valid:
+            raise self._corrupted(shard, name)
+        out = np.empty(count, dtype=object)
+        for i, length in enumerate(lengths):
+            out[i], pos = data[pos:pos + length], pos + length
+        return out.reshape(entry.shape) if entry.shape else out[0]
+
+    @staticmethod
+    def _corrupted(shard: str, name: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{shard}: the data of {name!r} is corrupted (CRC "
+                                      "mismatch)")

@@ -446,10 +446,14 @@ def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
     tf_prefix = tf_checkpoint.find_prefix(ckpt or model_dir)
     if tf_prefix is not None:   # a TF model_dir or checkpoint: read without TF
         shown = latest = tf_prefix
-        checkpoints = [{"step": _tf_step(tf_prefix), "path": tf_prefix,
-                        "bytes": sum(os.path.getsize(p) for p in glob.glob(tf_prefix + ".*")),
+        listed = tf_checkpoint.state_prefixes(model_dir)[1] if not ckpt else []
+        checkpoints = [{"step": _tf_step(prefix), "path": prefix,
+                        "bytes": sum(os.path.getsize(p) for p in glob.glob(
+                            glob.escape(prefix) + ".*")),
                         "time": datetime.datetime.fromtimestamp(
-                            os.stat(tf_prefix + ".index").st_mtime).isoformat(timespec="seconds")}]
+                            os.stat(prefix + ".index").st_mtime).isoformat(timespec="seconds")}
+                       for prefix in [p for p in listed if p != tf_prefix] + [tf_prefix]
+                       if os.path.isfile(prefix + ".index")]
         variables = [{"name": n, "shape": list(shape), "dtype": dtype} for n, (dtype, shape)
                      in tf_checkpoint.TFCheckpointReader(tf_prefix).variables().items()]
     else:   # unless named, the newest good one (on disk when the index lists none)
@@ -517,7 +521,8 @@ def _format_report(r: dict) -> str:
         lines.append(f"checkpoints ({len(r['checkpoints'])} kept, latest "
                      f"{os.path.basename(r['latest'] or '-')}):")
         for c in r["checkpoints"]:
-            lines.append(f"  step {c['step']:>8}  {os.path.basename(c['path']):<24} "
+            step = "-" if c["step"] is None else c["step"]   # (a TF prefix without -N)
+            lines.append(f"  step {step:>8}  {os.path.basename(c['path']):<24} "
                          f"{_size(c['bytes']):>9}  {c['time']}")
             if c.get("damaged"):
                 lines.append(f"    DAMAGED: {c['damaged']}")

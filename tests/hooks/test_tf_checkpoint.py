@@ -18,9 +18,13 @@ with open(os.path.join(FIXTURES, "tf_ckpt", "tf_checkpoints.json"), encoding="ut
     TF = json.load(_f)
 GROUPS = {"saver": TF["saver"], "object": TF["object"], "sharded": TF["sharded"],
           **TF["canned"]}
+with open(os.path.join(FIXTURES, "tf_checkpoint_dtypes.json"), encoding="utf-8") as _f:
+    DTYPES = json.load(_f)   # (record_tf_checkpoint_dtypes.py)
 
 
 def _prefix(group):
+    if group == "dtypes":
+        return os.path.join(FIXTURES, DTYPES["dtypes"]["prefix"])
     return os.path.join(FIXTURES, GROUPS[group]["prefix"])
 
 
@@ -144,3 +148,96 @@ def test_estimator_inspect_reads_a_tf2_checkpoint_managers_dir(tmp_path, capsys)
     assert report["latest"] == str(tmp_path / "ckpt-2")
     assert {v["name"] for v in report["variables"]} == set(GROUPS["object"]["variables"])
     assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-2")
+
+
+def _as_recorded(value):
+    """A value as record_tf_checkpoint_dtypes.py writes TF's: strings as hex,
+    complex as [real, imag]."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if value.dtype == object:
+        return np.vectorize(lambda b: b.hex(), otypes=[object])(value).tolist()
+    if np.iscomplexobj(value):
+        return np.stack([value.real, value.imag], -1).astype(np.float64).tolist()
+    return value.astype(np.float64).tolist()
+
+
+def test_bfloat16_complex_and_string_variables_read_as_tf_reads_them():
+    """bfloat16 (as float32, exact), complex64/128 and string tensors (a
+    scalar, an empty string, bytes that are not utf-8, a 200-byte string),
+    and a partitioned bfloat16 variable: each raised before ("not read
+    here (numbers only)", "dtype 8", a bare KeyError for the partitioned one)."""
+    recorded = DTYPES["dtypes"]
+    reader = TFCheckpointReader(os.path.join(FIXTURES, recorded["prefix"]))
+    assert {n: (d, list(s)) for n, (d, s) in reader.variables().items()} == \
+        {n: (r["dtype"], r["shape"]) for n, r in recorded["variables"].items()}
+    for name, r in recorded["variables"].items():
+        value = reader.tensor(name)
+        assert _as_recorded(value) == r["value"], name
+        if r["dtype"] == "bfloat16":
+            assert value.dtype == np.float32
+    words = checkpoint.load_variable(os.path.join(FIXTURES, recorded["prefix"]), "words")
+    assert words.dtype == object and words[0, 1] == b"\xff\xfe not utf-8"
+
+
+def test_a_corrupt_string_tensor_is_named(tmp_path):
+    prefix = _copy(tmp_path, "dtypes")
+    reader = TFCheckpointReader(prefix)
+    name = "words"
+    entry = reader._names[name]
+    shard = prefix + ".data-00000-of-00001"
+    data = bytearray(open(shard, "rb").read())
+    data[entry.offset + entry.size - 1] ^= 0x01   # the last string's last byte
+    open(shard, "wb").write(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=rf"{shard}: the data of 'words' is "
+                                                     r"corrupted \(CRC mismatch\)"):
+        TFCheckpointReader(prefix).tensor(name)
+
+
+def test_a_state_file_path_with_escapes_names_the_checkpoint():
+    """TF's state file C-escapes its paths (modèle'q.ckpt-7 is written
+    "mod\\303\\250le\\'q.ckpt-7"): the directory was "no checkpoint" before."""
+    recorded = DTYPES["escaped"]
+    assert "\\303\\250" in recorded["state_file"]
+    model_dir = os.path.join(FIXTURES, os.path.dirname(recorded["prefix"]))
+    assert find_prefix(model_dir) == os.path.join(FIXTURES, recorded["prefix"])
+    assert [n for n, _ in checkpoint.list_variables(model_dir)] == \
+        recorded["read_through_directory"]
+
+
+def test_a_checkpoint_file_path_names_its_prefix():
+    """`.../model.ckpt-3.index` or a data file names the checkpoint (it was
+    read as a checkpoint of this library: "truncated, damaged or not a
+    checkpoint of this library")."""
+    prefix = os.path.join(FIXTURES, DTYPES["dtypes"]["prefix"])
+    for path in (prefix + ".index", prefix + ".data-00000-of-00001"):
+        assert find_prefix(path) == prefix
+        assert dict(checkpoint.list_variables(path))["c64"] == [3]
+
+
+def test_estimator_inspect_lists_every_tf_checkpoint_and_a_prefix_without_a_step(
+        tmp_path, capsys):
+    """All the state file lists, oldest first (only the latest before); a
+    prefix without -N (Keras' save_weights("w")) has no step (inspect
+    crashed formatting it)."""
+    from estimator.experiment import cli
+    prefix = os.path.join(FIXTURES, DTYPES["dtypes"]["prefix"])
+    for name in ("model.ckpt-2", "model.ckpt-3"):
+        for ext in (".index", ".data-00000-of-00001"):
+            shutil.copy(prefix + ext, tmp_path / (name + ext))
+    (tmp_path / "checkpoint").write_text(
+        'model_checkpoint_path: "model.ckpt-3"\n'
+        'all_model_checkpoint_paths: "model.ckpt-2"\n'
+        'all_model_checkpoint_paths: "model.ckpt-3"\n')
+    assert cli.main(["inspect", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [c["step"] for c in report["checkpoints"]] == [2, 3]
+    keras = tmp_path / "keras"
+    keras.mkdir()
+    for ext in (".index", ".data-00000-of-00001"):
+        shutil.copy(prefix + ext, keras / ("w" + ext))
+    (keras / "checkpoint").write_text('model_checkpoint_path: "w"\n'
+                                      'all_model_checkpoint_paths: "w"\n')
+    assert cli.main(["inspect", str(keras)]) == 0
+    out = capsys.readouterr().out
+    assert "step        -  w " in out and "bf16" in out
