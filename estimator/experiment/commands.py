@@ -13,6 +13,7 @@ import argparse
 import csv
 import datetime
 import glob
+import io
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from hooks import tf_checkpoint
+from hooks import files, tf_checkpoint
 
 from .. import checkpoint, experiment
 from ..run_config import writes_checkpoints
@@ -320,19 +321,36 @@ def _predict(args) -> int:
         keys = [keys]
     hooks = exp.hooks(section, estimator) if section == "predict_spec" else []
     ckpt = args.checkpoint or (spec.get("checkpoint_path") if section == "predict_spec" else None)
-    fmt = args.format or ("csv" if args.output.lower().endswith(".csv") else "jsonl")
+    fmt = args.format or _format_of(args.output)
     predictions = estimator.predict(exp.function(section, "input_fn"), predict_keys=keys,
                                     hooks=hooks, checkpoint_path=ckpt)
-    out = sys.stdout if args.output == "-" else open(args.output, "w", newline="",
-                                                      encoding="utf-8")
-    try:
-        count = (_write_csv if fmt == "csv" else _write_jsonl)(predictions, out)
-    finally:
-        if out is not sys.stdout:
-            out.close()
+    write = _write_csv if fmt == "csv" else _write_jsonl
+    if args.output == "-":
+        count = write(predictions, sys.stdout)
+    else:   # a temp file renamed over FILE once complete: a failure leaves FILE as it was
+        written = []
+
+        def fill(binary):
+            text = io.TextIOWrapper(binary, encoding="utf-8", newline="")
+            written.append(write(predictions, text))
+            text.flush()
+            text.detach()   # (the binary file is closed by atomic_write)
+        files.atomic_write(args.output, fill)
+        count = written[0]
     where = "stdout" if args.output == "-" else args.output
     print(f"Wrote {count} predictions ({fmt}) to {where}", file=sys.stderr)
     return 0
+
+
+def _format_of(output: str) -> str:
+    """csv for a .csv FILE, else jsonl (said where the extension is another)."""
+    extension = os.path.splitext(output)[1].lower()
+    if extension == ".csv":
+        return "csv"
+    if output != "-" and extension not in ("", ".jsonl", ".json", ".ndjson"):
+        print(f"estimator predict: warning: writing JSON lines to {output} (only .csv is "
+              "written as CSV; give --format csv|jsonl to choose)", file=sys.stderr)
+    return "jsonl"
 
 
 def _write_jsonl(predictions, out) -> int:

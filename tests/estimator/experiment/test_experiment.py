@@ -660,6 +660,23 @@ def test_cli_predict_jsonl_and_csv(trained, tmp_path, capsys):
     assert "Wrote 30 predictions (csv)" in capsys.readouterr().err
 
 
+def test_cli_predict_that_fails_leaves_the_output_file_as_it_was(trained, tmp_path, capsys):
+    """A bad --keys (or any failure while predicting) left FILE empty: it was
+    opened, and truncated, before the first prediction."""
+    _, args = trained
+    out = tmp_path / "p.csv"
+    assert cli.main(["predict", *args, "--output", str(out)]) == 0
+    before = out.read_bytes()
+    assert before.count(b"\n") == 31
+    assert cli.main(["predict", *args, "--output", str(out), "--keys", "nope"]) == 1
+    assert "Expected to run at least one output" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["p.csv"]   # (no temp file left)
+    assert cli.main(["predict", *args, "--output", str(tmp_path / "p.xlsx")]) == 0
+    assert "writing JSON lines to" in capsys.readouterr().err
+    assert json.loads((tmp_path / "p.xlsx").read_text().splitlines()[0])["class_ids"] in (0, 1, 2)
+
+
 def test_cli_export_loads_with_torch_alone(trained, tmp_path, capsys):
     _, args = trained
     assert cli.main(["export", *args, "--export-dir", str(tmp_path / "exp")]) == 0
