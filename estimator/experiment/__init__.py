@@ -232,7 +232,7 @@ class Experiment:
             return None
         path = os.path.join(estimator.model_dir, EXPERIMENT_FILE)
         stamp = datetime.datetime.now().isoformat(timespec="seconds")
-        resolved = dict(self.config)
+        resolved = _absolute_paths(dict(self.config))
         resolved["run_config"] = dict(resolved.get("run_config") or {},
                                       model_dir=os.path.abspath(estimator.model_dir))
         text = (f"# Resolved experiment, written by `estimator {command}` from "
@@ -240,6 +240,27 @@ class Experiment:
                 f"# Run it again with: estimator {command} {path}\n"
                 + _yaml.dump(resolved))
         return SaveExperimentHook(path, text)
+
+
+# The keys naming files or directories (relative ones: to the current
+# directory), made absolute in model_dir/experiment.yaml so that it reruns
+# from anywhere ("*": each key of a mapping).
+_PATH_KEYS = (("predict_spec", "checkpoint_path"), ("export", "export_dir_base"),
+              ("export", "checkpoint_path"), ("warm_start", "ckpt_to_initialize_from"),
+              ("warm_start", "var_name_to_vocab_info", "*", "new_vocab"),
+              ("warm_start", "var_name_to_vocab_info", "*", "old_vocab"))
+
+
+def _absolute_paths(config: dict) -> dict:
+    """`config` (a copy where changed) with the paths of _PATH_KEYS absolute."""
+    def walk(node, keys):
+        if not keys or not isinstance(node, dict):
+            return os.path.abspath(node) if not keys and isinstance(node, str) else node
+        names = list(node) if keys[0] == "*" else [keys[0]] if keys[0] in node else []
+        return dict(node, **{name: walk(node[name], keys[1:]) for name in names})
+    for keys in _PATH_KEYS:
+        config = walk(config, keys)
+    return config
 
 
 class SaveExperimentHook(SessionRunHook):

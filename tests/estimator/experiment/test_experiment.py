@@ -412,7 +412,11 @@ def test_constructor_errors_are_located(workdir):
 
 # -- saving the resolved experiment ----------------------------------------------------------
 def test_saved_experiment_reruns_from_anywhere(workdir, tmp_path_factory):
-    path = write(workdir, HEAD + "  max_steps: 4\nrun_config: {model_dir: rel/run}\n")
+    (workdir / "serve.py").write_text("def receiver():\n    pass\n")
+    path = write(workdir, HEAD + "  max_steps: 4\nrun_config: {model_dir: rel/run}\n"
+                 "export: {serving_input_receiver_fn: serve.py:receiver,\n"
+                 "         export_dir_base: '${run_config.model_dir}/exports'}\n"
+                 "warm_start: rel/old\n")
     exp = experiment.load(path, ["params.lr=0.2"])
     estimator = exp.estimator()
     hook = exp.save_hook(estimator, "run")
@@ -425,6 +429,11 @@ def test_saved_experiment_reruns_from_anywhere(workdir, tmp_path_factory):
     assert again.params == {"lr": 0.2}
     assert again.model_dir == os.path.join(str(workdir), "rel/run")
     assert again.config["train_spec"] == exp.config["train_spec"]
+    # every path, not only model_dir (the export went to elsewhere/rel/run/exports)
+    assert again.config["export"]["export_dir_base"] == os.path.join(str(workdir),
+                                                                     "rel/run/exports")
+    assert again.config["warm_start"]["ckpt_to_initialize_from"] == os.path.join(
+        str(workdir), "rel/old")
 
 
 def test_only_the_chief_saves_the_experiment(workdir, set_tf_config):
