@@ -42,6 +42,7 @@ import os
 import shutil
 import time
 import weakref
+import zipfile
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import numpy as np
@@ -644,6 +645,10 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     if not callable(serving_input_receiver_fn):
         raise TypeError(f"serving_input_receiver_fn must be callable, got "
                         f"{serving_input_receiver_fn!r}")
+    export_dir_base = os.fsdecode(export_dir_base)
+    if os.path.exists(export_dir_base) and not os.path.isdir(export_dir_base):
+        raise ValueError(f"export_dir_base {export_dir_base!r} is a file, not a directory "
+                         "(exports go into timestamped directories under it)")
     path, state = estimator._checkpoint_to_read(checkpoint_path, "export")
     if path is None and estimator._warm_start_settings is None:
         raise ValueError(f"Couldn't find trained model at {estimator.model_dir}.")
@@ -892,11 +897,19 @@ class LoadedExport:
     `host_transform`); a numeric one needs torch alone."""
 
     def __init__(self, export_dir: str):
-        with open(os.path.join(export_dir, SIGNATURE)) as f:
-            self.signature = json.load(f)
-        self.program = torch.export.load(os.path.join(export_dir, self.signature["program"])
-                                         ).module()
-        self.transform = HostTransform.load(export_dir)
+        def read(name: str, load: Callable):
+            path = os.path.join(export_dir, name)
+            try:
+                return load(path)
+            except (OSError, ValueError, KeyError, RuntimeError, zipfile.BadZipFile) as e:
+                raise ValueError(f"{path} cannot be read: it is damaged or not written by "
+                                 f"export_saved_model ({type(e).__name__}: {e}); export the "
+                                 "model again") from e
+        self.signature = read(SIGNATURE, _read_json)
+        self.program = read(self.signature.get("program", PROGRAM),
+                            lambda path: torch.export.load(path).module())
+        self.transform = read(host_transform.TRANSFORM,
+                              lambda path: HostTransform.load(export_dir))
         described = self.signature.get("signatures") or {
             DEFAULT_SERVING_SIGNATURE_DEF_KEY: {"outputs": self.signature["outputs"]}}
         self.signatures = {name: self._signature_fn(name) for name in described}
@@ -938,6 +951,11 @@ class LoadedExport:
             return self.program(**inputs), inputs
         features = self.transform.features(inputs)
         return self.program(**self.transform.program_inputs(inputs, features)), features
+
+
+def _read_json(path: str):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def load(export_dir: str) -> LoadedExport:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import glob
 import json
 import logging
 import os
@@ -74,8 +75,15 @@ def _version_dir(path: str) -> Tuple[str, str]:
     versions = sorted((int(d), d) for d in (os.listdir(path) if os.path.isdir(path) else [])
                       if d.isdigit() and os.path.isfile(os.path.join(path, d, export.SIGNATURE)))
     if not versions:
+        if not os.path.exists(path):
+            raise ValueError(f"{path}: no such directory (an export directory, or a base of "
+                             "timestamped exports)")
+        below = sorted(os.path.relpath(os.path.dirname(os.path.dirname(p)), path)
+                       for p in glob.glob(os.path.join(glob.escape(path), "export", "*", "*",
+                                                       export.SIGNATURE)))
+        hint = f"; exports under it: {', '.join(sorted(set(below)))}" if below else ""
         raise ValueError(f"{path}: neither an export (no {export.SIGNATURE}) nor a directory "
-                         "of timestamped exports")
+                         f"of timestamped exports{hint}")
     return os.path.join(path, versions[-1][1]), versions[-1][1]
 
 
@@ -450,7 +458,12 @@ def make_server(path: str, host: str = "127.0.0.1", port: int = 8501,
     """A server (not yet serving) for the export at `path` (an export dir or
     a base of timestamped exports); `server.serve_forever()` runs it."""
     model = Model(path, model_name)
-    server = ThreadingHTTPServer((host, port), _Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), _Handler)
+    except OSError as e:   # (in use, not this machine's address, a privileged port)
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    except OverflowError:
+        raise ValueError(f"port {port}: a port is 0-65535") from None
     # The requests in flight are answered before server_close() returns (Ctrl-C):
     # a thread still running the model while the interpreter exits aborts the
     # process (-6, "terminate called without an active exception",

@@ -15,13 +15,24 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       "export", description=__doc__.split("\n\n")[0])
     parser.add_argument("export", help="an export directory, or a base of timestamped exports "
                                        "(the newest is served)")
-    parser.add_argument("--port", type=int, default=8501, help="TF Serving's REST port: 8501")
+    parser.add_argument("--port", type=_port, default=8501,
+                        help="TF Serving's REST port: 8501 (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--model_name", "--model-name", default="default",
                         help="the NAME in /v1/models/NAME (default: default)")
     parser.set_defaults(handler=_serve)
     return parser
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is a number 0-65535")
+    return port
 
 
 def _serve(args) -> int:

@@ -333,3 +333,52 @@ def test_a_multi_head_predict_signature_names_each_heads_classes(tmp_path):
             assert served["flag/all_classes"] == ["no", "yes"]
     finally:
         _end(proc)
+
+
+def _serve_error(args, capsys) -> str:
+    """`estimator serve ARGS`'s exit code and its error line (it must not start)."""
+    from estimator.experiment import cli
+    try:
+        code = cli.main(["serve", *args])
+    except SystemExit as e:   # (argparse's errors)
+        code = e.code
+    assert code == 2
+    return capsys.readouterr().err
+
+
+def test_serve_errors_name_the_file_the_port_or_the_path(exported, tmp_path, capsys):
+    """Each was a traceback (OverflowError, zipfile.BadZipFile), a JSON error
+    naming no file, or "Address already in use" naming no address."""
+    import shutil
+    import socket
+    base = exported[1]
+    [version] = os.listdir(base)
+    assert "'99999': a port is a number 0-65535" in _serve_error([base, "--port", "99999"],
+                                                                 capsys)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in \
+            _serve_error([base, "--port", str(port)], capsys)
+    for name, damage in (("model.pt2", lambda b: b[:len(b) // 2]),
+                         ("signature.json", lambda b: b"{" + b)):
+        bad = tmp_path / name / version
+        shutil.copytree(os.path.join(base, version), bad)
+        (bad / name).write_bytes(damage((bad / name).read_bytes()))
+        assert f"error: {bad / name} cannot be read: it is damaged or not written by " \
+               "export_saved_model" in _serve_error([str(bad), "--port", "0"], capsys)
+    assert "no such directory" in _serve_error([str(tmp_path / "nope"), "--port", "0"], capsys)
+    model_dir = tmp_path / "run"
+    shutil.copytree(base, model_dir / "export" / "final")
+    assert "exports under it: export/final" in _serve_error([str(model_dir), "--port", "0"],
+                                                            capsys)
+
+
+def test_export_into_a_file_says_so(exported, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    with pytest.raises(ValueError, match=r"export_dir_base '.*afile' is a file, not a "
+                                         r"directory"):
+        _raw_export(exported[0], str(afile))
+    assert afile.read_text() == "kept"
