@@ -84,15 +84,18 @@ def _one_batch(dataset, mode: str) -> str:
 
 
 def split_batch(batch, mode: str, predict: bool):
-    """(features, labels) from one element of the input; in PREDICT the
-    labels are None (TF's predict hands the model_fn none, given or not)."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+    """(features, labels) from one element of the input, as TF's
+    parse_iterator_result: a pair, or features alone (labels None, in any
+    mode: an autoencoder's input); in PREDICT the labels are None (TF's
+    predict hands the model_fn none, given or not)."""
+    if isinstance(batch, (tuple, list)):
+        if len(batch) != 2:
+            raise ValueError(f"In mode {mode!r} each batch must be (features, labels) or "
+                             f"features alone, got a {type(batch).__name__} of length "
+                             f"{len(batch)} (TF: input_fn should return (features, labels) as "
+                             "a len 2 tuple)")
         return batch[0], None if predict else batch[1]
-    if predict:
-        return batch, None
-    raise ValueError(f"In mode {mode!r} each batch must be a (features, labels) pair, got "
-                     f"{type(batch).__name__}" + (f" of length {len(batch)}"
-                                                   if isinstance(batch, (tuple, list)) else ""))
+    return batch, None
 
 
 _END = object()

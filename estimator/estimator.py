@@ -34,7 +34,7 @@ from . import _checks, _console, _inputs, checkpoint, host_transform, metrics
 from ._eval_metric_ops import EvalMetricOps
 from hooks.mode_keys import ModeKeys
 from ._dropout_check import DropoutWatch
-from .model_fn import EstimatorSpec, model_fn_caller
+from .model_fn import EstimatorSpec, describe, model_fn_caller
 from .run_config import RunConfig, async_checkpoint, writes_checkpoints
 from .warm_start import _settings, _WarmStarter
 
@@ -83,7 +83,8 @@ class Estimator:
         self._model_dir = model_dir
         self._params = copy.deepcopy(params or {})
         self._model_fn = model_fn
-        self._call_model_fn = model_fn_caller(model_fn, self._params, self._config)
+        self._call_model_fn = model_fn_caller(model_fn, None if params is None else self._params,
+                                              self._config)
         self._warm_start_settings = _settings(warm_start_from)
         logger.info("Using config: %s", self._config)
 
@@ -283,7 +284,7 @@ class Estimator:
                 features, labels = next(batches)
                 spec = call(features, labels, train)
                 if type(spec) is not EstimatorSpec or spec.mode != train:
-                    _check_spec(spec, train)
+                    _check_spec(spec, train, self._model_fn)
             train_op = spec.train_op
             if isinstance(train_op, optimizer):
                 if train_op is not checked[0]:
@@ -406,7 +407,7 @@ class Estimator:
                     features, labels = next(batches)
                     spec = call(features, labels, mode)
                     if type(spec) is not EstimatorSpec or spec.mode != mode:
-                        _check_spec(spec, mode)
+                        _check_spec(spec, mode, self._model_fn)
                 loss.update_state(spec.loss)   # TF: metrics.mean(loss), per batch
                 metric_ops.update(spec.eval_metric_ops, features, labels)
                 return spec
@@ -462,7 +463,7 @@ class Estimator:
                 features, labels = next(batches)
                 spec = call(features, labels, mode)
                 if type(spec) is not EstimatorSpec or spec.mode != mode:
-                    _check_spec(spec, mode)
+                    _check_spec(spec, mode, self._model_fn)
                 return spec
 
             all_hooks = user_hooks + list(first.prediction_hooks) + progress_hooks("predict")
@@ -548,13 +549,19 @@ class Estimator:
         except StopIteration:
             return None
         scope.summaries_due = self._is_chief(strategy) and mode == ModeKeys.TRAIN
-        if mode == ModeKeys.TRAIN:
-            spec = call(features, labels, mode)
-        else:   # (once: functional dropout left on here is said)
-            with DropoutWatch() as watch:
+        try:
+            if mode == ModeKeys.TRAIN:
                 spec = call(features, labels, mode)
-            watch.warn(f"{mode!r} mode")
-        _check_spec(spec, mode)
+            else:   # (once: functional dropout left on here is said)
+                with DropoutWatch() as watch:
+                    spec = call(features, labels, mode)
+                watch.warn(f"{mode!r} mode")
+        except Exception as e:
+            if labels is None and mode != ModeKeys.PREDICT and hasattr(e, "add_note"):
+                e.add_note("(the input_fn gave features alone, so model_fn got labels=None, as "
+                           "in TF; give (features, labels) pairs to train with labels)")
+            raise
+        _check_spec(spec, mode, self._model_fn)
         return spec, features, labels
 
 
@@ -655,10 +662,10 @@ def _check_scope_optimizer(train_op, optimizers: dict) -> None:
             f"...)), which builds it once")
 
 
-def _check_spec(spec, mode: str) -> None:
+def _check_spec(spec, mode: str, model_fn) -> None:
     if not isinstance(spec, EstimatorSpec):
         raise TypeError(f"model_fn in mode {mode!r} must return an EstimatorSpec, got "
-                        f"{type(spec).__name__}")
+                        f"{type(spec).__name__} (model_fn: {describe(model_fn)})")
     if spec.mode != mode:
         raise ValueError(f"model_fn was called in mode {mode!r} but returned an "
                          f"EstimatorSpec for mode {spec.mode!r}")

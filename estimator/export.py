@@ -56,7 +56,7 @@ from . import host_transform, io as tf_io
 from .feature_column import recorded
 from .host_transform import EXAMPLES, HostTransform, is_host_value, template_examples
 from hooks.mode_keys import ModeKeys
-from .model_fn import EstimatorSpec, model_fn_caller
+from .model_fn import EstimatorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -663,7 +663,7 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     else:   # TF exports what it warm-starts from when model_dir has no checkpoint
         scope, warm = estimator._initial_scope(ModeKeys.PREDICT, strategy)
         path = warm.path
-    call = model_fn_caller(estimator.model_fn, estimator.params, estimator.config)
+    call = estimator._call_model_fn
     any_size = {n: dims for n, t in receiver.receiver_tensors.items()
                 if (dims := _any_size_of(t))}
     with torch.no_grad():

@@ -11,7 +11,6 @@ from hooks.mode_keys import ModeKeys
 
 from . import export
 from .estimator import Estimator
-from .model_fn import model_fn_caller
 
 _METRIC_FN_ARGS = ("labels", "predictions", "features", "config")
 
@@ -19,9 +18,9 @@ _METRIC_FN_ARGS = ("labels", "predictions", "features", "config")
 def _extended(estimator: Estimator, wrap: Callable) -> Estimator:
     if not isinstance(estimator, Estimator):
         raise TypeError(f"estimator must be an est.Estimator, got {type(estimator).__name__}")
-    call = model_fn_caller(estimator.model_fn, estimator.params, estimator.config)
+    call = estimator._call_model_fn   # (the params bound: the estimator's own copy)
 
-    def model_fn(features, labels, mode):
+    def model_fn(features, labels, mode, params):
         return wrap(call(features, labels, mode), features, labels, mode)
 
     return Estimator(model_fn, model_dir=estimator.model_dir, config=estimator.config,

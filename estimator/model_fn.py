@@ -154,7 +154,7 @@ def _is_strings(value) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(v, (str, bytes)) for v in value)
 
 
-def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
+def model_fn_caller(model_fn: Callable, params: Optional[dict], config) -> Callable:
     """A `call(features, labels, mode)` that passes what `model_fn` declares
     after its first (features) argument: labels, mode, params, config.
 
@@ -164,7 +164,11 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
     Here it runs every step: each call gets a fresh shallow copy (a new dict,
     about 0.1 us), so a rewritten key does not carry into the next step or the
     next `train`/`evaluate`. Values changed in place (a list appended to)
-    still do."""
+    still do.
+
+    As TF's Estimator: `params` given (not None) to a model_fn that takes no
+    `params` is an error, and so are labels from the input_fn for a
+    model_fn that takes no `labels` (each call)."""
     if not callable(model_fn):
         raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
     declared = _declared(model_fn)
@@ -178,6 +182,10 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
     if unknown:
         raise ValueError(f"model_fn has unexpected arguments {sorted(unknown)}; it may take "
                          "features, labels, mode, params, config")
+    if params is not None and "params" not in names:
+        raise ValueError(f"model_fn ({describe(model_fn)}) does not include params argument, "
+                         f"but params ({params!r}) is passed to Estimator.")   # (TF's words)
+    params = {} if params is None else params
     fresh = params.copy if type(params) is dict else lambda: copy.copy(params)
     takes_labels, takes_mode = "labels" in names, "mode" in names
     rest = declared[1:]
@@ -194,12 +202,19 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
             return lambda features, labels, mode: model_fn(features, labels, mode)
         if len(rest) == 1:
             return lambda features, labels, mode: model_fn(features, labels)
-        return lambda features, labels, mode: model_fn(features)
+
+        def features_only(features, labels, mode):
+            if labels is not None:
+                raise ValueError(_NO_LABELS)
+            return model_fn(features)
+        return features_only
 
     def call(features, labels, mode):
         extra: Dict[str, object] = {}
         if takes_labels:
             extra["labels"] = labels
+        elif labels is not None:
+            raise ValueError(_NO_LABELS)
         if takes_mode:
             extra["mode"] = mode
         if "params" in names:
@@ -210,6 +225,20 @@ def model_fn_caller(model_fn: Callable, params: dict, config) -> Callable:
             return model_fn(features=features, **extra)
         return model_fn(features, **extra)
     return call
+
+
+_NO_LABELS = "model_fn does not take labels, but input_fn returns labels."   # (TF's words)
+
+
+def describe(fn: Callable) -> str:
+    """`fn` as an error names it: its qualified name and where it is defined."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    name = getattr(target, "__qualname__", None) or type(target).__name__
+    try:
+        where = f" at {inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+    except (OSError, TypeError):
+        where = ""
+    return f"{getattr(target, '__module__', None) or '?'}.{name}{where}"
 
 
 def _declared(model_fn: Callable) -> list:

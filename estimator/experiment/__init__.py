@@ -161,7 +161,8 @@ class Experiment:
         from ..estimator import Estimator
         canned = self._objects.get(("estimator",))
         if canned is None:
-            return Estimator(self.model_fn, config=self.run_config(), params=self.params,
+            # (no `params:`: None, as TF's default, for a model_fn taking none)
+            return Estimator(self.model_fn, config=self.run_config(), params=self.params or None,
                              warm_start_from=self.warm_start_settings())
         extra = {"config": self.run_config()}
         settings = self.warm_start_settings()

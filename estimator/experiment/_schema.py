@@ -499,7 +499,7 @@ def _signature_problem(fn, role: str) -> Optional[str]:
     if role == "model_fn":
         from ..model_fn import model_fn_caller
         try:
-            model_fn_caller(fn, {}, None)
+            model_fn_caller(fn, None, None)
         except (TypeError, ValueError) as e:
             return str(e)
         return None

@@ -1,4 +1,5 @@
 """Estimator train/evaluate/predict semantics, specs, resume and warm start."""
+import json
 import os
 
 import numpy as np
@@ -276,6 +277,79 @@ def test_model_fn_arguments_are_passed_by_name_as_tf_does(tmp_path, signature):
                       {} if signature == "kwargs" else () if signature == "args" else None)
 
 
+def _tf_model_fn_args():
+    from paths import FIXTURES
+    with open(os.path.join(FIXTURES, "tf_model_fn_args.json"), encoding="utf-8") as f:
+        return json.load(f)["cases"]
+
+
+@pytest.mark.parametrize("case", sorted(_tf_model_fn_args()))
+def test_model_fn_arguments_are_checked_against_what_it_is_given_as_tf(tmp_path, case):
+    """TF's two checks (tf_model_fn_args.json): params given (even {}) to a
+    model_fn without `params`, labels from the input_fn to a model_fn
+    without `labels`. Both were accepted: the params unused, the labels
+    dropped, without a word."""
+    import re
+
+    def no_params(features, labels, mode):
+        return regression_model_fn(features, labels, mode, {"lr": 0.1})
+
+    def no_labels(features, mode):
+        net = est.get_module("linear", lambda: torch.nn.Linear(3, 1))
+        return est.EstimatorSpec(mode, loss=net(features["x"]).mean(), train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    with_labels = regression_input_fn()
+    build, input_fn = {
+        "params_to_a_model_fn_without_params": (
+            lambda: est.Estimator(no_params, str(tmp_path), params={"lr": 0.1}), with_labels),
+        "empty_params_to_a_model_fn_without_params": (
+            lambda: est.Estimator(no_params, str(tmp_path), params={}), with_labels),
+        "labels_to_a_model_fn_without_labels": (
+            lambda: est.Estimator(no_labels, str(tmp_path)), with_labels),
+        "no_labels_to_a_model_fn_without_labels": (
+            lambda: est.Estimator(no_labels, str(tmp_path)),
+            lambda: [{"x": torch.ones(4, 3)}] * 2),
+    }[case]
+    tf_error = _tf_model_fn_args()[case]
+    if tf_error is None:
+        build().train(input_fn, steps=1)
+        return
+    # TF names the function by its repr; here by where it is defined
+    expected = ".*no_params at .*:[0-9]+".join(
+        map(re.escape, re.split(r"<function no_params at 0x[0-9a-f]+>", tf_error["message"])))
+    with pytest.raises(ValueError, match="^" + expected + "$"):
+        build().train(input_fn, steps=1)
+
+
+def test_an_input_of_features_alone_trains_and_evaluates_with_labels_none(tmp_path):
+    """An autoencoder's input_fn yields features alone, as TF allows in every
+    mode (labels None); it was refused in TRAIN and EVAL. A tuple of another
+    length than 2 stays an error."""
+    def model_fn(features, labels, mode):
+        assert labels is None
+        net = est.get_module("auto", lambda: torch.nn.Sequential(
+            torch.nn.Linear(3, 2), torch.nn.Linear(2, 3)))
+        loss = torch.nn.functional.mse_loss(net(features["x"]), features["x"])
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+    e = est.Estimator(model_fn, str(tmp_path))
+    e.train(lambda: [{"x": x}] * 5, max_steps=5)
+    assert e.evaluate(lambda: [{"x": x}])["global_step"] == 5
+    with pytest.raises(ValueError, match=r"In mode 'train' each batch must be \(features, "
+                                         r"labels\) or features alone, got a tuple of length 3"):
+        e.train(lambda: [({"x": x}, x, x)], steps=1)
+
+
+def test_a_model_fn_returning_no_spec_is_named(tmp_path):
+    def model_fn(features):
+        pass
+    with pytest.raises(TypeError, match=r"model_fn in mode 'infer' must return an "
+                                        r"EstimatorSpec, got NoneType \(model_fn: "
+                                        r".*model_fn at .*test_estimator.py:[0-9]+\)"):
+        list(est.Estimator(model_fn, str(tmp_path)).predict(lambda: [{"x": torch.ones(2, 3)}]))
+
+
 def test_custom_train_op_callable(tmp_path):
     def model_fn(features, labels, mode):
         net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
@@ -498,8 +572,12 @@ def test_input_fn_signatures_and_types(tmp_path):
     assert got["ctx"].num_input_pipelines == 1 and got["ctx"].input_pipeline_id == 0
     with pytest.raises(TypeError, match="must return an iterable"):
         e.train(lambda: 3, steps=1)
-    with pytest.raises(ValueError, match=r"\(features, labels\) pair"):
+    # features alone: labels None, as TF; the model_fn's error says where they went
+    with pytest.raises(AttributeError, match="'NoneType' object") as info:
         e.train(lambda: [{"x": x}], steps=1)
+    assert "the input_fn gave features alone, so model_fn got labels=None" in \
+        getattr(info.value, "__notes__", ["(Python < 3.11: no notes)"])[0] or \
+        not hasattr(info.value, "add_note")
 
 
 def test_an_error_in_a_dataset_s_own_iter_is_not_taken_for_a_non_iterable(tmp_path):
