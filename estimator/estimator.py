@@ -557,12 +557,28 @@ class Estimator:
                     spec = call(features, labels, mode)
                 watch.warn(f"{mode!r} mode")
         except Exception as e:
-            if labels is None and mode != ModeKeys.PREDICT and hasattr(e, "add_note"):
-                e.add_note("(the input_fn gave features alone, so model_fn got labels=None, as "
-                           "in TF; give (features, labels) pairs to train with labels)")
+            if hasattr(e, "add_note"):   # (Python 3.11+) where the first call's inputs are odd
+                for note in _input_notes(features, labels, mode):
+                    e.add_note(note)
             raise
         _check_spec(spec, mode, self._model_fn)
         return spec, features, labels
+
+
+def _input_notes(features, labels, mode) -> list:
+    """What to add to an error of the first model_fn call that its inputs may
+    explain: labels None for features alone, strings where a tensor is wanted."""
+    notes = []
+    if labels is None and mode != ModeKeys.PREDICT:
+        notes.append("(the input_fn gave features alone, so model_fn got labels=None, as in "
+                     "TF; give (features, labels) pairs to train with labels)")
+    strings = sorted(str(k) for k, v in features.items() if host_transform.is_host_value(v)
+                     ) if isinstance(features, dict) else []
+    if strings:
+        notes.append(f"(features {strings} are strings, given to model_fn as numpy arrays on "
+                     "the host: map them to ids (a feature column, a vocabulary) before a "
+                     "torch layer)")
+    return notes
 
 
 def _run(strategy, body: Callable, shared: list, *args):

@@ -784,6 +784,9 @@ def categorical_column_with_vocabulary_file(key, vocabulary_file, vocabulary_siz
             raise ValueError(f"vocabulary_file {vocabulary_file!r} in {key} does not exist.")
         with open(vocabulary_file, "rb") as f:
             vocabulary_size = sum(1 for _ in f)
+        if vocabulary_size == 0:
+            raise ValueError(f"vocabulary_file {vocabulary_file!r} in {key} is empty (one "
+                             "entry a line)")
     vocabulary_size = _check_int(vocabulary_size, "vocabulary_size")
     if vocabulary_size < 1:
         raise ValueError(f"Invalid vocabulary_size in {key}.")

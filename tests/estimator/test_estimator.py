@@ -1,6 +1,7 @@
 """Estimator train/evaluate/predict semantics, specs, resume and warm start."""
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -339,6 +340,21 @@ def test_an_input_of_features_alone_trains_and_evaluates_with_labels_none(tmp_pa
     with pytest.raises(ValueError, match=r"In mode 'train' each batch must be \(features, "
                                          r"labels\) or features alone, got a tuple of length 3"):
         e.train(lambda: [({"x": x}, x, x)], steps=1)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")
+def test_strings_given_to_a_torch_layer_are_named_in_its_error(tmp_path):
+    """torch said only "linear(): argument 'input' must be Tensor, not numpy.ndarray"."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("linear", lambda: torch.nn.Linear(1, 1))
+        return est.EstimatorSpec(mode, loss=net(features["city"]).mean(),
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=1)))
+    with pytest.raises(TypeError, match="must be Tensor") as info:
+        est.Estimator(model_fn, str(tmp_path)).train(
+            lambda: [({"city": np.array([["a"], ["b"]])}, torch.ones(2, 1))], steps=1)
+    assert info.value.__notes__ == [
+        "(features ['city'] are strings, given to model_fn as numpy arrays on the host: map "
+        "them to ids (a feature column, a vocabulary) before a torch layer)"]
 
 
 def test_a_model_fn_returning_no_spec_is_named(tmp_path):

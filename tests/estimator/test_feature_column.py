@@ -245,6 +245,9 @@ def test_missing_vocabulary_file_is_an_error_naming_the_path(tmp_path):
         fc.input_layer({"color": ["red"]}, [fc.indicator_column(col)])
     with pytest.raises(ValueError, match="no_such_vocab.txt.*does not exist"):
         fc.categorical_column_with_vocabulary_file("color", path)
+    (tmp_path / "empty.txt").write_text("")   # ("Invalid vocabulary_size in color." before)
+    with pytest.raises(ValueError, match=r"vocabulary_file '.*empty.txt' in color is empty"):
+        fc.categorical_column_with_vocabulary_file("color", str(tmp_path / "empty.txt"))
 
 
 def test_vocabulary_file_rules(tmp_path):
