@@ -841,10 +841,11 @@ def _host_program(receiver, scope, call):
             index = name.split("_", 1)[0]
             trace_inputs[name] = t if len(t) >= 2 else torch.ones(3, dtype=t.dtype)
             shapes[name] = {0: id_dims.setdefault(index, torch.export.Dim(f"ids_{index}"))}
+    # (a list of rows: a variable number of strings per example, [batch, any])
     client = [{"name": n, "dtype": "string" if is_host_value(v) else
                str(v.dtype).replace("torch.", ""),
                "shape": [None] + (list(v.shape[1:]) if isinstance(v, (torch.Tensor, np.ndarray))
-                                  else [])}
+                                  else [None])}
               for n, v in raw.items()]
     return _Built(module, outputs, inputs, trace_inputs, shapes, receiver.dynamic_batch,
                   len(next(iter(raw.values()))), transform, client)

@@ -14,6 +14,7 @@ Serving.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -116,9 +117,11 @@ def _text(value) -> bytes:
     string spec then refuses: 12.0 would be "12.0", 2134 not "02134")."""
     if isinstance(value, bytes):
         return value
+    if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
+        return base64.b64decode(value["b64"], validate=True)   # (TF Serving's bytes)
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}; send it as a JSON "
-                        "string, as it was in training")
+                        'string, as it was in training, or bytes as {"b64": "<base64>"}')
     return value.encode("utf-8")
 
 

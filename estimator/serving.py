@@ -116,11 +116,11 @@ class Model:
     def metadata(self) -> dict:
         """TF Serving's GetModelMetadataResponse as JSON: each signature's
         inputs and outputs as TensorInfo (dtype, shape, name)."""
-        inputs = {n: _tensor_info(i) for n, i in self.inputs.items()}
         return {"model_spec": {"name": self.name, "signature_name": "",
                                "version": self.version},
                 "metadata": {"signature_def": {"signature_def": {
-                    name: {"inputs": inputs,
+                    name: {"inputs": {n: _tensor_info(i)
+                                      for n, i in self._inputs_of(name).items()},
                            "outputs": {o["name"]: _tensor_info(o) for o in s["outputs"]},
                            "method_name": s["method_name"]}
                     for name, s in self.signatures.items()}}}}
@@ -130,10 +130,11 @@ class Model:
         if ("instances" in body) == ("inputs" in body):
             raise RequestError("the request must have exactly one of 'instances' (rows) or "
                                "'inputs' (columns)")
+        inputs = self._inputs_of(name)
         if "instances" in body:
-            outputs = self._run(name, self._rows(body["instances"], "instances"))
+            outputs = self._run(name, self._rows(body["instances"], "instances", inputs))
             return {"predictions": _rows_of(outputs)}
-        outputs = self._run(name, self._columns(body["inputs"]))
+        outputs = self._run(name, self._columns(body["inputs"], inputs))
         if len(outputs) == 1:
             return {"outputs": next(iter(outputs.values())).tolist()}
         return {"outputs": {k: v.tolist() for k, v in outputs.items()}}
@@ -161,6 +162,16 @@ class Model:
         return {"result": outputs["outputs"].reshape(-1).tolist()}
 
     # -- helpers ---------------------------------------------------------------------
+    def _inputs_of(self, signature: str) -> Dict[str, dict]:
+        """A signature's inputs: the export's, but TF's classify and regress
+        signatures over serialized Examples call theirs `inputs` (the
+        receiver's name, `examples`, is the predict signature's)."""
+        if (self.signatures[signature]["method_name"] in _EXAMPLE_METHODS
+                and self.transform is not None and self.transform.parse_spec is not None
+                and set(self.inputs) == {host_transform.EXAMPLES}):
+            return {"inputs": dict(self.inputs[host_transform.EXAMPLES], name="inputs")}
+        return self.inputs
+
     def _signature(self, body: dict, method: Optional[str] = None) -> str:
         if not isinstance(body, dict):
             raise RequestError(f"the request body must be a JSON object, got "
@@ -176,16 +187,16 @@ class Model:
                                f"this request needs one of {wanted}")
         return name
 
-    def _rows(self, instances, field: str) -> Dict[str, list]:
+    def _rows(self, instances, field: str, inputs: Dict[str, dict]) -> Dict[str, list]:
         if not isinstance(instances, list) or not instances:
             raise RequestError(f"{field} must be a non-empty list, got "
                                f"{type(instances).__name__}")
-        names = list(self.inputs)
+        names = list(inputs)
         columns: Dict[str, list] = {n: [] for n in names}
         for i, row in enumerate(instances):
             if isinstance(row, dict) and not (len(names) == 1 and set(row) == {"b64"}):
                 missing = [n for n in names if n not in row]
-                extra = [k for k in row if k not in self.inputs]
+                extra = [k for k in row if k not in inputs]
                 if missing or extra:
                     raise RequestError(f"{field}[{i}]: " + "; ".join(
                         ([f"missing input(s) {missing}"] if missing else [])
@@ -200,20 +211,17 @@ class Model:
                                    "instance as an object {input: value}")
         return columns
 
-    def _columns(self, inputs) -> Dict[str, Any]:
-        names = list(self.inputs)
-        if not isinstance(inputs, dict):
+    def _columns(self, given, inputs: Dict[str, dict]) -> Dict[str, Any]:
+        names = list(inputs)
+        if not isinstance(given, dict):
             if len(names) != 1:
                 raise RequestError(f"inputs: the model has inputs {names}: give an object "
                                    "{input: values}")
-            inputs = {names[0]: inputs}
-        extra = [k for k in inputs if k not in self.inputs]
-        missing = [n for n in names if n not in inputs]
-        if extra or missing:
-            raise RequestError("inputs: " + "; ".join(
-                ([f"missing input(s) {missing}"] if missing else [])
-                + ([f"unknown input(s) {extra}; the inputs are {names}"] if extra else [])))
-        return inputs
+            given = {names[0]: given}
+        missing = [n for n in names if n not in given]
+        if missing:   # (keys it does not take are ignored, as TF Serving's)
+            raise RequestError(f"inputs: missing input(s) {missing}; the inputs are {names}")
+        return {n: given[n] for n in names}
 
     def _examples(self, body: dict) -> Dict[str, list]:
         examples = body.get("examples")
@@ -236,12 +244,17 @@ class Model:
                 raise RequestError(f"examples: {e}") from None
         # Features the model does not take are ignored, as parsing an Example ignores them.
         return self._rows([{k: v for k, v in r.items() if k in self.inputs} for r in rows],
-                          "examples")
+                          "examples", self.inputs)
 
     def _tensor(self, name: str, values) -> torch.Tensor:
         spec = self.inputs[name]
         if spec["dtype"] == "string":
-            return _strings(name, values)
+            strings = _strings(name, values)
+            if len(spec.get("shape") or [None]) == 1 and isinstance(strings, list):
+                i = next(i for i, v in enumerate(values) if isinstance(v, list))
+                raise RequestError(f"input {name!r}[{i}]: expected one string per example "
+                                   f"(shape [batch]), got a list")   # (TF Serving's 400)
+            return strings
         dtype = _DTYPES.get(spec["dtype"])
         if dtype is None:
             raise RequestError(f"input {name!r} has dtype {spec['dtype']}, which a JSON "
@@ -252,6 +265,8 @@ class Model:
             if integer and (array.dtype == bool or (
                     array.dtype.kind == "f" and not np.all(np.mod(array, 1) == 0))):
                 raise ValueError("expected integers; it would truncate or take true as 1")
+            if dtype.is_floating_point and array.dtype == bool:   # (TF Serving's 400)
+                raise ValueError("expected numbers; it would take true as 1.0")
             tensor = torch.as_tensor(array, dtype=dtype)
         except (TypeError, ValueError) as e:
             raise RequestError(f"input {name!r}: cannot make a {spec['dtype']} tensor of "
@@ -267,6 +282,8 @@ class Model:
         return tensor
 
     def _run(self, signature: str, columns: Dict[str, Any]) -> Dict[str, np.ndarray]:
+        if set(columns) == {"inputs"} and "inputs" not in self.inputs:   # (_inputs_of)
+            columns = {host_transform.EXAMPLES: columns["inputs"]}
         tensors = {n: self._tensor(n, v) for n, v in columns.items()}
         sizes = {n: len(t) for n, t in tensors.items()
                  if not isinstance(t, torch.Tensor) or t.dim()}
@@ -310,6 +327,7 @@ def _with_named(signature: dict) -> list:
     return outputs
 
 
+_EXAMPLE_METHODS = ("tensorflow/serving/classify", "tensorflow/serving/regress")
 _TF_DTYPES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "float16": "DT_HALF",
               "bfloat16": "DT_BFLOAT16", "int64": "DT_INT64", "int32": "DT_INT32",
               "int16": "DT_INT16", "int8": "DT_INT8", "uint8": "DT_UINT8", "bool": "DT_BOOL",
@@ -408,7 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
         match = _ROUTE.match(self.path.split("?", 1)[0])
         model = self.server.model
         if match is None:
-            raise RequestError(f"Malformed request: {method} {self.path}", HTTPStatus.NOT_FOUND)
+            raise RequestError(f"Malformed request: {method} {self.path}")
         if match["name"] != model.name:
             raise RequestError(f"Servable not found for request: Latest({match['name']})",
                                HTTPStatus.NOT_FOUND)
@@ -424,8 +442,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(HTTPStatus.OK, model.status())
             if rest == "/metadata":
                 return self._reply(HTTPStatus.OK, model.metadata())
-            raise RequestError(f"Malformed request: GET {self.path}; use POST",
-                               HTTPStatus.METHOD_NOT_ALLOWED)
+            raise RequestError(f"Malformed request: GET {self.path}; use POST")
         except RequestError as e:
             self._reply(e.status, {"error": str(e)})
 
@@ -435,7 +452,7 @@ class _Handler(BaseHTTPRequestHandler):
             verbs = {":predict": model.predict, ":classify": model.classify,
                      ":regress": model.regress}
             if rest not in verbs:
-                raise RequestError(f"Malformed request: POST {self.path}", HTTPStatus.NOT_FOUND)
+                raise RequestError(f"Malformed request: POST {self.path}")
             length = int(self.headers.get("Content-Length") or 0)
             if length > _MAX_BODY:
                 raise RequestError(f"request body of {length} bytes is over the limit of "

@@ -316,3 +316,78 @@ def test_a_number_for_a_raw_string_input_is_refused_not_made_text(tmp_path):
         with pytest.raises(serving.RequestError, match=rf"input 'code'\[0\]: expected a string, "
                            rf"got the number {bad!r}: send it as a JSON string"):
             model.predict({"instances": [{"code": bad}]})
+
+
+@pytest.fixture(scope="module")
+def raw_url(trained):
+    server = serving.make_server(trained[3], port=0, model_name="raw")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/raw"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_classify_and_regress_signatures_take_inputs_as_tf_serving(trained, url):
+    """TF's classification/regression signatures (serving_default among them)
+    name their serialized Examples `inputs`; only `predict` has the
+    receiver's `examples`. A client building requests from the metadata's
+    names got a 400 ("missing input(s) ['examples']")."""
+    estimator, spec, _, _, _ = trained
+    with urllib.request.urlopen(url + "/metadata", timeout=30) as response:
+        signatures = json.loads(response.read())["metadata"]["signature_def"]["signature_def"]
+    assert {name: sorted(s["inputs"]) for name, s in signatures.items()} == {
+        "classification": ["inputs"], "predict": ["examples"], "regression": ["inputs"],
+        "serving_default": ["inputs"]}
+    assert signatures["serving_default"]["inputs"]["inputs"]["dtype"] == "DT_STRING"
+    rows = _rows(np.random.RandomState(6), 3)
+    expected = _predicted(estimator, rows)[:, 0]
+    encoded = [{"b64": base64.b64encode(e).decode()} for e in _examples(rows, spec)]
+    for body in ({"instances": [{"inputs": e} for e in encoded]},
+                 {"inputs": {"inputs": encoded}}, {"inputs": encoded}):
+        status, answer = _post(url + ":predict", body)
+        assert status == 200, answer
+        scores = answer.get("predictions") or answer["outputs"]
+        scores = [p["scores"] for p in scores] if isinstance(scores, list) else scores["scores"]
+        np.testing.assert_allclose(np.array(scores)[:, 1], expected, rtol=1e-5)
+
+
+def test_classify_examples_take_b64_strings_as_tf_serving(url):
+    """TF Serving's classify example itself sends `"image": {"b64": ...}`: a
+    bytes_list value. It was refused ("is not a string value")."""
+    example = {"age": 44.0, "hours": 40.0, "education": "Masters", "occupation": "Tech",
+               "tags": ["x"]}
+    as_b64 = dict(example, education={"b64": base64.b64encode(b"Masters").decode()})
+    answers = [_post(url + ":classify", {"examples": [e]}) for e in (example, as_b64)]
+    assert answers[0][0] == answers[1][0] == 200, answers
+    assert answers[0][1] == answers[1][1]
+
+
+@pytest.mark.parametrize("body, status, error", [
+    # a list where one string per example is declared: TF Serving's 400, not numbers
+    ({"instances": [{"age": 44.0, "hours": 40.0, "education": ["Masters", "HS-grad"],
+                     "occupation": "Tech", "tags": ["x"]}]}, 400,
+     "input 'education'[0]: expected one string per example"),
+    # a bool for a float input: TF's 400 (it was taken as 1.0)
+    ({"inputs": {"age": [True], "hours": [40.0], "education": ["Masters"],
+                 "occupation": ["Tech"], "tags": [["x"]]}}, 400, "expected numbers"),
+    # columnar keys the model does not take are ignored, as TF Serving's
+    ({"inputs": {"age": [44.0], "hours": [40.0], "education": ["Masters"],
+                 "occupation": ["Tech"], "tags": [["x"]], "extra": [1]}}, 200, None),
+])
+def test_raw_string_inputs_are_checked_as_tf_serving(raw_url, body, status, error):
+    code, answer = _post(raw_url + ":predict", dict(body, signature_name="predict"))
+    assert code == status, answer
+    assert error is None or error in answer["error"], answer
+
+
+def test_malformed_requests_are_400_as_tf_serving(url):
+    """TF answers InvalidArgument ("Malformed request"): 400, not 404 or 405."""
+    status, answer = _post(url + ":explain", {"instances": []})
+    assert status == 400 and answer["error"].startswith("Malformed request"), answer
+    try:
+        urllib.request.urlopen(url + ":predict", timeout=30)
+        raise AssertionError("a GET of :predict was answered")
+    except urllib.error.HTTPError as e:
+        assert e.code == 400 and json.loads(e.read())["error"].startswith("Malformed request")
