@@ -141,9 +141,14 @@ class TFRecordWriter:
         self._compression = compression
 
     def write(self, record: bytes) -> None:
+        """Append `record` (bytes; a str is written as its utf-8 bytes, as TF's)."""
+        if isinstance(record, str):
+            record = record.encode("utf-8")
         if not isinstance(record, (bytes, bytearray, memoryview)):
             raise TypeError(f"TFRecordWriter.write takes bytes (e.g. "
                             f"example.SerializeToString()), got {type(record).__name__}")
+        if self._raw.closed:
+            raise ValueError(f"TFRecordWriter of {self.path} is closed")
         data = encode_record(bytes(record))
         if self._compression == "ZLIB":
             self._raw.write(self._z.compress(data))
@@ -165,6 +170,15 @@ class TFRecordWriter:
         elif self._compression == "GZIP":
             self._out.close()
         self._raw.close()
+
+    def __del__(self):
+        # A writer dropped without close() still completes its file, as TF's
+        # does when destroyed (a ZLIB stream held its data back until then).
+        if getattr(self, "_raw", None) is not None:
+            try:
+                self.close()
+            except Exception:   # noqa: BLE001 - nothing to raise to at collection
+                pass
 
     def __enter__(self):
         return self

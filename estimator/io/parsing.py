@@ -68,10 +68,12 @@ def _kind(dtype, key: str) -> str:
                      "(tf.Example holds float, int64 and bytes lists)")
 
 
-def _values(feature, kind: str, key: str, index: int) -> list:
+def _values(feature, kind: str, key: str, index: int) -> Optional[list]:
+    """The feature's values; None for a Feature holding no list at all, which
+    TF takes as missing (a default applies), unlike an empty list."""
     present = feature.WhichOneof("kind")
     if present is None:
-        return []
+        return None
     if present != _KINDS[kind]:
         have = {"float_list": "float", "int64_list": "int64", "bytes_list": "string"}[present]
         raise ValueError(f"Name: example {index}, Key: {key}, Index: 0. Data types don't "

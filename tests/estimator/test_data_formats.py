@@ -418,3 +418,21 @@ def test_num_parallel_reads_interleaves_files_as_tf(tmp_path, case):
         records, num_parallel_reads=reads)] == case["tfrecord"]
     assert [r.decode() for r in est.data.TextLineDataset(
         [str(p) for p in lines], num_parallel_reads=reads)] == case["text"]
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
+def test_a_writer_dropped_without_close_completes_its_file(tmp_path, compression):
+    """As TF's writer when destroyed: a ZLIB stream held its records back, and
+    a file dropped unclosed read as empty, without an error."""
+    import gc
+    path = str(tmp_path / "r.tfrecord")
+    writer = est.io.TFRecordWriter(path, compression)
+    writer.write(b"abc")
+    writer.write("d\u00e9f")   # (a str: its utf-8 bytes, as TF's)
+    del writer
+    gc.collect()
+    assert list(est.data.TFRecordDataset(path, compression)) == [b"abc", "d\u00e9f".encode()]
+    closed = est.io.TFRecordWriter(path, compression)
+    closed.close()
+    with pytest.raises(ValueError, match="TFRecordWriter of .*r.tfrecord is closed"):
+        closed.write(b"x")

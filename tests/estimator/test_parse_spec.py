@@ -111,7 +111,12 @@ def test_fixed_len_defaults_are_taken_as_tf_takes_them(name):
     case = TF_DEFAULTS[name]
     dtype = {"string": str, "int64": torch.int64}[case["dtype"]]
     values = case["present"]
-    examples = [b"", example_of({"f": values}, {"f": est.io.VarLenFeature(dtype)})]
+    if values is None:   # a Feature holding no list: missing, as TF takes it (it was an error)
+        example = est.io.Example()
+        example.features.feature["f"].SetInParent()
+        examples = [b"", example.SerializeToString()]
+    else:
+        examples = [b"", example_of({"f": values}, {"f": est.io.VarLenFeature(dtype)})]
     spec = {"f": est.io.FixedLenFeature(case["shape"], dtype, default_value=case["default"])}
     try:
         parsed = est.io.parse_example(examples, spec)["f"]
