@@ -44,10 +44,27 @@ logger = logging.getLogger(__name__)
 
 
 class _RemoteTraceback(Exception):
-    """Carries a replica's traceback as the `__cause__` of the re-raised error."""
+    """Carries a replica's traceback as the `__cause__` of the re-raised error;
+    `filenames`: the files of its frames, outermost first (whose code raised
+    it: the CLI prints one line for the library's own checks)."""
+
+    def __init__(self, text: str, filenames=()):
+        super().__init__(text)
+        self.filenames = list(filenames)
 
     def __str__(self):
         return self.args[0]
+
+
+def _filenames(error: BaseException) -> list:
+    """The files of `error`'s traceback frames, and of the errors it was
+    raised from or during."""
+    files, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        files += [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return files
 
 
 _in_replica = False
@@ -109,14 +126,15 @@ def _child(conn, index: int, setup: Callable, fn: Callable, args, kwargs):
         payload = ("ok", fn(*args, **kwargs))
         ok = True
     except BaseException as e:  # noqa: B902 - everything goes back to the parent
-        payload = ("error", _portable(e), traceback.format_exc())
+        payload = ("error", _portable(e), traceback.format_exc(), _filenames(e))
     try:
         conn.send(payload)
     except Exception as e:  # an unpicklable result
         ok = False
         try:
             conn.send(("error", RuntimeError(f"the result of replica {index} cannot be sent "
-                                             f"back: {e}"), traceback.format_exc()))
+                                             f"back: {e}"), traceback.format_exc(),
+                       _filenames(e)))
         except Exception:
             pass
     sys.stdout.flush()
@@ -231,11 +249,11 @@ def _supervise(procs, conns, names, timeout: float) -> List:
                 first_done_at = first_done_at or time.monotonic()
                 continue
             _kill_others(procs, i)
-            exc, text = rest
+            exc, text, filenames = rest
             if hasattr(exc, "add_note"):
                 exc.add_note(f"(raised in {names[i]}, pid {procs[i].pid})")
             raise exc from _RemoteTraceback(f"\n\nTraceback in {names[i]}:\n"
-                                            f"{text}")
+                                            f"{text}", filenames)
         dead = [i for i, p in enumerate(procs) if i not in done and not p.is_alive()
                 and conns[i] not in pending]
         if dead:

@@ -162,8 +162,8 @@ def _guarded(name: str, handler):
         except (ValueError, TypeError, OSError, RuntimeError) as e:
             if not _ours_alone(e):
                 raise
-            for line in [str(e), *getattr(e, "__notes__", ())]:
-                print(f"estimator {name}: error: {line}", file=sys.stderr)
+            print(f"estimator {name}: error: " + " ".join([str(e), *getattr(e, "__notes__", ())]),
+                  file=sys.stderr)   # (one line: the notes, "(raised in replica 1 ...)", after it)
             return 1
     return run
 
@@ -172,9 +172,12 @@ def _ours_alone(error: BaseException) -> bool:
     """Whether `error` was raised by this library's own checks: every frame
     of its traceback in its packages or Python's standard library (none in
     a user's model_fn, input_fn or hook, nor in torch or another installed
-    package), and not chained from another error."""
-    if error.__cause__ is not None or (error.__context__ is not None
-                                       and not error.__suppress_context__):
+    package), and not chained from another error. An error a replica process
+    raised comes with its frames' files (`__cause__.filenames`): those count."""
+    cause = error.__cause__
+    remote = getattr(cause, "filenames", None) if cause is not None else None
+    if (cause is not None and remote is None) or (
+            error.__context__ is not None and not error.__suppress_context__):
         return False
     import sysconfig
     import distribute
@@ -184,14 +187,16 @@ def _ours_alone(error: BaseException) -> bool:
                  for m in (distribute, hooks)) + (package + os.sep,)
     stdlib = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
                     for k in ("stdlib", "platstdlib")})
+    filenames = list(remote or [])
     tb = error.__traceback__
     while tb is not None:
-        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        filenames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    for filename in map(os.path.abspath, filenames):
         installed = f"{os.sep}site-packages{os.sep}" in filename or \
             f"{os.sep}dist-packages{os.sep}" in filename
         if not filename.startswith(ours) and (installed or not filename.startswith(stdlib)):
             return False
-        tb = tb.tb_next
     return True
 
 

@@ -583,6 +583,20 @@ def trained(tmp_path_factory):
     return model_dir, [os.path.join(CONFIGS, "iris.yaml"), "-q", *sets]
 
 
+@pytest.mark.slow
+def test_cli_error_of_a_library_check_in_a_replica_is_one_line(trained, capsys):
+    """Raised in a replica process, it came back chained from the replica's
+    traceback, which the CLI took for user code: a full traceback was printed."""
+    _, args = trained
+    code = cli.main(["evaluate", *args, "--set", "params.batch_size=64", "--set",
+                     "run_config.eval_distribute={MirroredStrategy: {devices: [cpu:0, cpu:1]}}"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("estimator evaluate: error: The evaluation input has no batch for "
+                          "replica 1 (cpu:1)") and "(raised in replica " in err, err
+
+
 def test_cli_train_max_steps_then_relative_steps(tmp_path, capsys):
     args = [os.path.join(CONFIGS, "linear_regression.yaml"), "-q",
             "--set", f"run_config.model_dir={tmp_path / 'lr'}", "--set", "train_spec.max_steps=30"]
