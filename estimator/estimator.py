@@ -448,6 +448,7 @@ class Estimator:
         scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state,
                                        restore_path=path) if path else \
             self._initial_scope(ModeKeys.PREDICT, strategy)[0]
+        caller_grad = torch.is_grad_enabled()   # (at the first next(): the caller's)
         with scope, strategy.scope(), torch.no_grad():
             batches = self._batches(input_fn, ModeKeys.PREDICT, strategy)
             call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.PREDICT)
@@ -477,10 +478,14 @@ class Estimator:
                         examples = _examples(predictions)
                     else:
                         examples = [predictions]
-                    if isinstance(spec.predictions, dict):
-                        yield from examples
-                    else:  # a single tensor: yield its values, as TF
-                        yield from (e["predictions"] for e in examples)
+                    if not isinstance(spec.predictions, dict):   # a tensor: its values, as TF
+                        examples = [e["predictions"] for e in examples]
+                    for example in examples:
+                        # The caller's grad mode while this generator waits: no_grad held
+                        # across a yield made a `train` between two predictions (or any
+                        # torch work of the caller's) run without gradients.
+                        with torch.set_grad_enabled(caller_grad):
+                            yield example
 
     # -- export -----------------------------------------------------------------------
     def export_saved_model(self, export_dir_base: str, serving_input_receiver_fn: Callable,

@@ -357,6 +357,24 @@ def test_strings_given_to_a_torch_layer_are_named_in_its_error(tmp_path):
         "them to ids (a feature column, a vocabulary) before a torch layer)"]
 
 
+def test_training_between_two_predictions_of_an_open_generator(tmp_path):
+    """A predict generator waiting between two predictions held torch.no_grad
+    over its caller: a `train` there failed ("the loss has no gradient"), and
+    any torch work of the caller's ran without gradients."""
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=3)
+    predictions = e.predict(lambda: [{"x": torch.ones(2, 3)}] * 2)
+    next(predictions)
+    assert torch.is_grad_enabled()
+    e.train(regression_input_fn(), steps=2)
+    assert len(list(predictions)) == 3
+    assert e.get_variable_value("global_step") == 5
+    with torch.no_grad():   # a caller's no_grad is its own, kept while predict waits
+        inside = e.predict(lambda: [{"x": torch.ones(2, 3)}])
+        next(inside)
+        assert not torch.is_grad_enabled()
+
+
 def test_a_model_fn_returning_no_spec_is_named(tmp_path):
     def model_fn(features):
         pass
