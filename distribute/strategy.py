@@ -336,11 +336,15 @@ class Strategy:
     @contextlib.contextmanager
     def scope(self):
         """Make this the current strategy (`get_strategy()` returns it)."""
-        _stack().append(self)
+        stack = _stack()
+        stack.append(self)
         try:
             yield self
-        finally:
-            _stack().pop()
+        finally:   # (this entry, not the last: a predict generator closed late exits
+            for i in range(len(stack) - 1, -1, -1):   # under scopes entered after it)
+                if stack[i] is self:
+                    del stack[i]
+                    break
 
     def run(self, fn: Callable, args=(), kwargs=None, options=None):
         """Run `fn` on each local replica (here: once) in a replica context.

@@ -152,7 +152,10 @@ class Estimator:
         it restores until its last save."""
         with (TrainingLock(self._model_dir) if self._is_chief(strategy)
               else contextlib.nullcontext()):
-            return self._train_held(strategy, *args)
+            outcome = self._train_held(strategy, *args)
+        _ended_at[os.path.abspath(self._model_dir)] = (
+            os.getpid(), checkpoint.latest_checkpoint(self._model_dir))
+        return outcome
 
     def _train_held(self, strategy, input_fn, user_hooks, steps, max_steps, listeners):
         scope, warm = self._training_scope(strategy)
@@ -211,7 +214,13 @@ class Estimator:
         latest, state = checkpoint.restore_latest(self._model_dir)
         if latest is not None:
             logger.info("Resuming from %s (model_dir %s)", latest, self._model_dir)
-            checkpoint.restore_rng(state["rng"])
+            # The checkpoint's random state where another process wrote it (a
+            # restart); where training in this process ended there, its stream
+            # goes on as it is: put back, it rewound the caller's draws since
+            # (a np.random.permutation between two train calls came out the
+            # same each time).
+            if _ended_at.get(os.path.abspath(self._model_dir)) != (os.getpid(), latest):
+                checkpoint.restore_rng(state["rng"])
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
                                           restore_path=latest), None
         self._check_not_tf_model_dir(self._model_dir, "training here does not resume from (it "
@@ -448,11 +457,16 @@ class Estimator:
         scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state,
                                        restore_path=path) if path else \
             self._initial_scope(ModeKeys.PREDICT, strategy)[0]
-        caller_grad = torch.is_grad_enabled()   # (at the first next(): the caller's)
-        with scope, strategy.scope(), torch.no_grad():
-            batches = self._batches(input_fn, ModeKeys.PREDICT, strategy)
-            call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.PREDICT)
-            first = self._first_spec(batches, scope, ModeKeys.PREDICT, strategy, call)
+        # No torch.no_grad() spans a yield: held over the caller while this
+        # generator waits, it made a `train` between two predictions (or any
+        # torch work of the caller's) run without gradients, and closing the
+        # generator later put back a stale mode in whatever ran then.
+        with scope, strategy.scope():
+            with torch.no_grad():
+                batches = self._batches(input_fn, ModeKeys.PREDICT, strategy)
+                call = strategy.extended.in_replica_context(self._call_model_fn,
+                                                            ModeKeys.PREDICT)
+                first = self._first_spec(batches, scope, ModeKeys.PREDICT, strategy, call)
             if first is None:
                 return
             first = first[0]
@@ -469,8 +483,9 @@ class Estimator:
 
             all_hooks = user_hooks + list(first.prediction_hooks) + progress_hooks("predict")
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
-                while not session.should_stop():
-                    spec = session.run(step)
+                while True:
+                    with torch.no_grad():
+                        spec = None if session.should_stop() else session.run(step)
                     if spec is None:
                         break
                     predictions = _select(spec.predictions, keys, warn=spec is first)
@@ -478,14 +493,10 @@ class Estimator:
                         examples = _examples(predictions)
                     else:
                         examples = [predictions]
-                    if not isinstance(spec.predictions, dict):   # a tensor: its values, as TF
-                        examples = [e["predictions"] for e in examples]
-                    for example in examples:
-                        # The caller's grad mode while this generator waits: no_grad held
-                        # across a yield made a `train` between two predictions (or any
-                        # torch work of the caller's) run without gradients.
-                        with torch.set_grad_enabled(caller_grad):
-                            yield example
+                    if isinstance(spec.predictions, dict):
+                        yield from examples
+                    else:  # a single tensor: yield its values, as TF
+                        yield from (e["predictions"] for e in examples)
 
     # -- export -----------------------------------------------------------------------
     def export_saved_model(self, export_dir_base: str, serving_input_receiver_fn: Callable,
@@ -600,6 +611,11 @@ def _run(strategy, body: Callable, shared: list, *args):
     for obj, state in zip(shared, states or ()):
         obj.__dict__.update(state)
     return result
+
+
+# {model_dir: (pid, checkpoint)}: where training in process pid last ended
+# (a forked replica process inherits this, and its pid tells it apart).
+_ended_at: dict = {}
 
 
 def _seed(seed: Optional[int]) -> None:

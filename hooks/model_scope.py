@@ -243,11 +243,19 @@ class ModelScope:
 
     def __exit__(self, *exc):
         global _current
-        _stack.pop()
-        _current = _stack[-1] if _stack else None
+        _remove_last(_stack, self)   # (not pop: a predict generator closed late exits
+        _current = _stack[-1] if _stack else None   # under scopes entered after it)
         self.strategy.extended.exit_scope(self)
         if _current is not None:   # an evaluation inside training: back to train()
             _current._apply_mode()
+
+
+def _remove_last(stack: list, item) -> None:
+    """Remove `item`'s last entry in `stack` (by identity)."""
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i] is item:
+            del stack[i]
+            return
 
 
 def _cpu(obj):

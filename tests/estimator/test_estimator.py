@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import estimator as est
+import hooks
 from models import regression_input_fn, regression_model_fn, regression_data
 
 
@@ -370,9 +371,45 @@ def test_training_between_two_predictions_of_an_open_generator(tmp_path):
     assert len(list(predictions)) == 3
     assert e.get_variable_value("global_step") == 5
     with torch.no_grad():   # a caller's no_grad is its own, kept while predict waits
-        inside = e.predict(lambda: [{"x": torch.ones(2, 3)}])
+        inside = e.predict(lambda: [{"x": torch.ones(2, 3)}] * 2)
         next(inside)
         assert not torch.is_grad_enabled()
+    inside.close()   # (closed later, it put back the no_grad it found at its first next())
+    assert torch.is_grad_enabled()
+
+
+def test_a_predict_generator_closed_during_training_leaves_the_training_s_scope(tmp_path):
+    """Its scopes were popped off the top of the stacks, wherever they were: a
+    waiting predict generator collected while another train ran took that
+    training's model scope and strategy away."""
+    e = make(tmp_path)
+    e.train(regression_input_fn(), steps=2)
+    waiting = e.predict(lambda: [{"x": torch.ones(2, 3)}] * 2)
+    next(waiting)
+    other = make(tmp_path, name="other")
+
+    class CloseIt(hooks.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            waiting.close()
+    other.train(regression_input_fn(), steps=4, hooks=[CloseIt()])
+    assert other.get_variable_value("global_step") == 4
+
+
+@pytest.mark.parametrize("seed", [None, 42])
+def test_train_calls_in_one_process_do_not_rewind_the_callers_random_draws(tmp_path, seed):
+    """Each train call put back the random state its checkpoint saved, so the
+    caller's draws between train calls came out the same every time (a
+    np.random.permutation of the next epoch's data, a random.shuffle): TF's
+    training never touches them. Training in this process ending at that
+    checkpoint goes on with the process's stream; a new Estimator on the
+    model_dir too; a restart (another process) still restores it."""
+    import random
+    draws = []
+    for _ in range(3):
+        e = make(tmp_path, tf_random_seed=seed)   # (a new object each time, as a notebook)
+        e.train(regression_input_fn(), steps=2)
+        draws.append((np.random.rand(), random.random(), torch.rand(1).item()))
+    assert len(set(draws)) == 3, draws
 
 
 def test_a_model_fn_returning_no_spec_is_named(tmp_path):
