@@ -135,15 +135,20 @@ def test_export_records_the_transform_and_copies_the_vocabulary(trained):
     assert signature["inputs"] == [{"name": "examples", "dtype": "string", "shape": [None]}]
 
 
-@pytest.fixture(scope="module")
-def url(trained):
-    server = serving.make_server(trained[2], port=0, model_name="census")
+def _served(export_dir, name):
+    """The URL of `export_dir` served in a thread, until the generator ends."""
+    server = serving.make_server(export_dir, port=0, model_name=name)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/census"
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/{name}"
     server.shutdown()
     server.server_close()
     thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def url(trained):
+    yield from _served(trained[2], "census")
 
 
 def _post(url, body):
@@ -320,13 +325,7 @@ def test_a_number_for_a_raw_string_input_is_refused_not_made_text(tmp_path):
 
 @pytest.fixture(scope="module")
 def raw_url(trained):
-    server = serving.make_server(trained[3], port=0, model_name="raw")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/raw"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    yield from _served(trained[3], "raw")
 
 
 def test_classify_and_regress_signatures_take_inputs_as_tf_serving(trained, url):
