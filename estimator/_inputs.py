@@ -102,7 +102,7 @@ _END = object()
 _STOP_SECS = 10.0   # the longest a closed read-ahead waits for its thread
 
 
-def read_ahead(batches: Iterator, depth: int) -> Iterator:
+def read_ahead(batches: Iterator, depth: int, leave_a_core: bool = True) -> Iterator:
     """`batches` fetched by a thread up to `depth` batches ahead (TF:
     ``dataset.prefetch(depth)``): the input pipeline's work (a generator's
     code, a DataLoader's collation, the move to the device) overlaps the
@@ -115,11 +115,12 @@ def read_ahead(batches: Iterator, depth: int) -> Iterator:
     process: "terminate called without an active exception",
     pytorch/pytorch#38228).
 
-    While it runs, torch's intra-op threads are one fewer (restored at the
-    end), leaving a core to the input thread: otherwise the two compete for
-    the same cores and reading ahead is slower than not (measured in
-    ``bench/overhead.py``'s mlp_loader: 0.90 of the plain loop on 2 cores,
-    1.19 with the core left free)."""
+    With `leave_a_core`, while it runs torch's intra-op threads are one
+    fewer (put back at the end, unless changed meanwhile), leaving a core to
+    the input thread: otherwise the two compete for the same cores and
+    reading ahead is slower than not (measured in ``bench/overhead.py``'s
+    mlp_loader: 0.90 of the plain loop on 2 cores, 1.19 with the core left
+    free)."""
     out: "queue.Queue" = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -144,7 +145,8 @@ def read_ahead(batches: Iterator, depth: int) -> Iterator:
         put((_END, None))
 
     threads = torch.get_num_threads()
-    if threads > 1:
+    fewer = threads > 1 and leave_a_core
+    if fewer:
         torch.set_num_threads(threads - 1)
     thread = threading.Thread(target=produce, name="input-read-ahead", daemon=True)
     thread.start()
@@ -168,8 +170,8 @@ def read_ahead(batches: Iterator, depth: int) -> Iterator:
                     logger.warning("The input read-ahead thread is still in the input %.0f s "
                                    "after its end was asked for; leaving it to stop after the "
                                    "batch it is reading", _STOP_SECS)
-        finally:
-            if threads > 1:
+        finally:   # (a count set meanwhile, by the caller, is theirs)
+            if fewer and torch.get_num_threads() == threads - 1:
                 torch.set_num_threads(threads)
 
 

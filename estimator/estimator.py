@@ -150,8 +150,13 @@ class Estimator:
         """The body of `train`, in this process or on each replica; the chief
         holds its model_dir's training lock (hooks.training_lock) from before
         it restores until its last save."""
-        with (TrainingLock(self._model_dir) if self._is_chief(strategy)
-              else contextlib.nullcontext()):
+        # tf_random_seed seeds the training's own stream (as TF's graph seed):
+        # the caller's generators are put back after (a random search drawing
+        # between train calls drew the same values each time).
+        with (checkpoint.rng_preserved() if self._config.tf_random_seed is not None
+              else contextlib.nullcontext()), \
+                (TrainingLock(self._model_dir) if self._is_chief(strategy)
+                 else contextlib.nullcontext()):
             outcome = self._train_held(strategy, *args)
         _ended_at[os.path.abspath(self._model_dir)] = (
             os.getpid(), checkpoint.latest_checkpoint(self._model_dir))
@@ -215,11 +220,13 @@ class Estimator:
         if latest is not None:
             logger.info("Resuming from %s (model_dir %s)", latest, self._model_dir)
             # The checkpoint's random state where another process wrote it (a
-            # restart); where training in this process ended there, its stream
-            # goes on as it is: put back, it rewound the caller's draws since
-            # (a np.random.permutation between two train calls came out the
-            # same each time).
-            if _ended_at.get(os.path.abspath(self._model_dir)) != (os.getpid(), latest):
+            # restart) or the training's stream is its own (tf_random_seed);
+            # where unseeded training in this process ended there, the
+            # process's stream goes on as it is: put back, it rewound the
+            # caller's draws since (a np.random.permutation between two train
+            # calls came out the same each time).
+            if self._config.tf_random_seed is not None or \
+                    _ended_at.get(os.path.abspath(self._model_dir)) != (os.getpid(), latest):
                 checkpoint.restore_rng(state["rng"])
             return model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state,
                                           restore_path=latest), None
@@ -545,7 +552,10 @@ class Estimator:
 
         def read(dataset):   # moved to the device, by a read-ahead thread if asked
             moved = map(to_device, _inputs.iterate(dataset, mode))
-            return _inputs.read_ahead(moved, depth) if depth else moved
+            # (predict yields to its caller between batches: torch's threads are
+            # the caller's then, none set aside for the reading thread)
+            return _inputs.read_ahead(moved, depth, leave_a_core=not predict) if depth \
+                else moved
         moved = strategy.extended.distribute_input(
             lambda context: _inputs.call_input_fn(input_fn, mode, self.params, self._config,
                                                   context), input_fn, mode, read)

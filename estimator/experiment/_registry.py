@@ -230,8 +230,9 @@ def _import_file(module_part: str, base_dir: str):
                        "a file path is relative to the experiment file's directory or the "
                        "current directory")
     name = _module_name(path)
-    if name in sys.modules:
-        return sys.modules[name]
+    version = _version(path)
+    if name in sys.modules and _loaded.get(name) in (None, version):
+        return sys.modules[name]   # (a file changed since is executed again, below)
     directory = os.path.dirname(path)
     if directory not in sys.path:
         # so that processes a strategy starts can import the same module by name
@@ -243,9 +244,21 @@ def _import_file(module_part: str, base_dir: str):
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001
         del sys.modules[name]
+        _loaded.pop(name, None)
         raise RefError(f"importing {module_part!r} ({path}) failed: {_describe(e)}; fix that "
                        "file") from None
+    _loaded[name] = version
     return module
+
+
+# {module name: (mtime, size)} of the files loaded by path: an experiment loaded
+# again in one process (a notebook, a test) runs the file as it is now.
+_loaded: dict = {}
+
+
+def _version(path: str) -> tuple:
+    stat = os.stat(path)
+    return stat.st_mtime_ns, stat.st_size
 
 
 def _module_name(path: str) -> str:

@@ -201,11 +201,14 @@ def _ours_alone(error: BaseException) -> bool:
 
 
 def _setup_logging(quiet: bool) -> None:
+    """The command's console: INFO lines (WARNING with -q). Where logging is
+    configured already (the CLI called in a Python process that set it up),
+    it is left as it is: the caller's levels and handlers decide."""
     level = logging.WARNING if quiet else logging.INFO
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    root.setLevel(level)
+        root.setLevel(level)
 
 
 def _load(args) -> Optional[experiment.Experiment]:

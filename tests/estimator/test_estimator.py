@@ -412,6 +412,44 @@ def test_train_calls_in_one_process_do_not_rewind_the_callers_random_draws(tmp_p
     assert len(set(draws)) == 3, draws
 
 
+def test_a_seeded_train_leaves_the_caller_s_random_generators_as_they_were(tmp_path):
+    """tf_random_seed seeded Python's, numpy's and torch's generators and left
+    them so: a random search drawing between train calls drew the same values
+    each time. TF's seed is its graph's; here it seeds the training's stream,
+    which the checkpoint carries on."""
+    import random
+    from estimator import checkpoint
+    before = (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state())
+    for _ in range(2):
+        make(tmp_path, tf_random_seed=3).train(regression_input_fn(), steps=2)
+    after = (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state())
+    assert before[:2] == after[:2] and torch.equal(before[2], after[2])
+    saved = checkpoint.load(make(tmp_path).latest_checkpoint())["rng"]
+    assert not torch.equal(saved["torch"], after[2])   # (the training's own stream)
+
+
+def test_a_waiting_predict_with_read_ahead_leaves_torch_s_threads(tmp_path):
+    """Reading ahead set torch's threads one lower while a predict generator
+    waited for its caller (the caller's work ran on half the cores here), and
+    put back the count it found at its end, over one the caller set since."""
+    e = make(tmp_path, experimental_prefetch_batches=2)
+    e.train(regression_input_fn(), steps=2)
+    threads = torch.get_num_threads()
+    waiting = e.predict(lambda: [{"x": torch.ones(2, 3)}] * 3)
+    next(waiting)
+    assert torch.get_num_threads() == threads
+    waiting.close()
+    from estimator import _inputs
+    reading = _inputs.read_ahead(iter([1, 2, 3]), 2)
+    next(reading)
+    torch.set_num_threads(threads + 1)   # the caller's own choice, made meanwhile
+    try:
+        reading.close()
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_model_fn_returning_no_spec_is_named(tmp_path):
     def model_fn(features):
         pass

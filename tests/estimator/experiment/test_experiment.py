@@ -410,6 +410,39 @@ def test_constructor_errors_are_located(workdir):
         "StopAtStepHook: one of num_steps or last_step must be specified.")
 
 
+def test_an_experiment_loaded_again_runs_its_file_as_it_is_now(workdir):
+    """A file loaded by path was kept by name: edited and loaded again in the
+    same process (a notebook), the old model_fn ran, without a word."""
+    import os
+    (workdir / "edited.py").write_text(
+        "def model_fn(features, labels, mode):\n    return 'first'\n")
+    path = write(workdir, "model_fn: edited.py:model_fn\n" + HEAD.split("\n", 1)[1])
+    assert experiment.load(path).model_fn(None, None, None) == "first"
+    (workdir / "edited.py").write_text(
+        "def model_fn(features, labels, mode):\n    return 'second, edited'\n")
+    os.utime(workdir / "edited.py", ns=(1, 1))   # (a time of its own: within one tick too)
+    assert experiment.load(path).model_fn(None, None, None) == "second, edited"
+    sys.modules.pop("edited", None)
+
+
+def test_the_cli_in_a_configured_process_leaves_its_root_logger(workdir, capsys):
+    """cli.main called from a process that set up logging set the root
+    logger's level (INFO, WARNING with -q): the caller's debug lines went."""
+    import logging
+    root = logging.getLogger()
+    handler = logging.NullHandler()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        path = write(workdir, HEAD + "  max_steps: 2\nrun_config: {model_dir: run}\n")
+        assert cli.main(["train", path, "-q"]) == 0
+        assert root.level == logging.DEBUG and handler in root.handlers
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
 # -- saving the resolved experiment ----------------------------------------------------------
 def test_saved_experiment_reruns_from_anywhere(workdir, tmp_path_factory):
     (workdir / "serve.py").write_text("def receiver():\n    pass\n")
