@@ -574,7 +574,12 @@ class Estimator:
             features, labels = next(batches)
         except StopIteration:
             return None
-        scope.summaries_due = self._is_chief(strategy) and mode == ModeKeys.TRAIN
+        # Summaries are recorded on the first call: in training the chief's
+        # summaries are due on the first step, as in TF; in evaluation and
+        # prediction a SummarySaverHook among the hooks saves the first
+        # batch's too (they were lost: it asks only from the first step on).
+        # Kept only where a hook then fetches them.
+        scope.summaries_due = self._is_chief(strategy) or mode != ModeKeys.TRAIN
         try:
             if mode == ModeKeys.TRAIN:
                 spec = call(features, labels, mode)

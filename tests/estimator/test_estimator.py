@@ -450,6 +450,50 @@ def test_a_waiting_predict_with_read_ahead_leaves_torch_s_threads(tmp_path):
         torch.set_num_threads(threads)
 
 
+def _scalar_values(directory, tag) -> list:
+    """Every value of `tag` in the event files of `directory`, in order."""
+    import glob
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    return [v.simple_value for path in sorted(glob.glob(os.path.join(directory, "events.*")))
+            for event in LegacyEventFileLoader(path).Load()
+            for v in event.summary.value if v.tag == tag]
+
+
+@pytest.mark.parametrize("mode", ["evaluate", "predict"])
+def test_a_summary_saver_hook_in_evaluation_or_prediction_saves_the_first_batch_too(
+        tmp_path, mode):
+    """As TF 2.15 (a probe running both): the model_fn's summaries of every
+    batch, the first included; the first was lost (the first batch's
+    model_fn call came before any hook asked for summaries), so evaluate
+    (steps=1) saved none."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("linear", lambda: torch.nn.Linear(3, 1))
+        predictions = net(features["x"])
+        est.summary.scalar("pred_mean", predictions.mean())
+        saver = hooks.SummarySaverHook(save_steps=1, output_dir=str(tmp_path / "summaries"),
+                                       summary_op="pred_mean")
+        loss = None if labels is None else ((predictions - labels) ** 2).mean()
+        return est.EstimatorSpec(mode, loss=loss, predictions={"p": predictions},
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0)),
+                                 evaluation_hooks=[saver], prediction_hooks=[saver])
+    e = est.Estimator(model_fn, str(tmp_path / "m"))
+    batches = [({"x": torch.full((2, 3), float(i))}, torch.ones(2, 1)) for i in range(3)]
+    e.train(lambda: batches, steps=1)
+    if mode == "evaluate":
+        e.evaluate(lambda: batches)
+    else:
+        list(e.predict(lambda: [features for features, _ in batches]))
+    values = _scalar_values(str(tmp_path / "summaries"), "pred_mean")
+    weight, bias = e.get_variable_value("linear/weight"), e.get_variable_value("linear/bias")
+    expected = [float((features["x"].numpy() @ weight.T + bias).mean())
+                for features, _ in batches]
+    assert values == pytest.approx(expected, rel=1e-6)
+    if mode == "evaluate":
+        e.evaluate(lambda: batches, steps=1)
+        assert _scalar_values(str(tmp_path / "summaries"), "pred_mean") == pytest.approx(
+            expected + expected[:1], rel=1e-6)
+
+
 def test_a_model_fn_returning_no_spec_is_named(tmp_path):
     def model_fn(features):
         pass
