@@ -15,6 +15,7 @@ Serving.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import os
 import shutil
@@ -111,14 +112,25 @@ def example_of(values: Dict[str, Any], spec: Dict[str, Any]) -> bytes:
     return example.SerializeToString()
 
 
+def b64_bytes(value) -> bytes:
+    """The bytes of TF Serving's JSON for binary strings, ``{"b64": "<base64>"}``;
+    ValueError naming what is wrong with another object or bad base64."""
+    if set(value) != {"b64"} or not isinstance(value["b64"], str):
+        raise ValueError('an object must be {"b64": "<base64>"}')
+    try:
+        return base64.b64decode(value["b64"], validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"bad base64 ({e})") from None
+
+
 def _text(value) -> bytes:
     """A string feature's value: str or bytes, never a number made text (as
     TF Serving, whose JSON number makes an int64 or float feature that the
     string spec then refuses: 12.0 would be "12.0", 2134 not "02134")."""
     if isinstance(value, bytes):
         return value
-    if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
-        return base64.b64decode(value["b64"], validate=True)   # (TF Serving's bytes)
+    if isinstance(value, dict):
+        return b64_bytes(value)   # (TF Serving's bytes)
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}; send it as a JSON "
                         'string, as it was in training, or bytes as {"b64": "<base64>"}')

@@ -34,7 +34,6 @@ otherwise.
 from __future__ import annotations
 
 import base64
-import binascii
 import glob
 import json
 import logging
@@ -350,13 +349,10 @@ def _strings(name: str, values):
     (a variable-length feature)."""
     def one(value, where):
         if isinstance(value, dict):
-            if set(value) != {"b64"} or not isinstance(value["b64"], str):
-                raise RequestError(f"input {name!r}{where}: an object must be "
-                                   '{"b64": "<base64>"}')
             try:
-                return base64.b64decode(value["b64"], validate=True)
-            except (binascii.Error, ValueError) as e:
-                raise RequestError(f"input {name!r}{where}: bad base64 ({e})") from None
+                return host_transform.b64_bytes(value)
+            except ValueError as e:
+                raise RequestError(f"input {name!r}{where}: {e}") from None
         if isinstance(value, bytes):
             return value
         if isinstance(value, str):
