@@ -55,12 +55,12 @@ def _timeout(seconds: float) -> datetime.timedelta:
 BIND_ALL_ENV = "ESTIMATOR_BIND_ALL_INTERFACES"
 
 
-def listen_fd(host: str, port: int) -> int:
+def listening_socket(host: str, port: int) -> socket.socket:
     """A socket listening at `host:port` (the task's own address, so a
-    loopback address stays loopback), as a file descriptor for a TCPStore to
-    own. Every interface when ESTIMATOR_BIND_ALL_INTERFACES=1, or when `host`
-    is not an address of this machine (a NAT or service address), then with
-    a warning."""
+    loopback address stays loopback; `port` 0: a free one), for a TCPStore to
+    serve on (`host_store`). Every interface when
+    ESTIMATOR_BIND_ALL_INTERFACES=1, or when `host` is not an address of this
+    machine (a NAT or service address), then with a warning."""
     bind_host = "" if os.environ.get(BIND_ALL_ENV) == "1" else host
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
@@ -78,19 +78,23 @@ def listen_fd(host: str, port: int) -> int:
             logger.warning("%s is not an address of this machine: the rendezvous listens on "
                            "every interface at port %d", host, port)
             sock.close()
-            return listen_fd("", port)
+            return listening_socket("", port)
         sock.listen(1024)
     except BaseException:
         sock.close()
         raise
-    return sock.detach()
+    return sock
 
 
-def host_store(host: str, port: int, timeout: float) -> dist.TCPStore:
+def host_store(host: str, port: int, timeout: float,
+               sock: Optional[socket.socket] = None) -> dist.TCPStore:
     """A store server at `host:port` on this machine (`port` 0: a free one,
-    read `.port`), listening there only (see `listen_fd`)."""
+    read `.port`), listening there only (see `listening_socket`); or serving
+    on `sock`, a listening socket opened before (the store owns it then)."""
+    sock = sock or listening_socket(host, port)
+    port = sock.getsockname()[1]
     return dist.TCPStore(host, port, None, True, _timeout(timeout), wait_for_workers=False,
-                         master_listen_fd=listen_fd(host, port))
+                         master_listen_fd=sock.detach())
 
 
 class ProcessGroup:

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -150,9 +150,12 @@ def _child(conn, index: int, setup: Callable, fn: Callable, args, kwargs):
 
 
 def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
-                 setup: Callable[[int], None], timeout: float) -> List:
+                 setup: Callable[[int], None], timeout: float,
+                 forked: Optional[Callable[[], object]] = None) -> List:
     """Run `fn(*args, **kwargs)` in one forked process per name in `names`
-    (after `setup(i)` there); return the results in replica order."""
+    (after `setup(i)` there); return the results in replica order.
+    `forked()` runs here once all are forked; what it returns is held until
+    they are done."""
     if torch.cuda.is_initialized():
         raise RuntimeError(
             "CUDA is already initialized in this process, so the strategy cannot fork its "
@@ -164,7 +167,7 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
                            "platform lacks; start one process per device with torchrun and "
                            "use MultiWorkerMirroredStrategy")
     ctx = multiprocessing.get_context("fork")
-    procs, conns = [], []
+    procs, conns, held = [], [], None
     sys.stdout.flush()
     sys.stderr.flush()
     # The children must never collect the parent's garbage: finalizers of
@@ -181,6 +184,7 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
             procs.append(p)
             conns.append(mine)
         gc.unfreeze()
+        held = forked() if forked is not None else None
         with _PassSignalsOn(procs):
             return _supervise(procs, conns, names, timeout)
     except KeyboardInterrupt:
@@ -191,6 +195,7 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
         _stop(procs, signal.SIGKILL)
         for c in conns:
             c.close()
+        del held   # after the replicas: the store they met at outlives them
 
 
 class _PassSignalsOn:

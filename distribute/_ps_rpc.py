@@ -128,7 +128,7 @@ _rendezvous_registered = False
 def _rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(seconds=300),
                 **kwargs):
     """torch's tcp:// rendezvous, except that ps 0 (rank 0) hosts the store at
-    its own address only (`_process_group.listen_fd`), not on every interface."""
+    its own address only (`_process_group.listening_socket`), not on every interface."""
     parsed = urllib.parse.urlparse(url)
     query = dict(urllib.parse.parse_qsl(parsed.query))
     rank = int(query.get("rank", -1))

@@ -42,6 +42,7 @@ import datetime
 import logging
 import os
 import random
+import socket
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -49,7 +50,8 @@ import torch.distributed as dist
 
 from . import device_util, input_lib
 from ._moving_buffers import MovingBuffers
-from ._process_group import _SUM as _SUM_OPTIONS, ProcessGroup, host_store
+from ._process_group import (_SUM as _SUM_OPTIONS, ProcessGroup, host_store,
+                             listening_socket)
 from ._random_streams import InputStream
 from .cross_device_ops import CrossDeviceOps, _DefaultAllReduce
 from .launcher import ForkLauncher, InProcessLauncher, Launcher, in_replica_process
@@ -250,20 +252,30 @@ class _CollectiveExtended(StrategyExtended):
         names = [topo.describe(topo.task_rank * len(topo.devices) + i)
                  for i in range(len(topo.devices))]
         return ForkLauncher(names, setup=lambda i: self._join(i, self._launch_port, forked=True),
-                            timeout=self._timeout, start=self._start_replicas)
+                            timeout=self._timeout, before_fork=self._open_rendezvous,
+                            after_fork=self._host_rendezvous)
 
-    def _start_replicas(self):
-        """Before forking: host the rendezvous when this task is the first
-        (the store must outlive the replicas; returned to be held)."""
+    def _open_rendezvous(self) -> Optional[socket.socket]:
+        """Before forking: when this task is the first, open the rendezvous's
+        listening socket (the replicas connect to its port at once)."""
         topo = self._topology
-        store = None
+        sock = None
         if topo.task_rank == 0 and not topo.env_rendezvous:
-            store = host_store(topo.host or "127.0.0.1", topo.port, self._timeout)
-        self._launch_port = store.port if store is not None else topo.port
+            sock = listening_socket(topo.host or "127.0.0.1", topo.port)
+        self._launch_port = sock.getsockname()[1] if sock is not None else topo.port
         logger.info("%s: starting %d replica processes on %s", type(self._container_strategy)
                     .__name__, len(topo.devices), ", ".join(topo.device_names))
         import torch._dynamo  # noqa: F401,E501  (DDP imports it: once here, not in every replica)
-        return store
+        return sock
+
+    def _host_rendezvous(self, sock: Optional[socket.socket]):
+        """Once the replicas are forked: serve the store on that socket
+        (returned to be held: it outlives the replicas). Not before: the
+        store's thread, naming a replica that connects, holds glibc's
+        resolver lock for a moment, and a replica forked then hangs on it."""
+        if sock is not None:
+            return host_store(self._topology.host or "127.0.0.1", 0, self._timeout, sock=sock)
+        return None
 
     def _join(self, local_index: int, port: Optional[int] = None, forked: bool = False) -> None:
         """Join the process group as local replica `local_index` of this task."""

@@ -50,20 +50,22 @@ class InProcessLauncher(Launcher):
 class ForkLauncher(Launcher):
     """One forked process per local replica (`distribute._processes`):
     `setup(i)` in replica i, then `fn`; the first failure stops them all and is
-    raised here, naming the replica. `start()` runs here first and returns an
-    object kept alive while the replicas run (the rendezvous store they meet at)."""
+    raised here, naming the replica. `before_fork()` runs here first;
+    `after_fork(what it returned)` runs here once every replica is forked and
+    returns an object kept alive while they run (the rendezvous store they
+    meet at: started only then, since no thread may run here during a fork)."""
 
     def __init__(self, names: Sequence[str], setup: Callable[[int], None], timeout: float,
-                 start: Optional[Callable[[], object]] = None):
-        self._names, self._setup, self._timeout, self._start = list(names), setup, timeout, start
+                 before_fork: Optional[Callable[[], object]] = None,
+                 after_fork: Optional[Callable[[object], object]] = None):
+        self._names, self._setup, self._timeout = list(names), setup, timeout
+        self._before_fork, self._after_fork = before_fork, after_fork
 
     def launch(self, fn: Callable, *args, **kwargs) -> List:
-        held = self._start() if self._start is not None else None
-        try:
-            return _processes.run_replicas(fn, args, kwargs, self._names, self._setup,
-                                           self._timeout)
-        finally:
-            del held
+        prepared = self._before_fork() if self._before_fork is not None else None
+        forked = (lambda: self._after_fork(prepared)) if self._after_fork is not None else None
+        return _processes.run_replicas(fn, args, kwargs, self._names, self._setup,
+                                       self._timeout, forked)
 
 
 def in_replica_process() -> bool:

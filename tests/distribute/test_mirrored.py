@@ -1110,3 +1110,44 @@ def test_the_console_shows_each_info_line_once_and_every_replicas_warnings(tmp_p
     for replica in (0, 1):                                           # training and evaluation
         assert err.count(f"input_fn on replica {replica}") == 2, err
         assert err.count(f"replica {replica} of 2 reads the whole input") == 2, err
+
+
+_FORK_SCRIPT = r"""
+import os, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import distribute, estimator as est
+from models import regression_model_fn
+from replica_helpers import batches
+
+def threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{{task}}/comm") as f:
+            names.append(f.read().strip())
+    return sorted(names)
+
+at_fork = []
+os.register_at_fork(before=lambda: at_fork.append(threads()))
+s = distribute.MirroredStrategy(["cpu:0", "cpu:1"])
+e = est.Estimator(regression_model_fn, config=est.RunConfig(
+    model_dir={model_dir!r}, train_distribute=s, eval_distribute=s), params={{}})
+before = threads()
+e.train(lambda: batches(), steps=2)
+e.evaluate(lambda: batches(), steps=1)
+print(len(at_fork), before, at_fork)
+assert len(at_fork) >= 4 and all(set(names) <= set(before) for names in at_fork)
+"""
+
+
+def test_replicas_are_forked_while_no_other_thread_runs_in_the_launching_process(tmp_path):
+    """A thread running in the launching process at a fork can hold a lock the
+    replica then waits on forever: the rendezvous store's thread, naming a
+    replica that connected, held glibc's resolver lock, and a replica forked
+    then hung before the rendezvous (1 launch in a few hundred, under load).
+    The store starts serving once every replica is forked."""
+    script = tmp_path / "forks.py"
+    script.write_text(_FORK_SCRIPT.format(root=ROOT, tests=SUPPORT,
+                                          model_dir=str(tmp_path / "m")))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
