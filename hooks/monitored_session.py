@@ -352,7 +352,13 @@ class MonitoredSession:
         """Copy every requested value to the host once, and call `after_run`."""
         scope = self._scope
         names = {n for _, _, fetched in requests for n in fetched}
-        host = _to_host({n: self._resolve(n, outputs) for n in names})
+        try:
+            host = _to_host({n: self._resolve(n, outputs) for n in names})
+        except KeyError as e:   # name the hooks that asked
+            if not hasattr(e, "fetch"):
+                raise
+            askers = sorted({type(h).__name__ for h, _, got in requests if e.fetch in got})
+            raise _not_exposed(e.fetch, e.available, " and ".join(askers)) from None
         if self._train and "global_step" in host:
             # TF's fetch reads the step beside the train_op, before its update
             # (a hook sees 0 on the first step; `session.global_step` is the new one)
@@ -397,9 +403,15 @@ class MonitoredSession:
             return exposed[name]
         available = ["global_step", "summaries", "loss", *named,
                      *(exposed if isinstance(exposed, dict) else ())]
-        raise KeyError(f"A hook fetches {name!r}, which this step does not expose; "
-                       f"available: {sorted(set(available))}. Name a tensor in the "
-                       "model_fn with est.named_tensor(name, tensor)")
+        raise _not_exposed(name, sorted(set(available)))
+
+
+def _not_exposed(name: str, available: list, asker: str = "A hook") -> KeyError:
+    error = KeyError(f"{asker} fetches {name!r}, which this step does not expose; available: "
+                     f"{available}. Name a tensor in the model_fn with "
+                     "est.named_tensor(name, tensor)")
+    error.fetch, error.available = name, available
+    return error
 
 
 def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,

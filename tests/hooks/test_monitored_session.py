@@ -59,9 +59,11 @@ def test_fetches_by_name_structure_and_host_values():
     assert isinstance(r["l"], float)
 
 
-def test_unknown_fetch_names_what_is_available():
-    with session([Recorder("nope")]) as sess:
-        with pytest.raises(KeyError, match=r"fetches 'nope'.*available.*double"):
+def test_unknown_fetch_names_the_hook_and_what_is_available():
+    """Which hook asked: a YAML experiment's hooks are configured far from the
+    model_fn, and "A hook fetches" left the user to guess."""
+    with session([Recorder("loss"), Recorder("nope")]) as sess:
+        with pytest.raises(KeyError, match=r"^\"Recorder fetches 'nope'.*available.*double"):
             sess.run(step)
 
 
