@@ -90,6 +90,13 @@ class ClosureQueue:
             return results, {"pending": len(self._pending), "running": len(self._running),
                              "rerun": self.rerun}
 
+    def cancel(self, owner: str) -> list:
+        """Drop `owner`'s closures no worker has taken; their ids."""
+        with self._lock:
+            cancelled = [cid for cid, _ in self._pending if cid[0] == owner]
+            self._pending = collections.deque(p for p in self._pending if p[0][0] != owner)
+            return cancelled
+
     def stop(self) -> None:
         with self._lock:
             self._stopped = True
@@ -129,6 +136,10 @@ def _done(worker, cid, result):
 
 def _collect():
     return _local().collect()
+
+
+def _cancel(owner):
+    return _local().cancel(owner)
 
 
 def _stop():

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import collections.abc
+import concurrent.futures
 import inspect
 import itertools
 import logging
@@ -54,7 +56,7 @@ import torch
 
 from . import _closure_queue as _cq
 from . import _ps_rpc, ps_client
-from .strategy import InputContext
+from .strategy import InputContext, _map
 
 logger = logging.getLogger(__name__)
 
@@ -110,21 +112,26 @@ class RemoteOptimizer:
 
 
 class PerWorkerDataset:
-    """`dataset_fn` made on each worker (tf.distribute's PerWorkerDataset)."""
+    """`dataset_fn` made on each worker (tf.distribute's PerWorkerDataset);
+    each `iter()` of it reads every worker's dataset from its start."""
 
-    def __init__(self, dataset_fn: Callable, index: int):
+    def __init__(self, dataset_fn: Callable, index: tuple):
         self.dataset_fn, self.index = dataset_fn, index
+        self._iterators = itertools.count()
 
     def __iter__(self) -> "PerWorkerIterator":
-        return PerWorkerIterator(self)
+        return PerWorkerIterator(self, next(self._iterators))
+
+    def __getstate__(self):   # what a worker needs
+        return {"dataset_fn": self.dataset_fn, "index": self.index}
 
 
 class PerWorkerIterator:
     """An iterator over each worker's own dataset; in a scheduled function it
-    is that worker's iterator."""
+    is that worker's iterator (the `number`-th of `dataset`)."""
 
-    def __init__(self, dataset: PerWorkerDataset):
-        self.dataset = dataset
+    def __init__(self, dataset: PerWorkerDataset, number: int):
+        self.dataset, self.number = dataset, number
 
     def __iter__(self):
         return self
@@ -132,6 +139,12 @@ class PerWorkerIterator:
     def __next__(self):
         raise TypeError("a per-worker iterator is read in a scheduled function, on a worker "
                         "(pass it to coordinator.schedule)")
+
+
+class OutOfRangeError(Exception):
+    """A scheduled function read past the end of its per-worker iterator
+    (tf.errors.OutOfRangeError, "End of sequence"): raised by `fetch()` and
+    `join()` instead of the bare StopIteration the function raised."""
 
 
 def _importable(fn, what: str) -> None:
@@ -221,10 +234,11 @@ class ClusterCoordinator:
         return RemoteOptimizer(name, module)
 
     def create_per_worker_dataset(self, dataset_fn: Callable) -> PerWorkerDataset:
-        """`dataset_fn()` (or `dataset_fn(input_context)`) made on each worker
-        when a function first iterates it there."""
+        """`dataset_fn()` made on each worker when a function first iterates
+        it there (`dataset_fn(input_context)` where its parameter is named so:
+        the worker's `InputContext`)."""
         _importable(dataset_fn, "create_per_worker_dataset: dataset_fn")
-        return PerWorkerDataset(dataset_fn, next(self._datasets))
+        return PerWorkerDataset(dataset_fn, (self._client.name, next(self._datasets)))
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -270,8 +284,11 @@ class ClusterCoordinator:
 
     # -- scheduling -------------------------------------------------------------------------
     def schedule(self, fn: Callable, args=(), kwargs=None) -> RemoteValue:
-        """Run `fn(*args, **kwargs)` on a free worker; its `RemoteValue` now."""
-        self._raise_if_failed()
+        """Run `fn(*args, **kwargs)` on a free worker; its `RemoteValue` now.
+        Raises the first error of a function since the last one raised (the
+        functions still waiting then were cancelled: reschedule them)."""
+        with self._lock:
+            self._raise_if_failed()
         _importable(fn, "schedule: fn")
         try:
             payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
@@ -288,20 +305,18 @@ class ClusterCoordinator:
     def join(self) -> None:
         """Wait for every scheduled function; raise the first error (a
         function's, or a ps task's)."""
-        while True:
-            self._raise_if_failed()
-            with self._lock:
-                if not self._values:
-                    return
+        while not self.done():
             time.sleep(_POLL_SECS)
 
     def done(self) -> bool:
         """Whether every scheduled function has finished (raises as `join`)."""
-        self._raise_if_failed()
         with self._lock:
+            self._raise_if_failed()
             return not self._values
 
     def _raise_if_failed(self) -> None:
+        """Raise a ps task's error, or the first function error not raised
+        yet (under the lock: never a finished function without its error)."""
         if self._ps_error is not None:
             raise self._ps_error
         if self._error is not None:
@@ -331,15 +346,32 @@ class ClusterCoordinator:
                 kind, value = pickle.loads(payload)
                 with self._lock:
                     remote = self._values.pop(cid, None)
+                    failed = remote is not None and kind != "ok"
+                    if failed and self._error is None:
+                        self._error = value
                 if remote is None:
                     continue
-                if kind == "ok":
-                    remote._set(value)
-                else:
-                    if self._error is None:
-                        self._error = value
+                if failed:
                     remote._set(error=value)
+                    self._cancel_waiting()
+                else:
+                    remote._set(value)
             time.sleep(_POLL_SECS)
+
+    def _cancel_waiting(self) -> None:
+        """After a function failed: the functions no worker has taken yet are
+        cancelled (TF's: their `fetch()` raises CancelledError; reschedule them)."""
+        try:
+            cancelled = self._client.call(0, _cq._cancel, self._client.name,
+                                          what="cancelling the waiting functions")
+        except Exception:   # noqa: BLE001 (ps 0 gone: the next poll fails them all)
+            return
+        with self._lock:
+            remotes = [self._values.pop(cid) for cid in cancelled if cid in self._values]
+        for remote in remotes:
+            remote._set(error=concurrent.futures.CancelledError(
+                "The corresponding function is cancelled (an earlier function failed). "
+                "Please reschedule the function."))
 
     def shutdown(self, end_training: bool = True) -> None:
         """Stop the workers' loops and leave; `end_training`: the ps tasks
@@ -412,9 +444,14 @@ class _Worker:
     def __init__(self, client, index: int, num_workers: int):
         self.client, self.index, self.num_workers = client, index, num_workers
         self._modules: Dict[str, _LocalModule] = {}
-        self._iterators: Dict[int, Any] = {}
+        self._datasets: Dict[tuple, list] = {}    # dataset index -> [made, iterated]
+        self._iterators: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
+        self._dropped: set = set()
 
     def resolve(self, value):
+        return _map(self._resolve, value)
+
+    def _resolve(self, value):
         if isinstance(value, RemoteModule):
             local = self._modules.get(value.name)
             if local is None or local.layout != value.layout:
@@ -422,32 +459,46 @@ class _Worker:
             local.refresh(self.client)
             return local.module
         if isinstance(value, RemoteOptimizer):
-            self.resolve(value.module)
+            self._resolve(value.module)
             return _WorkerOptimizer(value.name, self._modules[value.module.name], self.client)
         if isinstance(value, PerWorkerIterator):
-            dataset = value.dataset
-            it = self._iterators.get(dataset.index)
-            if it is None:
-                fn = dataset.dataset_fn
-                made = (fn(InputContext(self.num_workers, self.index, 1))
-                        if inspect.signature(fn).parameters else fn())
-                it = self._iterators[dataset.index] = iter(made)
-            return it
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.resolve(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self.resolve(v) for k, v in value.items()}
+            return self._iterator(value.dataset, value.number)
         return value
+
+    def _iterator(self, dataset: PerWorkerDataset, number: int):
+        """This worker's `number`-th iterator of `dataset`: a new one reads
+        the dataset from its start (a one-shot dataset, a generator, is made
+        again); the last `_KEPT_ITERATORS` are kept."""
+        key = (dataset.index, number)
+        if key in self._iterators:
+            return self._iterators[key]
+        if key in self._dropped:
+            raise RuntimeError(
+                f"per-worker iterator {number} of {dataset.dataset_fn.__qualname__} was dropped "
+                f"on worker {self.index}: it keeps the last {_KEPT_ITERATORS} iterators of a "
+                "dataset; schedule functions on a newer iterator")
+        made = self._datasets.get(dataset.index)
+        if made is None or made[1] and isinstance(made[0], collections.abc.Iterator):
+            made = self._datasets[dataset.index] = [self._make(dataset.dataset_fn), False]
+        made[1] = True
+        iterator = self._iterators[key] = iter(made[0])
+        mine = [k for k in self._iterators if k[0] == dataset.index]
+        for old in mine[:-_KEPT_ITERATORS]:
+            del self._iterators[old]
+            self._dropped.add(old)
+        return iterator
+
+    def _make(self, dataset_fn: Callable):
+        if "input_context" in inspect.signature(dataset_fn).parameters:
+            return dataset_fn(input_context=InputContext(self.num_workers, self.index, 1))
+        return dataset_fn()
+
+
+_KEPT_ITERATORS = 8
 
 
 def _detached(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_detached(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _detached(v) for k, v in value.items()}
-    return value
+    return _map(lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v, value)
 
 
 def _result(kind: str, value) -> bytes:
@@ -494,6 +545,10 @@ def run_worker(cluster_spec, task_index: int, timeout: float, init_timeout: floa
                 fn, args, kwargs = pickle.loads(payload)
                 result = _result("ok", _detached(fn(*worker.resolve(args),
                                                     **worker.resolve(kwargs))))
+            except StopIteration:
+                result = _result("error", OutOfRangeError(
+                    f"End of sequence: {getattr(fn, '__qualname__', fn)} on worker "
+                    f"{task_index} read past the end of an iterator (StopIteration)"))
             except Exception as e:   # the coordinator raises it from join / fetch
                 result = _result("error", e)
             finally:
@@ -508,4 +563,4 @@ def run_worker(cluster_spec, task_index: int, timeout: float, init_timeout: floa
 
 
 __all__ = ["ClusterCoordinator", "RemoteValue", "RemoteModule", "RemoteOptimizer",
-           "PerWorkerDataset", "PerWorkerIterator", "run_worker"]
+           "PerWorkerDataset", "PerWorkerIterator", "OutOfRangeError", "run_worker"]

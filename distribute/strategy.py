@@ -8,6 +8,7 @@ strategy plugs into the same points.
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import threading
 from typing import Callable, Optional
@@ -476,9 +477,16 @@ def _reduce_op(reduce_op) -> ReduceOp:
 
 
 def _map(fn: Callable, value):
-    """`fn` on each leaf of a dict, list or tuple of values (TF: nest.map_structure)."""
+    """`fn` on each leaf of a dict, list or tuple of values, their types kept
+    (namedtuples, OrderedDict, defaultdict; TF: nest.map_structure)."""
     if isinstance(value, dict):
-        return type(value)((k, _map(fn, v)) for k, v in value.items())
+        items = [(k, _map(fn, v)) for k, v in value.items()]
+        if type(value) is dict:
+            return dict(items)
+        out = copy.copy(value)   # a subclass: its own attributes (default_factory) kept
+        out.clear()
+        out.update(items)
+        return out
     if isinstance(value, (list, tuple)):
         items = [_map(fn, v) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)

@@ -145,3 +145,45 @@ def test_a_restarted_coordinator_resumes_from_its_checkpoint(cluster, tmp_path):
 def test_functions_must_be_importable():
     with pytest.raises(TypeError, match="must be importable by every task.*not a lambda"):
         distribute.coordinator._importable(lambda: 0, "schedule: fn")
+
+
+def test_iterators_errors_and_structures_behave_as_tf_s(cluster, tmp_path):
+    """What TF 2.15's coordinator does (a probe ran both): every iter() of a
+    per-worker dataset starts it over (each epoch continued the last one's
+    iterator); reading past the end is an OutOfRangeError (a bare, empty
+    StopIteration); a dataset_fn gets an input context only by that name (a
+    default argument got one); namedtuples and OrderedDicts travel (a
+    TypeError); a failure cancels the functions no worker took (they ran,
+    and TF's users, told to reschedule them, ran them twice)."""
+    cluster.start_servers()
+    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--semantics")
+    assert cluster.wait(chief) == 0, cluster.all_logs()
+    out = json.loads((tmp_path / "semantics.json").read_text())
+    for fn in ("finite_list", "finite_generator", "with_default"):
+        for joined, *outcomes in out[fn]:
+            assert joined is None and all(kind == "ok" for kind, _ in outcomes), out[fn]
+            if fn == "with_default":   # not tagged by worker: 3 reads from the start
+                assert all(tag == 10 and i < 3 for _, (tag, i) in outcomes), out[fn]
+                continue
+            by_worker = {}
+            for _, (tag, i) in outcomes:
+                by_worker.setdefault(tag, []).append(i)
+            assert all(sorted(i) == list(range(len(i))) for i in by_worker.values()), out[fn]
+            assert set(by_worker) <= {0, 1}, out[fn]
+
+    joined, *outcomes = out["past_the_end"]
+    assert joined[0] == "OutOfRangeError" and "End of sequence" in joined[1], joined
+    ok = [v for kind, v in outcomes if kind == "ok"]
+    assert len(set(map(tuple, ok))) == len(ok) <= 10
+    assert all(kind in ("ok", "OutOfRangeError") for kind, _ in outcomes), outcomes
+
+    assert out["structures"] == ["Pair", [2, 1], "OrderedDict", [["b", 2], ["a", 1]]]
+
+    joined, *outcomes = out["after_a_failure"]
+    assert joined == ["ValueError", "boom"] and outcomes[4] == ["ValueError", "boom"]
+    slow = outcomes[:4] + outcomes[5:]
+    ran = [i for i, (kind, _) in zip(list(range(4)) + list(range(4, 10)), slow) if kind == "ok"]
+    cancelled = [kind for kind, _ in slow if kind != "ok"]
+    assert cancelled and set(cancelled) == {"CancelledError"}, slow
+    assert out["after_a_failure_ran"] == ran, (out["after_a_failure_ran"], slow)
+    assert out["join_again"] is None

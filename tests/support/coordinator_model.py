@@ -1,5 +1,6 @@
 """What a ClusterCoordinator test schedules (importable by every task:
 torch.distributed.rpc ships functions by name)."""
+import collections
 import os
 import time
 
@@ -58,3 +59,41 @@ def accuracy(state):
     net.load_state_dict(state)
     x, y = data(2000, 7)
     return float((net(x).argmax(1) == y).float().mean())
+
+
+# -- what test_coordinator's semantics scenario schedules ------------------------------------
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def finite_list(input_context):
+    """5 elements on each worker, tagged with its index (re-iterable)."""
+    return [(input_context.input_pipeline_id, i) for i in range(5)]
+
+
+def finite_generator(input_context):
+    """The same, one-shot: a generator."""
+    return ((input_context.input_pipeline_id, i) for i in range(5))
+
+
+def with_default(start=10):
+    """A dataset_fn whose parameter is not an input context."""
+    return [(start, i) for i in range(5)]
+
+
+def take(iterator):
+    return next(iterator)
+
+
+def swap(pair):
+    return Pair(pair.b, pair.a), collections.OrderedDict(b=pair.b, a=pair.a)
+
+
+def boom():
+    raise ValueError("boom")
+
+
+def slow_mark(i, path):
+    time.sleep(0.3)
+    with open(path, "a") as f:
+        f.write(f"{i}\n")
+    return i

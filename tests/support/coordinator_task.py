@@ -3,6 +3,7 @@
     python coordinator_task.py CLUSTER_JSON ps|worker INDEX
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --steps N
         [--model_dir D] [--save-and-crash-at N] [--restore]
+    python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --semantics
 
 The chief is the coordinator: it schedules `coordinator_model.train_step`
 N times (steps already in a restored checkpoint are not run again), writes
@@ -10,6 +11,7 @@ DIR/progress (results so far) while it waits, and DIR/result.json (every
 result, the accuracy, the queue's counts) at the end. `--save-and-crash-at
 N`: after step N is done, save a checkpoint to --model_dir and die without
 ending training; `--restore`: start from --model_dir's latest checkpoint.
+`--semantics`: the scenarios of `semantics`, written to DIR/semantics.json.
 """
 import argparse
 import json
@@ -89,6 +91,56 @@ def coordinate(cluster, args):
     coordinator.shutdown()
 
 
+def semantics(cluster, args):
+    """As TF's ClusterCoordinator: each iter() of a per-worker dataset reads
+    it from the start; reading past its end is an OutOfRangeError; structures
+    keep their types; a failed function cancels those no worker took."""
+    resolver = distribute.cluster_resolver.SimpleClusterResolver(
+        distribute.cluster_resolver.ClusterSpec(cluster), task_type="chief", task_id=0)
+    strategy = distribute.ParameterServerStrategy(resolver, timeout_secs=10,
+                                                  init_timeout_secs=60)
+    coordinator = distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    out = {}
+
+    def outcome(value):
+        try:
+            return ["ok", value.fetch()]
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            return [type(e).__name__, str(e)]
+
+    def joined():
+        try:
+            coordinator.join()
+            return None
+        except Exception as e:  # noqa: BLE001
+            return [type(e).__name__, str(e)]
+
+    for fn in (model.finite_list, model.finite_generator, model.with_default):
+        dataset = coordinator.create_per_worker_dataset(fn)
+        epochs = []
+        for _ in range(3):
+            iterator = iter(dataset)
+            values = [coordinator.schedule(model.take, args=(iterator,)) for _ in range(3)]
+            epochs.append([joined()] + [outcome(v) for v in values])
+        out[fn.__name__] = epochs
+    iterator = iter(coordinator.create_per_worker_dataset(model.finite_list))
+    values = [coordinator.schedule(model.take, args=(iterator,)) for _ in range(12)]
+    out["past_the_end"] = [joined()] + [outcome(v) for v in values]
+    pair, ordered = coordinator.schedule(model.swap, args=(model.Pair(1, 2),)).fetch()
+    out["structures"] = [type(pair).__name__, list(pair), type(ordered).__name__,
+                         list(ordered.items())]
+    marks = os.path.join(args.out, "marks")
+    values = [coordinator.schedule(model.slow_mark, args=(i, marks)) for i in range(4)]
+    values.append(coordinator.schedule(model.boom))
+    values += [coordinator.schedule(model.slow_mark, args=(i, marks)) for i in range(4, 10)]
+    out["after_a_failure"] = [joined()] + [outcome(v) for v in values]
+    out["after_a_failure_ran"] = sorted(int(line) for line in open(marks))
+    out["join_again"] = joined()
+    with open(os.path.join(args.out, "semantics.json"), "w") as f:
+        json.dump(out, f)
+    coordinator.shutdown()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("cluster")
@@ -99,11 +151,12 @@ def main():
     parser.add_argument("--model_dir")
     parser.add_argument("--save-and-crash-at", type=int, default=0)
     parser.add_argument("--restore", action="store_true")
+    parser.add_argument("--semantics", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"{args.role}:{args.index} %(message)s")
     cluster = json.loads(args.cluster)
     if args.role == "chief":
-        coordinate(cluster, args)
+        (semantics if args.semantics else coordinate)(cluster, args)
     else:
         distribute.Server(cluster, job_name=args.role, task_index=args.index, timeout_secs=10,
                           init_timeout_secs=60, end_grace_secs=5).join(timeout=300)
