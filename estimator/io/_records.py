@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import logging
 import os
 import struct
 import zlib
@@ -25,6 +26,8 @@ from typing import BinaryIO, Iterator, Optional, Tuple
 import google_crc32c
 
 from hooks.files import DataLossError   # (the one class: a damaged TFRecord names its offset)
+
+logger = logging.getLogger(__name__)
 
 COMPRESSION_TYPES = (None, "", "GZIP", "ZLIB")
 _MASK_DELTA = 0xA282EAD8
@@ -81,7 +84,9 @@ class _ZlibReader(io.RawIOBase):
 def read_records(path: str, compression_type: Optional[str] = None,
                  check_crc: bool = True) -> Iterator[Tuple[int, bytes]]:
     """(offset, data) of each record of `path`, CRCs checked; a truncated or
-    damaged record raises DataLossError naming the file and offset."""
+    damaged record raises DataLossError naming the file and offset (fewer
+    bytes than a header at the end are ignored with a warning, as TF's
+    reader ends there)."""
     compression_type = check_compression(compression_type)
     try:
         yield from _records(path, compression_type, check_crc)
@@ -97,8 +102,11 @@ def _records(path: str, compression_type: Optional[str], check_crc: bool):
             header = stream.read(_HEADER.size)
             if not header:
                 return
-            if len(header) < _HEADER.size:
-                raise DataLossError(f"{path}: truncated record header at offset {offset}")
+            if len(header) < _HEADER.size:   # TF reads this as the end of the file
+                logger.warning("%s: %d stray bytes at the end (offset %d), fewer than a record "
+                               "header: ignored, as TF does (a last record cut there is lost)",
+                               path, len(header), offset)
+                return
             length, length_crc = _HEADER.unpack(header)
             if check_crc and masked_crc(header[:8]) != length_crc:
                 raise DataLossError(f"{path}: corrupted record at offset {offset} (the "

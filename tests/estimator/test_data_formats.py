@@ -87,6 +87,37 @@ def test_a_truncated_file_is_an_error_naming_it(tmp_path):
         list(est.data.TFRecordDataset(str(path)))
 
 
+with open(os.path.join(FIXTURES, "tf_tfrecord_tail.json"), encoding="utf-8") as _f:
+    TF_TAIL = json.load(_f)
+
+
+@pytest.mark.parametrize("case", TF_TAIL["cases"], ids=lambda c: f"{c['kind']}{c['bytes']}")
+def test_a_damaged_end_of_file_reads_as_tf_reads_it(tmp_path, case, caplog):
+    """TF 2.15 (tf_tfrecord_tail.json): fewer bytes than a record header at the
+    end are the end of the file (stray bytes; a last record cut inside its
+    header), 12 or more are a corrupted record, a record cut after its header
+    is truncated. A DataLossError here read none of the file's records."""
+    path = tmp_path / "tail.tfrecord"
+    with est.io.TFRecordWriter(str(path)) as writer:
+        for i in range(3):
+            writer.write(b"x" * (5 + i))
+    data = path.read_bytes()
+    assert len(data) == TF_TAIL["size"]
+    k = case["bytes"]
+    path.write_bytes(data + b"\0" * k if case["kind"] == "stray" else data[:-k])
+    kind, want = case["tf"]
+    if kind == "ok":
+        with caplog.at_level("WARNING"):
+            assert [r.decode() for r in est.data.TFRecordDataset(str(path))] == want
+        at_a_record_end = path.stat().st_size in (0, 21, 43, 66)
+        assert ("stray bytes at the end" in caplog.text) == (not at_a_record_end), caplog.text
+        assert at_a_record_end or f"{path}: " in caplog.text
+    else:
+        word = "corrupted" if "corrupted record" in want else "truncated"
+        with pytest.raises(est.io.DataLossError, match=rf"{path}: {word} record at offset"):
+            list(est.data.TFRecordDataset(str(path)))
+
+
 @pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
 @pytest.mark.parametrize("damage", ["flipped", "cut"])
 def test_damaged_compressed_files_are_data_loss_errors(tmp_path, compression, damage):
