@@ -100,7 +100,7 @@ def _local_devices(devices) -> Tuple[List[torch.device], List[str]]:
 class _Replicated(torch.nn.parallel.DistributedDataParallel):
     """DDP that also answers for the module it wraps, as that module does in one
     process: `net[0]`, `net.head.weight`, `len(net)` (a TF variable is the same
-    object under a strategy). Calling a submodule this way bypasses DDP's
+    object under a strategy), `bool(net)`. Calling a submodule this way bypasses DDP's
     forward, so its gradients would not be averaged: the first training step
     refuses that (`_CollectiveExtended._check_used`)."""
 
@@ -119,6 +119,12 @@ class _Replicated(torch.nn.parallel.DistributedDataParallel):
 
     def __len__(self) -> int:
         return len(self.module)
+
+    def __bool__(self) -> bool:   # torch.compile asks (a Linear has no len())
+        try:
+            return bool(self.module)
+        except TypeError:   # a compiled module's len() raises: DDP itself is true
+            return True
 
     def __iter__(self):
         return iter(self.module)

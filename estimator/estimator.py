@@ -286,14 +286,19 @@ class Estimator:
     def _train_step_fn(self, batches, strategy, scope, call) -> Callable:
         """The per-step function: next batch -> model_fn -> apply train_op.
         `step(spec)` applies a spec already built (the first batch's). After
-        a callable train_op the gradients of the scope's optimizers are freed:
-        each step's are its own, as in TF, whose apply_gradients leaves
-        nothing to zero (a train_op that does not zero them would otherwise
-        add them up across steps)."""
+        a callable train_op the gradients of the scope's optimizers that
+        stepped are freed: each step's are its own, as in TF, whose
+        apply_gradients leaves nothing to zero (a train_op that does not zero
+        them would otherwise add them up across steps); an optimizer that did
+        not step keeps them (PyTorch's gradient accumulation over calls)."""
         extended, train = strategy.extended, ModeKeys.TRAIN
         apply_gradients, run_train_op = extended.apply_gradients, extended.run_train_op
         optimizer, optimizers = torch.optim.Optimizer, scope.optimizers
         checked = [None]   # the optimizer last found to be the scope's
+        watched, stepped = {}, set()   # ids of the optimizers hooked / stepped in the call
+
+        def note_step(opt, args, kwargs):
+            stepped.add(id(opt))
 
         def step(spec=None):
             if spec is None:
@@ -307,9 +312,15 @@ class Estimator:
                     _check_scope_optimizer(train_op, optimizers)
                     checked[0] = train_op
                 apply_gradients(spec.loss, train_op)
-            else:
-                run_train_op(train_op)
+                return spec
+            if len(watched) != len(optimizers):
                 for opt in optimizers.values():
+                    if id(opt) not in watched:
+                        watched[id(opt)] = opt.register_step_post_hook(note_step)
+            stepped.clear()
+            run_train_op(train_op)
+            for opt in optimizers.values():
+                if id(opt) in stepped or id(opt) not in watched:   # (made in the train_op)
                     for group in opt.param_groups:
                         for p in group["params"]:
                             p.grad = None

@@ -26,6 +26,21 @@ _stack: list = []                         # active scopes, innermost last
 _current: Optional["ModelScope"] = None   # _stack[-1], kept for the hot path
 
 
+def _uncompiled(module: torch.nn.Module) -> torch.nn.Module:
+    """The module `torch.compile` wrapped (its `_orig_mod`), else `module`."""
+    original = getattr(module, "_orig_mod", None)
+    return original if isinstance(original, torch.nn.Module) else module
+
+
+def _uncompiled_state(state: dict) -> dict:
+    """A module's state as its uncompiled module names it (checkpoints of
+    compiled modules written before prefixed every key with `_orig_mod.`)."""
+    prefix = "_orig_mod."
+    if state and all(k.startswith(prefix) for k in state):
+        return type(state)((k[len(prefix):], v) for k, v in state.items())
+    return state
+
+
 def _variable_name(owner: str, key: str) -> str:
     """`net` + `0.weight` -> `net/0/weight` (TF-style variable names)."""
     return owner + "/" + key.replace(".", "/")
@@ -82,6 +97,9 @@ class ModelScope:
             raise TypeError(
                 f"get_module({name!r}): the factory must return a torch.nn.Module, "
                 f"got {type(module).__name__}")
+        # torch.compile's module: its variables, checkpoints and exports are
+        # the module it compiled (no `_orig_mod` in their names)
+        original = _uncompiled(module)
         if self._restore is not None:
             state = self._restore["modules"].get(name)
             if state is None:
@@ -90,13 +108,13 @@ class ModelScope:
                     f"module {name!r} (it has {sorted(self._restore['modules'])}); "
                     "a model_dir must keep the same model, use warm_start_from for a new one")
             try:
-                module.load_state_dict(state)
+                original.load_state_dict(_uncompiled_state(state))
             except RuntimeError as e:
                 raise ValueError(f"get_module({name!r}): cannot restore from "
                                  f"{self._restore_path}: {e}") from None
         elif self._warm_start is not None:
-            self._warm_start.apply(name, module)
-        self.raw_modules[name] = module
+            self._warm_start.apply(name, original)
+        self.raw_modules[name] = original
         placed = self.strategy.extended.create_module(name, module)
         placed.train(self.mode == ModeKeys.TRAIN)
         self.modules[name] = placed

@@ -520,6 +520,47 @@ def test_custom_train_op_callable(tmp_path):
     assert abs(e.get_variable_value("net/weight")[0, 0] - 2.0) < 0.5
 
 
+@pytest.mark.parametrize("zeroes", [True, False])
+def test_a_train_op_stepping_every_k_calls_accumulates_as_a_plain_loop(tmp_path, zeroes):
+    """PyTorch's gradient accumulation in a callable train_op (backward every
+    call, step every k-th): the framework frees only the gradients of the
+    optimizers that stepped, so the plain loop's weights come out (before, it
+    freed them all after each call: each step saw the last batch's only)."""
+    k, g = 3, torch.Generator().manual_seed(7)
+    xs, ys = torch.randn(4 * k, 8, 4, generator=g), torch.randn(4 * k, 8, 1, generator=g)
+
+    def make():
+        return torch.nn.Linear(4, 1)
+    torch.manual_seed(0)
+    net = make()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for i in range(4 * k):
+        (torch.nn.functional.mse_loss(net(xs[i]), ys[i]) / k).backward()
+        if (i + 1) % k == 0:
+            opt.step()
+            opt.zero_grad()
+    calls = [0]
+
+    def model_fn(features, labels, mode):
+        module = est.get_module("net", make)
+        loss = torch.nn.functional.mse_loss(module(features), labels)
+        optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
+
+        def train_op():
+            (loss / k).backward()
+            calls[0] += 1
+            if calls[0] % k == 0:
+                optimizer.step()
+                if zeroes:
+                    optimizer.zero_grad()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path), tf_random_seed=0))
+    e.train(lambda: list(zip(xs, ys)), steps=4 * k)
+    assert e.get_variable_value("global_step") == 4 * k    # calls, as TF's (one per batch)
+    torch.testing.assert_close(torch.as_tensor(e.get_variable_value("net/weight")),
+                               net.weight.detach(), rtol=0, atol=1e-6)
+
+
 def test_a_train_op_that_cannot_train_says_why(tmp_path):
     """An optimizer factory given as train_op, and a detached loss, failed
     with torch's words from deep inside (a missing argument 'p'; "element 0
@@ -795,3 +836,41 @@ def test_no_model_dir_uses_a_temporary_one(caplog):
     with caplog.at_level("WARNING"):
         e = est.Estimator(regression_model_fn)
     assert os.path.isdir(e.model_dir) and "temporary folder" in caplog.text
+
+
+def _compilable_model_fn(compiled):
+    def model_fn(features, labels, mode):
+        def make():
+            net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(),
+                                      torch.nn.Linear(4, 1))
+            return torch.compile(net, backend="eager") if compiled else net
+        net = est.get_module("net", make)
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        return est.EstimatorSpec(mode, loss=loss, predictions={"y": net(features["x"])},
+                                 train_op=est.get_optimizer(
+                                     lambda p: torch.optim.SGD(p, lr=0.1)))
+    return model_fn
+
+
+def test_a_compiled_module_is_named_saved_and_restored_as_the_module_it_compiled(tmp_path):
+    """torch.compile's wrapper put `_orig_mod` in every variable name and
+    checkpoint key, so the same model without compile (or with) could not
+    restore the model_dir ("Unexpected key(s) _orig_mod.0.weight")."""
+    compiled = est.Estimator(_compilable_model_fn(True), str(tmp_path))
+    compiled.train(regression_input_fn(), steps=3)
+    names = [n for n in compiled.get_variable_names() if n.startswith("net/")]
+    assert names == ["net/0/bias", "net/0/weight", "net/2/bias", "net/2/weight"]
+    plain = est.Estimator(_compilable_model_fn(False), str(tmp_path))
+    assert plain.evaluate(regression_input_fn(), steps=2) == compiled.evaluate(
+        regression_input_fn(), steps=2)
+    plain.train(regression_input_fn(), steps=2)
+    compiled.train(regression_input_fn(), steps=2)
+    assert compiled.get_variable_value("global_step") == 7
+
+
+def test_a_checkpoint_of_a_compiled_module_with_orig_mod_keys_still_restores():
+    from hooks.model_scope import _uncompiled_state
+    state = {"_orig_mod.0.weight": 1, "_orig_mod.0.bias": 2}
+    assert _uncompiled_state(state) == {"0.weight": 1, "0.bias": 2}
+    mixed = {"_orig_mod.w": 1, "b": 2}
+    assert _uncompiled_state(mixed) is mixed
