@@ -140,6 +140,13 @@ class ModelScope:
                 raise ValueError(f"get_optimizer(name={name!r}): the checkpoint "
                                  f"{self._restore_path} has no optimizer {name!r}")
             optimizer.load_state_dict(state)
+            if any("initial_lr" in group for group in state["param_groups"]):
+                logger.warning(
+                    "get_optimizer(name=%r): a torch LR scheduler drove this optimizer (its "
+                    "param groups hold 'initial_lr'), and a scheduler's state is not in the "
+                    "checkpoint: one made anew restarts its schedule from its first step. Use "
+                    "est.learning_rate_decay's schedules (rates of the global step, restored "
+                    "exactly), or set the optimizer's rates from est.get_global_step()", name)
         elif self._warm_start is not None and self.mode == ModeKeys.TRAIN:
             self._warm_start.apply_optimizer(optimizer, var_names)
         self.optimizers[name] = optimizer

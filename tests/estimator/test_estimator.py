@@ -874,3 +874,29 @@ def test_a_checkpoint_of_a_compiled_module_with_orig_mod_keys_still_restores():
     assert _uncompiled_state(state) == {"0.weight": 1, "0.bias": 2}
     mixed = {"_orig_mod.w": 1, "b": 2}
     assert _uncompiled_state(mixed) is mixed
+
+
+def test_a_restored_optimizer_a_torch_scheduler_drove_warns_that_its_schedule_restarts(
+        tmp_path, caplog):
+    """A LambdaLR made in model_fn restarted its schedule after a restart,
+    silently (a probe: the rate 0.01 * 0.8**10 where 0.8**20 was due)."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.01))
+        if not hasattr(opt, "scheduler"):
+            opt.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.8 ** s)
+
+        def train_op():
+            loss.backward()
+            opt.step()
+            opt.scheduler.step()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    e = est.Estimator(model_fn, str(tmp_path))
+    with caplog.at_level("WARNING"):
+        e.train(regression_input_fn(), steps=2)
+    assert "LR scheduler" not in caplog.text
+    with caplog.at_level("WARNING"):
+        e.train(regression_input_fn(), steps=2)
+    assert "a torch LR scheduler drove this optimizer" in caplog.text
+    assert "est.learning_rate_decay" in caplog.text
