@@ -88,14 +88,18 @@ _any_size: Dict[int, tuple] = {}   # by id(tensor), dropped with the tensor
 _ANY_SIZE_EXAMPLE = 8    # the size such a dimension is traced at (a conv's kernel fits)
 
 
-def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None) -> torch.Tensor:
+def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
+                fill_value=0) -> torch.Tensor:
     """An example serving input standing for TF's
-    ``tf.compat.v1.placeholder(dtype, shape)``: zeros of `shape`, where each
-    None is a dimension of any size in the export (the first, the batch,
-    traced at 2 rows, the others at 8). Give it to `ServingInputReceiver` or
-    `build_raw_serving_input_receiver_fn`: ``placeholder(torch.int64, [None,
-    None])`` serves token ids of any length. `name` is accepted for TF's
-    signature (the receiver's key names the input)."""
+    ``tf.compat.v1.placeholder(dtype, shape)``: `fill_value` (zeros) in
+    `shape`, where each None is a dimension of any size in the export (the
+    first, the batch, traced at 2 rows, the others at 8). Give it to
+    `ServingInputReceiver` or `build_raw_serving_input_receiver_fn`:
+    ``placeholder(torch.int64, [None, None])`` serves token ids of any
+    length. The export runs model_fn's PREDICT path on it: where 0 is padding
+    or a length (an all-padding sequence breaks a padding mask or
+    pack_padded_sequence), trace with ``fill_value=1``. `name` is accepted
+    for TF's signature (the receiver's key names the input)."""
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"placeholder: dtype must be a torch.dtype (torch.float32, "
                          f"torch.int64, ...), got {dtype!r}")
@@ -109,8 +113,8 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None) -> 
                              f"got {d!r}")
     if not dims:
         raise ValueError("placeholder: a serving input needs a batch dimension, got shape []")
-    example = torch.zeros([(2 if i == 0 else _ANY_SIZE_EXAMPLE) if d is None else d
-                           for i, d in enumerate(dims)], dtype=dtype)
+    example = torch.full([(2 if i == 0 else _ANY_SIZE_EXAMPLE) if d is None else d
+                          for i, d in enumerate(dims)], fill_value, dtype=dtype)
     _mark_any_size(example, tuple(i for i, d in enumerate(dims) if d is None and i > 0))
     return example
 
@@ -581,7 +585,16 @@ def _tensor_program(receiver, scope, call, any_size: dict) -> _Built:
         inputs = {n: _example(t, 2) for n, t in inputs.items()}
         batch = 2
     module = _serving_class(list(inputs))(scope, call, receiver._features_fn())
-    outputs = module._serve(inputs)   # builds and restores the modules (in eval())
+    try:
+        outputs = module._serve(inputs)   # builds and restores the modules (in eval())
+    except (RuntimeError, ValueError, IndexError) as e:
+        zeros = sorted(n for n, t in inputs.items() if t.numel() and not t.any())
+        if zeros:
+            e.add_note(f"(raised by model_fn's PREDICT path run by the export on the "
+                       f"receiver's example inputs: {', '.join(zeros)} all zeros. Where 0 is "
+                       "padding or a length, give est.export.placeholder(..., fill_value=1) "
+                       "or an example tensor of real values)")
+        raise
     return _Built(module, outputs, inputs, inputs, _dynamic_shapes(inputs, dynamic, any_size),
                   dynamic, batch)
 

@@ -242,3 +242,53 @@ def test_a_receiver_naming_features_otherwise_than_training_says_so(tmp_path):
             f"features are ['inputs']. If {key} is a feature, the receiver must name its "
             "features as the training input_fn names them")
     assert not os.path.exists(tmp_path / "e")
+
+
+class MaskedEncoder(torch.nn.Module):
+    """A transformer encoder over token ids with a padding mask (0 is padding),
+    mean-pooled: torch's nested-tensor fast path cannot run a sequence that
+    is all padding, which zeros are."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 8, padding_idx=0)
+        layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.1,
+                                                 batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 1)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, ids):
+        pad = ids == 0
+        h = self.encoder(self.embed(ids), src_key_padding_mask=pad)
+        keep = (~pad).unsqueeze(-1).float()
+        return self.out((h * keep).sum(1) / keep.sum(1).clamp(min=1))
+
+
+def masked_model_fn(features, labels, mode):
+    net = est.get_module("encoder", MaskedEncoder)
+    return est.BinaryClassHead().create_estimator_spec(
+        features, mode, net(features["ids"]), labels,
+        optimizer=est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.02)))
+
+
+def test_a_placeholder_traced_with_fill_value_one_exports_a_padding_mask_model(tmp_path):
+    """The export runs the PREDICT path on the placeholder's values: zeros,
+    all padding here, failed inside torch ("to_padded_tensor: at least one
+    constituent tensor should have non-zero numel") without a word about the
+    export. The error now says what ran on what; fill_value=1 exports it."""
+    def receiver(fill_value):
+        return est.export.build_raw_serving_input_receiver_fn(
+            {"ids": est.export.placeholder(torch.int64, [None, None], fill_value=fill_value)})
+    e = est.Estimator(masked_model_fn, str(tmp_path / "m"))
+    rows = text_rows(32, 0)
+    e.train(lambda: [(f, y) for f, y in rows], steps=4)
+    with pytest.raises(RuntimeError) as raised:
+        e.export_saved_model(str(tmp_path / "zeros"), receiver(fill_value=0))
+    assert "ids all zeros" in "".join(getattr(raised.value, "__notes__", []))
+    assert "fill_value=1" in "".join(raised.value.__notes__)
+    path = e.export_saved_model(str(tmp_path / "ones"), receiver(fill_value=1))
+    ids = rows[0][0]["ids"]
+    want = np.stack([p["logistic"] for p in e.predict(lambda: [{"ids": ids}])])
+    got = est.export.load(path).signatures["predict"](ids=ids)["logistic"]
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-5)
+    assert est.export.placeholder(torch.int64, [None, 3], fill_value=1).eq(1).all()
