@@ -177,8 +177,10 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
     try:
         for i in range(len(names)):
             mine, theirs = ctx.Pipe()
+            # Not daemonic: a replica's DataLoader starts worker processes
+            # (no replica outlives this call: stopped below, PR_SET_PDEATHSIG).
             p = ctx.Process(target=_child, name=f"replica-{i}",
-                            args=(theirs, i, setup, fn, args, kwargs), daemon=True)
+                            args=(theirs, i, setup, fn, args, kwargs), daemon=False)
             p.start()
             theirs.close()
             procs.append(p)
@@ -195,6 +197,9 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
         _stop(procs, signal.SIGKILL)
         for c in conns:
             c.close()
+        for p in procs:   # its pipes now, not when a kept traceback is freed
+            if p.exitcode is not None:
+                p.close()
         del held   # after the replicas: the store they met at outlives them
 
 

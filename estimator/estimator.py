@@ -166,8 +166,10 @@ class Estimator:
         scope, warm = self._training_scope(strategy)
         stop = [hooks_lib.StopAtStepHook(num_steps=steps, last_step=max_steps)] \
             if steps is not None or max_steps is not None else []
-        with scope, strategy.scope():
-            batches = self._batches(input_fn, ModeKeys.TRAIN, strategy)
+        # The input closed on the way out, an error's too: its read-ahead thread
+        # and DataLoader workers end now, not when a kept traceback is freed.
+        with scope, strategy.scope(), contextlib.closing(
+                self._batches(input_fn, ModeKeys.TRAIN, strategy)) as batches:
             call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.TRAIN)
             first = self._first_spec(batches, scope, ModeKeys.TRAIN, strategy, call)
             if first is None:
@@ -416,8 +418,8 @@ class Estimator:
                                            restore_path=path or "the training's state")
             what = path or f"the training's state at global step {scope.global_step}"
         logger.info("Starting evaluation of %s", what)
-        with scope, strategy.scope(), torch.no_grad():
-            batches = self._batches(input_fn, ModeKeys.EVAL, strategy)
+        with scope, strategy.scope(), torch.no_grad(), contextlib.closing(
+                self._batches(input_fn, ModeKeys.EVAL, strategy)) as batches:
             call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.EVAL)
             first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy, call)
             if first is None:
@@ -479,9 +481,9 @@ class Estimator:
         # generator waits, it made a `train` between two predictions (or any
         # torch work of the caller's) run without gradients, and closing the
         # generator later put back a stale mode in whatever ran then.
-        with scope, strategy.scope():
+        with scope, strategy.scope(), contextlib.closing(
+                self._batches(input_fn, ModeKeys.PREDICT, strategy)) as batches:
             with torch.no_grad():
-                batches = self._batches(input_fn, ModeKeys.PREDICT, strategy)
                 call = strategy.extended.in_replica_context(self._call_model_fn,
                                                             ModeKeys.PREDICT)
                 first = self._first_spec(batches, scope, ModeKeys.PREDICT, strategy, call)
@@ -570,11 +572,14 @@ class Estimator:
         moved = strategy.extended.distribute_input(
             lambda context: _inputs.call_input_fn(input_fn, mode, self.params, self._config,
                                                   context), input_fn, mode, read)
-        for batch in moved:
-            if type(batch) is tuple and len(batch) == 2 and not predict:
-                yield batch
-            else:   # (PREDICT: labels given are dropped, as TF's predict passes None)
-                yield _inputs.split_batch(batch, mode, predict)
+        try:
+            for batch in moved:
+                if type(batch) is tuple and len(batch) == 2 and not predict:
+                    yield batch
+                else:   # (PREDICT: labels given are dropped, as TF's predict passes None)
+                    yield _inputs.split_batch(batch, mode, predict)
+        finally:   # closed: a read-ahead thread stops, its thread count put back
+            getattr(moved, "close", lambda: None)()
 
     def _first_spec(self, batches, scope, mode, strategy, call) -> Optional[tuple]:
         """Call model_fn (`call`: in the replica's context) on the first batch

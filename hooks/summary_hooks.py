@@ -213,11 +213,17 @@ class _WritesSummaries(SessionRunHook):
         return self._given_writer is not None or bool(self._output_dir)
 
     def end(self, session):
+        self.settle()
+        if self._given_writer is not None:
+            self._given_writer.flush()
+
+    def settle(self) -> None:
+        """Also after an error (which skips `end`, as TF's): the cached writer
+        is let go (its held scalars written; closed with its last user), so a
+        failed run leaves no writer thread behind."""
         if self._acquired is not None:
             self._acquired = None
             SummaryWriterCache._release(self._output_dir)
-        elif self._given_writer is not None:
-            self._given_writer.flush()
 
 
 class SummarySaverHook(_WritesSummaries):

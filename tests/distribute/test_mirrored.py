@@ -17,7 +17,7 @@ import torch
 import distribute
 import estimator as est
 import hooks
-from models import regression_model_fn
+from models import regression_data, regression_model_fn
 from replica_helpers import (OnReplica, RecordLoss, RecordSaves, SaveWeights, batches,
                              concatenated, rank)
 from paths import FIXTURES, ROOT, SUPPORT
@@ -1181,3 +1181,44 @@ def test_a_compiled_module_trains_on_two_replicas_as_in_one_process(tmp_path):
     one.train(lambda: concatenated(batches(batch_size=16), 2), steps=3)
     assert sorted(variables(two)) == ["global_step", "linear/bias", "linear/weight"]
     assert_same_variables(two, one)
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x, self.y = (torch.as_tensor(a) for a in regression_data(64, 0))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i]}, self.y[i]
+
+
+def test_replicas_read_from_a_dataloader_with_worker_processes(tmp_path):
+    """The replicas were daemonic processes, which may not start children: a
+    DataLoader with num_workers failed ("daemonic processes are not allowed
+    to have children")."""
+    e = make(tmp_path / "m", STRATEGIES["mirrored"]())
+    e.train(lambda input_context: torch.utils.data.DataLoader(
+        _Rows(), batch_size=8, num_workers=2), steps=4)
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 4
+
+
+def test_a_failed_launch_leaves_no_pipe_open(tmp_path):
+    """The replicas' process objects kept their pipes until a garbage
+    collection: 4 more open files per failed train while the error is kept."""
+    import gc
+    e = make(tmp_path / "m", STRATEGIES["mirrored"]())
+    kept = []
+    gc.disable()
+    try:
+        open_files = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            try:
+                e.train(lambda: batches(), steps=10, hooks=[OnReplica(1, 2, "raise")])
+            except ValueError as error:
+                kept.append(error)
+        assert len(kept) == 3
+        assert len(os.listdir("/proc/self/fd")) <= open_files
+    finally:
+        gc.enable()

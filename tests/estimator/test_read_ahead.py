@@ -177,3 +177,32 @@ def test_a_core_is_left_to_the_input_thread_while_reading_ahead(how):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_failed_train_leaves_no_thread_and_the_thread_count_as_it_was(tmp_path):
+    """A hook raising mid-training (the error kept, as a notebook keeps
+    sys.last_value): the read-ahead thread ran on and torch's threads stayed
+    one fewer until the traceback was freed, and the model_dir's summary
+    writer thread stayed for the process (one more per failed train)."""
+    import hooks
+
+    class Fail(hooks.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            if run_context.session.global_step == 3:
+                raise ValueError("hook broke")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    threads = threading.active_count()
+    kept = []
+    for i in range(3):
+        e = est.Estimator(regression_model_fn, config=est.RunConfig(
+            model_dir=str(tmp_path / str(i)), experimental_prefetch_batches=2,
+            save_summary_steps=1), params={})
+        try:
+            e.train(regression_input_fn(repeat=True), max_steps=10, hooks=[Fail()])
+        except ValueError as error:
+            kept.append(error)
+        assert torch.get_num_threads() == 2
+        assert threading.active_count() == threads, threading.enumerate()
+    assert len(kept) == 3
+    torch.set_num_threads(before)
