@@ -358,15 +358,16 @@ class _WarmStarter:
                 if name in settings.var_name_to_prev_var_name:
                     self._renamed.add(name)
                 if prev not in self._variables:
-                    if isinstance(settings.vars_to_warm_start, str) and info is None:
-                        logger.warning("Warm-start: %s is not in %s; left as initialised",
-                                       prev, self.path)
-                        continue
+                    # TF's error, whatever selected the variable (a regex, the
+                    # default ".*" included, or a list): a warm start never
+                    # leaves a variable it was asked for at its initial value.
                     close = difflib.get_close_matches(prev, list(self._variables), n=3,
                                                       cutoff=0.5)
-                    raise ValueError(f"Warm-start: variable {prev!r} (for {name!r}) is not in "
-                                     f"checkpoint {self.path}" + (
-                                         f"; the closest names: {close}" if close else ""))
+                    raise ValueError(
+                        f"Warm-start: tensor {prev!r} (for {name!r}) is not found in checkpoint "
+                        f"{self.path}" + (f"; the closest names: {close}" if close else "") +
+                        "; leave the variable out of vars_to_warm_start or map it to a "
+                        "checkpoint name in var_name_to_prev_var_name")
                 value = self._variables[prev]
                 if info is not None:
                     value = _remapped(value, info, tuple(tensor.shape), name, prev)

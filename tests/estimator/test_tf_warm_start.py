@@ -353,3 +353,50 @@ def test_an_experiment_warm_starts_from_a_tf_saved_model_directory(tmp_path):
     settings = experiment.load(str(path)).warm_start_settings()
     from estimator.warm_start import _WarmStarter
     assert _WarmStarter(settings).path == os.path.join(export_dir, "variables", "variables")
+
+
+with open(os.path.join(FIXTURES, "tf_warm_start_missing.json"), encoding="utf-8") as _f:
+    MISSING = json.load(_f)
+
+
+class _Bias(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(n))
+
+
+@pytest.mark.parametrize("case", sorted(MISSING["cases"]))
+def test_a_selected_variable_missing_from_the_checkpoint_is_an_error_as_tf(case, tmp_path):
+    """record_tf_warm_start_missing.py: a variable the settings select (a
+    regex, the default ".*" included, or a list) that the checkpoint does not
+    hold, or a renaming to a name it does not hold (a typo), is TF's
+    ValueError. Before, a regex only logged a warning and left the variable
+    at its initial value: a BERT port's typo in a renaming trained from a
+    random pooler without a word."""
+    recorded = MISSING["cases"][case]
+
+    def model_fn(features, labels, mode):
+        hidden = est.get_module("hidden", lambda: torch.nn.Linear(4, 4))
+        new = est.get_module("new", lambda: _Bias(3))
+        loss = (hidden(features["x"]).sum() + new.bias.sum()) * 0.0
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(FROZEN))
+    settings = est.WarmStartSettings(
+        os.path.join(FIXTURES, LAYERS["prefix"]),
+        vars_to_warm_start=recorded["vars_to_warm_start"],
+        var_name_to_prev_var_name=dict(recorded["var_name_to_prev_var_name"],
+                                       **{"hidden/weight": "hidden/kernel"}))
+    estimator = est.Estimator(model_fn, model_dir=str(tmp_path), warm_start_from=settings)
+
+    def train():
+        estimator.train(lambda: [({"x": torch.ones(1, 4)}, None)], max_steps=1)
+    if recorded["error"] is None:
+        train()
+        np.testing.assert_allclose(estimator.get_variable_value("hidden/bias"),
+                                   recorded["hidden/bias"], rtol=1e-6)
+        return
+    kind, message = recorded["error"]
+    assert kind == "ValueError"
+    missing = message.split()[1]   # "Tensor <name> is not found in CKPT"
+    with pytest.raises(ValueError, match=rf"tensor '{missing}' .*is not found in checkpoint"):
+        train()
+    assert not os.path.exists(os.path.join(tmp_path, "checkpoint"))   # nothing written

@@ -44,6 +44,8 @@ eval_spec:
 def workdir(tmp_path, monkeypatch):
     (tmp_path / "mod.py").write_text(MODULE)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))   # (before another test's mod.py)
+    sys.modules.pop("mod", None)
     yield tmp_path
     sys.modules.pop("mod", None)
 
