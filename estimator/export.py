@@ -35,12 +35,14 @@ dict of receiver tensors (the preprocessing TF would build into the graph).
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import keyword
 import logging
 import os
 import shutil
 import time
+import uuid
 import weakref
 import zipfile
 from typing import Any, Callable, Dict, NamedTuple, Optional
@@ -483,6 +485,22 @@ def _timestamped_dir(export_dir_base: str) -> str:
     return os.path.join(export_dir_base, str(stamp))
 
 
+def _rename_to_new(temp: str, final: str, export_dir_base: str) -> str:
+    """Rename `temp` to `final`, or to the next timestamp where another
+    process took `final` meanwhile (TF's get_timestamped_export_dir also
+    moves on to the next second); the path it got."""
+    for _ in range(10):
+        try:
+            os.rename(temp, final)
+            return final
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        final = _timestamped_dir(export_dir_base)
+    raise FileExistsError(errno.EEXIST, "no free timestamped export directory after 10 tries "
+                          "(other processes exporting there)", final)
+
+
 def _describe(tensors: Dict[str, torch.Tensor], batch: Optional[int],
               any_size: Optional[dict] = None) -> list:
     """name, dtype and shape of each tensor; None for the batch and for the
@@ -749,8 +767,10 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     }
     os.makedirs(export_dir_base, exist_ok=True)
     final = _timestamped_dir(export_dir_base)
-    temp = os.path.join(export_dir_base, "temp-" + os.path.basename(final))
-    shutil.rmtree(temp, ignore_errors=True)
+    # This process's own temp directory: several processes (every rank of a
+    # torchrun job) may export into one export_dir_base at once.
+    temp = os.path.join(export_dir_base,
+                        f"temp-{os.path.basename(final)}-{uuid.uuid4().hex[:12]}")
     os.makedirs(temp)
     try:
         torch.export.save(program, os.path.join(temp, PROGRAM))
@@ -763,7 +783,7 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
             _copy_assets(assets_extra, os.path.join(temp, "assets.extra"))
         if transform is not None:
             transform.save(temp)
-        os.rename(temp, final)
+        final = _rename_to_new(temp, final, export_dir_base)
     except BaseException as e:
         shutil.rmtree(temp, ignore_errors=True)
         if isinstance(e, OSError) and e.filename is None:   # a full disk: name the export

@@ -14,7 +14,8 @@ import os
 from typing import Optional
 
 import distribute
-from distribute.cluster_resolver import ClusterSpec, load_tf_config, quote
+from distribute.cluster_resolver import (ClusterSpec, TorchrunClusterResolver,
+                                         load_tf_config, quote)
 
 from ._checks import is_int, is_number
 
@@ -248,7 +249,9 @@ class RunConfig:
     Cluster properties (`cluster_spec`, `task_type`, `task_id`, `is_chief`,
     `master`, `num_worker_replicas`, `num_ps_replicas`,
     `global_id_in_cluster`, ...) come from TF_CONFIG with tf.estimator 2.15's
-    rules, whether or not a strategy is given. `session_config`, `device_fn`,
+    rules, whether or not a strategy is given; without TF_CONFIG, under
+    torchrun, the rank gives `task_type`, `task_id`, `is_chief` (rank 0
+    alone), `global_id_in_cluster` and `num_worker_replicas`. `session_config`, `device_fn`,
     `protocol`, `checkpoint_save_graph_def` and `experimental_max_worker_delay_secs`
     are kept for API compatibility and do nothing (there are no sessions or
     graphs here; the transport is torch.distributed); setting one of the first
@@ -369,6 +372,20 @@ class RunConfig:
         self._is_chief = True
         self._num_ps_replicas = 0
         self._num_worker_replicas = 1
+        if not tf_config.raw and TorchrunClusterResolver.in_environment():
+            self._init_ranks_from_torchrun()
+
+    def _init_ranks_from_torchrun(self):
+        """Under torchrun (no TF_CONFIG), the rank gives the role, as it does
+        to MultiWorkerMirroredStrategy: rank 0 the chief, rank r worker r - 1,
+        so `is_chief` is true on rank 0 alone. The cluster_spec stays empty:
+        train_and_evaluate runs in local mode on every rank."""
+        resolver = TorchrunClusterResolver()
+        if resolver.world_size > 1:
+            self._task_type, self._task_id = resolver.task_type, resolver.task_id
+            self._is_chief = resolver.rank == 0
+            self._global_id_in_cluster = resolver.rank
+            self._num_worker_replicas = resolver.world_size
 
     def _init_distributed_setting_without_chief(self, tf_config):
         """A cluster of workers (and maybe ps) with no chief, under a strategy:

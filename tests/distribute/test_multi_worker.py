@@ -140,7 +140,8 @@ def test_under_torchrun(tmp_path):
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", TASK,   # a free port
-                           str(tmp_path / "m"), str(out), "--steps", "4"], env=env, text=True,
+                           str(tmp_path / "m"), str(out), "--steps", "4", "--evaluate",
+                           "--export"], env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=100)
     assert proc.returncode == 0, proc.stdout[:1500] + "\n...\n" + proc.stdout[-3000:]
     assert "rank 1 of 2" in proc.stdout
@@ -148,6 +149,18 @@ def test_under_torchrun(tmp_path):
     two = load_estimator(tmp_path / "m")
     np.testing.assert_allclose(two.get_variable_value("linear/weight"),
                                one.get_variable_value("linear/weight"), atol=1e-6, rtol=0)
+    # RunConfig takes the role from the rank, as the strategy does: rank 1 is
+    # no chief, and only rank 0 writes the evaluation's summaries (before,
+    # every rank was the chief and each wrote an event file into eval/).
+    exports = [json.loads((out / f"export-{r}.json").read_text()) for r in (0, 1)]
+    assert [x["is_chief"] for x in exports] == [True, False]
+    assert len(os.listdir(tmp_path / "m" / "eval")) == 1
+    # Both ranks exported at once into one export_dir_base, each into its own
+    # timestamped directory (before, they shared a temp directory: one failed).
+    paths = {x["path"] for x in exports}
+    assert len(paths) == 2 and all(os.path.isfile(os.path.join(p, "signature.json"))
+                                   for p in paths)
+    assert sorted(os.listdir(out / "export")) == sorted(os.path.basename(p) for p in paths)
 
 
 # -- without processes --------------------------------------------------------------------
@@ -205,6 +218,16 @@ def test_torchrun_and_slurm_environments(monkeypatch):
     assert isinstance(s.cluster_resolver, distribute.cluster_resolver.TorchrunClusterResolver)
     assert s.extended._rank() == 1 and not s.extended.should_checkpoint
     assert s.extended._topology.env_rendezvous
+    # RunConfig reads the same roles from the rank (no cluster_spec: local mode)
+    c = est.RunConfig()
+    assert (c.task_type, c.task_id, c.is_chief, c.global_id_in_cluster,
+            c.num_worker_replicas, c.cluster_spec.as_dict()) == ("worker", 0, False, 1, 2, {})
+    monkeypatch.setenv("RANK", "0")
+    c = est.RunConfig()
+    assert (c.task_type, c.task_id, c.is_chief) == ("chief", 0, True)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    c = est.RunConfig()
+    assert (c.task_type, c.task_id, c.is_chief, c.num_worker_replicas) == ("worker", 0, True, 1)
 
 
 def test_communication_choices():

@@ -2,12 +2,15 @@
 
 Run with TF_CONFIG (or torchrun's environment) set:
 
-    python tests/support/cluster_task.py MODEL_DIR OUT_DIR --steps 5 [--evaluate] [--fail die|hang]
+    python tests/support/cluster_task.py MODEL_DIR OUT_DIR --steps 5 [--evaluate] [--export]
+        [--fail die|hang]
 
 Trains the regression model on batches of 16 (the input_fn ignores its
 input_context, so each task keeps every n-th batch), writes this replica's
 weights to OUT_DIR/weights-<rank>.pt and, with --evaluate, the evaluation of
-a 7-batch set to OUT_DIR/eval-<rank>.json.
+a 7-batch set to OUT_DIR/eval-<rank>.json; with --export, every task exports
+(as a TF1 script's train, evaluate, export on every worker does) and writes
+the export's path and its RunConfig's is_chief to OUT_DIR/export-<rank>.json.
 """
 import argparse
 import json
@@ -17,6 +20,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), HERE]   # the repository, tests/support
+
+import torch  # noqa: E402
 
 import distribute  # noqa: E402
 import estimator as est  # noqa: E402
@@ -30,6 +35,7 @@ def main():
     parser.add_argument("out_dir")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--evaluate", action="store_true")
+    parser.add_argument("--export", action="store_true")
     parser.add_argument("--fail", choices=["die", "hang"])
     parser.add_argument("--timeout", type=float, default=30)
     args = parser.parse_args()
@@ -48,6 +54,12 @@ def main():
         result = e.evaluate(lambda: batches(n=210, batch_size=30, seed=1))
         with open(os.path.join(args.out_dir, f"eval-{rank()}.json"), "w") as f:
             json.dump(result, f)
+    if args.export:
+        receiver = est.export.build_raw_serving_input_receiver_fn(
+            {"x": est.export.placeholder(torch.float32, [None, 3])})
+        path = e.export_saved_model(os.path.join(args.out_dir, "export"), receiver)
+        with open(os.path.join(args.out_dir, f"export-{rank()}.json"), "w") as f:
+            json.dump({"path": path, "is_chief": e.config.is_chief}, f)
 
 
 if __name__ == "__main__":
