@@ -235,6 +235,7 @@ class ParameterStore:
         self._seen: Dict[str, float] = {}
         self._left: set = set()
         self._ended_at: Optional[float] = None
+        self.preempted_by: Optional[str] = None   # who was preempted: no more tickets
         self._started_at = time.monotonic()
         self.end_requested = threading.Event()
 
@@ -380,19 +381,34 @@ class ParameterStore:
         return self.status()
 
     def next_ticket(self, task: str, limit: Optional[int], done: int):
-        """(ticket, global step): the next global step for `task`, or None
-        once training ended or reached `limit`; `done` is its previous ticket."""
+        """(ticket, global step, preempted_by): the next global step for
+        `task`, or None once training ended, was preempted or reached `limit`;
+        `done` is its previous ticket."""
         with self._lock:
             self._seen[task] = time.monotonic()
             if done > self._completed.get(task, 0):
                 self._completed[task] = done
                 self._lock.notify_all()
-            if self._ended_at is not None or (limit is not None and self._global_step >= limit):
-                return None, self._global_step
+            if (self._ended_at is not None or self.preempted_by is not None
+                    or (limit is not None and self._global_step >= limit)):
+                return None, self._global_step, self.preempted_by
             self._global_step += 1
             self._issued[task] = self._global_step
             self.steps_by_trainer[task] = self.steps_by_trainer.get(task, 0) + 1
-            return self._global_step, self._global_step
+            return self._global_step, self._global_step, None
+
+    def preempt(self, who: str) -> int:
+        """A preemption (SIGTERM/SIGINT on the chief or a ps task): hand out
+        no more global steps, so every trainer stops after the step it is in
+        and the chief saves the state once those are applied; returns the
+        global step training stops at."""
+        with self._lock:
+            if self.preempted_by is None:
+                self.preempted_by = who
+                logger.warning("ps %d: %s was preempted: no more global steps are handed out; "
+                               "training stops at global step %d, where the chief saves",
+                               self.task_index, who, self._global_step)
+            return self._global_step
 
     def wait_completed(self, caller: str, timeout: float) -> Tuple[int, List[str]]:
         """Wait until every ticket handed out so far (but the caller's) is
@@ -521,6 +537,10 @@ def _complete(task, done):
 
 def _end_training():
     return _local().end_training()
+
+
+def _preempt(who):
+    return _local().preempt(who)
 
 
 def _leave(task, done):

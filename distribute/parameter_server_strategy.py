@@ -127,6 +127,7 @@ class _ParameterServerExtended(StrategyExtended):
         self._done = 0
         self._exhausted = False
         self._buffers_pushed = False
+        self.preempted = False
 
     # -- TF's public surface ---------------------------------------------------------
     @property
@@ -504,11 +505,16 @@ class _ParameterServerExtended(StrategyExtended):
             return self._ticket
         self._prefetch_ticket()
         future, self._ticket_future = self._ticket_future, None
-        ticket, step = self._client.result(future, 0, "taking the next global step")
-        if ticket is None:   # max_steps reached (by others), or the chief ended training
-            self._exhausted = True
+        ticket, step, preempted_by = self._client.result(future, 0, "taking the next global step")
+        if ticket is None:   # max_steps reached (by others), the chief ended training, or
+            self._exhausted = True   # a preemption stopped it
             self._scope.global_step = step
-            logger.info("%s: global step %d reached; stopping", self._client.task, step)
+            if preempted_by is not None:
+                self.preempted = True
+                logger.warning("%s: %s was preempted: stopping at global step %d",
+                               self._client.task, preempted_by, step)
+            else:
+                logger.info("%s: global step %d reached; stopping", self._client.task, step)
             raise StopIteration
         self._ticket = ticket
         self.rpc_steps += 1
@@ -593,18 +599,31 @@ class _ParameterServerExtended(StrategyExtended):
 
     def all_agree_to_stop(self, stop: bool, preempted: bool = False) -> bool:
         """After each step: the step's ticket is done; stop when the global
-        step is used up (max_steps) or a hook asks."""
+        step is used up (max_steps) or a hook asks. A SIGTERM/SIGINT on the
+        chief (`preempted`) stops every trainer: ps 0 hands out no more global
+        steps, and the chief's checkpoint, at the last one handed out, waits
+        for the steps in flight. A worker's own signal stops that worker alone
+        (its updates are on the ps tasks; restarted, it rejoins), as a TF1
+        worker leaving asynchronous training."""
         if self._ticket is not None:
             self._done, self._ticket = self._ticket, None
         self._buffers_pushed = False
+        if preempted and self._is_chief and self._client is not None and not self.preempted:
+            self.preempted = True
+            self._scope.global_step = self._client.preempt(self._client.task)
         return stop or self._exhausted
+
+    @property
+    def preemption_rejoins(self) -> bool:
+        """A worker stopped by its own signal: training goes on without it."""
+        return not self._is_chief and not self.preempted
 
     def end_training(self) -> None:
         if self._client is None:
             return
         if self._ticket_future is not None:   # a ticket taken for a step never run
             try:
-                ticket, _ = self._client.result(self._ticket_future, 0, "ending a step")
+                ticket, _, _ = self._client.result(self._ticket_future, 0, "ending a step")
                 self._done = ticket or self._done
             finally:
                 self._ticket_future = None
@@ -626,14 +645,18 @@ class _ParameterServerExtended(StrategyExtended):
         return out
 
     # -- the ps role ------------------------------------------------------------------------------
-    def serve(self, stop_when: Optional[Callable[[], bool]] = None) -> None:
-        """Run this ps task's Server until training ends (train_and_evaluate's `ps` role)."""
+    def serve(self, stop_when: Optional[Callable[[], bool]] = None,
+              signalled: Optional[Callable[[], Optional[str]]] = None) -> Optional[tuple]:
+        """Run this ps task's Server until training ends (train_and_evaluate's
+        `ps` role); (who was preempted, the global step) if training was
+        (see `Server.join`), else None."""
         from .server import Server
         if self._task_type != "ps":
             raise ValueError(f"This task is {self._task_type}:{self._task_id}, not a ps task")
-        Server(self._spec, job_name="ps", task_index=self._task_id,
-               timeout_secs=self._timeout, init_timeout_secs=self._init_timeout).join(
-                   stop_when=stop_when)
+        server = Server(self._spec, job_name="ps", task_index=self._task_id,
+                        timeout_secs=self._timeout, init_timeout_secs=self._init_timeout)
+        server.join(stop_when=stop_when, signalled=signalled)
+        return server.preempted
 
 
 def _pushing_step(extended: _ParameterServerExtended, name: str):

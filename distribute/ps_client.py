@@ -126,8 +126,14 @@ class Client:
         self.call(0, _ps_rpc._set_ready, global_step, what="marking the parameters initialized")
 
     def next_ticket_async(self, limit: Optional[int], done: int):
-        """A future of the next global step (None past `limit`)."""
+        """A future of (the next global step (None past `limit`, or once
+        training ended or was preempted), the global step, who was preempted)."""
         return self.call_async(0, _ps_rpc._next_ticket, self.task, limit, done)
+
+    def preempt(self, who: str) -> int:
+        """Stop every trainer after its step in flight (a preemption); the
+        global step training stops at."""
+        return self.call(0, _ps_rpc._preempt, who, what="stopping training for a preemption")
 
     def wait_completed(self, timeout: float) -> Tuple[int, List[str]]:
         return self.call(0, _ps_rpc._wait_completed, self.task, timeout,

@@ -19,6 +19,7 @@ serves any job; TF1-style trainers connect through the strategy instead.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Callable, Optional
@@ -33,6 +34,7 @@ _DEFAULT_INIT_TIMEOUT = 600.0
 _END_GRACE_SECS = 30.0
 _EXIT_WAIT_SECS = 5.0
 _POLL_SECS = 0.1
+_PREEMPTED_KEY = "ps/preempted"   # a ps task > 0 that got SIGTERM/SIGINT, for ps 0
 
 
 class Server:
@@ -77,6 +79,7 @@ and ps 0 for a first trainer (then it stops with an error).
         self._end_grace = float(end_grace_secs)
         self._params = None
         self._store = None
+        self.preempted = None   # after join(): (who was preempted, global step), if training was
         if start:
             self.start()
 
@@ -98,28 +101,43 @@ and ps 0 for a first trainer (then it stops with an error).
                                                       self._timeout, self._init_timeout)
 
     def join(self, timeout: Optional[float] = None,
-             stop_when: Optional[Callable[[], bool]] = None) -> bool:
+             stop_when: Optional[Callable[[], bool]] = None,
+             signalled: Optional[Callable[[], Optional[str]]] = None) -> bool:
         """Serve until training ends (True), or `timeout` seconds (False);
         then stop serving. `stop_when()` is polled on ps 0 as another end signal.
+        `signalled()`, polled, names a SIGTERM/SIGINT this task got (None
+        before): the task is preempted, so training stops at one global step
+        (no trainer gets another), the chief saves there, and this task
+        serves until then; `preempted` then says who and the step.
         A worker runs a ClusterCoordinator's functions until it stops them."""
         if self._job == "worker":
             coordinator.run_worker(self._spec, self._task_index, self._timeout,
                                    self._init_timeout)
             return True
         self.start()
+        self._signal_passed_on = False
         deadline = None if timeout is None else time.monotonic() + timeout
         index = self._task_index
         try:
             while True:
+                name = signalled() if signalled is not None else None
+                if name is not None and not self._signal_passed_on:
+                    logger.warning("ps %d: %s received: training stops at one global step, the "
+                                   "chief saves there; serving until then", index, name)
+                    self._pass_on_preemption(f"ps:{index}")
                 if self._done(stop_when):
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     return False
                 time.sleep(_POLL_SECS)
             if index == 0:
-                self._store.set("ps/done", "1")
+                params = self._params
+                if params.preempted_by is not None:
+                    self.preempted = (params.preempted_by, params.status()["global_step"])
+                self._store.set("ps/done", json.dumps(self.preempted))
                 self._wait_for_others()
             else:
+                self.preempted = json.loads(self._store.get("ps/done"))
                 self._store.set(f"ps/exited/{index}", "1")
             params = self._params
             logger.info("ps %d: training is over; applied %d updates (%.2f ms each on "
@@ -132,9 +150,20 @@ and ps 0 for a first trainer (then it stops with an error).
             self._params = self._store = None
             _ps_rpc.stop_serving(grace_secs=0.5)
 
+    def _pass_on_preemption(self, who: str) -> None:
+        """Tell ps 0 (which hands out the global steps) of this task's signal."""
+        self._signal_passed_on = True
+        if self._task_index == 0:
+            self._params.preempt(who)
+        else:
+            self._store.set(_PREEMPTED_KEY, who)
+
     def _done(self, stop_when) -> bool:
         if self._task_index == 0:
             params = self._params
+            if (params.preempted_by is None and len(self._spec.task_indices("ps")) > 1
+                    and self._store.check([_PREEMPTED_KEY])):
+                params.preempt(self._store.get(_PREEMPTED_KEY).decode())
             if stop_when is not None and not params.end_requested.is_set() and stop_when():
                 logger.info("ps 0: the chief's completion marker is there: training ended")
                 params.end_training()

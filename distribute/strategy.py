@@ -251,6 +251,9 @@ class StrategyExtended:
     # agree on.
     all_agree_to_stop: Optional[Callable[[bool, bool], bool]] = None
     preempted = False   # a replica got SIGTERM/SIGINT: training stopped at the agreed step
+    # A trainer stopped by its own signal while the others go on (a worker of
+    # asynchronous ps training): restarted, it rejoins rather than resumes.
+    preemption_rejoins = False
 
     def _input_context(self) -> InputContext:
         return InputContext(1, 0, self._container_strategy.num_replicas_in_sync)

@@ -209,7 +209,8 @@ class Estimator:
             logger.info("Loss for final step: %s.",
                         _as_tf_prints(_python(strategy.extended.reduce_loss(last.loss))))
             if session.preempted:   # saved at the agreed step: exit for a restart
-                preempted = TrainingPreempted(scope.global_step, session.preempted)
+                preempted = TrainingPreempted(scope.global_step, session.preempted,
+                                              strategy.extended.preemption_rejoins)
                 logger.warning("%s", preempted)
                 raise preempted
         return _outcome(None, user_hooks + listeners)

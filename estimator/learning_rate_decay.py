@@ -16,8 +16,9 @@ every step: a rate from these functions, given to the factory, is given to
 the optimizer again at every step as this step's call computed it (a canned
 estimator's `optimizer=lambda p: ...(p, lr=exponential_decay(...,
 est.get_global_step(), ...))`, computed inside the factory, is recomputed
-for each step). A rate changed by arithmetic (`2 * lr`) is another number and
-stays fixed in the optimizer; set `group["lr"]` each step for those. TF
+for each step). A rate changed by arithmetic (`2 * lr`, a warmup blended in)
+is another number and stays fixed in the optimizer (warned, a step after the
+schedule moves); set `group["lr"]` each step for those. TF
 computes in float32; these in float64 (they agree to float32's precision).
 `noisy_linear_cosine_decay` (random) is not here.
 """

@@ -668,12 +668,21 @@ def _run_ps(estimator, train_spec, eval_spec):
             f"{strategy!r}, which does not use parameter servers. Use "
             "ParameterServerStrategy, or remove the 'ps' job from the cluster.")
     model_dir, max_steps, start = estimator.model_dir, train_spec.max_steps, time.time()
-    strategy.extended.serve(stop_when=lambda: _completion(model_dir, max_steps) is not None
-                            or _failure(model_dir, max_steps, start) is not None)
+    # SIGTERM/SIGINT (Kubernetes stops every pod of a job at once): serve on
+    # until the chief has saved at the step training stops at, then exit as
+    # the trainers do, PREEMPTION_EXIT_CODE, so restart policies restart it too.
+    with hooks_lib.preemption.Watcher() as watcher:
+        preempted = strategy.extended.serve(
+            stop_when=lambda: _completion(model_dir, max_steps) is not None
+            or _failure(model_dir, max_steps, start) is not None,
+            signalled=lambda: watcher.signalled)
     failed = _failure(model_dir, max_steps, start)
     if failed is not None:
         raise TrainingFailedError(f"ps {estimator.config.task_id}: training failed on the "
                                   f"chief ({failed['error']}); stopped serving")
+    if preempted is not None:
+        who, step = preempted
+        raise hooks_lib.TrainingPreempted(step, f"{who}'s signal")
 
 
 def _early_stopping_fns(train_spec) -> list:

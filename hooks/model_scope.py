@@ -54,6 +54,14 @@ class _Rate(NamedTuple):
     in_factory: bool                         # computed inside an optimizer's factory
 
 
+class _Unfollowed:
+    """An optimizer built without the schedule model_fn computed (ModelScope._watch_unfollowed)."""
+
+    def __init__(self, name: str, lrs: list, sites: dict):
+        self.name, self.lrs, self.sites = name, lrs, sites   # sites: {call site: rate}
+        self.moved, self.steps = False, 0
+
+
 class ModelScope:
     """Holds the modules, optimizers, metrics and global step of one model.
 
@@ -73,6 +81,7 @@ class ModelScope:
         self.optimizer_var_lists: Dict[str, Optional[tuple]] = {}   # (get_optimizer's check)
         self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
         self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
+        self._unfollowed: Optional[_Unfollowed] = None   # a rate no optimizer follows, watched
         self._building: Optional[str] = None  # the optimizer whose factory runs
         self.metrics: Dict[str, torch.nn.Module] = {}
         self.global_step = int(restore["global_step"]) if restore else 0
@@ -154,6 +163,12 @@ class ModelScope:
         if followed:
             self.followed[name] = followed
             self.follow_rates(name, optimizer)   # (a restored rate is the last step's)
+        elif self.mode == ModeKeys.TRAIN and self._unfollowed is None:
+            sites = {site: rate.value for site, rate in self.rates.items()
+                     if rate.step == self.global_step and not rate.in_factory}
+            if sites:   # model_fn computed a schedule this optimizer does not take
+                self._unfollowed = _Unfollowed(name, [g.get("lr") for g in
+                                                      optimizer.param_groups], sites)
         return optimizer
 
     def built_optimizer(self, name: str) -> Optional[torch.optim.Optimizer]:
@@ -161,7 +176,38 @@ class ModelScope:
         optimizer = self.optimizers.get(name)
         if optimizer is not None and self.followed and name in self.followed:
             self.follow_rates(name, optimizer)
+        if self._unfollowed is not None and optimizer is not None:
+            self._watch_unfollowed(name, optimizer)
         return optimizer
+
+    def _watch_unfollowed(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+        """Warn, once, where model_fn computes a schedule that moves while the
+        optimizer built without it keeps the rate its factory was given (BERT's
+        warmup blended with `polynomial_decay` by arithmetic: another number,
+        which no optimizer follows; the model then trains at the first step's
+        rate, 0.0 in a warmup). A rate set by hand (a callable train_op setting
+        `group["lr"]`) stops the watch, judged a step after the schedule moved."""
+        watch = self._unfollowed
+        if watch.name != name:
+            return
+        if [g.get("lr") for g in optimizer.param_groups] != watch.lrs or watch.steps > 10000:
+            self._unfollowed = None   # its rates move: set each step by the user
+            return
+        watch.steps += 1
+        if not watch.moved:
+            watch.moved = any(site in self.rates and self.rates[site].value != value
+                              for site, value in watch.sites.items())
+            return
+        self._unfollowed = None
+        code = next(iter(watch.sites))[0]
+        logger.warning(
+            "get_optimizer(name=%r): model_fn (%s, in %s) computes a learning-rate schedule "
+            "that moves, but the optimizer's rate stays at %s, the number its factory was "
+            "given when it was built: a rate computed from the schedule by arithmetic (a "
+            "warmup blended in, `2 * lr`) is another number, which the optimizer does not "
+            "follow. Give the factory the schedule's own value, or set the rate each step in a "
+            "callable train_op (`for group in optimizer.param_groups: group['lr'] = lr`)",
+            name, code.co_filename, code.co_name, watch.lrs[0])
 
     # -- learning rates that follow their schedule ------------------------------
     def note_rate(self, rate: float, site: tuple, at: Optional[Callable[[int], float]]):

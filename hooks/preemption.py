@@ -35,15 +35,22 @@ class TrainingPreempted(SystemExit):
     """Training stopped on SIGTERM/SIGINT after saving a checkpoint at the
     agreed step; exits the program with PREEMPTION_EXIT_CODE unless caught."""
 
-    def __init__(self, global_step: int, signal_name: str = "a peer's signal"):
+    def __init__(self, global_step: int, signal_name: str = "a peer's signal",
+                 rejoins: bool = False):
         super().__init__(PREEMPTION_EXIT_CODE)
         self.global_step = global_step
         self.signal_name = signal_name
+        self.rejoins = rejoins   # a worker leaving asynchronous training that goes on
 
     def __reduce__(self):   # crosses process boundaries (replicas report it)
-        return type(self), (self.global_step, self.signal_name)
+        return type(self), (self.global_step, self.signal_name, self.rejoins)
 
     def __str__(self):
+        if self.rejoins:
+            return (f"training preempted by {self.signal_name} after global step "
+                    f"{self.global_step}: this worker's updates are on the ps tasks and "
+                    f"training goes on without it; restarted, it rejoins (exit code "
+                    f"{PREEMPTION_EXIT_CODE})")
         return (f"training preempted by {self.signal_name} at global step "
                 f"{self.global_step}; a restart resumes there (exit code "
                 f"{PREEMPTION_EXIT_CODE})")

@@ -13,9 +13,10 @@ task failed and why, then exits with that task's status. With
 `max_restarts`, a failed evaluator is restarted alone (its ledger makes it
 resume), and so is a failed worker of a job with ps tasks (asynchronous
 training takes it back: it rejoins the ps tasks); a failed chief, worker or
-ps restarts the whole training group otherwise (the torchrun way: a
-synchronous group cannot take back one member), which resumes from the
-chief's latest checkpoint. The job succeeds when the chief, the
+ps restarts the whole job otherwise (the torchrun way: a synchronous group
+cannot take back one member; the evaluator too, which the chief's failure
+stops), which resumes from the chief's latest checkpoint; so does a
+preempted chief (every trainer exits 42 at the step it saved). The job succeeds when the chief, the
 workers and the evaluator have exited 0; ps tasks then exit on the chief's
 completion marker, and are stopped after `stop_grace_secs` if still running.
 
@@ -37,6 +38,8 @@ import sys
 import threading
 import time
 from typing import List, Optional, Sequence, Union
+
+from hooks.preemption import PREEMPTION_EXIT_CODE
 
 # The directory holding the `estimator` package (this is estimator/experiment/launch.py).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -246,11 +249,12 @@ class _Job:
         if self.restarts < self.max_restarts:
             self.restarts += 1
             alone = task.task_type == "evaluator" or (
-                task.task_type == "worker" and any(t.task_type == "ps" for t in self.tasks))
+                task.task_type == "worker" and any(t.task_type == "ps" for t in self.tasks)
+                and not self._chief_preempted_too(code))
             if alone:   # an evaluator; or a worker of an asynchronous (ps) job, which rejoins
                 group = [task]
-            else:
-                group = [t for t in self.tasks if t.task_type != "evaluator"]
+            else:   # the evaluator too: the chief's failure stops it (its ledger resumes it)
+                group = list(self.tasks)
             self.say(f"{task.name} (pid {pid}) {_describe(code)}; restart "
                      f"{self.restarts}/{self.max_restarts}: restarting "
                      + ", ".join(t.name for t in group))
@@ -268,6 +272,19 @@ class _Job:
         self.say(f"job failed: {task.name} {_describe(code)}"
                  + (f" (also failed on their own: {', '.join(others)})" if others else ""))
         return _status(code)
+
+    def _chief_preempted_too(self, code: int) -> bool:
+        """A worker of a ps job exited with PREEMPTION_EXIT_CODE: whether the
+        chief does too (then every trainer stopped at the step it saves, and
+        the group restarts), rather than the worker alone (its own signal:
+        it rejoins). The chief gets `stop_grace_secs` to save and exit."""
+        chief = next((t for t in self.tasks if t.task_type == "chief"), None)
+        if code != PREEMPTION_EXIT_CODE or chief is None:
+            return False
+        deadline = time.monotonic() + self.stop_grace_secs
+        while self.poll(chief) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return chief.returncode == PREEMPTION_EXIT_CODE
 
     def _succeeded(self) -> bool:
         essential = [t for t in self.tasks if t.task_type != "ps"]

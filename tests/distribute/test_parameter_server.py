@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -351,6 +352,70 @@ def test_a_dead_ps_stops_the_job_and_a_restart_resumes_from_the_checkpoint(tmp_p
     assert (f"[ps 0] INFO distribute._ps_rpc: ps 0: the chief initialized the parameters; "
             f"global step {saved[-1]}\n") in after, output
     assert checkpoint.step_of(checkpoint.latest_checkpoint(str(model_dir))) == 300
+
+
+def _launch_and_signal(model_dir, task):
+    """Launch chief, worker 0, ps 0 and ps 1 for 1000 steps with one restart
+    allowed; SIGTERM `task` (e.g. "chief0") once a checkpoint of step 100 or
+    later is there; the launcher's exit status and output."""
+    model_dir.mkdir()
+    output, status = io.StringIO(), {}
+    runner = threading.Thread(target=lambda: status.setdefault("code", launch(
+        [TASK, str(model_dir), "--steps", "1000", "--step-secs", "0.01"], workers=1, ps=2,
+        max_restarts=1, output=output, timeout=200, stop_grace_secs=10)))
+    runner.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and checkpoint.step_of(
+            checkpoint.latest_checkpoint(str(model_dir)) or "model.ckpt-0") < 100:
+        time.sleep(0.05)
+    os.kill(int((model_dir / f"{task}.pid").read_text()), signal.SIGTERM)
+    runner.join(240)
+    return status.get("code"), output.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signalled", ["chief0", "ps1"])
+def test_a_preempted_chief_or_ps_stops_every_trainer_at_the_step_the_chief_saves(
+        tmp_path, signalled):
+    """SIGTERM to the chief, or to ps 1 (Kubernetes stops every pod at
+    once): ps 0 hands out no more global steps, every trainer stops after
+    its step in flight, the chief saves once those are applied, at the last
+    step handed out, and every task exits 42; the launcher restarts the
+    group once, which resumes there. Before, the chief saved at its own last
+    step while the workers went on (their steps were lost, or in the weights
+    under an older step), and a signalled ps died at once, failing the
+    chief's save."""
+    model_dir = tmp_path / "m"
+    code, text = _launch_and_signal(model_dir, signalled)
+    assert code == 0, text[-5000:]
+    before, after = text.split("; restart 1/1: restarting chief, worker 0, ps 0, ps 1\n")
+    assert "exited with code 42" in before.splitlines()[-1], before[-3000:]
+    stops = re.findall(r"\[ps 0\] WARNING distribute._ps_rpc: ps 0: (\S+) was preempted: no "
+                       r"more global steps are handed out; training stops at global step (\d+)",
+                       before)
+    assert [who for who, _ in stops] == [{"chief0": "chief:0", "ps1": "ps:1"}[signalled]], text
+    step = int(stops[0][1])
+    assert re.search(rf"\[chief\] .*Saving checkpoints for {step} ", before), before[-3000:]
+    assert re.search(rf"\[worker 0\] .*training preempted by a peer's signal at global step "
+                     rf"{step}; a restart resumes there", before), before[-3000:]
+    assert f"Resuming from {model_dir}/model.ckpt-{step} " in after, after[:3000]
+    assert f"the chief initialized the parameters; global step {step}\n" in after, after[:3000]
+    assert checkpoint.step_of(checkpoint.latest_checkpoint(str(model_dir))) == 1000
+
+
+@pytest.mark.slow
+def test_a_preempted_worker_of_a_ps_job_leaves_alone_and_rejoins(tmp_path):
+    """A worker's own SIGTERM (its pod evicted): it stops after its step (its
+    update applied), says a restart rejoins, exits 42; the chief trains on,
+    and the launcher restarts the worker alone."""
+    code, text = _launch_and_signal(tmp_path / "m", "worker0")
+    assert code == 0, text[-5000:]
+    assert re.search(r"\[worker 0\] .*training preempted by SIGTERM after global step \d+: "
+                     r"this worker's updates are on the ps tasks and training goes on without "
+                     r"it; restarted, it rejoins", text), text[-5000:]
+    assert re.search(r"exited with code 42; restart 1/1: restarting worker 0\n", text), text
+    assert "was preempted" not in text
+    assert checkpoint.step_of(checkpoint.latest_checkpoint(str(tmp_path / "m"))) == 1000
 
 
 @pytest.mark.slow

@@ -17,7 +17,8 @@ every step last that much longer; `--kill-ps-at N` makes the chief kill ps 1
 every N steps (TF1's exponential_decay given to the optimizer);
 `--batch-norm` adds a BatchNorm1d (buffers: moving averages); `--canned`
 trains `canned_estimator` (a DNNLinearCombinedClassifier: Ftrl and Adagrad
-on the ps tasks) instead of the MLP.
+on the ps tasks) instead of the MLP. Each task writes its pid to
+MODEL_DIR/<task type><index>.pid (chief0.pid, ps1.pid, ...).
 """
 import argparse
 import json
@@ -184,9 +185,8 @@ def main():
     if args.die_at and config.task_type == "worker" and config.task_id == 0:
         train_hooks.append(_DieAt(args.die_at, os.path.join(args.model_dir, "died")))
     os.makedirs(args.model_dir, exist_ok=True)
-    if config.task_type == "ps":
-        with open(os.path.join(args.model_dir, f"ps{config.task_id}.pid"), "w") as f:
-            f.write(str(os.getpid()))
+    with open(os.path.join(args.model_dir, f"{config.task_type}{config.task_id}.pid"), "w") as f:
+        f.write(str(os.getpid()))
     if args.kill_ps_at and config.task_type == "chief":
         train_hooks.append(_KillPs(args.kill_ps_at, args.model_dir))
     if args.out and config.task_type == "chief":

@@ -163,11 +163,15 @@ def test_a_task_killed_by_a_signal(task):
 
 @pytest.mark.slow
 def test_restarts_the_training_group_up_to_max_restarts(task):
-    status, output, _ = run(task(worker0="fail_once"), workers=2, max_restarts=1)
+    """The evaluator restarts with the group: the chief's failure stops it
+    (training_failed.json), which spent a second restart before."""
+    status, output, _ = run(task(worker0="fail_once", evaluator0="wait5"), workers=2,
+                            evaluator=True, max_restarts=1)
     assert status == 0, output
     assert "worker 0 (pid" in output and "exited with code 5; restart 1/1: restarting chief, " \
-        "worker 0, worker 1" in output
+        "worker 0, worker 1, evaluator\n" in output
     assert len(pids(task.out, "chief0")) == 2 and len(pids(task.out, "worker1")) == 2
+    assert len(pids(task.out, "evaluator0")) == 2
     first, second = [json.loads(line) for line in
                      (task.out / "chief0.tf_config").read_text().splitlines()]
     assert first["cluster"] != second["cluster"]   # fresh ports for the new group
