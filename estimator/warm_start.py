@@ -17,6 +17,7 @@ import re
 from typing import Callable, Dict, Optional, Sequence, Union
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from hooks import tf_checkpoint
 
@@ -113,9 +114,12 @@ class WarmStartSettings:
       every trainable variable (TF's TRAINABLE_VARIABLES: parameters that
       require grad; not buffers such as batch norm's moving statistics); or
       a list of them (names such as `"net/0/weight"` match themselves),
-      which reaches every variable, buffers, optimizer slots and
-      `global_step` too (the run then starts at the checkpoint's step), as
-      in TF.
+      which reaches every variable, buffers and `global_step` too (the run
+      then starts at the checkpoint's step), as in TF, and a TF checkpoint's
+      Adagrad and Ftrl slots (`<var>/Adagrad`, `<var>/Ftrl`, `<var>/Ftrl_1`)
+      into a torch Adagrad's or `est.optimizers.Ftrl`'s state; other optimizer
+      state (Adam's moments, this library's own slots) starts fresh.
+    Every selected variable must be in the checkpoint (TF's ValueError).
     - `var_name_to_vocab_info`: {name: VocabInfo} for variables whose
       vocabulary changed (warm-started even when `vars_to_warm_start` is None).
     - `var_name_to_prev_var_name`: {new name: name in the old checkpoint}.
@@ -344,8 +348,30 @@ class _WarmStarter:
         # not frozen parameters; a list reaches every variable.
         trainable = None if isinstance(settings.vars_to_warm_start, (list, tuple)) else {
             key for key, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
+        items = module.state_dict(keep_vars=True).items()
+        lazy = [(prefix, sub) for prefix, sub in module.named_modules()
+                if isinstance(sub, torch.nn.modules.lazy.LazyModuleMixin)
+                and sub.has_uninitialized_params()]
+        for prefix, sub in lazy:   # (LazyLinear: its shapes come with the first batch)
+            self._after_shapes_are_known(owner, prefix, sub, layer_weights, trainable)
+        self._apply(owner, [(k, t) for k, t in items if not is_lazy(t)], layer_weights,
+                    trainable)
+
+    def _after_shapes_are_known(self, owner, prefix, sub, layer_weights, trainable) -> None:
+        """Warm-start lazy module `sub` (at `prefix` in `owner`) once its first
+        input has made its parameters, before it computes with them: a forward
+        pre-hook after the one by which torch makes them."""
+        def hook(module, args):
+            handle.remove()
+            keys = [(f"{prefix}.{k}" if prefix else k, t)
+                    for k, t in module.state_dict(keep_vars=True).items()]
+            self._apply(owner, keys, layer_weights, trainable)
+        handle = sub.register_forward_pre_hook(hook)
+
+    def _apply(self, owner: str, items, layer_weights: set, trainable) -> None:
+        settings = self._settings
         with torch.no_grad():
-            for key, tensor in module.state_dict(keep_vars=True).items():
+            for key, tensor in items:
                 if trainable is not None and key not in trainable:
                     continue
                 name = owner + "/" + key.replace(".", "/")

@@ -157,9 +157,10 @@ class ModelScope:
                     "est.learning_rate_decay's schedules (rates of the global step, restored "
                     "exactly), or set the optimizer's rates from est.get_global_step()", name)
         elif self._warm_start is not None and self.mode == ModeKeys.TRAIN:
-            self._warm_start.apply_optimizer(optimizer, var_names)
+            self._warm_start.apply_optimizer(
+                optimizer, self._names_in_groups(optimizer, params, var_names))
         self.optimizers[name] = optimizer
-        self.optimizer_var_names[name] = var_names
+        self.optimizer_var_names[name] = self._names_in_groups(optimizer, params, var_names)
         if followed:
             self.followed[name] = followed
             self.follow_rates(name, optimizer)   # (a restored rate is the last step's)
@@ -291,6 +292,17 @@ class ModelScope:
                 seen.add(id(p))
                 out.append(p)
         return out, [names.get(id(p), f"param_{i}") for i, p in enumerate(out)]
+
+    def _names_in_groups(self, optimizer, params, var_names) -> list:
+        """The variable names of the optimizer's parameters in its param_groups'
+        order, by which its state_dict indexes them (a factory building groups,
+        BERT's decay and no-decay, reorders `params`)."""
+        by_id = dict(zip(map(id, params), var_names))
+        in_groups = [p for group in optimizer.param_groups for p in group["params"]]
+        if any(id(p) not in by_id for p in in_groups):   # (a parameter from elsewhere)
+            by_id = {**{id(p): _variable_name(m, k) for m, mod in self.raw_modules.items()
+                        for k, p in mod.named_parameters()}, **by_id}
+        return [by_id.get(id(p), f"param_{i}") for i, p in enumerate(in_groups)]
 
     # -- saving ----------------------------------------------------------------
     def state(self) -> dict:

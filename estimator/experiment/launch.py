@@ -376,7 +376,8 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="restarts allowed after a task fails (default: 0)")
     parser.add_argument("--model-dir", default=None,
-                        help="model_dir passed to every task in TF_CONFIG")
+                        help="model_dir passed to every task in TF_CONFIG (and, for an "
+                             "experiment file, set as its run_config.model_dir)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECS",
                         help="stop the job after this many seconds (exit status 124)")
     parser.add_argument("--stop-grace-secs", type=float, default=10.0, metavar="SECS",
@@ -394,6 +395,10 @@ def _run_from_args(args) -> int:
         program = args.program
         args, program_args = own.parse_known_args(program_args)
         args.program = program
+    if args.program.endswith((".yaml", ".yml")) and args.model_dir:
+        # the experiment's own run_config.model_dir would disagree with TF_CONFIG's
+        args.model_dir = os.path.abspath(args.model_dir)
+        program_args = [*program_args, "--set", f"run_config.model_dir={args.model_dir}"]
     try:
         return launch([args.program, *program_args], chief=args.chief, workers=args.workers,
                       ps=args.ps, evaluator=args.evaluator, max_restarts=args.max_restarts,

@@ -900,3 +900,36 @@ def test_a_restored_optimizer_a_torch_scheduler_drove_warns_that_its_schedule_re
         e.train(regression_input_fn(), steps=2)
     assert "a torch LR scheduler drove this optimizer" in caplog.text
     assert "est.learning_rate_decay" in caplog.text
+
+
+def test_slots_of_an_optimizer_whose_factory_builds_groups_are_named_by_their_variable(
+        tmp_path):
+    """BERT's two parameter groups (weights with decay, biases without),
+    built in the factory from the modules' names: the checkpoint names each
+    slot by its own variable. Before, slots were named by the order the
+    factory was given the parameters, not the groups' order (the state
+    dict's): `optimizer/net/0/bias/exp_avg` held a weight's slot."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Sequential(
+            torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+        loss = net(features["x"]).pow(2).mean()
+
+        def groups(params):
+            named = list(net.named_parameters())
+            return [{"params": [p for n, p in named if not n.endswith("bias")],
+                     "weight_decay": 0.01},
+                    {"params": [p for n, p in named if n.endswith("bias")],
+                     "weight_decay": 0.0}]
+        optimizer = est.get_optimizer(lambda p: torch.optim.AdamW(groups(p), lr=0.1))
+        return est.EstimatorSpec(mode, loss=loss, train_op=optimizer)
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    e.train(lambda: [({"x": torch.randn(4, 3)}, None)] * 3)
+    for var in ("net/0/weight", "net/0/bias", "net/2/weight", "net/2/bias"):
+        value = e.get_variable_value(var)
+        slot = e.get_variable_value(f"optimizer/{var}/exp_avg")
+        assert slot.shape == value.shape, var
+    # the slot is that variable's: Adam's first moment of a bias is its gradient's mean
+    state = torch.load(e.latest_checkpoint(), weights_only=True)["optimizers"]["optimizer"]
+    assert [len(g["params"]) for g in state["param_groups"]] == [2, 2]
+    assert e.get_variable_value("optimizer/net/2/bias/exp_avg").tolist() == \
+        state["state"][3]["exp_avg"].tolist()

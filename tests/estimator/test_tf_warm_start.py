@@ -400,3 +400,33 @@ def test_a_selected_variable_missing_from_the_checkpoint_is_an_error_as_tf(case,
     with pytest.raises(ValueError, match=rf"tensor '{missing}' .*is not found in checkpoint"):
         train()
     assert not os.path.exists(os.path.join(tmp_path, "checkpoint"))   # nothing written
+
+
+class _LazyDense(torch.nn.Module):
+    """record_tf_layer_kernels.py's dense layers with torch.nn.LazyLinear, as
+    migration.md suggests for tf.layers.dense(units) (no input size given)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = torch.nn.LazyLinear(4), torch.nn.LazyLinear(3)
+
+    def forward(self, features):
+        return {"dense": self.out(torch.relu(self.hidden(features["dense"])))}
+
+
+def test_lazy_layers_warm_start_once_their_first_batch_makes_them(tmp_path):
+    """A LazyLinear has no weight to copy into until its first batch: it is
+    warm-started as that batch makes it, before it computes (the first
+    prediction is TF's). Before: a RuntimeError (uninitialized parameter)."""
+    names = {f"layers/{layer}/{ours}": f"{layer}/{theirs}" for layer in ("hidden", "out")
+             for ours, theirs in (("weight", "kernel"), ("bias", "bias"))}
+    settings = est.WarmStartSettings(os.path.join(FIXTURES, LAYERS["prefix"]),
+                                     var_name_to_prev_var_name=names)
+
+    def model_fn(features, labels, mode):
+        return est.EstimatorSpec(mode, predictions=est.get_module("layers", _LazyDense)(features))
+    estimator = est.Estimator(model_fn, model_dir=str(tmp_path), warm_start_from=settings)
+    inputs = {"dense": np.array(LAYERS["inputs"]["dense"], np.float32)}
+    predicted = list(estimator.predict(lambda: [inputs], yield_single_examples=False))[0]
+    np.testing.assert_allclose(predicted["dense"], np.array(LAYERS["outputs"]["dense"],
+                                                            np.float32), rtol=1e-5, atol=1e-6)

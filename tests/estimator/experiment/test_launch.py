@@ -364,6 +364,14 @@ def test_launcher_flags_may_follow_an_experiment_file(monkeypatch):
     assert captured["cmd"] == ["configs/cluster.yaml", "--set", "a=1"]
     launch_mod._run_from_args(parser.parse_args(["train.py", "--workers", "3"]))
     assert captured["workers"] == 0 and captured["cmd"] == ["train.py", "--workers", "3"]
+    # --model-dir with an experiment file: also its run_config.model_dir (every
+    # shipped config sets one, which disagreed with TF_CONFIG's: every task failed)
+    launch_mod._run_from_args(parser.parse_args(["configs/cluster.yaml", "--model-dir", "r"]))
+    assert captured["model_dir"] == os.path.abspath("r")
+    assert captured["cmd"] == ["configs/cluster.yaml", "--set",
+                               f"run_config.model_dir={os.path.abspath('r')}"]
+    launch_mod._run_from_args(parser.parse_args(["--model-dir", "r", "train.py"]))
+    assert captured["model_dir"] == "r" and captured["cmd"] == ["train.py"]
 
 
 def test_tasks_import_the_launchers_packages_from_any_directory(tmp_path):
