@@ -457,8 +457,8 @@ class ParameterStore:
         """Training ended and every trainer has left (or has been silent,
         or never came, for `grace_secs` since)."""
         with self._lock:
-            if self._ended_at is None:
-                return False
+            if self._ended_at is None:   # (preempted before any trainer came: none will save)
+                return self.preempted_by is not None and not self._seen
             now = time.monotonic()
             for task in self._trainers:
                 if task in self._left:

@@ -48,8 +48,9 @@ class TrainingPreempted(SystemExit):
     def __str__(self):
         if self.rejoins:
             return (f"training preempted by {self.signal_name} after global step "
-                    f"{self.global_step}: this worker's updates are on the ps tasks and "
-                    f"training goes on without it; restarted, it rejoins (exit code "
+                    f"{self.global_step}: this worker's updates are on the ps tasks; "
+                    f"restarted, it rejoins the training, or resumes from the chief's "
+                    f"checkpoint where the whole job was stopped too (exit code "
                     f"{PREEMPTION_EXIT_CODE})")
         return (f"training preempted by {self.signal_name} at global step "
                 f"{self.global_step}; a restart resumes there (exit code "

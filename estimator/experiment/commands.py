@@ -192,7 +192,10 @@ def _ours_alone(error: BaseException) -> bool:
     while tb is not None:
         filenames.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
-    for filename in map(os.path.abspath, filenames):
+    for filename in filenames:
+        if filename.startswith("<frozen "):   # the standard library's frozen modules (os)
+            continue
+        filename = os.path.abspath(filename)
         installed = f"{os.sep}site-packages{os.sep}" in filename or \
             f"{os.sep}dist-packages{os.sep}" in filename
         if not filename.startswith(ours) and (installed or not filename.startswith(stdlib)):

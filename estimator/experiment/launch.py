@@ -245,12 +245,14 @@ class _Job:
             time.sleep(0.05)
 
     def _failed(self, task: _Task) -> Optional[int]:
+        chief = self._preempted_chief(task)
+        if chief is not None:   # the group's preemption, which the chief saved: its exit
+            task = chief
         pid, code = task.proc.pid, task.returncode
         if self.restarts < self.max_restarts:
             self.restarts += 1
             alone = task.task_type == "evaluator" or (
-                task.task_type == "worker" and any(t.task_type == "ps" for t in self.tasks)
-                and not self._chief_preempted_too(code))
+                task.task_type == "worker" and any(t.task_type == "ps" for t in self.tasks))
             if alone:   # an evaluator; or a worker of an asynchronous (ps) job, which rejoins
                 group = [task]
             else:   # the evaluator too: the chief's failure stops it (its ledger resumes it)
@@ -273,18 +275,21 @@ class _Job:
                  + (f" (also failed on their own: {', '.join(others)})" if others else ""))
         return _status(code)
 
-    def _chief_preempted_too(self, code: int) -> bool:
-        """A worker of a ps job exited with PREEMPTION_EXIT_CODE: whether the
-        chief does too (then every trainer stopped at the step it saves, and
-        the group restarts), rather than the worker alone (its own signal:
-        it rejoins). The chief gets `stop_grace_secs` to save and exit."""
-        chief = next((t for t in self.tasks if t.task_type == "chief"), None)
-        if code != PREEMPTION_EXIT_CODE or chief is None:
-            return False
+    def _preempted_chief(self, task: _Task) -> Optional[_Task]:
+        """Another task than the chief exited with PREEMPTION_EXIT_CODE: the
+        chief, once it has exited so too (every trainer stopped at the step it
+        saves: the job was preempted), else None (a worker of a ps job that
+        its own signal stopped: it rejoins). The chief gets `stop_grace_secs`
+        to save and exit before anything is stopped: a signal during its save
+        would be a second one, which ends it unsaved."""
+        chief = next((t for t in self.tasks if t.task_type == "chief"), None) or next(
+            (t for t in self.tasks if t.task_type == "worker" and t.index == 0), None)
+        if task.returncode != PREEMPTION_EXIT_CODE or chief is None or chief is task:
+            return None
         deadline = time.monotonic() + self.stop_grace_secs
         while self.poll(chief) is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        return chief.returncode == PREEMPTION_EXIT_CODE
+        return chief if chief.returncode == PREEMPTION_EXIT_CODE else None
 
     def _succeeded(self) -> bool:
         essential = [t for t in self.tasks if t.task_type != "ps"]

@@ -690,6 +690,18 @@ def test_cli_keeps_the_traceback_of_code_installed_with_pip():
             assert commands._ours_alone(e.with_traceback(tb.tb_next if ours else tb)) == ours
 
 
+def test_cli_a_model_dir_that_cannot_be_made_is_a_one_line_error(tmp_path, capsys):
+    """os.makedirs's error came through the standard library's frozen `os`,
+    which the CLI took for user code: a full traceback was printed."""
+    (tmp_path / "file").write_text("")
+    code = cli.main(["run", os.path.join(CONFIGS, "iris.yaml"), "-q", "--set",
+                     f"run_config.model_dir={tmp_path / 'file' / 'run'}"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("estimator run: error: ") and \
+        str(tmp_path / "file" / "run") in err, err
+
+
 def test_cli_evaluate_json_and_text(trained, capsys):
     _, args = trained
     assert cli.main(["evaluate", *args, "--json"]) == 0

@@ -63,6 +63,17 @@ if action.startswith("wait"):
     sys.exit(0)
 if action == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
+if action == "preempted_save":   # a preempted chief: its own SIGTERM, then a 3 s save; a
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # second signal meanwhile ends it
+    record(".saving", "")
+    time.sleep(3)
+    record(".saved", "")
+    sys.exit(42)
+if action == "stop42_when_chief_saves":   # a worker stopping at the step the chief saves
+    deadline = time.time() + 30
+    while not os.path.exists(os.path.join(out, "chief0.saving")) and time.time() < deadline:
+        time.sleep(0.05)
+    sys.exit(42)
 if action in ("sleep", "sigint"):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     record(".child", str(child.pid))
@@ -178,6 +189,22 @@ def test_restarts_the_training_group_up_to_max_restarts(task):
     (task.out / "worker0.failed").unlink()
     status, output, _ = run(task(worker0="fail_once"), workers=1, max_restarts=0)
     assert status == 5 and "job failed: worker 0 exited with code 5" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_a_preempted_chief_saves_before_anything_is_stopped(task, max_restarts):
+    """A worker exits 42 (the job was preempted) while the chief still saves:
+    the launcher waits for the chief, names it, and restarts once. Before, it
+    stopped the chief at once: a second SIGTERM, which ended it unsaved."""
+    status, output, _ = run(task(chief0="preempted_save", worker0="stop42_when_chief_saves"),
+                            workers=1, max_restarts=max_restarts, stop_grace_secs=10)
+    assert (task.out / "chief0.saved").exists(), output
+    if max_restarts:
+        assert "chief (pid" in output and "exited with code 42; restart 1/1: restarting " \
+            "chief, worker 0\n" in output, output
+    else:
+        assert status == 42 and "job failed: chief exited with code 42" in output, output
 
 
 @pytest.mark.slow
