@@ -143,6 +143,7 @@ class ModelScope:
             raise TypeError(f"get_optimizer(name={name!r}): the factory must return a "
                             f"torch.optim.Optimizer, got {type(optimizer).__name__}")
         followed = self._scheduled_groups(name, optimizer)
+        var_names = self._names_in_groups(optimizer, params, var_names)
         if self._restore is not None and self.mode == ModeKeys.TRAIN:
             state = self._restore["optimizers"].get(name)
             if state is None:
@@ -157,10 +158,9 @@ class ModelScope:
                     "est.learning_rate_decay's schedules (rates of the global step, restored "
                     "exactly), or set the optimizer's rates from est.get_global_step()", name)
         elif self._warm_start is not None and self.mode == ModeKeys.TRAIN:
-            self._warm_start.apply_optimizer(
-                optimizer, self._names_in_groups(optimizer, params, var_names))
+            self._warm_start.apply_optimizer(optimizer, var_names)
         self.optimizers[name] = optimizer
-        self.optimizer_var_names[name] = self._names_in_groups(optimizer, params, var_names)
+        self.optimizer_var_names[name] = var_names
         if followed:
             self.followed[name] = followed
             self.follow_rates(name, optimizer)   # (a restored rate is the last step's)

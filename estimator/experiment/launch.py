@@ -16,9 +16,10 @@ training takes it back: it rejoins the ps tasks); a failed chief, worker or
 ps restarts the whole job otherwise (the torchrun way: a synchronous group
 cannot take back one member; the evaluator too, which the chief's failure
 stops), which resumes from the chief's latest checkpoint; so does a
-preempted chief (every trainer exits 42 at the step it saved). The job succeeds when the chief, the
-workers and the evaluator have exited 0; ps tasks then exit on the chief's
-completion marker, and are stopped after `stop_grace_secs` if still running.
+preempted chief (every trainer exits 42 at the step it saved). The job
+succeeds when the chief, the workers and the evaluator have exited 0; ps
+tasks then exit on the chief's completion marker, and are stopped after
+`stop_grace_secs` if still running.
 
 For one machine only. On several machines the scheduler starts each task with
 its own TF_CONFIG (see examples/tfjob.yaml for Kubernetes).
