@@ -255,7 +255,8 @@ class RunConfig:
     `session_config`, `device_fn`, `protocol`, `checkpoint_save_graph_def` and
     `experimental_max_worker_delay_secs` are kept for API compatibility and do
     nothing (there are no sessions or graphs here; the transport is
-    torch.distributed); setting one of the first four logs a warning. `random_seed` is an alias of `tf_random_seed`.
+    torch.distributed); setting one of the first four logs a warning.
+    `random_seed` is an alias of `tf_random_seed`.
     `experimental_async_checkpoint`: checkpoints made durable by a background
     writer process with the same guarantees (TF2's
     ``CheckpointOptions(experimental_enable_async_checkpoint)``); on unless
