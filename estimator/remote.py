@@ -27,6 +27,7 @@ binds the address it is given only.
 """
 from __future__ import annotations
 
+import ctypes
 import hmac
 import json
 import logging
@@ -127,7 +128,7 @@ def _run_task(conn: socket.socket, token: str, address: str) -> None:
         proc = subprocess.Popen([sys.executable, *argv], cwd=cwd or None,
                                 env={**os.environ, **env, ROLE_ENV: "1"},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_signalled_when_server_dies())
     except OSError as e:
         _send(conn, {"error": f"could not start {argv[0]}: {e}"})
         return
@@ -156,7 +157,21 @@ def _run_task(conn: socket.socket, token: str, address: str) -> None:
             _send(conn, {"exit": rc})
     except OSError:
         _stop_group(proc)
+    except BaseException:   # the server stopped (Ctrl-C, SIGTERM): its task with it
+        _stop_group(proc)
+        raise
     logger.info("estimator server %s: the task ended (exit code %s)", address, proc.poll())
+
+
+def _signalled_when_server_dies():
+    """A preexec_fn asking Linux to SIGTERM the task when its server dies
+    (kill -9): the task then stops as preempted (it saves) instead of running
+    on unattended. None where prctl is not there."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl   # (looked up here, not in the child)
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -184,7 +199,7 @@ def run_remote(cluster: Dict[str, List[str]], token: Optional[str] = None,
         raise ValueError(f"the standalone client needs the servers' shared secret in {TOKEN_ENV}")
     argv = list(sys.argv if argv is None else argv)
     out = out or sys.stdout
-    conns = {}
+    conns, addresses = {}, {}
     try:
         for job in sorted(cluster, key=lambda j: j != "ps"):   # ps tasks first
             for i, address in enumerate(cluster[job]):
@@ -199,14 +214,17 @@ def run_remote(cluster: Dict[str, List[str]], token: Optional[str] = None,
                 tf_config = {"cluster": cluster, "task": {"type": job, "index": i}}
                 _send(conn, {"token": token, "argv": argv, "cwd": cwd or os.getcwd(),
                              "env": {"TF_CONFIG": json.dumps(tf_config)}})
-                conns[task] = conn
+                conns[task], addresses[task] = conn, address
         codes: Dict[str, Optional[int]] = {task: None for task in conns}
         lock = threading.Lock()
 
         def relay(task, conn):
             with conn.makefile("rb") as stream:
                 for raw in stream:
-                    message = json.loads(raw)
+                    try:
+                        message = json.loads(raw)
+                    except ValueError:   # (a line cut short: the server was killed)
+                        break
                     if "line" in message:
                         with lock:
                             print(f"[{task}] {message['line']}", file=out, flush=True)
@@ -217,10 +235,14 @@ def run_remote(cluster: Dict[str, List[str]], token: Optional[str] = None,
                         with lock:
                             print(f"[{task}] server refused: {message['error']}", file=out,
                                   flush=True)
-                        codes[task] = -1
+                        codes[task] = _REFUSED
                         break
             if codes[task] is None:
-                codes[task] = -2   # the server went away
+                codes[task] = _SERVER_GONE
+                with lock:
+                    print(f"[{task}] its estimator server at {addresses[task]} went away (stopped "
+                          "or killed) before the task ended; the server stops its task with it",
+                          file=out, flush=True)
         threads = [threading.Thread(target=relay, args=item, daemon=True)
                    for item in conns.items()]
         for thread in threads:
@@ -236,9 +258,26 @@ def run_remote(cluster: Dict[str, List[str]], token: Optional[str] = None,
                 pass
     failed = {t: c for t, c in codes.items() if c != 0 and not t.startswith("ps:")}
     if failed:
-        raise RuntimeError(f"standalone client: task(s) failed: {failed} (their output is "
-                           "above, prefixed by task)")
+        raise RuntimeError("standalone client: task(s) failed: " + "; ".join(
+            f"{t} {_outcome(c)}" for t, c in failed.items()) + " (their output is above, "
+            "prefixed by task)")
     return dict(codes)
+
+
+_REFUSED, _SERVER_GONE = -1001, -1002   # (codes of a task that never ran, or was cut off)
+
+
+def _outcome(code: int) -> str:
+    if code == _REFUSED:
+        return "was refused by its server"
+    if code == _SERVER_GONE:
+        return "lost its server"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def is_remote_role() -> bool:

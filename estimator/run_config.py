@@ -15,7 +15,7 @@ from typing import Optional
 
 import distribute
 from distribute.cluster_resolver import (ClusterSpec, TorchrunClusterResolver,
-                                         load_tf_config, quote)
+                                         load_tf_config, quote, split_address)
 
 from ._checks import is_int, is_number
 
@@ -537,7 +537,30 @@ class DistributeConfig(collections.namedtuple(
                 raise ValueError(f"remote_cluster must be {{job: [host:port, ...]}}, got "
                                  f"{remote_cluster!r}")
             remote_cluster = {job: list(v) for job, v in remote_cluster.items()}
+            _check_remote_cluster(remote_cluster)
         return super().__new__(cls, train_distribute, eval_distribute, remote_cluster)
+
+
+def _check_remote_cluster(cluster: dict) -> None:
+    """The standalone client's cluster, checked before any task starts: known
+    jobs, one chief (or workers alone), one evaluator at most, host:port
+    addresses, none twice (each is one task's server)."""
+    known = (TaskType.CHIEF, TaskType.WORKER, TaskType.PS, TaskType.EVALUATOR)
+    unknown = [job for job in cluster if job not in known]
+    if unknown:
+        raise ValueError(f"remote_cluster: unknown job(s) {unknown}; the jobs are {list(known)}")
+    if len(cluster.get(TaskType.CHIEF, [])) > 1 or len(cluster.get(TaskType.EVALUATOR, [])) > 1:
+        raise ValueError(f"remote_cluster: one chief and one evaluator at most, got {cluster}")
+    if TaskType.CHIEF not in cluster and TaskType.WORKER not in cluster:
+        raise ValueError(f"remote_cluster: no chief or worker to train, got {cluster}")
+    seen = {}
+    for job, addresses in cluster.items():
+        for i, address in enumerate(addresses):
+            split_address(address, f"remote_cluster {job}:{i}")
+            if address in seen:
+                raise ValueError(f"remote_cluster: {job}:{i} and {seen[address]} have one "
+                                 f"address, {address}: each task needs a server of its own")
+            seen[address] = f"{job}:{i}"
 
 
 def remote_cluster(config) -> Optional[dict]:

@@ -1,11 +1,13 @@
 """`estimator server --address HOST:PORT`: a task's server for TF1's
 standalone client mode (see `estimator.remote`): runs the task a client's
-`train_and_evaluate` sends, one at a time; Ctrl-C stops it."""
+`train_and_evaluate` sends, one at a time; Ctrl-C or SIGTERM stops it and
+its task (which also gets SIGTERM if the server is killed)."""
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from .. import remote
@@ -27,6 +29,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _server(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     token = args.token or os.environ.get(remote.TOKEN_ENV, "")
+
+    def on_sigterm(signum, frame):   # as Ctrl-C: the running task is stopped with the server
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         remote.serve(args.address, token, once=args.once)
     except ValueError as e:
@@ -34,4 +40,6 @@ def _server(args) -> int:
         return 2
     except KeyboardInterrupt:
         print("stopped", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0

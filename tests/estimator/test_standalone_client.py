@@ -28,9 +28,13 @@ def _server(address, token=TOKEN):
                             text=True, start_new_session=True)
 
 
+_server_procs = []   # the servers the fixture started, the newest last
+
+
 @pytest.fixture
 def servers():
-    procs = []
+    procs = _server_procs
+    procs.clear()
 
     def start(*addresses, token=TOKEN):
         for address in addresses:
@@ -91,6 +95,45 @@ def test_ctrl_c_on_the_client_stops_the_tasks_and_servers_serve_again(servers, t
     assert checkpoint.latest_checkpoint(str(tmp_path / "again")).endswith("model.ckpt-60")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_server_stopped_or_killed_stops_its_task_and_the_client_says_so(servers, tmp_path,
+                                                                          sig):
+    """SIGTERM (Ctrl-C alike) or kill -9 to a task's server while the task
+    runs: the task stops too (the server stops its process group; killed,
+    Linux signals the task), and the client names the task that lost its
+    server. Before, the task ran on unattended, and the client said
+    `{'chief:0': -2}`."""
+    port = free_ports(1)[0]
+    cluster = {"chief": [f"127.0.0.1:{port}"]}
+    servers(*cluster["chief"])
+    server = _server_procs[-1]
+    client = _client(str(tmp_path / "model"), cluster)
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "program started as {" not in seen:   # the chief task runs
+        seen += client.stdout.readline()
+        assert time.monotonic() < deadline and client.poll() is None, seen
+    task = int(seen.rsplit("(pid ", 1)[1].split(")")[0])
+    os.kill(server.pid, sig)
+    out, _ = client.communicate(timeout=60)
+    assert client.returncode != 0
+    assert "task(s) failed: chief:0 lost its server" in out, out[-3000:]
+    assert f"its estimator server at 127.0.0.1:{port} went away" in out, out[-3000:]
+    deadline = time.monotonic() + 30
+    while _alive(task) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(task)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_wrong_token_or_no_server_is_a_clear_error(servers, tmp_path):
     with pytest.raises(ValueError, match="standalone client needs the servers' shared secret"):
         remote.run_remote({"chief": ["127.0.0.1:1"]}, token="")
@@ -107,7 +150,8 @@ def test_a_wrong_token_or_no_server_is_a_clear_error(servers, tmp_path):
 
         def flush(self):
             pass
-    with pytest.raises(RuntimeError, match=r"task\(s\) failed: \{'chief:0': -1\}"):
+    with pytest.raises(RuntimeError, match=r"task\(s\) failed: chief:0 was refused by its "
+                                           r"server"):
         remote.run_remote({"chief": [f"127.0.0.1:{port}"]}, token="wrong", argv=["x.py"],
                           out=Out())
     assert any("server refused: PermissionError: wrong token" in line for line in lines)
@@ -115,3 +159,18 @@ def test_a_wrong_token_or_no_server_is_a_clear_error(servers, tmp_path):
         est.DistributeConfig(remote_cluster={"chief": "127.0.0.1:1"})
     with pytest.raises(ValueError, match="needs a shared secret"):
         remote.serve("127.0.0.1:1", "")
+
+
+@pytest.mark.parametrize("cluster, match", [
+    ({"cheif": ["127.0.0.1:1"]}, r"unknown job\(s\) \['cheif'\]"),
+    ({"chief": ["127.0.0.1"]}, r"'127.0.0.1' of remote_cluster chief:0 must be host:port"),
+    ({"chief": ["127.0.0.1:99999"]}, r"port 99999, outside 1..65535"),
+    ({"chief": ["h:1"], "worker": ["h:1"]}, r"worker:0 and chief:0 have one address"),
+    ({"chief": ["h:1", "h:2"]}, r"one chief and one evaluator at most"),
+    ({"evaluator": ["h:1"]}, r"no chief or worker to train"),
+])
+def test_a_bad_remote_cluster_is_refused_before_any_task_starts(cluster, match):
+    """Before, a bad address was found after the tasks before it had started,
+    and a typo in a job name only inside the remote task."""
+    with pytest.raises(ValueError, match=match):
+        est.DistributeConfig(remote_cluster=cluster)

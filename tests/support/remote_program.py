@@ -19,7 +19,8 @@ from models import regression_input_fn, regression_model_fn  # noqa: E402
 def main():
     model_dir, cluster = sys.argv[1], json.loads(sys.argv[2])
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(f"program started as {os.environ.get('TF_CONFIG', 'the client')}", flush=True)
+    print(f"program started as {os.environ.get('TF_CONFIG', 'the client')} (pid {os.getpid()})",
+          flush=True)
     config = est.RunConfig(model_dir=model_dir, save_checkpoints_steps=20,
                            experimental_distribute=est.DistributeConfig(remote_cluster=cluster))
     estimator = est.Estimator(regression_model_fn, config=config)
