@@ -46,6 +46,8 @@ TOKEN_ENV = "ESTIMATOR_SERVER_TOKEN"
 ROLE_ENV = "ESTIMATOR_REMOTE_ROLE"   # set in a task a server started: run the role
 _MAX_REQUEST = 1 << 20
 _KILL_GRACE_SECS = 5.0
+_GREETING = {"server": "estimator"}   # what a server says first
+_GREETING_SECS = 10.0
 
 
 def _split(address: str):
@@ -106,6 +108,10 @@ def serve(address: str, token: str, once: bool = False,
 
 def _run_task(conn: socket.socket, token: str, address: str) -> None:
     conn.settimeout(30)
+    try:
+        _send(conn, _GREETING)   # (the client sends nothing, its token least, before it)
+    except OSError:
+        return
     try:
         request = json.loads(_read_line(conn) or b"null")
         if not isinstance(request, dict):
@@ -210,6 +216,7 @@ def run_remote(cluster: Dict[str, List[str]], token: Optional[str] = None,
                     raise ConnectionError(f"standalone client: no estimator server at {address} "
                                           f"for {task} ({e}); start one there with `estimator "
                                           f"server --address {address}`") from None
+                _expect_greeting(conn, address, task, min(connect_timeout, _GREETING_SECS))
                 conn.settimeout(None)
                 tf_config = {"cluster": cluster, "task": {"type": job, "index": i}}
                 _send(conn, {"token": token, "argv": argv, "cwd": cwd or os.getcwd(),
@@ -262,6 +269,22 @@ def run_remote(cluster: Dict[str, List[str]], token: Optional[str] = None,
             f"{t} {_outcome(c)}" for t, c in failed.items()) + " (their output is above, "
             "prefixed by task)")
     return dict(codes)
+
+
+def _expect_greeting(conn: socket.socket, address: str, task: str, timeout: float) -> None:
+    """The server's greeting; else a clear error (a busy server has given its
+    address to the task it runs: something else answers there)."""
+    conn.settimeout(timeout)
+    try:
+        hello = json.loads(_read_line(conn, 4096) or b"null")
+    except (OSError, ValueError):
+        hello = None
+    if hello != _GREETING:
+        conn.close()
+        raise ConnectionError(f"standalone client: {address} (for {task}) answers, but not as an "
+                              "estimator server waiting for a client: is its server busy "
+                              "running another job's task (which has the address while it "
+                              "runs)?")
 
 
 _REFUSED, _SERVER_GONE = -1001, -1002   # (codes of a task that never ran, or was cut off)

@@ -174,3 +174,35 @@ def test_a_bad_remote_cluster_is_refused_before_any_task_starts(cluster, match):
     and a typo in a job name only inside the remote task."""
     with pytest.raises(ValueError, match=match):
         est.DistributeConfig(remote_cluster=cluster)
+
+
+def test_an_address_where_no_server_waits_is_a_clear_error():
+    """A busy server has given its address to its task (a rendezvous store
+    listens there): the client waits for a server's greeting, sends nothing
+    (its token least), and says the server may be busy. Before, it sent its
+    request into whatever listened and reported "no estimator server"."""
+    import socket
+    import threading
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    received = []
+
+    def accept():
+        conn, _ = listener.accept()
+        conn.settimeout(5)
+        try:
+            received.append(conn.recv(4096))
+        except OSError:
+            received.append(b"")
+        conn.close()
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ConnectionError, match=r"127.0.0.1:\d+ \(for chief:0\) answers, but "
+                                                  r"not as an estimator server.*busy"):
+            remote.run_remote({"chief": [f"127.0.0.1:{port}"]}, token="x", argv=["x.py"],
+                              connect_timeout=1)
+        thread.join(10)
+        assert received == [b""]   # nothing sent
+    finally:
+        listener.close()
