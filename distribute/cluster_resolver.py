@@ -587,3 +587,14 @@ class SlurmClusterResolver(_RankedClusterResolver):
         """Whether this process is a task of a SLURM step."""
         environ = os.environ if environ is None else environ
         return "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ
+
+
+def environment_resolver(environ=None):
+    """The cluster a launcher describes in the environment: torchrun's if its
+    variables are set, else SLURM's, else None. (TF_CONFIG is read apart.)"""
+    environ = os.environ if environ is None else environ
+    if TorchrunClusterResolver.in_environment(environ):
+        return TorchrunClusterResolver(environ=environ)
+    if SlurmClusterResolver.in_environment(environ):
+        return SlurmClusterResolver(environ=environ)
+    return None

@@ -36,11 +36,7 @@ def _default_resolver() -> cr.ClusterResolver:
     TF_CONFIG's (a cluster of this process alone)."""
     if cr.load_tf_config().cluster:
         return cr.TFConfigClusterResolver()
-    if cr.TorchrunClusterResolver.in_environment():
-        return cr.TorchrunClusterResolver()
-    if cr.SlurmClusterResolver.in_environment():
-        return cr.SlurmClusterResolver()
-    return cr.TFConfigClusterResolver()
+    return cr.environment_resolver() or cr.TFConfigClusterResolver()
 
 
 def _topology(resolver: cr.ClusterResolver) -> _Topology:

@@ -14,7 +14,7 @@ import os
 from typing import Optional
 
 import distribute
-from distribute.cluster_resolver import (ClusterSpec, TorchrunClusterResolver,
+from distribute.cluster_resolver import (ClusterSpec, environment_resolver,
                                          load_tf_config, quote, split_address)
 
 from ._checks import is_int, is_number
@@ -250,7 +250,7 @@ class RunConfig:
     `master`, `num_worker_replicas`, `num_ps_replicas`,
     `global_id_in_cluster`, ...) come from TF_CONFIG with tf.estimator 2.15's
     rules, whether or not a strategy is given; without TF_CONFIG, under
-    torchrun, the rank gives `task_type`, `task_id`, `is_chief` (rank 0
+    torchrun or SLURM's srun, the rank gives `task_type`, `task_id`, `is_chief` (rank 0
     alone), `global_id_in_cluster` and `num_worker_replicas`.
     `session_config`, `device_fn`, `protocol`, `checkpoint_save_graph_def` and
     `experimental_max_worker_delay_secs` are kept for API compatibility and do
@@ -373,16 +373,16 @@ class RunConfig:
         self._is_chief = True
         self._num_ps_replicas = 0
         self._num_worker_replicas = 1
-        if not tf_config.raw and TorchrunClusterResolver.in_environment():
-            self._init_ranks_from_torchrun()
+        if not tf_config.raw:
+            self._init_ranks_from_launcher()
 
-    def _init_ranks_from_torchrun(self):
-        """Under torchrun (no TF_CONFIG), the rank gives the role, as it does
-        to MultiWorkerMirroredStrategy: rank 0 the chief, rank r worker r - 1,
-        so `is_chief` is true on rank 0 alone. The cluster_spec stays empty:
-        train_and_evaluate runs in local mode on every rank."""
-        resolver = TorchrunClusterResolver()
-        if resolver.world_size > 1:
+    def _init_ranks_from_launcher(self):
+        """Under torchrun or srun (no TF_CONFIG), the rank gives the role, as it
+        does to MultiWorkerMirroredStrategy: rank 0 the chief, rank r worker
+        r - 1, so `is_chief` is true on rank 0 alone. The cluster_spec stays
+        empty: train_and_evaluate runs in local mode on every rank."""
+        resolver = environment_resolver()
+        if resolver is not None and resolver.world_size > 1:
             self._task_type, self._task_id = resolver.task_type, resolver.task_id
             self._is_chief = resolver.rank == 0
             self._global_id_in_cluster = resolver.rank

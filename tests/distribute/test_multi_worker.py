@@ -210,6 +210,12 @@ def test_torchrun_and_slurm_environments(monkeypatch):
     assert isinstance(s.cluster_resolver, distribute.cluster_resolver.SlurmClusterResolver)
     assert s.extended._rank() == 2 and s.num_replicas_in_sync == 4
     assert (s.extended._topology.host, s.extended._topology.port) == ("node01", 8888)
+    # RunConfig reads the same roles (under srun too, is_chief on task 0 alone)
+    c = est.RunConfig()
+    assert (c.task_type, c.task_id, c.is_chief, c.global_id_in_cluster,
+            c.num_worker_replicas, c.cluster_spec.as_dict()) == ("worker", 1, False, 2, 4, {})
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert est.RunConfig().is_chief
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
