@@ -381,9 +381,11 @@ class Estimator:
         initial model when `path` is None."""
         strategy = self._config.eval_distribute or distribute.get_strategy()
         if path is None and strategy.num_replicas_in_sync > 1:   # each draws a model of its own
+            warm = (f" (warm-started from {self._warm_start_settings.ckpt_to_initialize_from})"
+                    if self._warm_start_settings else "")
             raise ValueError(
                 f"Could not find a trained model in model_dir {self._model_dir!r} to evaluate: "
-                f"the initial model is evaluated on one replica, not on "
+                f"the initial model{warm} is evaluated on one replica, not on "
                 f"{strategy.num_replicas_in_sync} (eval_distribute); train first, or pass "
                 "checkpoint_path")
         elif path is None:   # TF evaluates the initialization (seeded as training would start it)

@@ -260,3 +260,9 @@ def test_evaluate_before_training_on_replicas_is_refused(tmp_path):
                                          r"on 2 \(eval_distribute\); train first"):
         e.evaluate(lambda: [next(input_fn()())])
     assert not os.path.exists(tmp_path / "eval")
+    first = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path / "first")))
+    first.train(lambda: [next(input_fn()())], max_steps=1)
+    warm = est.Estimator(model_fn, config=e.config, warm_start_from=first.model_dir)
+    with pytest.raises(ValueError, match=r"the initial model \(warm-started from .*first\) is "
+                                         r"evaluated on one replica, not on 2"):
+        warm.evaluate(lambda: [next(input_fn()())])
