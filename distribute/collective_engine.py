@@ -317,12 +317,36 @@ class _CollectiveExtended(StrategyExtended):
     # -- creation ----------------------------------------------------------------------
     def create_module(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
         module = module.to(self._device)
-        if self._group is None or not torch.is_grad_enabled():
-            return module   # nothing to synchronize (evaluation, prediction)
+        if self._group is None:
+            return module
         try:
-            return self._wrap(name, module)
+            if torch.is_grad_enabled():
+                return self._wrap(name, module)
+            scope = self.current_scope   # evaluation, prediction: nothing to synchronize
+            if scope is not None and scope.initial:   # but the initial values
+                self._share_initial(module)
+            return module
         except RuntimeError as e:
             raise self._explain(e, f"setting up module {name!r}") from e
+
+    def _share_initial(self, module: torch.nn.Module) -> None:
+        """Rank 0's initial values on every replica, as TF initializes a
+        mirrored variable once (the initial model evaluated on replicas, each
+        of which would draw its own). A lazy layer's, once its first batch
+        makes them (each replica's forward reaches them in the same order)."""
+        lazy = [m for m in module.modules() if isinstance(m, torch.nn.modules.lazy.LazyModuleMixin)
+                and m.has_uninitialized_params()]
+        made = [t for m in module.modules() if not any(m is n for n in lazy)
+                for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))]
+        self._broadcast(made)
+        for layer in lazy:
+            self._share_when_made(layer)
+
+    def _share_when_made(self, layer: torch.nn.Module) -> None:
+        def share(layer, args):   # (after the lazy layer's own hook made its parameters)
+            handle.remove()
+            self._broadcast([*layer.parameters(recurse=False), *layer.buffers(recurse=False)])
+        handle = layer.register_forward_pre_hook(share)
 
     def _wrap(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
         if self._ops._reduce_to_one or not any(p.requires_grad for p in module.parameters()):

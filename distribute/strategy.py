@@ -213,7 +213,9 @@ class StrategyExtended:
 
     @property
     def current_scope(self):
-        """The innermost active model scope (its `mode`, `global_step`), or None."""
+        """The innermost active model scope (its `mode`, `global_step`, and
+        `initial`: whether its variables keep their initial values, no
+        checkpoint restored), or None."""
         return self._scopes[-1] if self._scopes else None
 
     # -- creation (the strategy.scope() interception points) --------------------------

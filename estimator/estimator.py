@@ -380,15 +380,7 @@ class Estimator:
         """`evaluate` of the checkpoint at `path`, read (`state`), or of the
         initial model when `path` is None."""
         strategy = self._config.eval_distribute or distribute.get_strategy()
-        if path is None and strategy.num_replicas_in_sync > 1:   # each draws a model of its own
-            warm = (f" (warm-started from {self._warm_start_settings.ckpt_to_initialize_from})"
-                    if self._warm_start_settings else "")
-            raise ValueError(
-                f"Could not find a trained model in model_dir {self._model_dir!r} to evaluate: "
-                f"the initial model{warm} is evaluated on one replica, not on "
-                f"{strategy.num_replicas_in_sync} (eval_distribute); train first, or pass "
-                "checkpoint_path")
-        elif path is None:   # TF evaluates the initialization (seeded as training would start it)
+        if path is None:   # TF evaluates the initialization (seeded as training would start it)
             logger.warning("Could not find trained model in model_dir: %s, running "
                            "initialization to evaluate.", self._model_dir)
         user_hooks = check_hooks(hooks)

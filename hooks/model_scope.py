@@ -92,6 +92,7 @@ class ModelScope:
         self.name_uses: Dict[str, int] = {}   # default names taken in this model_fn call
         self.collections: Dict[str, list] = {}   # [(name, value)] added in this call
         self._restore = restore
+        self.initial = restore is None   # variables at their initial values (or warm-started)
         self._restore_path = restore_path
         self._warm_start = warm_start
 

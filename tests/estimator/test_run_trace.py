@@ -250,19 +250,41 @@ def test_evaluate_before_training_evaluates_the_model_training_starts_from(tmp_p
     assert losses.losses == [pytest.approx(result["loss"], rel=1e-6)]
 
 
-def test_evaluate_before_training_on_replicas_is_refused(tmp_path):
-    """Each replica would build an initial model of its own (only training's
-    wrap makes them rank 0's): refused before any replica starts."""
-    strategy = distribute.MirroredStrategy(["cpu:0", "cpu:1"])
-    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path), tf_random_seed=1,
-                                                     eval_distribute=strategy))
-    with pytest.raises(ValueError, match=r"the initial model is evaluated on one replica, not "
-                                         r"on 2 \(eval_distribute\); train first"):
-        e.evaluate(lambda: [next(input_fn()())])
-    assert not os.path.exists(tmp_path / "eval")
-    first = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path / "first")))
-    first.train(lambda: [next(input_fn()())], max_steps=1)
-    warm = est.Estimator(model_fn, config=e.config, warm_start_from=first.model_dir)
-    with pytest.raises(ValueError, match=r"the initial model \(warm-started from .*first\) is "
-                                         r"evaluated on one replica, not on 2"):
-        warm.evaluate(lambda: [next(input_fn()())])
+def initial_model_fn(features, labels, mode):
+    """A model whose initial values are drawn at random (batch norm, dropout,
+    a lazy layer)."""
+    body = est.get_module("body", lambda: torch.nn.Sequential(
+        torch.nn.Linear(2, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5)))
+    pred = est.get_module("head", lambda: torch.nn.LazyLinear(1))(body(features["x"]))
+    loss = torch.nn.functional.mse_loss(pred, labels)
+    return est.EstimatorSpec(
+        mode, loss=loss, train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)),
+        eval_metric_ops={"mae": est.metrics.mean_absolute_error(labels, pred),
+                         "mean": est.metrics.mean(pred)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warm", [False, True])
+def test_evaluate_before_training_on_replicas_evaluates_one_initial_model(tmp_path, warm):
+    """TF initializes a mirrored variable once; here each replica drew an
+    initial model of its own (replicas past rank 0 draw from streams of
+    their own), so evaluating it on several replicas was refused. Now every
+    replica takes rank 0's initial values (a lazy layer's once its first
+    batch makes them): the evaluation is one process's, warm-started or not."""
+    x = torch.randn(37, 2, generator=torch.Generator().manual_seed(3))
+    y = torch.randn(37, 1, generator=torch.Generator().manual_seed(4))
+    batches = [({"x": a}, b) for a, b in zip(x.split(8), y.split(8))]   # the last one short
+    warm_start = None
+    if warm:   # the body from a trained model, the lazy head at its initial values
+        trained = est.Estimator(initial_model_fn, str(tmp_path / "trained"))
+        trained.train(lambda: batches, max_steps=3)
+        warm_start = est.WarmStartSettings(trained.model_dir, vars_to_warm_start="body.*")
+    results = []
+    for devices in (["cpu:0"], ["cpu:0", "cpu:1"]):
+        e = est.Estimator(initial_model_fn, warm_start_from=warm_start, config=est.RunConfig(
+            model_dir=str(tmp_path / str(len(devices))), tf_random_seed=1,
+            eval_distribute=distribute.MirroredStrategy(devices)))
+        results.append(e.evaluate(lambda: batches))
+    one, two = results
+    assert two == {k: pytest.approx(v, rel=1e-5) for k, v in one.items()}
+    assert one["global_step"] == 0
