@@ -323,8 +323,8 @@ class _CollectiveExtended(StrategyExtended):
             if torch.is_grad_enabled():
                 return self._wrap(name, module)
             scope = self.current_scope   # evaluation, prediction: nothing to synchronize
-            if scope is not None and scope.initial:   # but the initial values
-                self._share_initial(module)
+            if scope is not None and scope.initial and scope.mode == _EVAL:   # but the
+                self._share_initial(module)   # initial values evaluated by every replica
             return module
         except RuntimeError as e:
             raise self._explain(e, f"setting up module {name!r}") from e
