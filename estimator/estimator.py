@@ -164,6 +164,7 @@ class Estimator:
 
     def _train_held(self, strategy, input_fn, user_hooks, steps, max_steps, listeners):
         scope, warm = self._training_scope(strategy)
+        scope.loss_summary = True   # TF's Estimator records its loss as the summary `loss`
         stop = [hooks_lib.StopAtStepHook(num_steps=steps, last_step=max_steps)] \
             if steps is not None or max_steps is not None else []
         # The input closed on the way out, an error's too: its read-ahead thread

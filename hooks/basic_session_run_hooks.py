@@ -135,6 +135,7 @@ class CheckpointSaverHook(SessionRunHook):
             raise ValueError(f"CheckpointSaverHook: checkpoint_basename must be "
                              f"{checkpoint.PREFIX!r}, got {checkpoint_basename!r}")
         self._saver = saver or checkpoint.Saver(checkpoint_dir)
+        self._own_saver = saver is None   # a session shares one per directory
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
         self._listeners = list(listeners or ())
         self._last_saved = None
@@ -314,7 +315,8 @@ class LoggingTensorHook(SessionRunHook):
     logged in sorted order); a name is what a step exposes: `"loss"`,
     `"global_step"`, a prediction key or an `est.named_tensor` name. Only the
     due steps copy the values to the host. `formatter(dict tag -> value)`
-    returns the line to log. `at_end` logs the values of the last step (no
+    returns the line to log (called on every due step, logged or not, as
+    TF's). `at_end` logs the values of the last step (no
     extra step is run, unlike TF's `session.run` in `end`).
     """
 
@@ -373,10 +375,10 @@ class LoggingTensorHook(SessionRunHook):
 
     def _log_tensors(self, values: dict, iteration: int) -> None:
         elapsed_secs, _ = self._timer.update_last_triggered_step(iteration)
-        if not logger.isEnabledFor(logging.INFO):   # nothing would be shown: format nothing
+        if self._formatter is not None:   # called whatever the level, as TF's (it may
+            logger.info(self._formatter(values))   # record the values itself)
             return
-        if self._formatter is not None:
-            logger.info(self._formatter(values))
+        if not logger.isEnabledFor(logging.INFO):   # nothing would be shown: format nothing
             return
         stats = ", ".join(f"{tag} = {_format_value(values[tag])}" for tag in self._tag_order)
         if elapsed_secs is not None:

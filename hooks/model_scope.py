@@ -89,6 +89,9 @@ class ModelScope:
         self.feed_dict: Optional[dict] = None   # this step's feeds (hooks.FeedFnHook)
         self.summaries_due = False
         self.summaries: list = []
+        # whether the step's summaries include the training loss as `loss`:
+        # TF's Estimator records it (summary.scalar), a custom loop does not
+        self.loss_summary = False
         self.name_uses: Dict[str, int] = {}   # default names taken in this model_fn call
         self.collections: Dict[str, list] = {}   # [(name, value)] added in this call
         self._restore = restore

@@ -17,6 +17,7 @@ after it. A step that no hook asks anything of never copies to the host.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -123,6 +124,7 @@ class MonitoredSession:
                  model_dir: Optional[str] = None, is_chief: Optional[bool] = None):
         self._scope = scope
         self._hooks: List[SessionRunHook] = check_hooks(hooks)
+        _share_savers(self._hooks)
         if is_chief is None:
             is_chief = scope.strategy.extended.should_checkpoint
         self._session = _Session(scope, model_dir, is_chief, self._fetch_last,
@@ -231,6 +233,8 @@ class MonitoredSession:
         A step that raises StopIteration (input exhausted) ends the loop.
         """
         scope = self._scope
+        if not callable(step_fn):
+            raise TypeError(_not_a_step(step_fn))
         if scope.name_uses or scope.collections:
             scope.forget_call()
         due = (scope.global_step + 1 >= self._wake_step or self._session._runs >= self._wake_run
@@ -470,6 +474,22 @@ def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
     return out
 
 
+def _share_savers(hooks: List[SessionRunHook]) -> None:
+    """CheckpointSaverHooks of one directory made without a `saver` save
+    through one Saver, as TF's share the graph's: one list of checkpoints
+    kept, one index (with a Saver each, each index listed its own saves and
+    each kept its own newest five). The one: the first given its Saver (the
+    session's own), else the first hook's."""
+    from .basic_session_run_hooks import CheckpointSaverHook
+    savers = [h for h in hooks if isinstance(h, CheckpointSaverHook)]
+    shared = {}
+    for hook in sorted(savers, key=lambda h: h._own_saver):
+        shared.setdefault(os.path.realpath(hook._saver.model_dir), hook._saver)
+    for hook in savers:
+        if hook._own_saver:
+            hook._saver = shared[os.path.realpath(hook._saver.model_dir)]
+
+
 def nan_checks_first(hooks: Iterable[SessionRunHook]) -> list:
     """`hooks` in their order (TF's on the chief: checkpoint saver and
     chief-only hooks before the others) but every NanTensorHook first, so a
@@ -487,10 +507,12 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
                              checkpoint_dir: Optional[str] = None, scaffold=None,
                              hooks: Iterable[SessionRunHook] = (),
                              chief_only_hooks: Iterable[SessionRunHook] = (),
-                             save_checkpoint_secs=_USE_DEFAULT, save_summaries_steps=100,
-                             save_summaries_secs=None, config=None,
+                             save_checkpoint_secs=_USE_DEFAULT,
+                             save_summaries_steps=_USE_DEFAULT,
+                             save_summaries_secs=_USE_DEFAULT, config=None,
                              stop_grace_period_secs=120, log_step_count_steps=100,
-                             max_wait_secs=7200, save_checkpoint_steps=None, summary_dir=None,
+                             max_wait_secs=7200, save_checkpoint_steps=_USE_DEFAULT,
+                             summary_dir=None,
                              save_graph_def=True, keep_checkpoint_max=5,
                              strategy=None) -> MonitoredSession:
     """A training MonitoredSession for a custom loop
@@ -499,7 +521,9 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
     Restores the latest checkpoint of `checkpoint_dir` (modules and optimizers
     are restored as the loop creates them with `est.get_module` /
     `est.get_optimizer`), and on the chief saves checkpoints every
-    `save_checkpoint_secs` (default 600) or `save_checkpoint_steps`. `strategy`
+    `save_checkpoint_secs` or `save_checkpoint_steps` and the summaries every
+    `save_summaries_steps` or `save_summaries_secs`, by TF's rules: neither
+    given, 600 seconds and 100 steps; one given, the other off; None, off. `strategy`
     defaults to the current one; `is_chief` to its `should_checkpoint`.
     TF's arguments in TF's order; `master`, `scaffold`, `config`,
     `stop_grace_period_secs`, `max_wait_secs` and `save_graph_def` do nothing
@@ -514,8 +538,10 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
     if ignored:
         logger.warning("MonitoredTrainingSession: %s ignored (TF arguments with no meaning "
                        "here: there is no graph or tf.Session)", ", ".join(ignored))
-    if save_checkpoint_secs is _USE_DEFAULT:
-        save_checkpoint_secs = None if save_checkpoint_steps else 600
+    save_summaries_steps, save_summaries_secs = _either(save_summaries_steps,
+                                                        save_summaries_secs, 100, None)
+    save_checkpoint_steps, save_checkpoint_secs = _either(save_checkpoint_steps,
+                                                          save_checkpoint_secs, None, 600)
     strategy = strategy or distribute.get_strategy()
     if is_chief is None:
         is_chief = strategy.extended.should_checkpoint
@@ -537,6 +563,22 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
     session = MonitoredSession(scope, nan_checks_first(all_hooks), checkpoint_dir, is_chief)
     session._lock = lock
     return session
+
+
+def _not_a_step(what) -> str:
+    return (f"MonitoredSession.run takes a step function, which computes the loss and "
+            f"updates the model (TF1's sess.run(train_op) is sess.run(step_fn, batch)), "
+            f"got a {type(what).__module__}.{type(what).__qualname__}: e.g. "
+            f"`def step_fn(batch): loss = ...; "
+            f"optimizer.zero_grad(); loss.backward(); optimizer.step(); return loss`")
+
+
+def _either(steps, secs, default_steps, default_secs) -> tuple:
+    """TF's USE_DEFAULT rule for a (steps, secs) pair: neither given, the
+    defaults; one given, the other None."""
+    if steps is _USE_DEFAULT and secs is _USE_DEFAULT:
+        return default_steps, default_secs
+    return (None if steps is _USE_DEFAULT else steps), (None if secs is _USE_DEFAULT else secs)
 
 
 def _merge_feeds(feeds: Optional[dict], feed_dict: dict) -> dict:

@@ -230,15 +230,15 @@ class SummarySaverHook(_WritesSummaries):
     """Writes the summaries every N steps or seconds (tf.estimator.SummarySaverHook).
 
     On a due step it fetches "summaries" (what `est.summary.*` recorded in
-    the model_fn on that step) and "loss", and writes every record and the
-    scalar `loss` (unless the model_fn recorded a `loss` itself: TF's
-    Estimator adds its own only then) at the global step after the step
+    the model_fn on that step) and writes every record, and under the
+    Estimator the scalar `loss` (unless the model_fn recorded a `loss`
+    itself: TF's Estimator adds its own only then; a custom loop's
+    MonitoredTrainingSession adds none, as TF's) at the global step after the step
     (1, 1 + N, 1 + 2N, ... from a fresh start), after TF's SessionLog START
     at the first (TensorBoard then drops what an interrupted run wrote past
     it). `summary_op` (TF: the summary tensor
-    to run) here names the tags to write, a string or a list; default all,
-    `loss` included (the step must then expose a loss, as the Estimator's
-    does). `scaffold` is accepted for compatibility and unused. The
+    to run) here names the tags to write, a string or a list; default all.
+    `scaffold` is accepted for compatibility and unused. The
     Estimator adds this hook on the chief only.
     """
 
@@ -256,10 +256,9 @@ class SummarySaverHook(_WritesSummaries):
                              "must be given")
         self._tags = _tag_set(summary_op)
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
-        wants_loss = self._tags is None or "loss" in self._tags
         self._fetches = {"summaries": "summaries"}
-        if wants_loss:
-            self._fetches["loss"] = "loss"
+        wants_loss = self._tags is None or "loss" in self._tags
+        self._fetches_loss = dict(self._fetches, loss="loss") if wants_loss else self._fetches
         self._due = False
         self._started = False
 
@@ -268,8 +267,11 @@ class SummarySaverHook(_WritesSummaries):
         self._started = False
 
     def before_run(self, run_context):
-        self._due = self._timer.should_trigger_for_step(run_context.session.global_step + 1)
-        return SessionRunArgs(self._fetches) if self._due else None
+        session = run_context.session
+        self._due = self._timer.should_trigger_for_step(session.global_step + 1)
+        if not self._due:
+            return None
+        return SessionRunArgs(self._fetches_loss if session.scope.loss_summary else self._fetches)
 
     def after_run(self, run_context, run_values):
         if not self._due:

@@ -268,3 +268,142 @@ def test_monitored_training_session_runs_its_saver_before_the_users_hooks(tmp_pa
         while not sess.should_stop():
             sess.run(train_step)
     assert seen.seen[-1] == ("end", 5)
+
+
+TF_MTS = None
+
+
+def tf_mts(case):
+    """TF 2.15's MonitoredTrainingSession in a custom loop
+    (record_tf_monitored_training_session.py)."""
+    global TF_MTS
+    if TF_MTS is None:
+        import json
+        import os
+        from paths import FIXTURES
+        with open(os.path.join(FIXTURES, "tf_monitored_training_session.json")) as f:
+            TF_MTS = json.load(f)
+    return TF_MTS[case]
+
+
+class _V(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.v = torch.nn.Parameter(torch.zeros(()))
+
+
+def custom_loop(directory, last_step=12, clock=None, extra_hooks=(), **kwargs):
+    """The recorder's loop, ported: v = 0, loss (v - 1)^2 with a `my_loss`
+    summary, gradient descent 0.1; `clock` advanced 0.3 s a step. Returns
+    what the recording holds (TF's session-start save at step 0 left out)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    with hooks.MonitoredTrainingSession(
+            checkpoint_dir=directory,
+            hooks=[hooks.StopAtStepHook(last_step=last_step), *extra_hooks], **kwargs) as sess:
+        v = est.get_module("v", _V)
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+
+        def train_step():
+            loss = (v.v - 1.0) ** 2
+            est.summary.scalar("my_loss", loss)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        while not sess.should_stop():
+            sess.run(train_step)
+            if clock is not None:
+                clock[0] += 0.3
+    on_disk = [est.checkpoint.step_of(p) for p in est.checkpoint.checkpoints_on_disk(directory)]
+    listed = [est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(directory)]
+    events = EventAccumulator(directory)
+    events.Reload()
+    return {"checkpoints": sorted(on_disk), "listed": listed or None,
+            "scalars": {tag: [e.step for e in events.Scalars(tag)]
+                        for tag in events.Tags()["scalars"]}}
+
+
+def without_step_0(recorded):
+    """TF's record without its session-start save (a documented difference)."""
+    out = dict(recorded)
+    for key in ("checkpoints", "listed"):
+        if out[key] is not None:
+            out[key] = [s for s in out[key] if s != 0] or (None if key == "listed" else [])
+    return out
+
+
+@pytest.mark.parametrize("case", ["defaults", "summaries_secs", "summaries_steps_none",
+                                  "checkpoint_steps_none", "checkpoint_steps_3"])
+def test_monitored_training_session_saves_and_summarizes_as_tf(tmp_path, monkeypatch, case):
+    """TF's rule for its (steps, secs) pairs: neither given, the defaults;
+    one given, the other off; None, off. Here `save_summaries_secs` was
+    ignored (the summaries' steps defaulted to 100 beside it) and an
+    explicit `save_checkpoint_steps=None` still saved every 600 s and at the
+    end; and a custom loop's summaries had a `loss` that TF's Estimator
+    writes but its MonitoredTrainingSession does not."""
+    kwargs = {"defaults": {}, "summaries_secs": {"save_summaries_secs": 1},
+              "summaries_steps_none": {"save_summaries_steps": None},
+              "checkpoint_steps_none": {"save_checkpoint_steps": None},
+              "checkpoint_steps_3": {"save_checkpoint_steps": 3}}[case]
+    import time as time_module
+    clock = [1000.0]
+    monkeypatch.setattr(time_module, "time", lambda: clock[0])
+    got = custom_loop(str(tmp_path), clock=clock, **kwargs)
+    assert got == without_step_0(tf_mts(case))
+
+
+def test_checkpoint_saver_hooks_of_one_directory_share_one_saver_as_tf(tmp_path):
+    """TF's CheckpointSaverHooks save through the graph's one Saver: the
+    session's (every 2 steps) and the user's (every 3) keep one list, the
+    newest five, and the index lists them. With a Saver each, 7 files stayed
+    and the index listed 5 others."""
+    saved = []
+
+    class Listener(hooks.CheckpointSaverListener):
+        def after_save(self, session, global_step_value):
+            saved.append(global_step_value)
+    directory = str(tmp_path)
+    users = hooks.CheckpointSaverHook(directory, save_steps=3, listeners=[Listener()])
+    got = custom_loop(directory, last_step=20, save_checkpoint_steps=2, save_summaries_steps=None,
+                      log_step_count_steps=None, extra_hooks=[users])
+    recorded = dict(tf_mts("two_savers"))
+    users_saves = recorded.pop("saved_by_the_users_hook")
+    assert got == without_step_0(recorded)
+    assert saved == [s for s in users_saves if s != 0]
+
+
+def test_a_logging_hooks_formatter_is_called_whatever_the_log_level(tmp_path, caplog):
+    """TF calls the formatter on every due iteration (it is the argument of
+    logging.info); here it was skipped below INFO."""
+    calls = []
+
+    def formatter(values):
+        calls.append(int(values["step"]))
+        return f"step {values['step']}"
+    with caplog.at_level("WARNING"):
+        custom_loop(str(tmp_path), extra_hooks=[hooks.LoggingTensorHook(
+            {"step": "global_step"}, every_n_iter=3, formatter=formatter)])
+    assert calls == tf_mts("formatter")["formatter_calls"]
+
+
+def test_a_custom_loops_step_may_expose_no_loss(tmp_path):
+    """The default SummarySaverHook of a MonitoredTrainingSession fetched
+    `loss` (TF's Estimator's summary), so a step returning nothing failed
+    at the first step; TF's loop runs."""
+    with hooks.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), save_summaries_steps=1,
+                                        hooks=[hooks.StopAtStepHook(last_step=3)]) as sess:
+        net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
+        while not sess.should_stop():
+            sess.run(lambda: est.summary.scalar("w", net.weight.sum()) and None)
+    assert sess._scope.global_step == 3
+
+
+def test_running_what_is_not_a_step_function_says_what_run_takes():
+    """TF1's `sess.run(train_op)`, ported as is: a bare "'SGD' object is not
+    callable" from deep in the session before."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with session([]) as sess:
+        with pytest.raises(TypeError, match=r"MonitoredSession.run takes a step function.* "
+                                            r"sess.run\(step_fn, batch\)\), got a "
+                                            r"torch.optim.sgd.SGD"):
+            sess.run(opt)
