@@ -445,7 +445,8 @@ def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
             if listener not in given[0]._listeners:
                 given[0]._listeners.append(listener)
             if callable(getattr(listener, "protect_checkpoint", None)):
-                given[0]._saver.protect(listener.protect_checkpoint)
+                for hook in given:   # (the session shares one of their Savers)
+                    hook._saver.protect(listener.protect_checkpoint)
         save_checkpoint_steps = save_checkpoint_secs = None
     elif listeners and not (save_checkpoint_steps or save_checkpoint_secs):
         raise ValueError("There should be a CheckpointSaverHook to use saving_listeners. Please "
