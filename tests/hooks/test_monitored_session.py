@@ -254,19 +254,7 @@ def test_monitored_training_session_runs_its_saver_before_the_users_hooks(tmp_pa
     own (the saver) before `hooks`, so a hook's end sees the final checkpoint
     (before: step 4's)."""
     seen = SeesCheckpoints(str(tmp_path))
-    with hooks.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), save_checkpoint_steps=2,
-                                        hooks=[seen, hooks.StopAtStepHook(last_step=5)]) as sess:
-        net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
-        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
-
-        def train_step():
-            loss = net(torch.ones(4, 2)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss
-        while not sess.should_stop():
-            sess.run(train_step)
+    custom_loop(str(tmp_path), last_step=5, save_checkpoint_steps=2, extra_hooks=[seen])
     assert seen.seen[-1] == ("end", 5)
 
 
