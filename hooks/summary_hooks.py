@@ -3,11 +3,14 @@ and the writer cache they share with evaluation (tf.compat.v1.summary.FileWriter
 
 Event files are written with `torch.utils.tensorboard.SummaryWriter`. A hook
 opens its writer at its first write (so a run that writes nothing leaves no
-event file) and flushes it at `end`; the last user of a cached writer closes it.
+event file) and flushes it at `end`. As TF's, a process writes one event file
+per directory: the writer a run lets go stays open for the next run there
+(the newest few directories' writers; TF keeps every one).
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import logging
 import numbers
@@ -31,14 +34,21 @@ class SummaryWriterCache:
 
     `get(logdir)` returns the shared writer, kept open until `clear()` (or
     exit). Hooks and evaluation take a writer for the length of a run and
-    close it when no one else holds it, so event files are complete on disk
-    when `train`/`evaluate` returns.
+    flush it at the run's end, so event files are complete on disk when
+    `train`/`evaluate` returns; the writer then waits, open, for the next
+    run in its directory (one event file per directory and process, as TF's
+    FileWriterCache), closed when `_KEEP_IDLE` directories used since are
+    waiting too. A forked child starts with none: the parent's writer
+    threads do not exist there.
     """
 
     _lock = threading.Lock()
     _writers: Dict[str, object] = {}
     _users: Dict[str, int] = {}       # runs holding each writer
     _pinned: Set[str] = set()         # opened by get(): kept until clear()
+    _KEEP_IDLE = 8
+    _idle: "collections.OrderedDict[str, None]" = collections.OrderedDict()   # oldest first
+    _inherited: list = []             # a forked child's copies of the parent's writers
     # Scalars the hooks write, held back and handed to the writer together:
     # each hand-over wakes the event file's writer thread, which then competes
     # with the training thread for the GIL (measured: ~4 us per training step
@@ -67,11 +77,9 @@ class SummaryWriterCache:
             cls._writers.clear()
             cls._users.clear()
             cls._pinned.clear()
+            cls._idle.clear()
         for writer in writers:
-            try:
-                writer.close()
-            except OSError as e:
-                logger.error("%s", e)
+            _close_logging_errors(writer)
 
     # -- for hooks and evaluation -------------------------------------------------
     @classmethod
@@ -109,25 +117,65 @@ class SummaryWriterCache:
 
     @classmethod
     def _release(cls, logdir: str) -> None:
-        """Flush; close when this was the last run holding it and `get` did not pin it."""
+        """Flush; when this was the last run holding it and `get` did not pin
+        it, keep it open for the next run in `logdir`, and close the writer
+        that has waited longest if more than `_KEEP_IDLE` are waiting."""
         cls._write_held(os.path.abspath(logdir))
+        evicted = None
         with cls._lock:
             key = os.path.abspath(logdir)
             writer = cls._writers.get(key)
             if writer is None:
                 return
             cls._users[key] -= 1
-            last = cls._users[key] <= 0 and key not in cls._pinned
-            if last:
-                del cls._writers[key], cls._users[key]
-        if last:
-            writer.close()
-        else:
+            if cls._users[key] <= 0 and key not in cls._pinned:
+                cls._idle[key] = None
+                if len(cls._idle) > cls._KEEP_IDLE:
+                    oldest = cls._idle.popitem(last=False)[0]
+                    evicted = cls._writers.pop(oldest)
+                    del cls._users[oldest]
+        try:
             writer.flush()
+        except BaseException:
+            cls._drop(key, writer)   # broken (a full disk): the next run opens another
+            raise
+        finally:
+            if evicted is not None:
+                _close_logging_errors(evicted)
+
+    @classmethod
+    def _drop(cls, key: str, writer) -> None:
+        """Close `writer` quietly (its error is being raised), uncached if no run holds it."""
+        with cls._lock:
+            if cls._writers.get(key) is writer and key in cls._idle:
+                del cls._writers[key], cls._users[key], cls._idle[key]
+            else:
+                return
+        try:
+            writer.close()
+        except OSError:
+            pass
+
+    @classmethod
+    def _forget_inherited(cls) -> None:
+        """In a forked child: the parent's writers are kept (never used,
+        flushed or closed: their threads are not here), the cache starts empty."""
+        cls._lock = threading.Lock()
+        cls._inherited.extend(cls._writers.values())
+        cls._writers, cls._users, cls._pinned = {}, {}, set()
+        cls._idle, cls._held = collections.OrderedDict(), {}
 
     @classmethod
     def _open(cls, key: str):
         writer = cls._writers.get(key)
+        if writer is not None and key in cls._idle:
+            del cls._idle[key]
+            if not _file_exists(writer):
+                # removed while it waited: a new file, as if the process had
+                # started again (TF's writer writes on into the removed file)
+                del cls._writers[key], cls._users[key]
+                _close_logging_errors(writer)
+                writer = None
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
             # A deep queue: the writer thread drains it when the training thread
@@ -139,6 +187,21 @@ class SummaryWriterCache:
             cls._writers[key] = writer
             cls._users[key] = 0
         return writer
+
+
+def _close_logging_errors(writer) -> None:
+    """Close a cached writer no run holds (its run has returned): an error
+    (a full disk) is logged, not raised into a run in another directory."""
+    try:
+        writer.close()
+    except OSError as e:
+        logger.error("%s", e)
+
+
+def _file_exists(writer) -> bool:
+    """Whether `writer`'s event file (else its directory) is still there."""
+    name = getattr(writer._get_file_writer().event_writer, "_file_name", None)
+    return os.path.exists(name) if name else os.path.isdir(writer.log_dir)
 
 
 @contextlib.contextmanager
@@ -175,6 +238,8 @@ class _NamingErrors:
 
 
 atexit.register(SummaryWriterCache.clear)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=SummaryWriterCache._forget_inherited)
 
 
 class _WritesSummaries(SessionRunHook):
