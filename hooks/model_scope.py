@@ -78,6 +78,8 @@ class ModelScope:
         self.raw_modules: Dict[str, torch.nn.Module] = {}  # unwrapped, for saving
         self.optimizers: Dict[str, torch.optim.Optimizer] = {}
         self.optimizer_var_names: Dict[str, list] = {}
+        # {name: [each param group's hyperparameters as the factory set them]}
+        self.optimizer_built_with: Dict[str, list] = {}
         self.optimizer_var_lists: Dict[str, Optional[tuple]] = {}   # (get_optimizer's check)
         self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
         self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
@@ -148,12 +150,16 @@ class ModelScope:
                             f"torch.optim.Optimizer, got {type(optimizer).__name__}")
         followed = self._scheduled_groups(name, optimizer)
         var_names = self._names_in_groups(optimizer, params, var_names)
+        built_with = _hyperparameters(optimizer)
+        for i, _ in followed:   # (a schedule's rate: set at every step)
+            del built_with[i]["lr"]
         if self._restore is not None and self.mode == ModeKeys.TRAIN:
             state = self._restore["optimizers"].get(name)
             if state is None:
                 raise ValueError(f"get_optimizer(name={name!r}): the checkpoint "
                                  f"{self._restore_path} has no optimizer {name!r}")
             optimizer.load_state_dict(state)
+            self._keep_changed_hyperparameters(name, optimizer, built_with)
             if any("initial_lr" in group for group in state["param_groups"]):
                 logger.warning(
                     "get_optimizer(name=%r): a torch LR scheduler drove this optimizer (its "
@@ -165,6 +171,7 @@ class ModelScope:
             self._warm_start.apply_optimizer(optimizer, var_names)
         self.optimizers[name] = optimizer
         self.optimizer_var_names[name] = var_names
+        self.optimizer_built_with[name] = built_with
         if followed:
             self.followed[name] = followed
             self.follow_rates(name, optimizer)   # (a restored rate is the last step's)
@@ -175,6 +182,26 @@ class ModelScope:
                 self._unfollowed = _Unfollowed(name, [g.get("lr") for g in
                                                       optimizer.param_groups], sites)
         return optimizer
+
+    def _keep_changed_hyperparameters(self, name: str, optimizer, built_with: list) -> None:
+        """A hyperparameter the factory now sets otherwise than it did for the
+        checkpoint's run (`params.learning_rate` changed for a resumed run) is
+        the factory's, as TF's, whose rates are model_fn's and not in its
+        checkpoints; one the factory sets as before keeps the checkpoint's
+        value, as torch's load_state_dict (a rate the run changed by hand)."""
+        before = self._restore.get("optimizer_built_with", {}).get(name)
+        if before is None or len(before) != len(built_with):
+            return   # (a checkpoint that does not say: torch's rule)
+        changed = []
+        for i, (group, old, new) in enumerate(zip(optimizer.param_groups, before, built_with)):
+            for key, value in new.items():
+                if key not in old or not _same(old[key], value):
+                    changed.append(f"{key} {group.get(key)!r} -> {value!r}" +
+                                   (f" (param group {i})" if len(built_with) > 1 else ""))
+                    group[key] = value
+        if changed:
+            logger.info("get_optimizer(name=%r): %s, as the factory now gives (the "
+                        "checkpoint's run was given other values)", name, ", ".join(changed))
 
     def built_optimizer(self, name: str) -> Optional[torch.optim.Optimizer]:
         """The optimizer `name` if built (its followed rates at this step), else None."""
@@ -315,6 +342,7 @@ class ModelScope:
             "modules": {n: _cpu(m.state_dict()) for n, m in self.raw_modules.items()},
             "optimizers": {n: _cpu(o.state_dict()) for n, o in self.optimizers.items()},
             "optimizer_var_names": dict(self.optimizer_var_names),
+            "optimizer_built_with": dict(self.optimizer_built_with),
             "metrics": {n: _cpu(m.state_dict()) for n, m in self.metrics.items()},
             "global_step": self.global_step,
         }
@@ -343,6 +371,19 @@ def _remove_last(stack: list, item) -> None:
         if stack[i] is item:
             del stack[i]
             return
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> list:
+    """Each param group's settings but its parameters."""
+    return [{k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+             for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except (RuntimeError, TypeError, ValueError):   # (tensors of several values)
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
 
 
 def _cpu(obj):

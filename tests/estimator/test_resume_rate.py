@@ -1,0 +1,77 @@
+"""The learning rate of a resumed run, against TF 2.15's recording
+(tests/support/fixtures/record_tf_resume_rate.py): the rate model_fn gives
+now, the momentum slots the checkpoint's. Before, a resumed optimizer took
+the checkpoint's rate (torch's load_state_dict): a sweep continuing earlier
+runs with `--set params.learning_rate=...` trained at the old rates while
+experiment.yaml said the new ones."""
+import itertools
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_resume_rate.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+
+X = np.arange(12, dtype=np.float32).reshape(6, 2) / 10   # as the recorder's
+Y = (X @ np.array([[1.0], [-2.0]], np.float32) + 0.5).astype(np.float32)
+BATCHES = [({"x": X[i:i + 3]}, Y[i:i + 3]) for i in (0, 3)]
+RATES = []   # the rate of each step's optimizer
+
+
+def model_fn(features, labels, mode, params):
+    def dense():
+        layer = torch.nn.Linear(2, 1)
+        torch.nn.init.zeros_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+        return layer
+    pred = est.get_module("dense", dense)(features["x"])
+    opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=params["learning_rate"],
+                                                      momentum=0.9))
+    if "by_hand" in params and est.get_global_step() == params["by_hand"]:
+        opt.param_groups[0]["lr"] = 0.001   # a rate the run changes itself, once
+    RATES.append(opt.param_groups[0]["lr"])
+    return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
+                             train_op=opt)
+
+
+def train(model_dir, **params):
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(model_dir)), params=params)
+    e.train(lambda: itertools.cycle(BATCHES), steps=2)
+    return e
+
+
+def assert_weights(e, recorded):
+    np.testing.assert_allclose(e.get_variable_value("dense/weight").ravel(),
+                               recorded["kernel"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(e.get_variable_value("dense/bias"), recorded["bias"],
+                               rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case, second", [("changed", 0.5), ("same", 0.01)])
+def test_a_resumed_run_trains_at_the_rate_model_fn_gives_as_tf(tmp_path, case, second, caplog):
+    assert_weights(train(tmp_path, learning_rate=0.01), TF[case]["first"])
+    with caplog.at_level(logging.INFO, logger="hooks"):
+        assert_weights(train(tmp_path, learning_rate=second), TF[case]["resumed"])
+    said = [r.getMessage() for r in caplog.records if "as the factory now gives" in r.getMessage()]
+    assert said == (["get_optimizer(name='optimizer'): lr 0.01 -> 0.5, as the factory now "
+                     "gives (the checkpoint's run was given other values)"]
+                    if case == "changed" else [])
+
+
+def test_a_rate_the_run_set_by_hand_is_restored_where_model_fn_gives_the_same(tmp_path):
+    """torch's rule where TF has none: the checkpoint's value, when the factory
+    gives what it gave that run."""
+    train(tmp_path, learning_rate=0.01, by_hand=1)
+    RATES.clear()
+    train(tmp_path, learning_rate=0.01)
+    assert RATES == [0.001, 0.001]
+    RATES.clear()
+    train(tmp_path, learning_rate=0.02)   # changed: model_fn's
+    assert RATES == [0.02, 0.02]
