@@ -601,22 +601,24 @@ class Estimator:
                 watch.warn(f"{mode!r} mode")
         except Exception as e:
             if hasattr(e, "add_note"):   # (Python 3.11+) where the first call's inputs are odd
-                for note in _input_notes(features, labels, mode):
+                for note in _input_notes(features, labels, mode, e):
                     e.add_note(note)
             raise
         _check_spec(spec, mode, self._model_fn)
         return spec, features, labels
 
 
-def _input_notes(features, labels, mode) -> list:
+def _input_notes(features, labels, mode, error: Exception) -> list:
     """What to add to an error of the first model_fn call that its inputs may
-    explain: labels None for features alone, strings where a tensor is wanted."""
+    explain: labels None for features alone, strings where a tensor is wanted
+    (a TypeError: torch's for a numpy array of strings; not a checkpoint
+    that does not fit the model)."""
     notes = []
     if labels is None and mode != ModeKeys.PREDICT:
         notes.append("(the input_fn gave features alone, so model_fn got labels=None, as in "
                      "TF; give (features, labels) pairs to train with labels)")
     strings = sorted(str(k) for k, v in features.items() if host_transform.is_host_value(v)
-                     ) if isinstance(features, dict) else []
+                     ) if isinstance(features, dict) and isinstance(error, TypeError) else []
     if strings:
         notes.append(f"(features {strings} are strings, given to model_fn as numpy arrays on "
                      "the host: map them to ids (a feature column, a vocabulary) before a "

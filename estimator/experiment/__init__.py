@@ -42,6 +42,7 @@ such file; it stands for the Python a TF1 user wrote around
 from __future__ import annotations
 
 import datetime
+import difflib
 import inspect
 import logging
 import os
@@ -288,6 +289,28 @@ def load(path: str, overrides: Sequence[str] = ()) -> Experiment:
     ExperimentError listing every problem (file, line, key path, fix)."""
     tree = _yaml.load_file(path)
     for override in overrides:
+        _warn_if_new_param(tree.data, override)
         _yaml.apply_override(tree, override)
     config, objects = check(tree, os.path.dirname(os.path.abspath(path)))
     return Experiment(path, config, objects, tree)
+
+
+def _warn_if_new_param(data, override: str) -> None:
+    """`params` are free-form (TF's), so `--set params.learnin_rate=0.3` adds
+    a key model_fn never reads: a sweep of such runs trains one model. Said
+    where the file's mapping there has other keys."""
+    key = override.partition("=")[0].strip()
+    try:
+        path = _yaml.parse_path(key)
+    except ValueError:
+        return   # (apply_override says what is wrong)
+    node = data
+    for part in path[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if path[0] == "params" and len(path) > 1 and isinstance(node, dict) and node \
+            and path[-1] not in node:
+        close = difflib.get_close_matches(str(path[-1]), [str(k) for k in node], n=1)
+        logger.warning("--set %s: %s has no key %r, so it is added%s", override,
+                       _yaml.format_path(path[:-1]), path[-1],
+                       f" (did you mean {close[0]!r}?)" if close else
+                       f" (it has {', '.join(map(str, node))})")

@@ -73,10 +73,8 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader (no Python objects) that also reads `1e-3` as a float, as YAML 1.2."""
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+_FLOAT_1_2 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+0123456789"))
 
 
 class Tree:
@@ -445,7 +443,12 @@ class _Interpolator:
 
 # -- dumping ---------------------------------------------------------------------------
 class _Dumper(yaml.SafeDumper):
-    pass
+    """Writes what _Loader and interpolation read back as it was: strings they
+    would read as floats (`"1e-3"`) quoted, a literal `${...}` as `$${...}`."""
+
+
+_Dumper.add_implicit_resolver(   # (so that such strings are quoted)
+    "tag:yaml.org,2002:float", _FLOAT_1_2, list("-+0123456789"))
 
 
 def _represent_list(dumper, data):
@@ -454,7 +457,13 @@ def _represent_list(dumper, data):
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
 
 
+def _represent_str(dumper, data):
+    return dumper.represent_str(_LITERAL_REF.sub(lambda m: "$" + m.group(0), data))
+
+
+_LITERAL_REF = re.compile(r"\$\{[^{}]*\}")   # what interpolation would replace
 _Dumper.add_representer(list, _represent_list)
+_Dumper.add_representer(str, _represent_str)
 
 
 def dump(data) -> str:

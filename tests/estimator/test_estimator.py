@@ -358,6 +358,24 @@ def test_strings_given_to_a_torch_layer_are_named_in_its_error(tmp_path):
         "them to ids (a feature column, a vocabulary) before a torch layer)"]
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")
+def test_a_checkpoint_that_does_not_fit_says_nothing_of_string_features(tmp_path):
+    """A rerun whose model no longer fits the checkpoint was told to map its
+    string features to ids, which it did."""
+    def model_fn(features, labels, mode, params):
+        ids = torch.tensor([["ab".index(c) for c in row] for row in features["city"]]).float()
+        net = est.get_module("linear", lambda: torch.nn.Linear(1, params["units"]))
+        return est.EstimatorSpec(mode, loss=net(ids).mean(),
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=1)))
+
+    def input_fn():
+        return [({"city": np.array([["a"], ["b"]])}, torch.ones(2, 1))]
+    est.Estimator(model_fn, str(tmp_path), params={"units": 1}).train(input_fn, steps=1)
+    with pytest.raises(Exception, match="linear") as info:
+        est.Estimator(model_fn, str(tmp_path), params={"units": 2}).train(input_fn, steps=1)
+    assert not any("strings" in note for note in getattr(info.value, "__notes__", []))
+
+
 def test_training_between_two_predictions_of_an_open_generator(tmp_path):
     """A predict generator waiting between two predictions held torch.no_grad
     over its caller: a `train` there failed ("the loss has no gradient"), and

@@ -5,6 +5,7 @@ configs/, and run/train/evaluate/predict/export/inspect."""
 import csv
 import glob
 import json
+import logging
 import os
 import time
 import subprocess
@@ -356,6 +357,39 @@ def test_print_config_round_trips(workdir):
     assert resolved["model_fn"] == f"{workdir}/mod.py:model_fn"     # absolute: runs anywhere
     assert (resolved["run_config"]["save_checkpoints_steps"],       # TF's rule, spelt out
             resolved["run_config"]["save_checkpoints_secs"]) == (None, 600)
+
+
+def test_a_set_that_adds_a_key_to_params_is_warned(workdir, caplog):
+    """params are free-form, as TF's: a typo in a sweep's --set added a key
+    model_fn never read, and every run of the sweep trained the same model."""
+    path = write(workdir, HEAD + "params: {learning_rate: 0.1, hidden: {units: 8}}\n")
+    with caplog.at_level(logging.WARNING):
+        exp = experiment.load(path, ["params.learnin_rate=0.3", "params.learning_rate=0.2",
+                                     "params.hidden.unit=4", "params.hidden.units=5"])
+    assert exp.params["learning_rate"] == 0.2 and exp.params["learnin_rate"] == 0.3
+    assert [r.getMessage() for r in caplog.records] == [
+        "--set params.learnin_rate=0.3: params has no key 'learnin_rate', so it is added "
+        "(did you mean 'learning_rate'?)",
+        "--set params.hidden.unit=4: params.hidden has no key 'unit', so it is added "
+        "(did you mean 'units'?)"]
+
+
+def test_saved_strings_read_back_as_they_were(workdir):
+    """A literal `$${...}` was saved as `${...}`, which a rerun of the saved
+    file interpolated (or failed on); strings YAML 1.2 reads as floats
+    (`"1e-3"`, a git sha `8e12`) were saved bare and came back as floats."""
+    path = write(workdir, HEAD + "  max_steps: 5\n" + textwrap.dedent("""\
+        params:
+          out: "preds_$${params.n}.csv"
+          n: 16
+          tags: ["1e-3", "+1E3", "2e5", "1e+3", "yes", "${params.n}"]
+          rate: 1e-3
+        """))
+    exp = experiment.load(path, overrides=['params.rev="8e12"'])
+    assert exp.params == {"out": "preds_${params.n}.csv", "n": 16, "rate": 0.001, "rev": "8e12",
+                          "tags": ["1e-3", "+1E3", "2e5", "1e+3", "yes", 16]}
+    again = experiment.load(write(workdir, exp.to_yaml(), "again.yaml"))
+    assert again.params == exp.params
 
 
 # -- the registry ----------------------------------------------------------------------------
