@@ -104,6 +104,30 @@ def test_a_second_trainer_waits_for_the_first_then_resumes_from_its_last_checkpo
 
 
 @pytest.mark.slow
+def test_a_second_train_and_evaluate_that_waited_for_max_steps_skips_as_a_rerun(
+        tmp_path, caplog):
+    """The second of two runs of one experiment (launched together) found
+    max_steps saved once it held the lock: it ran a session of no step,
+    evaluated and exported the last checkpoint again (a second point at its
+    step in eval/) and said "Loss for final step"; a rerun started after
+    says "Skipping training" and evaluates nothing, as TF's."""
+    model_dir = tmp_path / "m"
+    first = _start(tmp_path, _TRAINER, model_dir, 60)
+    try:
+        with caplog.at_level("INFO"):
+            result = est.train_and_evaluate(
+                _estimator(model_dir), est.TrainSpec(regression_input_fn(), max_steps=60),
+                est.EvalSpec(regression_input_fn(repeat=False), steps=2, throttle_secs=0))
+        assert first.wait(timeout=60) == 0, first.stderr.read().decode()[-2000:]
+    finally:
+        _stop(first)
+    assert "is being trained by another process (pid %d" % first.pid in caplog.text
+    assert "Skipping training since max_steps has already saved." in caplog.text
+    assert "Loss for final step" not in caplog.text
+    assert result == (None, None) and not (model_dir / "eval").exists()
+
+
+@pytest.mark.slow
 def test_a_holder_that_stays_is_an_error_naming_it_and_nothing_is_written(
         tmp_path, monkeypatch):
     model_dir = tmp_path / "m"
