@@ -48,24 +48,43 @@ class ExperimentError(ValueError):
 
 
 def format_path(path: Path) -> str:
-    """("train_spec", "hooks", 0, "X") -> "train_spec.hooks[0].X"."""
+    """("train_spec", "hooks", 0, "X") -> "train_spec.hooks[0].X"; a key with
+    a dot or bracket in it (a hook named by import path) is quoted."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        key = f'"{part}"' if re.search(r"[.\[\]]", str(part)) else str(part)
+        out += f".{key}" if out else key
     return out
 
 
+_PIECE = re.compile(r"""(?:"([^"]*)"|'([^']*)'|([^.\[\]"']*))((?:\[\d+\])*)""")
+
+
 def parse_path(text: str) -> Path:
-    """"train_spec.hooks[0].X" or "train_spec.hooks.0.X" -> ("train_spec", "hooks", 0, "X")."""
+    """"train_spec.hooks[0].X" or "train_spec.hooks.0.X" -> ("train_spec", "hooks", 0, "X");
+    a key with dots in it quoted: 'train_spec.hooks[0]."mypkg.hooks:MyHook".every'."""
     parts: List[Any] = []
-    for piece in text.split("."):
-        m = re.fullmatch(r"([^\[\]]*)((?:\[\d+\])*)", piece)
-        if not m or (not m.group(1) and not m.group(2)):
+    pos = 0
+    while True:
+        m = _PIECE.match(text, pos)
+        quoted = m.group(1) if m.group(1) is not None else m.group(2)
+        bare, indices = m.group(3), m.group(4)
+        if quoted is None and not bare and not indices:
             raise ValueError(f"malformed key path {text!r}")
-        if m.group(1):
-            parts.append(int(m.group(1)) if m.group(1).isdigit() else m.group(1))
-        parts += [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]
-    return tuple(parts)
+        if quoted is not None:
+            parts.append(quoted)
+        elif bare:
+            parts.append(int(bare) if bare.isdigit() else bare)
+        parts += [int(i) for i in re.findall(r"\[(\d+)\]", indices)]
+        pos = m.end()
+        if pos == len(text):
+            return tuple(parts)
+        if text[pos] != ".":
+            raise ValueError(f"malformed key path {text!r}")
+        pos += 1
 
 
 # -- loading -------------------------------------------------------------------------
@@ -296,6 +315,7 @@ def apply_override(tree: Tree, text: str) -> None:
     for i, part in enumerate(path[:-1]):
         where = format_path(path[:i]) or "the top level"
         if isinstance(node, dict):
+            _check_component_name(node, path, i, source)
             if part not in node or node[part] is None:
                 node[part] = {}
             node = node[part]
@@ -319,12 +339,28 @@ def apply_override(tree: Tree, text: str) -> None:
         raise ExperimentError([Problem(Location(source), format_path(path),
                                        f"{format_path(path[:-1])} is {_kind(node)}, not a "
                                        "mapping; set it as a whole instead")])
+    else:
+        _check_component_name(node, path, len(path) - 1, source)
     node[last] = value
     for p in [p for p in tree.marks if p[:len(path)] == path]:
         del tree.marks[p]
     for i in range(1, len(path) + 1):
         tree.marks.setdefault(path[:i], Location(source))
     _mark_all(value, path, tree.marks, Location(source))
+
+
+def _check_component_name(node: dict, path: Path, i: int, source: str) -> None:
+    """A list item `Name: {arguments}` (a hook, an exporter) reached by
+    another name at path[i]: a misspelt name, which would add a second key."""
+    if i == 0 or not isinstance(path[i - 1], int) or len(node) != 1 or path[i] in node:
+        return
+    (name,) = node
+    fixed = format_path(path[:i] + (name,) + path[i + 1:])
+    raise ExperimentError([Problem(Location(source), format_path(path[:i + 1]),
+                                   f"{format_path(path[:i])} is {format_path((name,))}, not "
+                                   f"{format_path((path[i],))}; did you mean --set "
+                                   f"{fixed}=...? (to replace the item, set "
+                                   f"{format_path(path[:i])} itself)")])
 
 
 def _mark_all(value, path, marks, location):

@@ -424,6 +424,31 @@ def test_user_classes_by_file_path_and_injected_estimator(workdir):
     assert counting.steps == 6
 
 
+def test_set_reaches_a_hook_named_by_import_path_and_names_a_misspelt_hook(workdir):
+    """A hook's key with dots in it (`mod.py:CountingHook`) could not be
+    reached by --set (a second key, then "it has 2 keys" at the file's line);
+    it is quoted now. A misspelt name said the same, about the file."""
+    path = write(workdir, HEAD + (
+        "  hooks:\n"
+        "    - mod.py:CountingHook: {every: 2}\n"
+        "    - LoggingTensorHook: {tensors: [loss], every_n_iter: 100}\n"))
+    exp = experiment.load(path, ['train_spec.hooks[0]."mod.py:CountingHook".every=5',
+                                 "train_spec.hooks[1].LoggingTensorHook.every_n_iter=3"])
+    counting, logging_hook = exp.train_spec(exp.estimator()).hooks
+    assert counting.every == 5 and exp.config["train_spec"]["hooks"][1] == {
+        "LoggingTensorHook": {"tensors": ["loss"], "every_n_iter": 3}}
+    with pytest.raises(ExperimentError) as info:
+        experiment.load(path, ["train_spec.hooks[1].LogingTensorHook.every_n_iter=3"])
+    assert str(info.value) == (
+        "--set train_spec.hooks[1].LogingTensorHook.every_n_iter=3: "
+        "train_spec.hooks[1].LogingTensorHook: train_spec.hooks[1] is LoggingTensorHook, not "
+        "LogingTensorHook; did you mean --set "
+        "train_spec.hooks[1].LoggingTensorHook.every_n_iter=...? (to replace the item, set "
+        "train_spec.hooks[1] itself)")
+    with pytest.raises(ExperimentError, match=r'train_spec.hooks\[0\] is "mod.py:CountingHook"'):
+        experiment.load(path, ["train_spec.hooks[0].CountingHook.every=5"])
+
+
 def test_tf_device_names_are_normalised(workdir):
     path = write(workdir, HEAD + "run_config:\n  train_distribute: {OneDeviceStrategy: "
                                  "{device: /cpu:0}}\n")
