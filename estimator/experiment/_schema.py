@@ -614,7 +614,7 @@ def _check(checker: _Checker, data: dict) -> dict:
                 out[key] = entry.default
             continue
         fields, _required = entry
-        if key in data or key == "run_config":
+        if data.get(key) is not None or key == "run_config":   # (null: no such section)
             checked = checker.section(path, data.get(key), fields)
             if checked is not None:
                 out[key] = checked

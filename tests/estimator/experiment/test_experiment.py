@@ -374,6 +374,16 @@ def test_a_set_that_adds_a_key_to_params_is_warned(workdir, caplog):
         "(did you mean 'units'?)"]
 
 
+def test_set_null_removes_a_section(workdir):
+    """`--set predict_spec=null` said "missing required key 'input_fn'"."""
+    path = write(workdir, HEAD + "predict_spec: {input_fn: mod.py:input_fn}\n"
+                                 f"export: {{serving_input_receiver_fn: {ROOT}/examples/"
+                                 "export_and_serve.py:serving_input_receiver_fn}\n")
+    exp = experiment.load(path, ["predict_spec=null", "export=null"])
+    assert "predict_spec" not in exp.config and "export" not in exp.config
+    assert "predict_spec" in experiment.load(path).config
+
+
 def test_saved_strings_read_back_as_they_were(workdir):
     """A literal `$${...}` was saved as `${...}`, which a rerun of the saved
     file interpolated (or failed on); strings YAML 1.2 reads as floats
