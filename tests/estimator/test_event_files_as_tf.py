@@ -11,34 +11,17 @@ import json
 import os
 import shutil
 
-import numpy as np
 import pytest
-import torch
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 import distribute
 import estimator as est
 import hooks
+from linear_port import BATCHES, model_fn
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_event_files.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
-
-X = np.arange(12, dtype=np.float32).reshape(6, 2) / 10   # as the recorder's
-Y = (X @ np.array([[1.0], [-2.0]], np.float32) + 0.5).astype(np.float32)
-BATCHES = [({"x": X[i:i + 3]}, Y[i:i + 3]) for i in (0, 3)]
-
-
-def model_fn(features, labels, mode):
-    def dense():
-        layer = torch.nn.Linear(2, 1)
-        torch.nn.init.zeros_(layer.weight)
-        torch.nn.init.zeros_(layer.bias)
-        return layer
-    pred = est.get_module("dense", dense)(features["x"])
-    return est.EstimatorSpec(
-        mode, loss=est.losses.mean_squared_error(labels, pred),
-        train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
 
 
 def train_input_fn():

@@ -14,24 +14,17 @@ import pytest
 import torch
 
 import estimator as est
+from linear_port import BATCHES, dense
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_resume_rate.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
 
-X = np.arange(12, dtype=np.float32).reshape(6, 2) / 10   # as the recorder's
-Y = (X @ np.array([[1.0], [-2.0]], np.float32) + 0.5).astype(np.float32)
-BATCHES = [({"x": X[i:i + 3]}, Y[i:i + 3]) for i in (0, 3)]
 RATES = []   # the rate of each step's optimizer
 
 
 def model_fn(features, labels, mode, params):
-    def dense():
-        layer = torch.nn.Linear(2, 1)
-        torch.nn.init.zeros_(layer.weight)
-        torch.nn.init.zeros_(layer.bias)
-        return layer
-    pred = est.get_module("dense", dense)(features["x"])
+    pred = dense(features)
     opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=params["learning_rate"],
                                                       momentum=0.9))
     if "by_hand" in params and est.get_global_step() == params["by_hand"]:
