@@ -234,9 +234,9 @@ class Experiment:
             return None
         path = os.path.join(estimator.model_dir, EXPERIMENT_FILE)
         stamp = datetime.datetime.now().isoformat(timespec="seconds")
-        resolved = _absolute_paths(dict(self.config))
-        resolved["run_config"] = dict(resolved.get("run_config") or {},
-                                      model_dir=os.path.abspath(estimator.model_dir))
+        model_dir = os.path.abspath(estimator.model_dir)
+        resolved = _absolute_paths(dict(self.config), model_dir)
+        resolved["run_config"] = dict(resolved.get("run_config") or {}, model_dir=model_dir)
         text = (f"# Resolved experiment, written by `estimator {command}` from "
                 f"{os.path.abspath(self.path)} at {stamp}.\n"
                 f"# Run it again with: estimator {command} {path}\n"
@@ -246,18 +246,27 @@ class Experiment:
 
 # The keys naming files or directories (relative ones: to the current
 # directory), made absolute in model_dir/experiment.yaml so that it reruns
-# from anywhere ("*": each key of a mapping).
+# from anywhere, those in model_dir written as in it (`${run_config.model_dir}/
+# export`), so that a rerun given another model_dir moves them too ("*": each
+# key of a mapping).
 _PATH_KEYS = (("predict_spec", "checkpoint_path"), ("export", "export_dir_base"),
               ("export", "checkpoint_path"), ("warm_start", "ckpt_to_initialize_from"),
               ("warm_start", "var_name_to_vocab_info", "*", "new_vocab"),
               ("warm_start", "var_name_to_vocab_info", "*", "old_vocab"))
 
 
-def _absolute_paths(config: dict) -> dict:
-    """`config` (a copy where changed) with the paths of _PATH_KEYS absolute."""
+def _absolute_paths(config: dict, model_dir: str) -> dict:
+    """`config` (a copy where changed) with the paths of _PATH_KEYS absolute,
+    or in `model_dir` (absolute) relative to it."""
+    def path(text: str):
+        text = os.path.abspath(text)
+        if text == model_dir or text.startswith(model_dir + os.sep):
+            return _yaml.Reference("${run_config.model_dir}" + text[len(model_dir):])
+        return text
+
     def walk(node, keys):
         if not keys or not isinstance(node, dict):
-            return os.path.abspath(node) if not keys and isinstance(node, str) else node
+            return path(node) if not keys and isinstance(node, str) else node
         names = list(node) if keys[0] == "*" else [keys[0]] if keys[0] in node else []
         return dict(node, **{name: walk(node[name], keys[1:]) for name in names})
     for keys in _PATH_KEYS:

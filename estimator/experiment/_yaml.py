@@ -497,9 +497,18 @@ def _represent_str(dumper, data):
     return dumper.represent_str(_LITERAL_REF.sub(lambda m: "$" + m.group(0), data))
 
 
+class Reference(str):
+    """A string `dump` writes as it is: an interpolation (`${run_config.model_dir}/x`)."""
+
+
+def _represent_reference(dumper, data):
+    return dumper.represent_str(str(data))
+
+
 _LITERAL_REF = re.compile(r"\$\{[^{}]*\}")   # what interpolation would replace
 _Dumper.add_representer(list, _represent_list)
 _Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(Reference, _represent_reference)
 
 
 def dump(data) -> str:

@@ -536,6 +536,11 @@ def test_saved_experiment_reruns_from_anywhere(workdir, tmp_path_factory):
                                                                      "rel/run/exports")
     assert again.config["warm_start"]["ckpt_to_initialize_from"] == os.path.join(
         str(workdir), "rel/old")
+    # a rerun into another model_dir exports there (it went into the first run's)
+    assert "export_dir_base: ${run_config.model_dir}/exports\n" in open(
+        os.path.join(workdir, saved)).read()
+    moved = experiment.load(os.path.join(workdir, saved), ["run_config.model_dir=/tmp/b"])
+    assert moved.config["export"]["export_dir_base"] == "/tmp/b/exports"
 
 
 def test_only_the_chief_saves_the_experiment(workdir, set_tf_config):
