@@ -260,7 +260,9 @@ def _train(args) -> int:
     exp.require("train_spec", command="estimator train")
     estimator = exp.estimator()
     spec = exp.train_spec(estimator)
-    record = exp.save_hook(estimator, "train")   # experiment.yaml, once training starts
+    # experiment.yaml, once training starts; its rerun command with `--steps`
+    command = "train" if args.steps is None else f"train --steps {args.steps}"
+    record = exp.save_hook(estimator, command)
     # `--steps` trains that many more steps; else up to the TrainSpec's max_steps.
     estimator.train(spec.input_fn, hooks=list(spec.hooks) + ([record] if record else []),
                     steps=args.steps,

@@ -713,8 +713,11 @@ def test_cli_train_max_steps_then_relative_steps(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(";")[0] for line in lines] == ["Trained to global step 30"] * 2 + [
         "Trained to global step 50"]
-    saved = yaml.safe_load((tmp_path / "lr" / "experiment.yaml").read_text())
-    assert saved["train_spec"]["max_steps"] == 30
+    text = (tmp_path / "lr" / "experiment.yaml").read_text()
+    assert yaml.safe_load(text)["train_spec"]["max_steps"] == 30
+    # (rerun as written it trains 20 more steps: it said `estimator train`, to step 30)
+    assert (f"# Run it again with: estimator train --steps 20 {tmp_path / 'lr'}/experiment.yaml"
+            in text.splitlines())
 
 
 def test_cli_inspect_errors(tmp_path, workdir, capsys):
