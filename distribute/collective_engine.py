@@ -468,10 +468,10 @@ class _CollectiveExtended(StrategyExtended):
             raise self._explain(e, "the gradient all-reduce") from e
         optimizer.step()
 
-    def run_train_op(self, train_op: Callable) -> None:
+    def run_train_op(self, train_op: Callable, loss: Optional[torch.Tensor] = None) -> None:
         if self._group is None:
             return train_op()
-        self._start_step(None)   # the loss is not known here: each replica logs its own
+        self._start_step(loss)   # (logged as the mean over replicas, as an optimizer's)
         try:
             # The agreement before the train_op, which makes the step's update;
             # the moving buffers' mean after it: its backward needs them as

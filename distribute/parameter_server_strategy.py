@@ -592,7 +592,7 @@ class _ParameterServerExtended(StrategyExtended):
             var.version = var.tensor._version
         return out
 
-    def run_train_op(self, train_op: Callable) -> None:
+    def run_train_op(self, train_op: Callable, loss=None) -> None:
         if self._client is not None and self._scope is not None:
             self._prefetch_ticket()
         train_op()

@@ -307,8 +307,9 @@ class StrategyExtended:
         """The global step training stops at (StopAtStepHook tells it), for
         strategies whose trainers share one global step (parameter servers)."""
 
-    def run_train_op(self, train_op: Callable) -> None:
-        """Run a custom `train_op` callable (several optimizers, a GAN step)."""
+    def run_train_op(self, train_op: Callable, loss: Optional[torch.Tensor] = None) -> None:
+        """Run a custom `train_op` callable (several optimizers, a GAN step);
+        `loss`, the step's, is the one `reduce_loss` then reduces."""
         train_op()
 
 

@@ -326,7 +326,7 @@ class Estimator:
                     if id(opt) not in watched:
                         watched[id(opt)] = opt.register_step_post_hook(note_step)
             stepped.clear()
-            run_train_op(train_op)
+            run_train_op(train_op, spec.loss)
             for opt in optimizers.values():
                 if id(opt) in stepped or id(opt) not in watched:   # (made in the train_op)
                     for group in opt.param_groups:
