@@ -164,7 +164,7 @@ class Estimator:
 
     def _train_held(self, strategy, input_fn, user_hooks, steps, max_steps, listeners):
         scope, warm = self._training_scope(strategy)
-        if max_steps is not None and scope.global_step >= max_steps and \
+        if warm is None and max_steps is not None and scope.global_step >= max_steps and \
                 strategy.num_replicas_in_sync == 1:   # saved while this one waited for the lock
             logger.info("Skipping training since max_steps has already saved.")
             return _outcome(None, user_hooks + listeners)

@@ -12,6 +12,7 @@ import collections.abc
 import difflib
 import json
 import logging
+import math
 import os
 import re
 from typing import Callable, Dict, Optional, Sequence, Union
@@ -116,9 +117,11 @@ class WarmStartSettings:
       a list of them (names such as `"net/0/weight"` match themselves),
       which reaches every variable, buffers and `global_step` too (the run
       then starts at the checkpoint's step), as in TF, and a TF checkpoint's
-      Adagrad and Ftrl slots (`<var>/Adagrad`, `<var>/Ftrl`, `<var>/Ftrl_1`)
-      into a torch Adagrad's or `est.optimizers.Ftrl`'s state; other optimizer
-      state (Adam's moments, this library's own slots) starts fresh.
+      optimizer slots into the state of torch's Adagrad (`<var>/Adagrad`),
+      Adam (`<var>/Adam`, `<var>/Adam_1`, with `beta1_power`) and SGD with
+      momentum (`<var>/Momentum`), and of `est.optimizers.Ftrl` and `Adam`;
+      other optimizers' state, and the slots of this library's checkpoints,
+      start fresh (a warning names TF slots left so).
     Every selected variable must be in the checkpoint (TF's ValueError).
     - `var_name_to_vocab_info`: {name: VocabInfo} for variables whose
       vocabulary changed (warm-started even when `vars_to_warm_start` is None).
@@ -159,13 +162,44 @@ def _settings(warm_start_from) -> Optional[WarmStartSettings]:
 
 
 def _slot_names(optimizer) -> Dict[str, str]:
-    """{our state key: TF's slot name} of the optimizers canned estimators use."""
-    from .optimizers import Ftrl   # (a sibling module; imported here to keep this one light)
+    """{our state key: TF's slot name} of the optimizers whose state TF's
+    slots make: torch's Adagrad, Adam and SGD with momentum, and this
+    library's Ftrl and Adam (TF1's rule)."""
+    from . import optimizers   # (a sibling module; imported here to keep this one light)
     if isinstance(optimizer, torch.optim.Adagrad):
         return {"sum": "Adagrad"}
-    if isinstance(optimizer, Ftrl):
+    if isinstance(optimizer, optimizers.Ftrl):
         return {"accum": "Ftrl", "linear": "Ftrl_1"}
+    if isinstance(optimizer, optimizers.Adam):
+        return {"m": "Adam", "v": "Adam_1"}
+    if type(optimizer) is torch.optim.Adam:
+        return {"exp_avg": "Adam", "exp_avg_sq": "Adam_1"}
+    if isinstance(optimizer, torch.optim.SGD) and \
+            all(g["momentum"] and not g["dampening"] for g in optimizer.param_groups):
+        return {"momentum_buffer": "Momentum"}
     return {}
+
+
+def _fill_state(optimizer, group: dict, param: torch.Tensor, state: dict, powers: tuple) -> None:
+    """The rest of a state whose slots TF's made: Adam's powers of beta (TF's
+    `beta1_power`, `beta2_power` after t steps: beta^(t + 1); None: as a
+    fresh optimizer's), as this library's Adam keeps them or as torch's step."""
+    from . import optimizers
+    beta1_power, beta2_power = powers
+    if isinstance(optimizer, optimizers.Adam):
+        f = optimizers._in_dtype(param.dtype)
+        state["beta1_power"] = f(group["beta1"] if beta1_power is None else beta1_power)
+        state["beta2_power"] = f(group["beta2"] if beta2_power is None else beta2_power)
+    elif isinstance(optimizer, torch.optim.Adam):
+        beta1 = group["betas"][0]
+        steps = 0 if beta1_power is None or not 0 < beta1 < 1 else \
+            max(0, round(math.log(beta1_power) / math.log(beta1)) - 1)
+        on_device = group.get("capturable") or group.get("fused")
+        state["step"] = torch.tensor(float(steps), dtype=torch.float64 if torch.get_default_dtype()
+                                     == torch.float64 else torch.float32,
+                                     device=param.device if on_device else "cpu")
+        if group.get("amsgrad"):
+            state["max_exp_avg_sq"] = state["exp_avg_sq"].clone()
 
 
 # Torch's layers whose weight is [out, in, *spatial] where TF's kernel is
@@ -262,6 +296,8 @@ class _WarmStarter:
         self._settings = settings
         self._names = []              # every module variable offered, in order
         self._renamed, self._remapped = set(), set()
+        # {warm-started variable: (its checkpoint name, its layout of a value of that name)}
+        self._layouts: Dict[str, tuple] = {}
         self._started = 0             # module variables warm-started
         logger.info("Warm-starting from %s", self.path)
 
@@ -302,34 +338,68 @@ class _WarmStarter:
                                  f"the list of viable variable names: {self._names}")
 
     def apply_optimizer(self, optimizer: torch.optim.Optimizer, var_names: Sequence[str]):
-        """Optimizer slots, when `vars_to_warm_start` is a list naming them (as
-        in TF, where only the list option reaches non-trainable variables):
-        TF's `<var>/Adagrad` (also `<var>/t_0/Adagrad`, `<var>/part_0/...`)
-        becomes Adagrad's `sum`; `<var>/Ftrl`, `<var>/Ftrl_1` Ftrl's `accum`,
-        `linear`."""
+        """Optimizer slots of the warm-started variables, when
+        `vars_to_warm_start` is a list naming them (as in TF, where only the
+        list option reaches non-trainable variables), in the layout their
+        variable took: `<var>/Adagrad` (also `<var>/t_0/Adagrad`,
+        `<var>/part_0/...`) Adagrad's `sum`; `<var>/Ftrl`, `<var>/Ftrl_1`
+        Ftrl's `accum`, `linear`; `<var>/Adam`, `<var>/Adam_1` Adam's moments
+        (with `beta1_power`, `beta2_power`); `<var>/Momentum` SGD's momentum
+        buffer. Slots another optimizer cannot take are said in a warning."""
         patterns = self._settings.vars_to_warm_start
-        slots = _slot_names(optimizer)
-        if not isinstance(patterns, (list, tuple)) or not slots:
+        if not isinstance(patterns, (list, tuple)):
             return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        slots = _slot_names(optimizer)
+        powers = tuple(float(self._variables[n]) if n in self._variables and
+                       any(re.match(p, n) for p in patterns) else None
+                       for n in ("beta1_power", "beta2_power"))
+        groups = [(group, p) for group in optimizer.param_groups for p in group["params"]]
+        left = []
         with torch.no_grad():
-            for param, var in zip(params, var_names):
-                prev_var = self._settings.var_name_to_prev_var_name.get(var, var)
+            for (group, param), var in zip(groups, var_names):
+                if var not in self._layouts:
+                    continue   # (not warm-started itself)
+                prev_var, layout = self._layouts[var]
+                taken = {}
                 for slot, tf_slot in slots.items():
                     found = [f"{prev_var}/{middle}{tf_slot}" for middle in ("", "t_0/", "part_0/")
                              if f"{prev_var}/{middle}{tf_slot}" in self._variables]
-                    if not found or not any(re.match(p, found[0]) for p in patterns):
-                        continue
-                    value = self._variables[found[0]]
-                    state = optimizer.state[param]
-                    if slot in state and tuple(state[slot].shape) == tuple(value.shape):
-                        state[slot].copy_(value)
-                    elif tuple(param.shape) == tuple(value.shape):
-                        state[slot] = value.to(param.device, param.dtype).clone()
-                    else:
-                        raise ValueError(f"Warm-start: slot {found[0]!r} has shape "
+                    if found and any(re.match(p, found[0]) for p in patterns):
+                        taken[slot] = found[0]
+                left += [n for n in self._slots_of(prev_var) if n not in taken.values()
+                         and any(re.match(p, n) for p in patterns)]
+                if not taken:
+                    continue
+                state = optimizer.state[param]
+                for slot, name in taken.items():
+                    value = layout(self._variables[name])
+                    if tuple(value.shape) != tuple(param.shape):
+                        raise ValueError(f"Warm-start: slot {name!r} has shape "
                                          f"{tuple(value.shape)}, {var!r} {tuple(param.shape)}")
-                    logger.info("Warm-started %s's %s from %s", var, slot, found[0])
+                    state[slot] = value.to(param.device, param.dtype).clone()
+                    logger.info("Warm-started %s's %s from %s", var, slot, name)
+                _fill_state(optimizer, group, param, state, powers)
+        if left:
+            logger.warning(
+                "Warm-start: the checkpoint's optimizer slots %s%s are not warm-started into "
+                "%s, whose state starts fresh (TF's list warm start restores them; slots are "
+                "taken by torch's Adagrad, Adam and SGD with momentum, and est.optimizers' "
+                "Adam and Ftrl)", left[:4], " ..." if len(left) > 4 else "",
+                type(optimizer).__name__)
+
+    def _slots_of(self, prev_var: str) -> list:
+        """The TF checkpoint's variables under `prev_var/` (its slots), but its partitions."""
+        if not isinstance(self._variables, _TFVariables):
+            return []
+        return [n for n in self._variables if n.startswith(prev_var + "/")
+                and not re.fullmatch(r"part_\d+", n[len(prev_var) + 1:])]
+
+    def _layout(self, shape: tuple, prev: str, layer_weight: bool) -> Callable:
+        """How a value of checkpoint variable `prev` (or a slot of it) becomes
+        one of `shape`: TF's kernels in torch's layout; ours as they are."""
+        if not isinstance(self._variables, _TFVariables):
+            return lambda value: value
+        return lambda value: _torch_layout(value, shape, prev, layer_weight)
 
     def _wanted(self, name: str) -> bool:
         patterns = self._settings.vars_to_warm_start
@@ -398,9 +468,10 @@ class _WarmStarter:
                 if info is not None:
                     value = _remapped(value, info, tuple(tensor.shape), name, prev)
                     self._remapped.add(name)
-                elif isinstance(self._variables, _TFVariables):
-                    value = _torch_layout(value, tuple(tensor.shape), prev,
-                                          key in layer_weights)
+                else:
+                    self._layouts[name] = (prev, self._layout(tuple(tensor.shape), prev,
+                                                              key in layer_weights))
+                    value = self._layouts[name][1](value)
                 if tuple(value.shape) != tuple(tensor.shape):
                     raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "
                                      f"{prev!r} in {self.path} has shape {tuple(value.shape)}")

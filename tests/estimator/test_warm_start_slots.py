@@ -1,0 +1,68 @@
+"""A list warm start from a TF checkpoint carries the optimizer's slots, as
+TF's (tests/support/fixtures/record_tf_warm_start_slots.py, TF 2.15): Adam's
+moments and powers of beta, SGD's momentum, in the layout of their variable
+(a torch Linear's weight is TF's kernel transposed, so are its slots).
+Before, the global step came over but Adam's moments started fresh without
+a word (the NCF port's continued run reached HR 0.38 where TF's 0.47)."""
+import itertools
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from linear_port import BATCHES, dense
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_warm_start_slots.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+
+OPTIMIZERS = {"adam": lambda p: est.optimizers.Adam(p, 0.1),
+              "momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+              "torch_adam": lambda p: torch.optim.Adam(p, lr=0.1),
+              "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.1)}
+
+
+def warm_started(tmp_path, name, recorded):
+    def model_fn(features, labels, mode):
+        return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, dense(features)),
+                                 train_op=est.get_optimizer(OPTIMIZERS[name]))
+    settings = est.WarmStartSettings(
+        os.path.join(FIXTURES, "tf_ckpt", f"slots_{recorded}"), vars_to_warm_start=[".*"],
+        var_name_to_prev_var_name={"dense/weight": "dense/kernel"})
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path)),
+                      warm_start_from=settings)
+    e.train(lambda: itertools.cycle(BATCHES), steps=2)
+    return e
+
+
+@pytest.mark.parametrize("name", ["adam", "momentum"])
+def test_a_list_warm_start_carries_the_slots_as_tf(tmp_path, name):
+    e = warm_started(tmp_path, name, name)
+    assert e.get_variable_value("global_step") == TF[name]["global_step"]
+    np.testing.assert_allclose(e.get_variable_value("dense/weight").ravel(), TF[name]["kernel"],
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(e.get_variable_value("dense/bias"), TF[name]["bias"],
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_torch_adam_takes_tf_adams_moments_and_step(tmp_path):
+    """torch's Adam adds epsilon after the bias correction: near TF's, not equal."""
+    e = warm_started(tmp_path, "torch_adam", "adam")
+    np.testing.assert_allclose(e.get_variable_value("dense/weight").ravel(),
+                               TF["adam"]["kernel"], rtol=1e-4)
+    assert e.get_variable_value("optimizer/dense/weight/exp_avg").shape == (1, 2)
+
+
+def test_slots_an_optimizer_cannot_take_are_said(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        warm_started(tmp_path, "rmsprop", "adam")
+    said = [r.getMessage() for r in caplog.records if "optimizer slots" in r.getMessage()]
+    assert said == ["Warm-start: the checkpoint's optimizer slots ['dense/kernel/Adam', "
+                    "'dense/kernel/Adam_1', 'dense/bias/Adam', 'dense/bias/Adam_1'] are not "
+                    "warm-started into RMSprop, whose state starts fresh (TF's list warm start "
+                    "restores them; slots are taken by torch's Adagrad, Adam and SGD with "
+                    "momentum, and est.optimizers' Adam and Ftrl)"]
