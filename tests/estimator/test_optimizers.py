@@ -26,11 +26,11 @@ BY_NAME = {c["name"]: c for c in TF["by_name"]}
 # initial one): a value that cancels to ~0 (0.05 - 0.0499999) is not held to
 # 1e-6 of itself. Slots are held relative to themselves; Adam's `v` to 2e-5,
 # since TF1 computes 1 - beta2 from float32(0.999) (0.00099998713, not 0.001).
-RTOL = {"Adagrad": 1e-6, "Adam": 1e-5, "Ftrl": 1e-6, "RMSProp": 1e-6, "SGD": 1e-6,
+RTOL = {"Adagrad": 1e-6, "Adam": 1e-6, "Ftrl": 1e-6, "RMSProp": 1e-6, "SGD": 1e-6,
         "ProximalAdagrad": 1e-6, "ProximalGradientDescent": 1e-6, "TF1 Adam": 1e-6}
 SLOT_RTOL = {"Adam": 2e-5}
 # TF slot -> torch state key, for torch's own optimizers
-TORCH_SLOTS = {"Adagrad": {"accumulator": "sum"}, "Adam": {"m": "exp_avg", "v": "exp_avg_sq"}}
+TORCH_SLOTS = {"Adagrad": {"accumulator": "sum"}}
 
 
 def _steps(make, gradients=TF["gradients"], w=None):
@@ -108,8 +108,8 @@ def test_torchs_adam_is_not_tf1s_with_a_large_epsilon(case):
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_named_optimizers_equal_tf1(name):
     """By name at learning rate 0.05, as a canned estimator builds them (TF:
-    get_optimizer_instance). Adam: torch's epsilon placement differs (see
-    optimizer_factory), below 1e-5 here."""
+    get_optimizer_instance). Adam is TF1's rule (it was torch's Adam, within
+    1e-5 here but 6% of an embedding's weights a step in the NCF port)."""
     recorded = BY_NAME[name]
     values, w, opt = _steps(optimizer_factory(name, TF["learning_rate_by_name"]))
     _check(values, opt, w, recorded, name, TORCH_SLOTS.get(name))
@@ -236,14 +236,14 @@ def test_the_param_groups_lr_is_used(cls):
 
 def test_factories_by_name():
     p = [torch.nn.Parameter(torch.zeros(1))]
-    for name, cls in [("Adagrad", torch.optim.Adagrad), ("Adam", torch.optim.Adam),
+    for name, cls in [("Adagrad", torch.optim.Adagrad), ("Adam", est.optimizers.Adam),
                       ("Ftrl", Ftrl), ("RMSProp", RMSProp), ("SGD", torch.optim.SGD)]:
         opt = optimizer_factory(name, 0.3)(p)
         assert type(opt) is cls and opt.param_groups[0]["lr"] == 0.3, name
     adagrad = optimizer_factory("Adagrad", 0.3)(p).defaults
     assert adagrad["initial_accumulator_value"] == 0.1 and adagrad["eps"] == 0.0
     adam = optimizer_factory("Adam", 0.3)(p).defaults
-    assert adam["betas"] == (0.9, 0.999) and adam["eps"] == 1e-8
+    assert adam == dict(lr=0.3, beta1=0.9, beta2=0.999, epsilon=1e-8)
     ftrl = optimizer_factory("Ftrl", 0.3)(p).defaults
     assert ftrl == dict(lr=0.3, learning_rate_power=-0.5, initial_accumulator_value=0.1,
                         l1_regularization_strength=0.0, l2_regularization_strength=0.0,
