@@ -436,6 +436,8 @@ def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.
     optimizer again at every step, as the schedule computes it then.
     """
     scope = _current or current()
+    if var_list is not None and not isinstance(var_list, (list, tuple, torch.nn.Module)):
+        var_list = list(var_list)   # (net.parameters(), a generator)
     optimizer = scope.built_optimizer(name)
     if optimizer is None:
         optimizer = scope.create_optimizer(name, factory, var_list)
@@ -451,10 +453,18 @@ def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.
 
 
 def _var_list_key(var_list) -> Optional[tuple]:
-    """What a `var_list` names (its modules or parameters), to tell two apart."""
+    """What a `var_list` names (its modules or parameters), to tell two apart:
+    a ModuleList or ModuleDict by its modules (one made anew each call names
+    what the last one did)."""
     if var_list is None:
         return None
-    return tuple(map(id, var_list)) if isinstance(var_list, (list, tuple)) else (id(var_list),)
+    key = []
+    for item in var_list if isinstance(var_list, (list, tuple)) else (var_list,):
+        if isinstance(item, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            key.append(tuple(map(id, item.children())))
+        else:
+            key.append(id(item))
+    return tuple(key)
 
 
 def note_rate(rate: float, site: tuple, at: Optional[Callable[[int], float]] = None) -> None:

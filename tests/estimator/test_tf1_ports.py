@@ -2,6 +2,7 @@
 string features and string predictions, float64 from pandas-like numpy,
 console logging without set-up, float `max_steps`, `export_savedmodel`,
 `export_outputs` signatures and a callable `train_op` with two optimizers."""
+import itertools
 import os
 import subprocess
 import sys
@@ -352,6 +353,31 @@ def test_two_optimizers_under_one_default_name_are_refused(tmp_path):
     for module, layer in initial.items():
         assert not np.allclose(good.get_variable_value(f"{module}/weight"),
                                layer.weight.detach().numpy())
+
+
+@pytest.mark.parametrize("wrap", ["module_list", "parameters", "module_dict"])
+def test_a_var_list_made_anew_each_call_names_the_same_variables(tmp_path, wrap):
+    """`var_list=torch.nn.ModuleList([...])` (the NCF port's) was refused from
+    the second step as "other variables" (a new container each call);
+    `net.parameters()`, a generator, failed outright."""
+    made = []
+
+    def model_fn(features, labels, mode):
+        gen = est.get_module("gen", lambda: torch.nn.Linear(3, 3))
+        disc = est.get_module("disc", lambda: torch.nn.Linear(3, 1))
+        var_list = {"module_list": lambda: torch.nn.ModuleList([gen, disc]),
+                    "parameters": lambda: itertools.chain(gen.parameters(), disc.parameters()),
+                    "module_dict": lambda: torch.nn.ModuleDict({"g": gen, "d": disc})}[wrap]()
+        made.append(var_list)   # (kept, as a model's attribute would: no id is reused)
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), var_list=var_list)
+        if est.get_global_step() == 2:   # another list under the same name: still refused
+            est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1),
+                              var_list=torch.nn.ModuleList([gen]))
+        return est.EstimatorSpec(mode, loss=disc(gen(features["x"])).pow(2).mean(), train_op=opt)
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="other variables than this call's var_list"):
+        e.train(input_fn(), steps=4)
+    assert len(made) == 3   # refused at step 2 only
 
 
 def _rewriting_model_fn(features, labels, mode, params):
