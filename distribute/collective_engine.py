@@ -83,6 +83,9 @@ def _local_devices(devices) -> Tuple[List[torch.device], List[str]]:
     if not names:
         raise ValueError("MirroredStrategy(devices=...) needs at least one device")
     parsed = [device_util.canonicalize(d) for d in names]
+    spelled = [device_util.torch_name(d) if isinstance(d, str) else str(d) for d in names]
+    if len(set(spelled)) != len(spelled):   # (TF's words; every cpu:N is one device here)
+        raise ValueError(f"No duplicates allowed in `devices` argument: {names}")
     kinds = {d.type for d in parsed}
     if len(kinds) > 1:
         raise ValueError(f"The devices {names} mix CPUs and GPUs; a strategy's replicas must "
