@@ -84,6 +84,7 @@ def _local_devices(devices) -> Tuple[List[torch.device], List[str]]:
         raise ValueError("MirroredStrategy(devices=...) needs at least one device")
     parsed = [device_util.canonicalize(d) for d in names]
     spelled = [device_util.torch_name(d) if isinstance(d, str) else str(d) for d in names]
+    spelled = [n if ":" in n else n + ":0" for n in spelled]   # ("cpu" is TF's CPU:0)
     if len(set(spelled)) != len(spelled):   # (TF's words; every cpu:N is one device here)
         raise ValueError(f"No duplicates allowed in `devices` argument: {names}")
     kinds = {d.type for d in parsed}

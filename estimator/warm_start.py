@@ -180,26 +180,51 @@ def _slot_names(optimizer) -> Dict[str, str]:
     return {}
 
 
-def _fill_state(optimizer, group: dict, param: torch.Tensor, state: dict, powers: tuple) -> None:
+def _fill_state(optimizer, group: dict, param: torch.Tensor, state: dict, powers: list) -> None:
     """The rest of a state whose slots TF's made: Adam's powers of beta (TF's
-    `beta1_power`, `beta2_power` after t steps: beta^(t + 1); None: as a
-    fresh optimizer's), as this library's Adam keeps them or as torch's step."""
+    `beta1_power`, `beta2_power` after t steps: beta^(t + 1)), as this
+    library's Adam keeps them or as torch's step; `powers`, the checkpoint's
+    pairs, of which the one this group's betas make (none: a fresh optimizer's)."""
     from . import optimizers
-    beta1_power, beta2_power = powers
+    if isinstance(optimizer, optimizers.Adam):
+        betas = group["beta1"], group["beta2"]
+    elif isinstance(optimizer, torch.optim.Adam):
+        betas = group["betas"]
+    else:
+        return
+    pair, steps = _powers_of(betas, powers)
     if isinstance(optimizer, optimizers.Adam):
         f = optimizers._in_dtype(param.dtype)
-        state["beta1_power"] = f(group["beta1"] if beta1_power is None else beta1_power)
-        state["beta2_power"] = f(group["beta2"] if beta2_power is None else beta2_power)
-    elif isinstance(optimizer, torch.optim.Adam):
-        beta1 = group["betas"][0]
-        steps = 0 if beta1_power is None or not 0 < beta1 < 1 else \
-            max(0, round(math.log(beta1_power) / math.log(beta1)) - 1)
-        on_device = group.get("capturable") or group.get("fused")
-        state["step"] = torch.tensor(float(steps), dtype=torch.float64 if torch.get_default_dtype()
-                                     == torch.float64 else torch.float32,
-                                     device=param.device if on_device else "cpu")
-        if group.get("amsgrad"):
-            state["max_exp_avg_sq"] = state["exp_avg_sq"].clone()
+        state["beta1_power"], state["beta2_power"] = (f(x) for x in (pair or betas))
+        return
+    on_device = group.get("capturable") or group.get("fused")
+    state["step"] = torch.tensor(float(steps), dtype=torch.float64 if torch.get_default_dtype()
+                                 == torch.float64 else torch.float32,
+                                 device=param.device if on_device else "cpu")
+    if group.get("amsgrad"):
+        state["max_exp_avg_sq"] = state["exp_avg_sq"].clone()
+
+
+def _powers_of(betas: tuple, powers: list) -> tuple:
+    """(the pair of `powers` that `betas` raised to one number of steps make,
+    that number of completed steps), or (None, 0). The count comes from
+    beta2's power where it can (beta1^t underflows to 0 in float32 past ~980
+    steps); a checkpoint of two Adams with other betas (`beta1_power_1`) has
+    one pair per optimizer."""
+    def steps(pair):
+        counts = [math.log(p) / math.log(b) for p, b in zip(pair, betas)
+                  if 0 < p < 1 and 0 < b < 1]
+        if not counts:
+            return None, math.inf
+        exponent = counts[-1]   # (beta2's, the exact one, when there)
+        misfit = abs(exponent - round(exponent)) + sum(abs(c - exponent) for c in counts)
+        return max(0, round(exponent) - 1), misfit
+    scored = [(steps(pair), pair) for pair in powers]
+    scored = [((n, misfit), pair) for (n, misfit), pair in scored if n is not None]
+    if not scored:
+        return None, 0
+    (n, _), pair = min(scored, key=lambda item: item[0][1])
+    return pair, n
 
 
 # Torch's layers whose weight is [out, in, *spatial] where TF's kernel is
@@ -350,9 +375,9 @@ class _WarmStarter:
         if not isinstance(patterns, (list, tuple)):
             return
         slots = _slot_names(optimizer)
-        powers = tuple(float(self._variables[n]) if n in self._variables and
-                       any(re.match(p, n) for p in patterns) else None
-                       for n in ("beta1_power", "beta2_power"))
+        powers = [(float(self._variables[a]), float(self._variables[b]))
+                  for a, b in self._power_names() if all(any(re.match(p, n) for p in patterns)
+                                                         for n in (a, b))]
         groups = [(group, p) for group in optimizer.param_groups for p in group["params"]]
         left = []
         with torch.no_grad():
@@ -386,6 +411,15 @@ class _WarmStarter:
                 "taken by torch's Adagrad, Adam and SGD with momentum, and est.optimizers' "
                 "Adam and Ftrl)", left[:4], " ..." if len(left) > 4 else "",
                 type(optimizer).__name__)
+
+    def _power_names(self) -> list:
+        """[(beta1_power, beta2_power)] names of the TF checkpoint's Adam
+        optimizers (a graph's second Adam has `beta1_power_1`, ...)."""
+        if not isinstance(self._variables, _TFVariables):
+            return []
+        return [(n, n.replace("beta1_power", "beta2_power")) for n in self._variables
+                if re.fullmatch(r"(.*/)?beta1_power(_\d+)?", n)
+                and n.replace("beta1_power", "beta2_power") in self._variables]
 
     def _slots_of(self, prev_var: str) -> list:
         """The TF checkpoint's variables under `prev_var/` (its slots), but its partitions."""

@@ -159,7 +159,7 @@ class ModelScope:
                 raise ValueError(f"get_optimizer(name={name!r}): the checkpoint "
                                  f"{self._restore_path} has no optimizer {name!r}")
             optimizer.load_state_dict(state)
-            self._keep_changed_hyperparameters(name, optimizer, built_with)
+            self._keep_changed_hyperparameters(name, optimizer, built_with, state)
             if any("initial_lr" in group for group in state["param_groups"]):
                 logger.warning(
                     "get_optimizer(name=%r): a torch LR scheduler drove this optimizer (its "
@@ -183,15 +183,19 @@ class ModelScope:
                                                       optimizer.param_groups], sites)
         return optimizer
 
-    def _keep_changed_hyperparameters(self, name: str, optimizer, built_with: list) -> None:
+    def _keep_changed_hyperparameters(self, name: str, optimizer, built_with: list,
+                                      state: dict) -> None:
         """A hyperparameter the factory now sets otherwise than it did for the
         checkpoint's run (`params.learning_rate` changed for a resumed run) is
         the factory's, as TF's, whose rates are model_fn's and not in its
         checkpoints; one the factory sets as before keeps the checkpoint's
-        value, as torch's load_state_dict (a rate the run changed by hand)."""
-        before = self._restore.get("optimizer_built_with", {}).get(name)
-        if before is None or len(before) != len(built_with):
-            return   # (a checkpoint that does not say: torch's rule)
+        value, as torch's load_state_dict (a rate the run changed by hand).
+        A checkpoint that does not say what its factory gave (written before
+        it was recorded) is held to its groups' values."""
+        before = self._restore.get("optimizer_built_with", {}).get(name) or [
+            {k: v for k, v in group.items() if k != "params"} for group in state["param_groups"]]
+        if len(before) != len(built_with):
+            return
         changed = []
         for i, (group, old, new) in enumerate(zip(optimizer.param_groups, before, built_with)):
             for key, value in new.items():

@@ -5,13 +5,14 @@ Event files are written with `torch.utils.tensorboard.SummaryWriter`. A hook
 opens its writer at its first write (so a run that writes nothing leaves no
 event file) and flushes it at `end`. As TF's, a process writes one event file
 per directory: the writer a run lets go stays open for the next run there
-(the newest few directories' writers; TF keeps every one).
+(the 16 directories used last keep theirs; TF keeps every one).
 """
 from __future__ import annotations
 
 import atexit
 import collections
 import contextlib
+import glob
 import logging
 import numbers
 import os
@@ -46,7 +47,7 @@ class SummaryWriterCache:
     _writers: Dict[str, object] = {}
     _users: Dict[str, int] = {}       # runs holding each writer
     _pinned: Set[str] = set()         # opened by get(): kept until clear()
-    _KEEP_IDLE = 8
+    _KEEP_IDLE = 16
     _idle: "collections.OrderedDict[str, None]" = collections.OrderedDict()   # oldest first
     _inherited: list = []             # a forked child's copies of the parent's writers
     # Scalars the hooks write, held back and handed to the writer together:
@@ -170,9 +171,12 @@ class SummaryWriterCache:
         writer = cls._writers.get(key)
         if writer is not None and key in cls._idle:
             del cls._idle[key]
-            if not _file_exists(writer):
-                # removed while it waited: a new file, as if the process had
-                # started again (TF's writer writes on into the removed file)
+            if not _file_is_newest(writer):
+                # removed while it waited, or another process (replicas of a
+                # MirroredStrategy) began a file after it there: a new file, as
+                # if the process had started again, which TensorBoard reads
+                # after theirs (a SessionLog START in theirs would drop what
+                # this one wrote past its step). TF's writes on, into the file.
                 del cls._writers[key], cls._users[key]
                 _close_logging_errors(writer)
                 writer = None
@@ -198,10 +202,16 @@ def _close_logging_errors(writer) -> None:
         logger.error("%s", e)
 
 
-def _file_exists(writer) -> bool:
-    """Whether `writer`'s event file (else its directory) is still there."""
+def _file_is_newest(writer) -> bool:
+    """Whether `writer`'s event file is still there and the last of its
+    directory's in TensorBoard's reading order (by name)."""
     name = getattr(writer._get_file_writer().event_writer, "_file_name", None)
-    return os.path.exists(name) if name else os.path.isdir(writer.log_dir)
+    if name is None:   # (a tensorboard that names it otherwise: the directory, at least)
+        return os.path.isdir(writer.log_dir)
+    if not os.path.exists(name):
+        return False
+    pattern = os.path.join(glob.escape(os.path.dirname(name)), "events.out.tfevents.*")
+    return max(glob.glob(pattern)) == name
 
 
 @contextlib.contextmanager

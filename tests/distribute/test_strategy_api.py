@@ -382,6 +382,7 @@ def test_run_in_the_launching_process_explains_what_to_do():
     # TF 2.15: AssertionError "No duplicates allowed in `devices` argument" (two
     # replicas trained on one device here, without a word)
     (["cpu:0", "/device:CPU:0"], ValueError, r"No duplicates allowed in `devices` argument"),
+    (["cpu", "cpu:0"], ValueError, r"No duplicates allowed in `devices` argument"),
 ])
 def test_bad_devices(devices, error, match):
     if "GPU" in str(devices) and torch.cuda.device_count() > 7:

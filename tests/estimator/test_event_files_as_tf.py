@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import shutil
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
@@ -135,13 +136,20 @@ def test_a_writer_broken_by_a_full_disk_is_not_kept_for_the_next_run(tmp_path, m
 def test_replicas_forked_after_local_runs_write_their_own_event_files(tmp_path):
     """The parent's writer waits for its next run with a thread the forked
     replicas do not have: they must not write through it (their events would
-    be lost, a flush would wait forever). One file per process: the replicas
-    are new processes each call."""
+    be lost, a flush would wait forever). And the parent's next run begins a
+    file after theirs: TensorBoard reads files by name, and the replicas'
+    SessionLog START (at step 3) dropped what the parent's reused file held
+    past it (steps 5 and 6)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     model_dir = tmp_path / "m"
     est.Estimator(model_fn, config=config(model_dir)).train(train_input_fn, steps=2)
     mirrored = est.Estimator(model_fn, config=config(
         model_dir, train_distribute=distribute.MirroredStrategy(["cpu:0", "cpu:1"])))
     mirrored.train(train_input_fn, steps=2)
+    time.sleep(1.1)   # (file names begin with the second they were made in)
     est.Estimator(model_fn, config=config(model_dir)).train(train_input_fn, steps=2)
     assert loss_steps(model_dir) == [1, 2, 3, 4, 5, 6]
-    assert len(glob.glob(str(model_dir / "events.out.tfevents*"))) == 2
+    assert len(glob.glob(str(model_dir / "events.out.tfevents*"))) == 3
+    events = EventAccumulator(str(model_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5, 6]

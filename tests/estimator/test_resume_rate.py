@@ -68,3 +68,18 @@ def test_a_rate_the_run_set_by_hand_is_restored_where_model_fn_gives_the_same(tm
     RATES.clear()
     train(tmp_path, learning_rate=0.02)   # changed: model_fn's
     assert RATES == [0.02, 0.02]
+
+
+def test_a_checkpoint_from_before_the_record_takes_model_fns_rate(tmp_path, monkeypatch):
+    """A checkpoint written before `optimizer_built_with` was: the rate model_fn
+    gives now, and again at the next resume (it stuck at the checkpoint's)."""
+    from hooks import model_scope
+    state = model_scope.ModelScope.state
+    monkeypatch.setattr(model_scope.ModelScope, "state", lambda self: {
+        k: v for k, v in state(self).items() if k != "optimizer_built_with"})
+    train(tmp_path, learning_rate=0.01)
+    monkeypatch.undo()
+    for _ in range(2):
+        RATES.clear()
+        train(tmp_path, learning_rate=0.5)
+        assert RATES == [0.5, 0.5]
