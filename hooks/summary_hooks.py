@@ -16,6 +16,7 @@ import glob
 import logging
 import numbers
 import os
+import re
 import threading
 import time
 from typing import Dict, Optional, Set
@@ -181,6 +182,7 @@ class SummaryWriterCache:
                 _close_logging_errors(writer)
                 writer = None
         if writer is None:
+            _after_newest_second(key)
             from torch.utils.tensorboard import SummaryWriter
             # A deep queue: the writer thread drains it when the training thread
             # lets go of the GIL, instead of a step blocking on a full queue.
@@ -200,6 +202,21 @@ def _close_logging_errors(writer) -> None:
         writer.close()
     except OSError as e:
         logger.error("%s", e)
+
+
+def _after_newest_second(directory: str) -> None:
+    """Wait, if need be (at most a second), for the clock's next second: an
+    event file's name begins with the second it was made in, and TensorBoard
+    reads a directory's files in name order, so a file begun in the second of
+    the newest one there (replicas that just trained) would sort by host and
+    pid (as text) and could be read before it."""
+    seconds = [int(m.group(1)) for m in (
+        re.match(r"events\.out\.tfevents\.(\d+)\.", os.path.basename(name))
+        for name in glob.glob(os.path.join(glob.escape(directory), "events.out.tfevents.*")))
+        if m]
+    wait = max(seconds, default=0) + 1 - time.time()
+    if 0 < wait <= 1:
+        time.sleep(wait)
 
 
 def _file_is_newest(writer) -> bool:

@@ -10,7 +10,6 @@ import itertools
 import json
 import os
 import shutil
-import time
 
 import pytest
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
@@ -139,14 +138,15 @@ def test_replicas_forked_after_local_runs_write_their_own_event_files(tmp_path):
     be lost, a flush would wait forever). And the parent's next run begins a
     file after theirs: TensorBoard reads files by name, and the replicas'
     SessionLog START (at step 3) dropped what the parent's reused file held
-    past it (steps 5 and 6)."""
+    past it (steps 5 and 6). Each file begins in a second after the newest
+    there: names begin with it, and within one second a replica's pid (12552)
+    sorted before its parent's (8572)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     model_dir = tmp_path / "m"
     est.Estimator(model_fn, config=config(model_dir)).train(train_input_fn, steps=2)
     mirrored = est.Estimator(model_fn, config=config(
         model_dir, train_distribute=distribute.MirroredStrategy(["cpu:0", "cpu:1"])))
     mirrored.train(train_input_fn, steps=2)
-    time.sleep(1.1)   # (file names begin with the second they were made in)
     est.Estimator(model_fn, config=config(model_dir)).train(train_input_fn, steps=2)
     assert loss_steps(model_dir) == [1, 2, 3, 4, 5, 6]
     assert len(glob.glob(str(model_dir / "events.out.tfevents*"))) == 3
