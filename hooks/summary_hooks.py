@@ -26,6 +26,7 @@ import numpy as np
 from . import summary as _summary
 
 from .basic_session_run_hooks import SecondOrStepTimer
+from .event_files import EVENT_FILE_PATTERN
 from .session_run_hook import SessionRunArgs, SessionRunHook
 
 logger = logging.getLogger(__name__)
@@ -212,8 +213,7 @@ def _after_newest_second(directory: str) -> None:
     pid (as text) and could be read before it."""
     seconds = [int(m.group(1)) for m in (
         re.match(r"events\.out\.tfevents\.(\d+)\.", os.path.basename(name))
-        for name in glob.glob(os.path.join(glob.escape(directory), "events.out.tfevents.*")))
-        if m]
+        for name in _event_files(directory)) if m]
     wait = max(seconds, default=0) + 1 - time.time()
     if 0 < wait <= 1:
         time.sleep(wait)
@@ -227,8 +227,11 @@ def _file_is_newest(writer) -> bool:
         return os.path.isdir(writer.log_dir)
     if not os.path.exists(name):
         return False
-    pattern = os.path.join(glob.escape(os.path.dirname(name)), "events.out.tfevents.*")
-    return max(glob.glob(pattern)) == name
+    return max(_event_files(os.path.dirname(name))) == name
+
+
+def _event_files(directory: str) -> list:
+    return glob.glob(os.path.join(glob.escape(directory), EVENT_FILE_PATTERN))
 
 
 @contextlib.contextmanager
