@@ -120,8 +120,10 @@ class WarmStartSettings:
       optimizer slots into the state of torch's Adagrad (`<var>/Adagrad`),
       Adam (`<var>/Adam`, `<var>/Adam_1`, with `beta1_power`) and SGD with
       momentum (`<var>/Momentum`), and of `est.optimizers.Ftrl` and `Adam`;
-      other optimizers' state, and the slots of this library's checkpoints,
-      start fresh (a warning names TF slots left so).
+      other optimizers' state starts fresh (a warning names TF slots left
+      so); from this library's checkpoints, an optimizer of the same kind
+      takes its variables' whole state (a list warm start of `[".*"]` from a
+      checkpoint of the same model continues as a resumed run).
     Every selected variable must be in the checkpoint (TF's ValueError).
     - `var_name_to_vocab_info`: {name: VocabInfo} for variables whose
       vocabulary changed (warm-started even when `vars_to_warm_start` is None).
@@ -203,6 +205,12 @@ def _fill_state(optimizer, group: dict, param: torch.Tensor, state: dict, powers
                                  device=param.device if on_device else "cpu")
     if group.get("amsgrad"):
         state["max_exp_avg_sq"] = state["exp_avg_sq"].clone()
+
+
+def _group_keys(groups: list) -> set:
+    """The hyperparameter names of an optimizer's param groups: the same for
+    one kind of optimizer (Adam's `betas`, SGD's `momentum`, ...)."""
+    return {tuple(sorted(set(g) - {"params", "initial_lr"})) for g in groups}
 
 
 def _powers_of(betas: tuple, powers: list) -> tuple:
@@ -317,7 +325,8 @@ class _WarmStarter:
             except ValueError as e:
                 raise ValueError(f"warm_start_from: {e}" + _exported(
                     settings.ckpt_to_initialize_from)) from None
-            self._variables = checkpoint.flat_variables(checkpoint.load(self.path))
+            self._state = checkpoint.load(self.path)
+            self._variables = checkpoint.flat_variables(self._state)
         self._settings = settings
         self._names = []              # every module variable offered, in order
         self._renamed, self._remapped = set(), set()
@@ -362,7 +371,8 @@ class _WarmStarter:
                                  "trainable variables only, a list every variable)? Here is "
                                  f"the list of viable variable names: {self._names}")
 
-    def apply_optimizer(self, optimizer: torch.optim.Optimizer, var_names: Sequence[str]):
+    def apply_optimizer(self, optimizer: torch.optim.Optimizer, var_names: Sequence[str],
+                        name: str = "optimizer"):
         """Optimizer slots of the warm-started variables, when
         `vars_to_warm_start` is a list naming them (as in TF, where only the
         list option reaches non-trainable variables), in the layout their
@@ -370,9 +380,13 @@ class _WarmStarter:
         `<var>/part_0/...`) Adagrad's `sum`; `<var>/Ftrl`, `<var>/Ftrl_1`
         Ftrl's `accum`, `linear`; `<var>/Adam`, `<var>/Adam_1` Adam's moments
         (with `beta1_power`, `beta2_power`); `<var>/Momentum` SGD's momentum
-        buffer. Slots another optimizer cannot take are said in a warning."""
+        buffer. Slots another optimizer cannot take are said in a warning.
+        From this library's checkpoints, see `_apply_own_slots`."""
         patterns = self._settings.vars_to_warm_start
         if not isinstance(patterns, (list, tuple)):
+            return
+        if not isinstance(self._variables, _TFVariables):
+            self._apply_own_slots(optimizer, var_names, name)
             return
         slots = _slot_names(optimizer)
         powers = [(float(self._variables[a]), float(self._variables[b]))
@@ -411,6 +425,60 @@ class _WarmStarter:
                 "taken by torch's Adagrad, Adam and SGD with momentum, and est.optimizers' "
                 "Adam and Ftrl)", left[:4], " ..." if len(left) > 4 else "",
                 type(optimizer).__name__)
+
+    def _apply_own_slots(self, optimizer, var_names: Sequence[str], name: str) -> None:
+        """A list warm start from this library's checkpoint: each warm-started
+        variable's state (Adam's moments and step, a momentum buffer, ...,
+        `<var>/<slot>` in TF's naming, `<optimizer>/<var>/<slot>` as
+        list_variables names them) from the checkpoint's optimizer of this
+        one's name, else of another holding that variable, when it is of the
+        same kind (the same hyperparameter keys); else a warning."""
+        patterns = self._settings.vars_to_warm_start
+        keys = _group_keys(optimizer.state_dict()["param_groups"])
+        owners = sorted(self._state.get("optimizers", {}), key=lambda owner: owner != name)
+        state_dict = optimizer.state_dict()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        taken, left = 0, []
+        for index, var in enumerate(var_names):
+            if var not in self._layouts:
+                continue   # (not warm-started itself)
+            prev_var = self._layouts[var][0]
+            for owner in owners:
+                saved = self._state["optimizers"][owner]
+                names = self._state.get("optimizer_var_names", {}).get(owner, [])
+                if prev_var not in names or names.index(prev_var) not in saved.get("state", {}):
+                    continue
+                slots = saved["state"][names.index(prev_var)]
+                wanted = [slot for slot in slots if any(
+                    re.match(p, f"{prev_var}/{slot}") or re.match(p, f"{owner}/{prev_var}/{slot}")
+                    for p in patterns)]
+                if not wanted:
+                    break
+                if _group_keys(saved["param_groups"]) != keys or len(wanted) < len(slots):
+                    left += [f"{owner}/{prev_var}/{slot}" for slot in wanted]
+                    break
+                shape = tuple(params[index].shape)
+                for slot, value in slots.items():
+                    if isinstance(value, torch.Tensor) and value.dim() and \
+                            tuple(value.shape) != shape:
+                        raise ValueError(f"Warm-start: slot {owner}/{prev_var}/{slot} has shape "
+                                         f"{tuple(value.shape)}, {var!r} {shape}")
+                state_dict["state"][index] = {
+                    slot: value.clone() if isinstance(value, torch.Tensor) else value
+                    for slot, value in slots.items()}
+                logger.info("Warm-started %s's %s from %s", var, ", ".join(slots),
+                            f"{owner}/{prev_var}")
+                taken += 1
+                break
+        if taken:
+            optimizer.load_state_dict(state_dict)   # (torch's casts: device, dtype, step)
+        if left:
+            logger.warning(
+                "Warm-start: the checkpoint's optimizer state %s%s is not warm-started into "
+                "%s, whose state starts fresh: it is another kind of optimizer's (its "
+                "hyperparameters differ in name), or vars_to_warm_start selects only some "
+                "of a variable's state (taken whole or not at all)", left[:4],
+                " ..." if len(left) > 4 else "", type(optimizer).__name__)
 
     def _power_names(self) -> list:
         """[(beta1_power, beta2_power)] names of the TF checkpoint's Adam

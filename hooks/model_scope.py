@@ -168,7 +168,7 @@ class ModelScope:
                     "est.learning_rate_decay's schedules (rates of the global step, restored "
                     "exactly), or set the optimizer's rates from est.get_global_step()", name)
         elif self._warm_start is not None and self.mode == ModeKeys.TRAIN:
-            self._warm_start.apply_optimizer(optimizer, var_names)
+            self._warm_start.apply_optimizer(optimizer, var_names, name)
         self.optimizers[name] = optimizer
         self.optimizer_var_names[name] = var_names
         self.optimizer_built_with[name] = built_with
