@@ -207,6 +207,18 @@ def _fill_state(optimizer, group: dict, param: torch.Tensor, state: dict, powers
         state["max_exp_avg_sq"] = state["exp_avg_sq"].clone()
 
 
+def _load_states(optimizer, states: dict) -> None:
+    """Put {index of a parameter, in param_groups' order: its state} into
+    `optimizer` by its load_state_dict: torch's casts to each parameter's
+    device and dtype, and a strategy's hook (ParameterServerStrategy's puts
+    the state on the ps tasks; set in `optimizer.state` it stayed here, and
+    the ps tasks' Adam started fresh)."""
+    if states:
+        state_dict = optimizer.state_dict()
+        state_dict["state"].update(states)
+        optimizer.load_state_dict(state_dict)
+
+
 def _group_keys(groups: list) -> set:
     """The hyperparameter names of an optimizer's param groups: the same for
     one kind of optimizer (Adam's `betas`, SGD's `momentum`, ...)."""
@@ -393,9 +405,9 @@ class _WarmStarter:
                   for a, b in self._power_names() if all(any(re.match(p, n) for p in patterns)
                                                          for n in (a, b))]
         groups = [(group, p) for group in optimizer.param_groups for p in group["params"]]
-        left = []
+        left, states = [], {}
         with torch.no_grad():
-            for (group, param), var in zip(groups, var_names):
+            for index, ((group, param), var) in enumerate(zip(groups, var_names)):
                 if var not in self._layouts:
                     continue   # (not warm-started itself)
                 prev_var, layout = self._layouts[var]
@@ -409,7 +421,7 @@ class _WarmStarter:
                          and any(re.match(p, n) for p in patterns)]
                 if not taken:
                     continue
-                state = optimizer.state[param]
+                state = states[index] = dict(optimizer.state.get(param, {}))   # (Adagrad's)
                 for slot, name in taken.items():
                     value = layout(self._variables[name])
                     if tuple(value.shape) != tuple(param.shape):
@@ -418,6 +430,7 @@ class _WarmStarter:
                     state[slot] = value.to(param.device, param.dtype).clone()
                     logger.info("Warm-started %s's %s from %s", var, slot, name)
                 _fill_state(optimizer, group, param, state, powers)
+        _load_states(optimizer, states)
         if left:
             logger.warning(
                 "Warm-start: the checkpoint's optimizer slots %s%s are not warm-started into "
@@ -436,9 +449,8 @@ class _WarmStarter:
         patterns = self._settings.vars_to_warm_start
         keys = _group_keys(optimizer.state_dict()["param_groups"])
         owners = sorted(self._state.get("optimizers", {}), key=lambda owner: owner != name)
-        state_dict = optimizer.state_dict()
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        taken, left = 0, []
+        states, left = {}, []
         for index, var in enumerate(var_names):
             if var not in self._layouts:
                 continue   # (not warm-started itself)
@@ -463,15 +475,12 @@ class _WarmStarter:
                             tuple(value.shape) != shape:
                         raise ValueError(f"Warm-start: slot {owner}/{prev_var}/{slot} has shape "
                                          f"{tuple(value.shape)}, {var!r} {shape}")
-                state_dict["state"][index] = {
-                    slot: value.clone() if isinstance(value, torch.Tensor) else value
-                    for slot, value in slots.items()}
+                states[index] = {slot: value.clone() if isinstance(value, torch.Tensor)
+                                 else value for slot, value in slots.items()}
                 logger.info("Warm-started %s's %s from %s", var, ", ".join(slots),
                             f"{owner}/{prev_var}")
-                taken += 1
                 break
-        if taken:
-            optimizer.load_state_dict(state_dict)   # (torch's casts: device, dtype, step)
+        _load_states(optimizer, states)
         if left:
             logger.warning(
                 "Warm-start: the checkpoint's optimizer state %s%s is not warm-started into "

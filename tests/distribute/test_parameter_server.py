@@ -292,6 +292,26 @@ def test_one_trainer_on_two_ps_tasks_equals_one_process_exactly(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_list_warm_start_on_ps_tasks_continues_as_one_process(tmp_path):
+    """A chief alone on 2 ps tasks warm-started with `[".*"]` from a
+    one-process checkpoint of step 20: TF's list form takes every variable,
+    Adam's slots and the global step included, so it continues as the one
+    process resumed, bit for bit."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    _single_process(here, 20)
+    _single_process(here, 60)
+    status, output = _launch(there, "--steps", "60", "--partition", "--warm-start",
+                             str(here / "model.ckpt-20"), workers=0, ps=2)
+    assert status == 0, output
+    a = est.Estimator(ps_task.model_fn, model_dir=str(here))
+    b = est.Estimator(ps_task.model_fn, model_dir=str(there))
+    assert a.get_variable_names() == b.get_variable_names()
+    for name in a.get_variable_names():
+        np.testing.assert_array_equal(a.get_variable_value(name), b.get_variable_value(name),
+                                      err_msg=name)
+
+
+@pytest.mark.slow
 def test_a_canned_wide_and_deep_on_two_ps_tasks_equals_one_process(tmp_path):
     """DNNLinearCombinedClassifier (Ftrl and Adagrad, each over its part, both
     rebuilt on the ps tasks from their hyperparameters), one trainer on 2 ps

@@ -4,6 +4,7 @@ moments and powers of beta, SGD's momentum, in the layout of their variable
 (a torch Linear's weight is TF's kernel transposed, so are its slots).
 Before, the global step came over but Adam's moments started fresh without
 a word (the NCF port's continued run reached HR 0.38 where TF's 0.47)."""
+import io
 import itertools
 import json
 import logging
@@ -14,8 +15,9 @@ import pytest
 import torch
 
 import estimator as est
+from estimator.experiment.launch import launch
 from linear_port import BATCHES, dense
-from paths import FIXTURES
+from paths import FIXTURES, SUPPORT
 
 with open(os.path.join(FIXTURES, "tf_warm_start_slots.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
@@ -159,3 +161,21 @@ def test_our_checkpoints_state_another_optimizer_cannot_take_is_said(tmp_path, c
         "Warm-start: the checkpoint's optimizer state ['optimizer/net/0/weight/momentum_buffer',"
         " 'optimizer/net/0/bias/momentum_buffer', 'optimizer/net/1/weight/momentum_buffer', "
         "'optimizer/net/1/bias/momentum_buffer'] ... is not warm-started into Adam"), said
+
+
+@pytest.mark.slow
+def test_a_list_warm_start_on_ps_tasks_puts_tfs_slots_there(tmp_path):
+    """Under a ParameterServerStrategy the optimizer steps on the ps tasks:
+    the warm-started slots go there (before, they stayed in the chief's
+    local optimizer, and the ps tasks' Adam started fresh)."""
+    status = launch([os.path.join(SUPPORT, "ps_warm_start_task.py"), str(tmp_path),
+                     os.path.join(FIXTURES, "tf_ckpt", "slots_adam"), "--max-steps",
+                     str(TF["adam"]["global_step"])], output=io.StringIO(), workers=0, ps=2,
+                    timeout=120, stop_grace_secs=5)
+    assert status == 0
+    e = est.Estimator(lambda features, labels, mode: None, model_dir=str(tmp_path))
+    assert e.get_variable_value("global_step") == TF["adam"]["global_step"]
+    np.testing.assert_allclose(e.get_variable_value("dense/weight").ravel(), TF["adam"]["kernel"],
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(e.get_variable_value("dense/bias"), TF["adam"]["bias"],
+                               rtol=1e-6, atol=1e-7)

@@ -5,7 +5,7 @@ Run by the launcher (estimator.launch) with TF_CONFIG set:
 
     python tests/support/ps_task.py MODEL_DIR --steps 200 [--legacy] [--die-at STEP]
         [--partition] [--placement by_size] [--out OUT_DIR] [--step-secs S]
-        [--kill-ps-at STEP] [--decay-steps N] [--batch-norm] [--canned]
+        [--kill-ps-at STEP] [--decay-steps N] [--batch-norm] [--canned] [--warm-start CKPT]
 
 Trains a small MLP classifier (est.get_module "mlp") with Adam under
 train_and_evaluate. `--legacy` gives no train_distribute (TF_CONFIG's ps
@@ -17,7 +17,8 @@ every step last that much longer; `--kill-ps-at N` makes the chief kill ps 1
 every N steps (TF1's exponential_decay given to the optimizer);
 `--batch-norm` adds a BatchNorm1d (buffers: moving averages); `--canned`
 trains `canned_estimator` (a DNNLinearCombinedClassifier: Ftrl and Adagrad
-on the ps tasks) instead of the MLP. Each task writes its pid to
+on the ps tasks) instead of the MLP; `--warm-start CKPT` warm-starts every
+variable from CKPT (`vars_to_warm_start=[".*"]`). Each task writes its pid to
 MODEL_DIR/<task type><index>.pid (chief0.pid, ps1.pid, ...).
 """
 import argparse
@@ -167,6 +168,7 @@ def main():
     parser.add_argument("--decay-steps", type=int)
     parser.add_argument("--batch-norm", action="store_true")
     parser.add_argument("--canned", action="store_true")
+    parser.add_argument("--warm-start")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     strategy = None
@@ -178,9 +180,11 @@ def main():
     config = est.RunConfig(model_dir=args.model_dir, train_distribute=strategy,
                            tf_random_seed=7, save_checkpoints_steps=50,
                            log_step_count_steps=50)
+    warm_start = args.warm_start and est.WarmStartSettings(args.warm_start, [".*"])
     estimator = canned_estimator(config) if args.canned else est.Estimator(
         model_fn, config=config, params={"lr": 3e-3, "decay_steps": args.decay_steps,
-                                         "batch_norm": args.batch_norm})
+                                         "batch_norm": args.batch_norm},
+        warm_start_from=warm_start)
     train_hooks = [_Sleep(args.step_secs)] if args.step_secs else []
     if args.die_at and config.task_type == "worker" and config.task_id == 0:
         train_hooks.append(_DieAt(args.die_at, os.path.join(args.model_dir, "died")))
