@@ -18,6 +18,7 @@ from typing import Callable, Dict, Iterable, NamedTuple, Optional
 import torch
 
 from . import checkpoint
+from ._factory_inputs import FactoryInputs
 from .mode_keys import ModeKeys
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class ModelScope:
         self.optimizer_var_lists: Dict[str, Optional[tuple]] = {}   # (get_optimizer's check)
         self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
         self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
+        self.factory_inputs: Dict[str, FactoryInputs] = {}   # optimizer -> its factory's numbers
+        self.step_in_factory = False   # get_global_step() called while a factory ran
         self._unfollowed: Optional[_Unfollowed] = None   # a rate no optimizer follows, watched
         self._building: Optional[str] = None  # the optimizer whose factory runs
         self.metrics: Dict[str, torch.nn.Module] = {}
@@ -140,7 +143,7 @@ class ModelScope:
         if not params:
             raise ValueError(f"get_optimizer(name={name!r}): there are no trainable "
                              "parameters; create the modules with get_module first")
-        self._building = name
+        self._building, self.step_in_factory = name, False
         try:
             optimizer = self.strategy.extended.create_optimizer(name, factory, params)
         finally:
@@ -149,6 +152,14 @@ class ModelScope:
             raise TypeError(f"get_optimizer(name={name!r}): the factory must return a "
                             f"torch.optim.Optimizer, got {type(optimizer).__name__}")
         followed = self._scheduled_groups(name, optimizer)
+        inputs = FactoryInputs(name, factory, optimizer, skip={(i, "lr") for i, _ in followed})
+        if self.step_in_factory and not any(self.rates[site].in_factory for _, site in followed):
+            logger.warning(
+                "get_optimizer(name=%r): its factory read est.get_global_step(), but it runs "
+                "once, on the first step: what it computed from the step stays that step's. "
+                "Compute the rate in model_fn and give it to the factory (`lr = ...; "
+                "est.get_optimizer(lambda p: torch.optim.Adam(p, lr=lr))`: then followed at "
+                "every step, as TF reads a rate tensor)", name)
         var_names = self._names_in_groups(optimizer, params, var_names)
         built_with = _hyperparameters(optimizer)
         for i, _ in followed:   # (a schedule's rate: set at every step)
@@ -172,6 +183,8 @@ class ModelScope:
         self.optimizers[name] = optimizer
         self.optimizer_var_names[name] = var_names
         self.optimizer_built_with[name] = built_with
+        if inputs:
+            self.factory_inputs[name] = inputs
         if followed:
             self.followed[name] = followed
             self.follow_rates(name, optimizer)   # (a restored rate is the last step's)
@@ -199,7 +212,9 @@ class ModelScope:
         changed = []
         for i, (group, old, new) in enumerate(zip(optimizer.param_groups, before, built_with)):
             for key, value in new.items():
-                if key not in old or not _same(old[key], value):
+                if key not in old:   # it moved with the step in that run: this step's
+                    group[key] = value
+                elif not _same(old[key], value):
                     changed.append(f"{key} {group.get(key)!r} -> {value!r}" +
                                    (f" (param group {i})" if len(built_with) > 1 else ""))
                     group[key] = value
@@ -207,11 +222,16 @@ class ModelScope:
             logger.info("get_optimizer(name=%r): %s, as the factory now gives (the "
                         "checkpoint's run was given other values)", name, ", ".join(changed))
 
-    def built_optimizer(self, name: str) -> Optional[torch.optim.Optimizer]:
-        """The optimizer `name` if built (its followed rates at this step), else None."""
+    def built_optimizer(self, name: str, factory=None) -> Optional[torch.optim.Optimizer]:
+        """The optimizer `name` if built (its followed rates at this step, and
+        the numbers this call's `factory` was given where they moved), else None."""
         optimizer = self.optimizers.get(name)
         if optimizer is not None and self.followed and name in self.followed:
             self.follow_rates(name, optimizer)
+        if optimizer is not None and self.factory_inputs and name in self.factory_inputs:
+            for i, key in self.factory_inputs[name].follow(factory, optimizer):
+                # (not the factory's one value: a resumed run takes its own then)
+                self.optimizer_built_with[name][i].pop(key, None)
         if self._unfollowed is not None and optimizer is not None:
             self._watch_unfollowed(name, optimizer)
         return optimizer
@@ -437,12 +457,15 @@ def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.
     The factory runs once, but TF reads a learning-rate tensor every step: a
     rate the factory was given from `est.learning_rate_decay` (computed in
     model_fn, or in the factory from `get_global_step()`) is given to the
-    optimizer again at every step, as the schedule computes it then.
+    optimizer again at every step, as the schedule computes it then; so is
+    a number model_fn computed by its own arithmetic (a warmup) and gave
+    the factory as a variable (`lambda p: Adam(p, lr=lr)`, or a
+    `functools.partial`), whenever this call's differs from the last.
     """
     scope = _current or current()
     if var_list is not None and not isinstance(var_list, (list, tuple, torch.nn.Module)):
         var_list = list(var_list)   # (net.parameters(), a generator)
-    optimizer = scope.built_optimizer(name)
+    optimizer = scope.built_optimizer(name, factory)
     if optimizer is None:
         optimizer = scope.create_optimizer(name, factory, var_list)
         scope.optimizer_var_lists[name] = _var_list_key(var_list)
@@ -494,7 +517,10 @@ def current_step() -> Optional[int]:
 
 def get_global_step() -> int:
     """The number of training steps done (TF: `tf.compat.v1.train.get_global_step`)."""
-    return current().global_step
+    scope = current()
+    if scope._building is not None:
+        scope.step_in_factory = True
+    return scope.global_step
 
 
 def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:

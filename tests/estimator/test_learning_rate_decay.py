@@ -123,9 +123,12 @@ def test_bad_arguments(call, error, match):
         call()
 
 
-def _warmup_model_fn(set_by_hand):
+def _warmup_model_fn(rate_given):
     """BERT's optimization.create_optimizer: polynomial decay with a linear
-    warmup blended in by arithmetic."""
+    warmup blended in by arithmetic; the rate given to the factory
+    ("given"), set by hand in a callable train_op ("by_hand"), or not given
+    (the factory's rate is model_fn's first warmup rate, 0.0, by its own
+    arithmetic: "not_given")."""
     def model_fn(features, labels, mode):
         net = est.get_module("net", lambda: torch.nn.Linear(3, 1, bias=False))
         loss = net(features["x"]).sum()
@@ -133,8 +136,11 @@ def _warmup_model_fn(set_by_hand):
         lr = decay.polynomial_decay(0.1, step, 100, end_learning_rate=0.0)
         is_warmup = float(step < 5)
         lr = (1.0 - is_warmup) * lr + is_warmup * 0.1 * step / 5
-        optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
-        if not set_by_hand:
+        if rate_given == "not_given":
+            optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.0))
+        else:
+            optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
+        if rate_given != "by_hand":
             return est.EstimatorSpec(mode, loss=loss, train_op=optimizer)
 
         def train_op():
@@ -147,28 +153,29 @@ def _warmup_model_fn(set_by_hand):
     return model_fn
 
 
-@pytest.mark.parametrize("set_by_hand", [False, True])
-def test_a_rate_made_by_arithmetic_that_no_optimizer_follows_is_warned(tmp_path, caplog,
-                                                                       set_by_hand):
-    """A schedule blended with a warmup (BERT) is another number each step,
-    which the optimizer built once does not follow: it trained at step 0's
-    rate, 0.0, without a word. Now a warning says so, a step after the
-    schedule moved; set by hand in a callable train_op, the rates are each
-    step's, and nothing is said."""
-    e = est.Estimator(_warmup_model_fn(set_by_hand),
+@pytest.mark.parametrize("rate_given", ["given", "by_hand", "not_given"])
+def test_a_rate_made_by_arithmetic_is_followed_and_one_no_optimizer_takes_is_warned(
+        tmp_path, caplog, rate_given):
+    """A schedule blended with a warmup (BERT) is another number each step;
+    given to the factory, the optimizer takes each step's (it trained at
+    step 0's rate, 0.0, without a word), as when set by hand in a callable
+    train_op. Where the optimizer is given another number, a warning says
+    so, a step after the schedule moved."""
+    e = est.Estimator(_warmup_model_fn(rate_given),
                       config=est.RunConfig(model_dir=str(tmp_path), tf_random_seed=1))
     x = torch.ones(1, 3)
     e.train(lambda: [({"x": x}, None)] * 10)
     warned = [r for r in caplog.records if "computes a learning-rate schedule that moves" in
               r.getMessage()]
     weight = e.get_variable_value("net/weight")
-    if set_by_hand:   # each step's rate: warmup 0, .02, .04, .06, .08, then decay
+    initial = est.Estimator(_warmup_model_fn(rate_given), config=est.RunConfig(
+        model_dir=str(tmp_path / "x"), tf_random_seed=1))
+    initial.train(lambda: [({"x": x}, None)], max_steps=1)   # step 0's rate is 0
+    if rate_given != "not_given":   # each step's rate: warmup 0, .02, .04, .06, .08, then decay
         rates = [0.1 * s / 5 for s in range(5)] + [0.1 * (1 - s / 100) for s in range(5, 10)]
-        initial = est.Estimator(_warmup_model_fn(True), config=est.RunConfig(
-            model_dir=str(tmp_path / "x"), tf_random_seed=1))
-        initial.train(lambda: [({"x": x}, None)], max_steps=1)   # step 0's rate is 0
         np.testing.assert_allclose(weight, initial.get_variable_value("net/weight")
                                    - sum(rates[1:]), rtol=1e-5)
         assert not warned
     else:
+        np.testing.assert_array_equal(weight, initial.get_variable_value("net/weight"))
         assert len(warned) == 1 and "stays at 0.0" in warned[0].getMessage()
