@@ -153,7 +153,8 @@ class ModelScope:
                             f"torch.optim.Optimizer, got {type(optimizer).__name__}")
         followed = self._scheduled_groups(name, optimizer)
         inputs = FactoryInputs(name, factory, optimizer, skip={(i, "lr") for i, _ in followed})
-        if self.step_in_factory and not any(self.rates[site].in_factory for _, site in followed):
+        if self.step_in_factory and self.mode == ModeKeys.TRAIN and not any(
+                self.rates[site].in_factory for _, site in followed):
             logger.warning(
                 "get_optimizer(name=%r): its factory read est.get_global_step(), but it runs "
                 "once, on the first step: what it computed from the step stays that step's. "
