@@ -34,15 +34,18 @@ __all__ = ["Ftrl", "RMSProp", "Adam", "ProximalAdagrad", "ProximalGradientDescen
            "optimizer_factory", "OPTIMIZER_NAMES"]
 
 
-def _learning_rate(learning_rate, lr, name: str) -> float:
+def _learning_rate(learning_rate, lr, name: str, zero: bool = True) -> float:
     """TF's `learning_rate`, or torch's `lr` (the param-group key: a parameter
-    server rebuilds an optimizer as ``cls(params, **defaults)``)."""
+    server rebuilds an optimizer as ``cls(params, **defaults)``). 0.0 (a
+    warmup's first step) trains as TF1's, but with `zero=False` (TF's Ftrl
+    makes NaNs of it, its ProximalAdagrad fails at the step)."""
     if learning_rate is None:
         learning_rate = lr
     if learning_rate is None:
         raise TypeError(f"{name} needs learning_rate")
-    if not learning_rate > 0.0:
-        raise ValueError(f"learning_rate must be positive, got {learning_rate}")
+    if not (learning_rate >= 0.0 if zero else learning_rate > 0.0):
+        raise ValueError(f"learning_rate must be positive{' or zero' if zero else ''}, "
+                         f"got {learning_rate}")
     return learning_rate
 
 
@@ -103,7 +106,7 @@ class Ftrl(_PerParameter):
                  l2_regularization_strength: float = 0.0, *,
                  l2_shrinkage_regularization_strength: float = 0.0, beta: float = 0.0,
                  lr: Optional[float] = None):
-        learning_rate = _learning_rate(learning_rate, lr, "Ftrl")
+        learning_rate = _learning_rate(learning_rate, lr, "Ftrl", zero=False)
         if initial_accumulator_value < 0.0:
             raise ValueError("initial_accumulator_value %f needs to be positive or zero"
                              % initial_accumulator_value)
@@ -292,7 +295,7 @@ class ProximalAdagrad(_PerParameter):
                  initial_accumulator_value: float = 0.1,
                  l1_regularization_strength: float = 0.0,
                  l2_regularization_strength: float = 0.0, *, lr: Optional[float] = None):
-        learning_rate = _learning_rate(learning_rate, lr, "ProximalAdagrad")
+        learning_rate = _learning_rate(learning_rate, lr, "ProximalAdagrad", zero=False)
         if not initial_accumulator_value > 0.0:
             raise ValueError(f"initial_accumulator_value must be positive: "
                              f"{initial_accumulator_value}")

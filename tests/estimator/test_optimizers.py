@@ -299,6 +299,21 @@ def test_ftrl_arguments_checked_with_tf_messages(kwargs, message):
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize("make", [
+    lambda p: est.optimizers.Adam(p, 0.0), lambda p: est.optimizers.RMSProp(p, 0.0),
+    lambda p: est.optimizers.ProximalGradientDescent(p, 0.0)])
+def test_a_zero_learning_rate_trains_as_tf1s(make):
+    """A warmup's first rate is 0.0 (official/r1 transformer's), which TF1's
+    Adam, RMSProp and ProximalGradientDescent take (these refused it:
+    "learning_rate must be positive"); the step moves nothing, as TF's
+    (TF's Ftrl makes NaNs of it, its ProximalAdagrad fails: refused here)."""
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = make([param])
+    (param * torch.tensor([1.0, -2.0])).sum().backward()
+    opt.step()
+    assert param.tolist() == [1.0, 1.0]
+
+
 def test_ftrl_allows_what_tf1_allows():
     """Zero initial accumulator and zero learning_rate_power are legal in TF1;
     beta=None is TF1's default."""
@@ -333,7 +348,7 @@ def test_rebuilt_from_defaults_as_a_parameter_server_does(cls):
     ({"beta1": 1.0}, r"beta1 must be in \[0, 1\), got 1.0"),
     ({"beta2": -0.1}, r"beta2 must be in \[0, 1\), got -0.1"),
     ({"epsilon": -1.0}, "epsilon must be >= 0, got -1.0"),
-    ({"learning_rate": 0.0}, "learning_rate must be positive"),
+    ({"learning_rate": -1.0}, "learning_rate must be positive or zero"),
 ])
 def test_adam_arguments_checked(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -347,7 +362,7 @@ def test_adam_arguments_checked(kwargs, match):
                                                             "be >= 0, got -0.1"),
     (ProximalGradientDescent, {"l2_regularization_strength": -1.0},
      "l2_regularization_strength must be >= 0"),
-    (ProximalGradientDescent, {"learning_rate": 0.0}, "learning_rate must be positive"),
+    (ProximalGradientDescent, {"learning_rate": -1.0}, "learning_rate must be positive or zero"),
 ])
 def test_proximal_arguments_checked(cls, kwargs, match):
     kwargs = {"learning_rate": 0.1, **kwargs}
