@@ -85,7 +85,7 @@ class ModelScope:
         self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
         self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
         self.factory_inputs: Dict[str, FactoryInputs] = {}   # optimizer -> its factory's numbers
-        self.step_in_factory = False   # get_global_step() called while a factory ran
+        self.step_in_factory = 0   # get_global_step() calls while a factory ran
         self._unfollowed: Optional[_Unfollowed] = None   # a rate no optimizer follows, watched
         self._building: Optional[str] = None  # the optimizer whose factory runs
         self.metrics: Dict[str, torch.nn.Module] = {}
@@ -143,7 +143,9 @@ class ModelScope:
         if not params:
             raise ValueError(f"get_optimizer(name={name!r}): there are no trainable "
                              "parameters; create the modules with get_module first")
-        self._building, self.step_in_factory = name, False
+        training = self.mode == ModeKeys.TRAIN
+        inputs = FactoryInputs(name, factory, params) if training else None
+        self._building, self.step_in_factory = name, 0
         try:
             optimizer = self.strategy.extended.create_optimizer(name, factory, params)
         finally:
@@ -152,15 +154,17 @@ class ModelScope:
             raise TypeError(f"get_optimizer(name={name!r}): the factory must return a "
                             f"torch.optim.Optimizer, got {type(optimizer).__name__}")
         followed = self._scheduled_groups(name, optimizer)
-        inputs = FactoryInputs(name, factory, optimizer, skip={(i, "lr") for i, _ in followed})
-        if self.step_in_factory and self.mode == ModeKeys.TRAIN and not any(
-                self.rates[site].in_factory for _, site in followed):
+        if inputs:
+            inputs.bind(optimizer)
+        schedules = sum(1 for _, site in followed if self.rates[site].in_factory)
+        if training and self.step_in_factory > schedules:
             logger.warning(
                 "get_optimizer(name=%r): its factory read est.get_global_step(), but it runs "
-                "once, on the first step: what it computed from the step stays that step's. "
-                "Compute the rate in model_fn and give it to the factory (`lr = ...; "
-                "est.get_optimizer(lambda p: torch.optim.Adam(p, lr=lr))`: then followed at "
-                "every step, as TF reads a rate tensor)", name)
+                "once, on the first step: what it computed from the step (but through "
+                "est.learning_rate_decay's schedules, recomputed every step) stays that "
+                "step's. Compute such a number in model_fn and give it to the factory (`lr = "
+                "...; est.get_optimizer(lambda p: torch.optim.Adam(p, lr=lr))`: then followed "
+                "at every step, as TF reads a rate tensor)", name)
         var_names = self._names_in_groups(optimizer, params, var_names)
         built_with = _hyperparameters(optimizer)
         for i, _ in followed:   # (a schedule's rate: set at every step)
@@ -520,7 +524,7 @@ def get_global_step() -> int:
     """The number of training steps done (TF: `tf.compat.v1.train.get_global_step`)."""
     scope = current()
     if scope._building is not None:
-        scope.step_in_factory = True
+        scope.step_in_factory += 1
     return scope.global_step
 
 
