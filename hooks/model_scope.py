@@ -174,8 +174,11 @@ class ModelScope:
             if state is None:
                 raise ValueError(f"get_optimizer(name={name!r}): the checkpoint "
                                  f"{self._restore_path} has no optimizer {name!r}")
+            state, groups_from = _in_this_order(
+                state, self._restore.get("optimizer_var_names", {}).get(name), var_names,
+                optimizer)
             optimizer.load_state_dict(state)
-            self._keep_changed_hyperparameters(name, optimizer, built_with, state)
+            self._keep_changed_hyperparameters(name, optimizer, built_with, state, groups_from)
             if any("initial_lr" in group for group in state["param_groups"]):
                 logger.warning(
                     "get_optimizer(name=%r): a torch LR scheduler drove this optimizer (its "
@@ -202,15 +205,20 @@ class ModelScope:
         return optimizer
 
     def _keep_changed_hyperparameters(self, name: str, optimizer, built_with: list,
-                                      state: dict) -> None:
+                                      state: dict, groups_from: Optional[list]) -> None:
         """A hyperparameter the factory now sets otherwise than it did for the
         checkpoint's run (`params.learning_rate` changed for a resumed run) is
         the factory's, as TF's, whose rates are model_fn's and not in its
         checkpoints; one the factory sets as before keeps the checkpoint's
         value, as torch's load_state_dict (a rate the run changed by hand).
         A checkpoint that does not say what its factory gave (written before
-        it was recorded) is held to its groups' values."""
-        before = self._restore.get("optimizer_built_with", {}).get(name) or [
+        it was recorded) is held to its groups' values. `groups_from`: the
+        checkpoint's group of each group here, where they were reordered."""
+        before = self._restore.get("optimizer_built_with", {}).get(name)
+        if before and groups_from is not None:
+            before = [before[k] if k is not None else new
+                      for k, new in zip(groups_from, built_with)]
+        before = before or [
             {k: v for k, v in group.items() if k != "params"} for group in state["param_groups"]]
         if len(before) != len(built_with):
             return
@@ -400,6 +408,36 @@ def _remove_last(stack: list, item) -> None:
         if stack[i] is item:
             del stack[i]
             return
+
+
+def _in_this_order(state: dict, saved: Optional[list], names: list, optimizer) -> tuple:
+    """(`state`, the checkpoint's optimizer state, arranged as `optimizer`'s
+    param groups order its variables (`names`), where the checkpoint's
+    (`saved`) are the same variables in another order (a factory building its
+    groups otherwise): torch's load_state_dict pairs them by position (Adam's
+    moments of a [4] bias on a [5] one: a failed step; of equal shapes,
+    swapped without a word); the checkpoint's group index of each group
+    here (None: one made of several, which keeps its built values), or None
+    where nothing moved."""
+    if not saved or saved == names or sorted(saved) != sorted(names) \
+            or len(set(names)) != len(names):
+        return state, None
+    index = {n: i for i, n in enumerate(saved)}
+    holder = {i: g for g, group in enumerate(state["param_groups"]) for i in group["params"]}
+    groups, groups_from, start = [], [], 0
+    for group in optimizer.param_groups:
+        ids = [index[n] for n in names[start:start + len(group["params"])]]
+        held = {holder.get(i) for i in ids}
+        source = state["param_groups"][held.pop()] if len(held) == 1 and None not in held \
+            else group
+        groups_from.append(state["param_groups"].index(source)
+                           if source is not group else None)
+        groups.append({**{k: v for k, v in source.items() if k != "params"},
+                       "params": list(range(start, start + len(ids)))})
+        start += len(ids)
+    moved = {new: state["state"][index[n]] for new, n in enumerate(names)
+             if index[n] in state["state"]}
+    return {**state, "state": moved, "param_groups": groups}, groups_from
 
 
 def _hyperparameters(optimizer: torch.optim.Optimizer) -> list:

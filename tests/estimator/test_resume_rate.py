@@ -83,3 +83,39 @@ def test_a_checkpoint_from_before_the_record_takes_model_fns_rate(tmp_path, monk
         RATES.clear()
         train(tmp_path, learning_rate=0.5)
         assert RATES == [0.5, 0.5]
+
+
+def _two_layers_model_fn(features, labels, mode, params):
+    """Two layers of one shape, each its param group with its own rate, in
+    the order params["order"] gives."""
+    layers = {k: est.get_module(k, lambda: torch.nn.Linear(2, 2)) for k in "ab"}
+    pred = layers["b"](torch.tanh(layers["a"](torch.as_tensor(features["x"])))).sum(1, True)
+    rates = {"a": 0.1, "b": 0.01}
+    opt = est.get_optimizer(lambda p: torch.optim.Adam(
+        [{"params": list(layers[k].parameters()), "lr": rates[k]} for k in params["order"]]))
+    return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
+                             train_op=opt)
+
+
+def test_a_resumed_optimizer_whose_groups_come_in_another_order_takes_each_its_own(tmp_path):
+    """torch's load_state_dict pairs the checkpoint's state with the
+    parameters by position: groups built in another order gave one layer
+    the other's Adam moments and rate, without a word where their shapes
+    are one (of other shapes, a failed step). They are paired by variable
+    name now."""
+    def train(model_dir, order, steps):
+        torch.manual_seed(0)
+        e = est.Estimator(_two_layers_model_fn, model_dir=str(model_dir),
+                          params={"order": order})
+        e.train(lambda: itertools.cycle(BATCHES), steps=steps)
+        return e
+    train(tmp_path / "same", "ab", 3)
+    train(tmp_path / "other", "ab", 3)
+    same, other = train(tmp_path / "same", "ab", 2), train(tmp_path / "other", "ba", 2)
+    for name in same.get_variable_names():
+        if not name.startswith("optimizer/"):
+            np.testing.assert_array_equal(same.get_variable_value(name),
+                                          other.get_variable_value(name), err_msg=name)
+    lrs = {g["lr"] for g in est.checkpoint.load(other.latest_checkpoint())["optimizers"][
+        "optimizer"]["param_groups"]}
+    assert lrs == {0.1, 0.01}
