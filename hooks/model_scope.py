@@ -164,7 +164,8 @@ class ModelScope:
                 "est.learning_rate_decay's schedules, recomputed every step) stays that "
                 "step's. Compute such a number in model_fn and give it to the factory (`lr = "
                 "...; est.get_optimizer(lambda p: torch.optim.Adam(p, lr=lr))`: then followed "
-                "at every step, as TF reads a rate tensor)", name)
+                "at every step, as TF reads a rate tensor); a canned estimator's optimizer "
+                "takes a changing rate from those schedules only", name)
         var_names = self._names_in_groups(optimizer, params, var_names)
         built_with = _hyperparameters(optimizer)
         for i, _ in followed:   # (a schedule's rate: set at every step)

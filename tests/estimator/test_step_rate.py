@@ -132,7 +132,8 @@ def test_a_factory_reading_the_step_is_said(tmp_path, caplog):
         "est.learning_rate_decay's schedules, recomputed every step) stays that step's. "
         "Compute such a number in model_fn and give it to the factory (`lr = ...; "
         "est.get_optimizer(lambda p: torch.optim.Adam(p, lr=lr))`: then followed at every "
-        "step, as TF reads a rate tensor)"]
+        "step, as TF reads a rate tensor); a canned estimator's optimizer takes a changing "
+        "rate from those schedules only"]
 
 
 def _hyperparameters(make, steps, model_dir):
