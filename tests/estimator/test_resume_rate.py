@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import estimator as est
-from linear_port import BATCHES, dense
+from linear_port import BATCHES, assert_weights, dense
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_resume_rate.json"), encoding="utf-8") as _f:
@@ -38,13 +38,6 @@ def train(model_dir, **params):
     e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(model_dir)), params=params)
     e.train(lambda: itertools.cycle(BATCHES), steps=2)
     return e
-
-
-def assert_weights(e, recorded):
-    np.testing.assert_allclose(e.get_variable_value("dense/weight").ravel(),
-                               recorded["kernel"], rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(e.get_variable_value("dense/bias"), recorded["bias"],
-                               rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("case, second", [("changed", 0.5), ("same", 0.01)])

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import estimator as est
-from linear_port import BATCHES, dense
+from linear_port import BATCHES, assert_weights, dense
 from paths import FIXTURES
 
 with open(os.path.join(FIXTURES, "tf_step_rate.json"), encoding="utf-8") as _f:
@@ -53,21 +53,15 @@ def train(model_dir, steps, **params):
     return e
 
 
-def assert_weights(e, recorded):
-    np.testing.assert_allclose(e.get_variable_value("dense/weight").ravel(),
-                               recorded["kernel"], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(e.get_variable_value("dense/bias"), recorded["bias"],
-                               rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("form", ["lambda", "partial"])
 @pytest.mark.parametrize("optimizer", ["adam", "momentum"])
 def test_a_rate_of_the_step_by_arithmetic_is_followed_as_tf(tmp_path, optimizer, form, caplog):
     RATES.clear()
     with caplog.at_level(logging.INFO, logger="hooks"):
-        assert_weights(train(tmp_path, 6, optimizer=optimizer, form=form), TF[optimizer]["first"])
+        assert_weights(train(tmp_path, 6, optimizer=optimizer, form=form),
+                       TF[optimizer]["first"], rtol=1e-5, atol=1e-6)
         assert_weights(train(tmp_path, 3, optimizer=optimizer, form=form),
-                       TF[optimizer]["resumed"])
+                       TF[optimizer]["resumed"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(RATES, TF["rates"], rtol=1e-6)
     assert not [r for r in caplog.records if "factory" in r.getMessage()], caplog.text
 

@@ -28,3 +28,11 @@ def model_fn(features, labels, mode):
         mode, loss=est.losses.mean_squared_error(labels, pred),
         train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)),
         eval_metric_ops={"mae": est.metrics.mean_absolute_error(labels, pred)})
+
+
+def assert_weights(estimator, recorded, rtol=1e-6, atol=1e-7):
+    """`dense`'s kernel and bias as TF's `recorded` ones (tf_linear.weights)."""
+    np.testing.assert_allclose(estimator.get_variable_value("dense/weight").ravel(),
+                               recorded["kernel"], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(estimator.get_variable_value("dense/bias"), recorded["bias"],
+                               rtol=rtol, atol=atol)
