@@ -15,6 +15,7 @@ import logging
 import re
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
+import numpy as np
 import torch
 
 from . import checkpoint
@@ -380,7 +381,7 @@ class ModelScope:
             "modules": {n: _cpu(m.state_dict()) for n, m in self.raw_modules.items()},
             "optimizers": {n: _cpu(o.state_dict()) for n, o in self.optimizers.items()},
             "optimizer_var_names": dict(self.optimizer_var_names),
-            "optimizer_built_with": dict(self.optimizer_built_with),
+            "optimizer_built_with": _cpu(self.optimizer_built_with),
             "metrics": {n: _cpu(m.state_dict()) for n, m in self.metrics.items()},
             "global_step": self.global_step,
         }
@@ -455,8 +456,13 @@ def _same(a, b) -> bool:
 
 
 def _cpu(obj):
+    """`obj` with its tensors on the CPU and numpy's numbers as Python's
+    (`SGD(p, lr=np.float64(...))`: a checkpoint holding numpy scalars is not
+    read back by torch.load(weights_only=True))."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
+    if isinstance(obj, np.generic):
+        return obj.item()
     if isinstance(obj, dict):
         return {k: _cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

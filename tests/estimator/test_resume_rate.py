@@ -112,3 +112,27 @@ def test_a_resumed_optimizer_whose_groups_come_in_another_order_takes_each_its_o
     lrs = {g["lr"] for g in est.checkpoint.load(other.latest_checkpoint())["optimizers"][
         "optimizer"]["param_groups"]}
     assert lrs == {0.1, 0.01}
+
+
+def test_numpy_hyperparameters_resume(tmp_path):
+    """`SGD(p, lr=np.float64(...), weight_decay=np.int64(0))`: the checkpoint
+    held numpy scalars, which torch.load(weights_only=True) refuses: the
+    resumed run took it for a foreign file and trained from step 0 (the
+    probe of this stop's changes). They are saved as Python numbers."""
+    def model_fn(features, labels, mode):
+        pred = dense(features)
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(
+            p, lr=np.float64(0.05), momentum=np.float32(0.5), weight_decay=np.int64(0)))
+        return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
+                                 train_op=opt)
+
+    def train(model_dir, steps):
+        e = est.Estimator(model_fn, model_dir=str(model_dir))
+        e.train(lambda: itertools.cycle(BATCHES), steps=steps)
+        return e
+    train(tmp_path / "resumed", 2)   # (the input starts again: two batches a run)
+    resumed, whole = train(tmp_path / "resumed", 2), train(tmp_path / "whole", 4)
+    assert resumed.get_variable_value("global_step") == 4
+    for name in whole.get_variable_names():
+        np.testing.assert_array_equal(resumed.get_variable_value(name),
+                                      whole.get_variable_value(name), err_msg=name)
