@@ -10,11 +10,12 @@ Each later call's factory holds that step's `lr`: a hyperparameter that was
 one of the factory's inputs when built (a closure variable, a default
 argument, a `functools.partial` keyword) is set from it again whenever it
 changes. Which input became which hyperparameter is told by identity (a
-number that arithmetic made is an object of its own); inputs that are one
-object (two variables given one literal, `lr = 1.0` and `eps = 1.0`), or an
-int that a hyperparameter equals (`lr = 0` in a warmup), are told apart by
-building the optimizer once more, first, with each such input made an
-object of its own.
+number that arithmetic made is an object of its own); where it cannot be
+told (two variables given one literal, `lr = 1.0` and `eps = 1.0`, are one
+object; an int `lr = 0` is every 0), the input is not followed, and a
+warning says so when it moves. (Building the optimizer once more to tell
+them apart repeats the factory's side effects: a gradient hook registered
+twice, a random draw more.)
 """
 from __future__ import annotations
 
@@ -66,18 +67,6 @@ def _get(factory, where: tuple):
         return None
 
 
-def _set(factory, where: tuple, value) -> None:
-    kind, key = where
-    if kind == "cell":
-        factory.__closure__[key].cell_contents = value
-    elif kind == "default":
-        values = list(factory.__defaults__)
-        values[key] = value
-        factory.__defaults__ = tuple(values)
-    else:
-        (factory.__kwdefaults__ if kind == "kwdefault" else factory.keywords)[key] = value
-
-
 def _is_number(value) -> bool:
     """A float (numpy's too), an int (not a bool), or a one-number float tensor."""
     if isinstance(value, (float, np.floating)):
@@ -85,15 +74,6 @@ def _is_number(value) -> bool:
     if isinstance(value, (int, np.integer)):
         return not isinstance(value, (bool, np.bool_))
     return isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point()
-
-
-def _fresh(value):
-    """`value` as an object of its own, equal to it (an int as a float)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, np.generic):
-        return type(value)(value)
-    return float.fromhex(float(value).hex())
 
 
 def _moved(value, last) -> bool:
@@ -108,72 +88,46 @@ def _moved(value, last) -> bool:
     return value != last
 
 
-class FactoryInputs:
-    """The number inputs of the factory an optimizer was built by, and the
-    param-group hyperparameters each became. `prepare(factory, params)`
-    before the optimizer is built, `bind(optimizer)` after; then `follow`
-    with each later call's factory."""
+_NOT_TARGETS = {"params", "initial_lr"}   # (initial_lr: an LR scheduler's base, not the rate)
 
-    def __init__(self, name: str, factory, params):
+
+class FactoryInputs:
+    """The number inputs of the factory `optimizer` was built by, and the
+    param-group hyperparameters each became; `follow` with each later
+    call's factory."""
+
+    def __init__(self, name: str, factory, optimizer):
         self._name, self._origin = name, _origin(factory)
         self._names = {where: n for where, n in _places(factory).items()
                        if _is_number(_get(factory, where))}
         self._last = {where: _get(factory, where) for where in self._names}
         self.targets: Dict[tuple, List[Tuple[int, str]]] = {}   # where -> [(group, key)]
-        self._told: Dict[tuple, List[Tuple[int, str]]] = {}     # found by a trial build
-        self._trial = self._unclear()
-        self._stale: Dict[str, List[int]] = {}   # key -> groups holding none of the inputs
-        self._warned = False
-        if self._trial:
-            self._tell_apart(factory, params)
-
-    def __bool__(self) -> bool:
-        return bool(self._last)
-
-    def _unclear(self) -> List[tuple]:
-        """Inputs identity cannot tell apart: one object in several, or an int."""
-        ids: Dict[int, list] = {}
-        for where, value in self._last.items():
-            ids.setdefault(id(value), []).append(where)
-        return [where for where, value in self._last.items() if len(ids[id(value)]) > 1
-                or (isinstance(value, (int, np.integer)) and not isinstance(value, float))]
-
-    def _tell_apart(self, factory, params) -> None:
-        """Build the optimizer once with the unclear inputs made objects of
-        their own (before the real build: a factory's side effects are then
-        the real one's), and see which hyperparameters hold them."""
-        fresh = {where: _fresh(self._last[where]) for where in self._trial}
-        try:
-            for where, value in fresh.items():
-                _set(factory, where, value)
-            trial = factory(list(params))
-        except Exception:   # noqa: BLE001 - (an int the factory needs as one): not followed
-            return
-        finally:
-            for where in fresh:
-                _set(factory, where, self._last[where])
-        for i, group in enumerate(getattr(trial, "param_groups", ())):
-            for key, v in group.items():
-                for where, value in fresh.items():
-                    if v is value and key != "params":
-                        self._told.setdefault(where, []).append((i, key))
-
-    def bind(self, optimizer) -> None:
-        """The hyperparameters of the built `optimizer` each input became."""
+        self._unclear: Dict[tuple, str] = {}   # where -> why its hyperparameter is unknown
         groups = optimizer.param_groups
         for where, value in self._last.items():
-            if where in self._trial:
-                found = [(i, k) for i, k in self._told.get(where, ()) if i < len(groups)]
-            else:
-                found = [(i, k) for i, group in enumerate(groups) for k, v in group.items()
-                         if v is value and k != "params"]
-            if found:
+            shared = [self._names[w] for w, v in self._last.items() if v is value and w != where]
+            if isinstance(value, (int, np.integer)) and not isinstance(value, float):
+                if any(v == value and not isinstance(v, (bool, float, torch.Tensor))
+                       for group in groups for k, v in group.items() if k not in _NOT_TARGETS):
+                    self._unclear[where] = "an int, which is every int of its value"
+                continue
+            found = [(i, k) for i, group in enumerate(groups) for k, v in group.items()
+                     if v is value and k not in _NOT_TARGETS]
+            if found and shared:
+                self._unclear[where] = (f"one object with `{'`, `'.join(shared)}` (one "
+                                        "literal given to several variables)")
+            elif found:
                 self.targets[where] = found
         held = {(i, k) for found in self.targets.values() for i, k in found}
+        self._stale: Dict[str, List[int]] = {}   # key -> groups holding none of the inputs
         for key in {k for _, k in held}:
             stale = [i for i in range(len(groups)) if (i, key) not in held]
             if stale:
                 self._stale[key] = stale
+        self._warned: set = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._last)
 
     def follow(self, factory, optimizer) -> List[Tuple[int, str]]:
         """Set the hyperparameters whose input changed since the last call
@@ -189,16 +143,25 @@ class FactoryInputs:
             for i, key in self.targets.get(where, ()):
                 optimizer.param_groups[i][key] = value
                 moved.append((i, key))
-            if not self._warned:
+            if where not in self._warned:
                 self._warn(where, last, value, optimizer)
         return moved
 
     def _warn(self, where: tuple, last, value, optimizer) -> None:
-        """Once: an input moved that no hyperparameter is, or groups hold a
-        hyperparameter it is in others (a rate scaled per group)."""
+        """Once an input: it moved, but it is no hyperparameter, or which one
+        cannot be told, or groups hold a hyperparameter it is in others (a
+        rate scaled per group)."""
+        self._warned.add(where)
         name, targets = self._names[where], self.targets.get(where)
-        if not targets:
-            self._warned = True
+        if where in self._unclear:
+            logger.warning(
+                "get_optimizer(name=%r): its factory uses `%s` (%r, then %r), which changes "
+                "from step to step, but which hyperparameter it became cannot be told: when "
+                "the optimizer was built, it was %s. It keeps the first step's value: give "
+                "`%s` a float of its own (`%s = 0.0 if ... else ...` with no other variable "
+                "given that literal), or set it in a callable train_op", self._name, name,
+                last, value, self._unclear[where], name, name)
+        elif not targets:
             logger.warning(
                 "get_optimizer(name=%r): its factory uses `%s` (%r, then %r), which changes "
                 "from step to step, but no hyperparameter of the optimizer is `%s` itself: "
@@ -208,9 +171,8 @@ class FactoryInputs:
                 "reads a rate tensor), or set the hyperparameters from it in a callable "
                 "train_op (`for group in optimizer.param_groups: group[...] = ...`)",
                 self._name, name, last, value, *[name] * 4)
-            return
-        for key in sorted({k for _, k in targets} & set(self._stale)):
-            self._warned = True
+        for key in sorted({k for _, k in targets or ()} & set(self._stale) - self._warned):
+            self._warned.add(key)
             groups = self._stale[key]
             logger.warning(
                 "get_optimizer(name=%r): `%s` of param group %s follows `%s` (%r, then %r), "

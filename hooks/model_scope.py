@@ -145,7 +145,6 @@ class ModelScope:
             raise ValueError(f"get_optimizer(name={name!r}): there are no trainable "
                              "parameters; create the modules with get_module first")
         training = self.mode == ModeKeys.TRAIN
-        inputs = FactoryInputs(name, factory, params) if training else None
         self._building, self.step_in_factory = name, 0
         try:
             optimizer = self.strategy.extended.create_optimizer(name, factory, params)
@@ -155,8 +154,7 @@ class ModelScope:
             raise TypeError(f"get_optimizer(name={name!r}): the factory must return a "
                             f"torch.optim.Optimizer, got {type(optimizer).__name__}")
         followed = self._scheduled_groups(name, optimizer)
-        if inputs:
-            inputs.bind(optimizer)
+        inputs = FactoryInputs(name, factory, optimizer) if training else None
         schedules = sum(1 for _, site in followed if self.rates[site].in_factory)
         if training and self.step_in_factory > schedules:
             logger.warning(
@@ -176,9 +174,14 @@ class ModelScope:
             if state is None:
                 raise ValueError(f"get_optimizer(name={name!r}): the checkpoint "
                                  f"{self._restore_path} has no optimizer {name!r}")
-            state, groups_from = _in_this_order(
-                state, self._restore.get("optimizer_var_names", {}).get(name), var_names,
-                optimizer)
+            saved = self._restore.get("optimizer_var_names", {}).get(name)
+            missing = [n for n in var_names if saved and n not in saved]
+            if missing and not any(n.startswith("param_") for n in var_names + saved):
+                raise ValueError(
+                    f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} has no "
+                    f"optimizer state for {missing} (its optimizer {name!r} is over {saved}): "
+                    "a model_dir keeps the same model; use warm_start_from for a new one")
+            state, groups_from = _in_this_order(state, saved, var_names, optimizer)
             optimizer.load_state_dict(state)
             self._keep_changed_hyperparameters(name, optimizer, built_with, state, groups_from)
             if any("initial_lr" in group for group in state["param_groups"]):
@@ -416,13 +419,15 @@ def _in_this_order(state: dict, saved: Optional[list], names: list, optimizer) -
     """(`state`, the checkpoint's optimizer state, arranged as `optimizer`'s
     param groups order its variables (`names`), where the checkpoint's
     (`saved`) are the same variables in another order (a factory building its
-    groups otherwise): torch's load_state_dict pairs them by position (Adam's
+    groups otherwise), or more (a variable frozen since, whose state is left
+    out, as TF's Saver leaves what the graph no longer has): torch's
+    load_state_dict pairs them by position (Adam's
     moments of a [4] bias on a [5] one: a failed step; of equal shapes,
     swapped without a word); the checkpoint's group index of each group
     here (None: one made of several, which keeps its built values), or None
     where nothing moved."""
-    if not saved or saved == names or sorted(saved) != sorted(names) \
-            or len(set(names)) != len(names):
+    if not saved or saved == names or not set(names) <= set(saved) \
+            or len(set(names)) != len(names) or len(set(saved)) != len(saved):
         return state, None
     index = {n: i for i, n in enumerate(saved)}
     holder = {i: g for g, group in enumerate(state["param_groups"]) for i in group["params"]}
@@ -430,10 +435,9 @@ def _in_this_order(state: dict, saved: Optional[list], names: list, optimizer) -
     for group in optimizer.param_groups:
         ids = [index[n] for n in names[start:start + len(group["params"])]]
         held = {holder.get(i) for i in ids}
-        source = state["param_groups"][held.pop()] if len(held) == 1 and None not in held \
-            else group
-        groups_from.append(state["param_groups"].index(source)
-                           if source is not group else None)
+        g = held.pop() if len(held) == 1 else None
+        groups_from.append(g)
+        source = state["param_groups"][g] if g is not None else group
         groups.append({**{k: v for k, v in source.items() if k != "params"},
                        "params": list(range(start, start + len(ids)))})
         start += len(ids)
