@@ -445,7 +445,8 @@ class _WarmStarter:
         `<var>/<slot>` in TF's naming, `<optimizer>/<var>/<slot>` as
         list_variables names them) from the checkpoint's optimizer of this
         one's name, else of another holding that variable, when it is of the
-        same kind (the same hyperparameter keys); else a warning."""
+        same kind (the same hyperparameter keys, and the state this one
+        keeps); else a warning."""
         patterns = self._settings.vars_to_warm_start
         keys = _group_keys(optimizer.state_dict()["param_groups"])
         owners = sorted(self._state.get("optimizers", {}), key=lambda owner: owner != name)
@@ -466,7 +467,9 @@ class _WarmStarter:
                     for p in patterns)]
                 if not wanted:
                     break
-                if _group_keys(saved["param_groups"]) != keys or len(wanted) < len(slots):
+                kind = self._state.get("optimizer_kinds", {}).get(owner)
+                if _group_keys(saved["param_groups"]) != keys or len(wanted) < len(slots) or \
+                        checkpoint.missing_slots(optimizer, saved, kind):
                     left += [f"{owner}/{prev_var}/{slot}" for slot in wanted]
                     break
                 shape = tuple(params[index].shape)
@@ -484,9 +487,9 @@ class _WarmStarter:
         if left:
             logger.warning(
                 "Warm-start: the checkpoint's optimizer state %s%s is not warm-started into "
-                "%s, whose state starts fresh: it is another kind of optimizer's (its "
-                "hyperparameters differ in name), or vars_to_warm_start selects only some "
-                "of a variable's state (taken whole or not at all)", left[:4],
+                "%s, whose state starts fresh: it is another kind of optimizer's (other "
+                "hyperparameters, or other state), or vars_to_warm_start selects "
+                "only some of a variable's state (taken whole or not at all)", left[:4],
                 " ..." if len(left) > 4 else "", type(optimizer).__name__)
 
     def _power_names(self) -> list:

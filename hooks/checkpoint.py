@@ -559,6 +559,33 @@ def resolve(path_or_dir: str) -> str:
     return path_or_dir
 
 
+def optimizer_kind(optimizer) -> str:
+    """The optimizer's class as checkpoints record it (`torch.optim.adam.Adam`)."""
+    return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+
+
+def missing_slots(optimizer, state: dict, kind: Optional[str]) -> List[str]:
+    """The state `optimizer` keeps for a variable that `state` (a checkpoint's
+    optimizer state_dict, of an optimizer of class `kind`) lacks: NAdam's
+    `mu_product` from an Adam's, which failed at the first step with a bare
+    KeyError. Only where the class differs (an AdamW takes an Adam's state);
+    found by one step of a copy over a one-number variable ([] where none
+    can be made)."""
+    saved = next(iter(state.get("state", {}).values()), None)
+    if kind is None or kind == optimizer_kind(optimizer) or saved is None:
+        return []
+    try:
+        probe = torch.nn.Parameter(torch.zeros(1))
+        group = optimizer.param_groups[0]
+        copy = type(optimizer)([probe], **{k: group.get(k, v)
+                                           for k, v in optimizer.defaults.items()})
+        probe.grad = torch.zeros(1)
+        copy.step()
+    except Exception:   # noqa: BLE001 - (a closure needed, another constructor): not told
+        return []
+    return sorted(set(copy.state[probe]) - set(saved))
+
+
 def flat_variables(state: dict) -> Dict[str, torch.Tensor]:
     """Flatten a checkpoint into TF-style variable names -> tensors."""
     out: Dict[str, torch.Tensor] = {}

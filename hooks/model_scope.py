@@ -174,6 +174,15 @@ class ModelScope:
             if state is None:
                 raise ValueError(f"get_optimizer(name={name!r}): the checkpoint "
                                  f"{self._restore_path} has no optimizer {name!r}")
+            kind = self._restore.get("optimizer_kinds", {}).get(name)
+            missing = checkpoint.missing_slots(optimizer, state, kind)
+            if missing:
+                raise ValueError(
+                    f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} holds "
+                    f"the state of a {kind}, which has no {missing} that a "
+                    f"{checkpoint.optimizer_kind(optimizer)} keeps: a model_dir keeps the same "
+                    "model; use warm_start_from for a new one (there another kind of "
+                    "optimizer's state starts fresh)")
             saved = self._restore.get("optimizer_var_names", {}).get(name)
             missing = [n for n in var_names if saved and n not in saved]
             if missing and not any(n.startswith("param_") for n in var_names + saved):
@@ -385,6 +394,8 @@ class ModelScope:
             "optimizers": {n: _cpu(o.state_dict()) for n, o in self.optimizers.items()},
             "optimizer_var_names": dict(self.optimizer_var_names),
             "optimizer_built_with": _cpu(self.optimizer_built_with),
+            "optimizer_kinds": {n: checkpoint.optimizer_kind(o)
+                                for n, o in self.optimizers.items()},
             "metrics": {n: _cpu(m.state_dict()) for n, m in self.metrics.items()},
             "global_step": self.global_step,
         }

@@ -167,3 +167,33 @@ def test_a_resumed_optimizer_over_other_variables_is_refused_and_one_over_fewer_
     e = train(tmp_path / "both", "b")   # a frozen since
     assert e.get_variable_value("global_step") == 4
     assert e.get_variable_value("optimizer/b/weight/step") == 4
+
+
+def test_a_resumed_optimizer_of_another_kind_is_refused_and_a_warm_start_starts_it_fresh(
+        tmp_path, caplog):
+    """Adam's state into NAdam failed at the first step with a bare
+    KeyError: 'mu_product' (a resume); checkpoints now record each
+    optimizer's class, and where it differs the state is checked (an AdamW
+    takes an Adam's, as TF's AdamW its slots); a list warm start starts
+    another kind fresh."""
+    def model_fn(features, labels, mode, params):
+        pred = dense(features)
+        opt = est.get_optimizer(lambda p: params["kind"](p, lr=0.1))
+        return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
+                                 train_op=opt)
+
+    def train(model_dir, kind, **kwargs):
+        e = est.Estimator(model_fn, model_dir=str(model_dir), params={"kind": kind}, **kwargs)
+        e.train(lambda: itertools.cycle(BATCHES), steps=2)
+        return e
+    train(tmp_path / "adam", torch.optim.Adam)
+    with pytest.raises(ValueError, match=r"get_optimizer\(name='optimizer'\): the checkpoint "
+                       r".*model.ckpt-2 holds the state of a torch.optim.adam.Adam, which has "
+                       r"no \['mu_product'\] that a torch.optim.nadam.NAdam keeps"):
+        train(tmp_path / "adam", torch.optim.NAdam)
+    assert train(tmp_path / "adam", torch.optim.AdamW).get_variable_value("global_step") == 4
+    with caplog.at_level(logging.WARNING):
+        warm = train(tmp_path / "warm", torch.optim.Adamax, warm_start_from=est.WarmStartSettings(
+            str(tmp_path / "adam"), vars_to_warm_start=[".*"]))
+    assert warm.get_variable_value("global_step") == 6   # (AdamW's 4, then 2)
+    assert "is not warm-started into Adamax" in caplog.text
