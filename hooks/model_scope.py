@@ -184,11 +184,11 @@ class ModelScope:
                     "model; use warm_start_from for a new one (there another kind of "
                     "optimizer's state starts fresh)")
             saved = self._restore.get("optimizer_var_names", {}).get(name)
-            missing = [n for n in var_names if saved and n not in saved]
-            if missing and not any(n.startswith("param_") for n in var_names + saved):
+            absent = [n for n in var_names if saved and n not in saved]
+            if absent and not any(n.startswith("param_") for n in var_names + saved):
                 raise ValueError(
                     f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} has no "
-                    f"optimizer state for {missing} (its optimizer {name!r} is over {saved}): "
+                    f"optimizer state for {absent} (its optimizer {name!r} is over {saved}): "
                     "a model_dir keeps the same model; use warm_start_from for a new one")
             state, groups_from = _in_this_order(state, saved, var_names, optimizer)
             optimizer.load_state_dict(state)
