@@ -448,7 +448,7 @@ class _WarmStarter:
         same kind (the same hyperparameter keys, and the state this one
         keeps); else a warning."""
         patterns = self._settings.vars_to_warm_start
-        keys = _group_keys(optimizer.state_dict()["param_groups"])
+        keys = _group_keys(optimizer.param_groups)
         owners = sorted(self._state.get("optimizers", {}), key=lambda owner: owner != name)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         states, left = {}, []

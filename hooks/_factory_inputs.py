@@ -137,7 +137,7 @@ class FactoryInputs:
         moved = []
         for where, last in self._last.items():
             value = _get(factory, where)
-            if not _is_number(value) or not _moved(value, last):
+            if value is last or not _is_number(value) or not _moved(value, last):
                 continue
             self._last[where] = value
             for i, key in self.targets.get(where, ()):
