@@ -8,9 +8,10 @@ from hooks.checkpoint import (DIGEST_SUFFIX, INDEX, PREFIX, DataLossError, Saver
                               checkpoints_on_disk, flat_variables, latest_checkpoint,
                               list_variables, load, load_variable, missing_slots, optimizer_kind,
                               pin, resolve, restore_latest, restore_rng, rng_preserved, rng_state,
-                              step_of, unpin)
+                              step_of, unpin, UnsafeCheckpointError)
 
 __all__ = ["DIGEST_SUFFIX", "INDEX", "PREFIX", "DataLossError", "Saver", "all_checkpoints",
            "checkpoints_on_disk", "flat_variables", "latest_checkpoint", "list_variables", "load",
            "load_variable", "missing_slots", "optimizer_kind", "pin", "resolve",
-           "restore_latest", "restore_rng", "rng_preserved", "rng_state", "step_of", "unpin"]
+           "restore_latest", "restore_rng", "rng_preserved", "rng_state", "step_of", "unpin",
+           "UnsafeCheckpointError"]

@@ -15,7 +15,11 @@ A checkpoint that was listed is never lost:
   removed when the next Saver starts.
 - `load` checks the digest, so changed bytes are an error naming the file,
   never a model with altered weights; files load with
-  `torch.load(weights_only=True)`: a checkpoint cannot run code.
+  `torch.load(weights_only=True)`: a checkpoint cannot run code. A state
+  holding other Python objects (a module's `get_extra_state` returning a
+  class of the user's) is refused at a Saver's first save, and a checkpoint
+  holding them is an `UnsafeCheckpointError` naming the classes, never
+  passed over as damaged.
 - `restore_latest` falls back to the newest good checkpoint when the index is
   missing, empty, unreadable or names a missing file, or the latest
   checkpoint is damaged, with a warning naming the bad file; a fresh start
@@ -31,6 +35,7 @@ import hashlib
 import io
 import logging
 import os
+import pickle
 import random
 import re
 import sys
@@ -142,6 +147,14 @@ def latest_checkpoint(model_dir: str) -> Optional[str]:
     if not found:   # a TF model_dir: its latest checkpoint prefix
         return tf_checkpoint.find_prefix(model_dir)
     return found[0]
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A checkpoint (or a state to save) holding Python objects that
+    `torch.load(weights_only=True)` loads only when allowed
+    (`torch.serialization.add_safe_globals`). Not damage: training does not
+    fall back past such a checkpoint (and restart from an older one, or from
+    step 0); the message names the classes and the fix."""
 
 
 # Checkpoints this process found damaged (restore_latest passed over them for
@@ -279,6 +292,7 @@ class Saver:
         # TF's Saver keeps its _last_checkpoints (this Saver is the one writer).
         self._kept: Optional[List[Tuple[str, float]]] = None
         self._saved_here = False   # model_dir made or found by a save of this Saver
+        self._loadable = False   # a save's content was found loadable with weights_only
         _remove_temp_files(model_dir)
 
     def protect(self, predicate) -> None:
@@ -328,6 +342,8 @@ class Saver:
         crc = _Crc32c()
         tmp, size = _carry_out(lambda: files.stream_temp(
             path, lambda f: torch.save(payload, f), observe=crc.update), {})
+        if not self._loadable:   # (once a Saver: the state's kinds of objects stay)
+            self._check_loadable(tmp, payload, global_step)
         sizes = {path: size}
         plan = [("write", path + DIGEST_SUFFIX, crc.hexdigest().encode(), False),
                 ("settle", tmp, path, False),
@@ -348,6 +364,22 @@ class Saver:
         _carry_out(lambda: files.apply(plan), sizes)
         self._kept = kept
         return path
+
+    def _check_loadable(self, tmp: str, payload: dict, global_step: int) -> None:
+        """Raise UnsafeCheckpointError (removing `tmp`, the save's temp file)
+        if the checkpoint would hold objects that `load` refuses: its every
+        restore would fail, far from the model_fn that put them there."""
+        unsafe = _unsafe_globals(tmp)
+        if unsafe:
+            files.abandon([("settle", tmp)])
+            raise UnsafeCheckpointError(
+                f"The checkpoint of step {global_step} is not saved: it would hold Python "
+                f"objects of {', '.join(unsafe)} (at {_where(payload, unsafe)}), which a "
+                f"checkpoint loads only when allowed{_ALLOW.format(', '.join(unsafe))}. Keep "
+                "tensors and plain Python values (numbers, strings, lists, dicts) in the state, "
+                "or allow the classes in every process that saves or reads the checkpoints; "
+                "the checkpoints already in model_dir are unchanged")
+        self._loadable = True
 
     def wait(self) -> None:
         """Complete the save in flight, if any; raise its error."""
@@ -538,6 +570,13 @@ def load(path: str) -> dict:
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, foreign or unsafe content
+        unsafe = _unsafe_globals(io.BytesIO(data))
+        if unsafe:
+            raise UnsafeCheckpointError(
+                f"Checkpoint {path!r} holds Python objects of {', '.join(unsafe)}, which a "
+                f"checkpoint loads only when allowed{_ALLOW.format(', '.join(unsafe))} before "
+                "it is read (training, evaluating, predicting or exporting). The checkpoint is "
+                "not damaged and is left as it is") from None
         reason = " ".join(line for line in str(e).splitlines()[:1]
                           if "weights_only" not in line) or type(e).__name__
         raise DataLossError(f"Checkpoint {path!r} cannot be read: it is truncated, damaged or "
@@ -545,6 +584,40 @@ def load(path: str) -> dict:
 
 
 _unchecked: set = set()   # checkpoints loaded without a digest, said once
+
+_ALLOW = (" (checkpoints are read with torch.load(weights_only=True), so that a checkpoint "
+          "cannot run code); to allow classes of your own, where you trust the checkpoint's "
+          "source, call torch.serialization.add_safe_globals([{}])")
+
+
+def _unsafe_globals(file) -> List[str]:
+    """The classes and functions a checkpoint file (a path or a file object)
+    names that `torch.load(weights_only=True)` does not load (`module.name`);
+    none when it cannot be read as torch.save's format (damage, for `load`)."""
+    try:
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(file))
+    except Exception:   # noqa: BLE001 - any: not a readable checkpoint
+        return []
+
+
+def _where(state, names: List[str], at: str = "") -> str:
+    """Where in `state` (as `modules['net']['_extra_state']`) the first object
+    of a class (or a class or function itself) named in `names` lies."""
+    kind = state if isinstance(state, type) or callable(state) else type(state)
+    if f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', '')}" in names:
+        return at or "the top"
+    if isinstance(state, dict):
+        items = ((f"[{k!r}]", v) for k, v in state.items())
+    elif isinstance(state, (list, tuple, set, frozenset)):
+        items = ((f"[{i}]", v) for i, v in enumerate(state))
+    else:
+        return ""
+    for key, value in items:
+        found = _where(value, names, at + key)
+        if found:
+            return found + (", a module's get_extra_state()"
+                            if not at and "['_extra_state']" in found else "")
+    return "" if at else "the state"
 
 
 def resolve(path_or_dir: str) -> str:

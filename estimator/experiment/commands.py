@@ -466,12 +466,14 @@ def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
     for path in reversed(listed):   # newest first
         stat = os.stat(path)
         try:   # (each read whole: its digest checked; only the newest good one kept)
-            state, damaged = checkpoint.load(path), None
+            state, damaged, unread = checkpoint.load(path), None, None
             newest_good = newest_good or (path, state)
         except checkpoint.DataLossError as e:
-            damaged = str(e)
+            damaged, unread = str(e), None
+        except checkpoint.UnsafeCheckpointError as e:   # (classes this process does not allow)
+            damaged, unread = None, str(e)
         checkpoints.insert(0, {"step": checkpoint.step_of(path), "path": path,
-                               "bytes": stat.st_size, "damaged": damaged,
+                               "bytes": stat.st_size, "damaged": damaged, "not_read": unread,
                                "time": datetime.datetime.fromtimestamp(stat.st_mtime)
                                .isoformat(timespec="seconds")})
     tf_prefix = tf_checkpoint.find_prefix(ckpt or model_dir)
@@ -557,6 +559,8 @@ def _format_report(r: dict) -> str:
                          f"{_size(c['bytes']):>9}  {c['time']}")
             if c.get("damaged"):
                 lines.append(f"    DAMAGED: {c['damaged']}")
+            if c.get("not_read"):
+                lines.append(f"    NOT READ: {c['not_read']}")
     if r["variables_of"]:
         lines.append(f"variables in {os.path.basename(r['variables_of'])}:")
         width = max(len(v["name"]) for v in r["variables"]) if r["variables"] else 0

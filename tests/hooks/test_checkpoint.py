@@ -16,6 +16,7 @@ import torch
 import estimator as est
 import hooks
 from estimator import checkpoint
+from estimator.experiment import cli
 from hooks import files as checkpoint_files
 from models import regression_input_fn, regression_model_fn
 from paths import ROOT, SUPPORT
@@ -117,6 +118,93 @@ def test_checkpoint_cannot_run_code(tmp_path):
         checkpoint.load(str(path))
     assert not (tmp_path / "pwned").exists()
     assert "weights_only" not in str(info.value)
+
+
+class Vocab:
+    """A user's object kept in a module's extra state (not a tensor)."""
+
+    def __init__(self, words):
+        self.words = words
+
+
+class _WithVocab(torch.nn.Module):
+    def __init__(self, extra):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 1)
+        self.extra = extra
+
+    def forward(self, x):
+        return self.linear(x)
+
+    def get_extra_state(self):
+        return self.extra
+
+    def set_extra_state(self, extra):   # (a plain one read back as the user's object)
+        self.extra = (Vocab(extra["words"]) if isinstance(self.extra, Vocab)
+                      and isinstance(extra, dict) else extra)
+
+
+def _vocab_estimator(model_dir, extra, **config):
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: _WithVocab(extra))
+        loss = torch.nn.functional.mse_loss(net(torch.as_tensor(features["x"])), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)), eval_metric_ops={})
+    return est.Estimator(model_fn, config=est.RunConfig(model_dir=str(model_dir), **config))
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_state_holding_objects_a_checkpoint_cannot_load_is_refused_at_the_first_save(
+        tmp_path, background):
+    """A module's get_extra_state returning a user's object: every save was
+    written and every restore failed, passed over as damaged, so each run
+    started again from step 0 with only a warning."""
+    model_dir = tmp_path / "m"
+    config = {"experimental_async_checkpoint": background}
+    e = _vocab_estimator(model_dir, {"words": ["a", "b"]}, **config)   # plain values: saved
+    e.train(regression_input_fn(), steps=3)
+    kept = open(e.latest_checkpoint(), "rb").read()
+    e = _vocab_estimator(model_dir, Vocab(["a", "b"]), **config)
+    with pytest.raises(checkpoint.UnsafeCheckpointError) as info:
+        e.train(regression_input_fn(), steps=3)
+    name = f"{Vocab.__module__}.Vocab"
+    assert str(info.value).startswith(
+        f"The checkpoint of step 6 is not saved: it would hold Python objects of {name} (at "
+        "['modules']['net']['_extra_state'], a module's get_extra_state()), which a checkpoint "
+        "loads only when allowed")
+    assert f"torch.serialization.add_safe_globals([{name}])" in str(info.value)
+    assert e.latest_checkpoint().endswith("model.ckpt-3")
+    assert open(e.latest_checkpoint(), "rb").read() == kept
+    assert sorted(n for n in os.listdir(model_dir) if "ckpt" in n) == [
+        "model.ckpt-3", "model.ckpt-3.crc32c"]   # no temp file left
+
+
+def test_a_checkpoint_holding_objects_not_allowed_is_an_error_not_a_restart(tmp_path, capsys):
+    """Written where the class was allowed, read where it is not: training
+    restarted from step 0 and its next save replaced the checkpoint."""
+    e = _vocab_estimator(tmp_path, Vocab(["a", "b"]))
+    with torch.serialization.safe_globals([Vocab]):
+        e.train(regression_input_fn(), steps=3)
+    path = e.latest_checkpoint()
+    written = open(path, "rb").read()
+    name = f"{Vocab.__module__}.Vocab"
+    for call in (lambda: e.train(regression_input_fn(), steps=3),
+                 lambda: e.evaluate(regression_input_fn(repeat=False), steps=1),
+                 lambda: checkpoint.load(path)):
+        with pytest.raises(checkpoint.UnsafeCheckpointError) as info:
+            call()
+        assert str(info.value).startswith(
+            f"Checkpoint {path!r} holds Python objects of {name}, which a checkpoint loads "
+            "only when allowed")
+        assert "not damaged and is left as it is" in str(info.value)
+        assert "weights_only=False" not in str(info.value)
+    assert e.latest_checkpoint() == path and open(path, "rb").read() == written
+    assert cli.main(["inspect", str(tmp_path)]) == 0   # (it stopped with a traceback)
+    assert (f"  NOT READ: Checkpoint {path!r} holds Python objects of {name}, which"
+            in capsys.readouterr().out)
+    with torch.serialization.safe_globals([Vocab]):   # allowed again: it resumes
+        e.train(regression_input_fn(), steps=3)
+        assert checkpoint.load(e.latest_checkpoint())["global_step"] == 6
 
 
 def _resumed_step(model_dir):
