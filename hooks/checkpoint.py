@@ -640,23 +640,59 @@ def optimizer_kind(optimizer) -> str:
 def missing_slots(optimizer, state: dict, kind: Optional[str]) -> List[str]:
     """The state `optimizer` keeps for a variable that `state` (a checkpoint's
     optimizer state_dict, of an optimizer of class `kind`) lacks: NAdam's
-    `mu_product` from an Adam's, which failed at the first step with a bare
-    KeyError. Only where the class differs (an AdamW takes an Adam's state);
-    found by one step of a copy over a one-number variable ([] where none
-    can be made)."""
+    `mu_product` from an Adam's, an Adam's `max_exp_avg_sq` with amsgrad
+    turned on, each a bare KeyError at the first step. Found by one step of
+    copies over a one-number variable: of this optimizer's class and settings
+    against the checkpoint's state, or, where the class is the same, against
+    the checkpoint's settings (an AdamW takes an Adam's state; [] where no
+    copy can be made)."""
     saved = next(iter(state.get("state", {}).values()), None)
-    if kind is None or kind == optimizer_kind(optimizer) or saved is None:
+    if kind is None or saved is None:
         return []
+    if kind != optimizer_kind(optimizer):
+        return sorted((_slots_of(optimizer, optimizer.param_groups[0]) or set()) - set(saved))
+    missing = set()
+    for group, before in zip(optimizer.param_groups, state.get("param_groups", [])):
+        if _differ(before, group, optimizer.defaults):
+            missing |= (_slots_of(optimizer, group) or set()) - (
+                _slots_of(optimizer, before) or set(saved))
+    return sorted(missing)
+
+
+def setting_changes(optimizer, state: dict) -> Dict[str, tuple]:
+    """{setting: (the checkpoint's, this optimizer's)} of the first param group
+    where `optimizer` (of the checkpoint's class) is set otherwise."""
+    for group, before in zip(optimizer.param_groups, state.get("param_groups", [])):
+        changed = _differ(before, group, optimizer.defaults)
+        if changed:
+            return changed
+    return {}
+
+
+def _differ(before: dict, group: dict, defaults: dict) -> Dict[str, tuple]:
+    return {k: (before.get(k, v), group.get(k, v)) for k, v in defaults.items()
+            if not _equal(before.get(k, v), group.get(k, v))}
+
+
+def _equal(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:   # noqa: BLE001 - (tensors of several numbers): compared whole
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+
+
+def _slots_of(optimizer, settings: dict) -> Optional[set]:
+    """The state keys `optimizer`'s class keeps for a one-number variable
+    under `settings` (None where a copy cannot be made or stepped)."""
     try:
         probe = torch.nn.Parameter(torch.zeros(1))
-        group = optimizer.param_groups[0]
-        copy = type(optimizer)([probe], **{k: group.get(k, v)
+        copy = type(optimizer)([probe], **{k: settings.get(k, v)
                                            for k, v in optimizer.defaults.items()})
         probe.grad = torch.zeros(1)
         copy.step()
     except Exception:   # noqa: BLE001 - (a closure needed, another constructor): not told
-        return []
-    return sorted(set(copy.state[probe]) - set(saved))
+        return None
+    return set(copy.state[probe])
 
 
 def flat_variables(state: dict) -> Dict[str, torch.Tensor]:

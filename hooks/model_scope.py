@@ -177,10 +177,17 @@ class ModelScope:
             kind = self._restore.get("optimizer_kinds", {}).get(name)
             missing = checkpoint.missing_slots(optimizer, state, kind)
             if missing:
+                if kind == checkpoint.optimizer_kind(optimizer):   # (set otherwise)
+                    changes = checkpoint.setting_changes(optimizer, state)
+                    was, now = (", ".join(f"{k}={v[i]!r}" for k, v in changes.items())
+                                for i in (0, 1))
+                    what = f"a {kind} with {was}, which has no {missing} that one with {now}"
+                else:
+                    what = (f"a {kind}, which has no {missing} that a "
+                            f"{checkpoint.optimizer_kind(optimizer)}")
                 raise ValueError(
                     f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} holds "
-                    f"the state of a {kind}, which has no {missing} that a "
-                    f"{checkpoint.optimizer_kind(optimizer)} keeps: a model_dir keeps the same "
+                    f"the state of {what} keeps: a model_dir keeps the same "
                     "model; use warm_start_from for a new one (there another kind of "
                     "optimizer's state starts fresh)")
             saved = self._restore.get("optimizer_var_names", {}).get(name)

@@ -197,3 +197,34 @@ def test_a_resumed_optimizer_of_another_kind_is_refused_and_a_warm_start_starts_
             str(tmp_path / "adam"), vars_to_warm_start=[".*"]))
     assert warm.get_variable_value("global_step") == 6   # (AdamW's 4, then 2)
     assert "is not warm-started into Adamax" in caplog.text
+
+
+def test_a_setting_that_keeps_more_state_is_refused_on_resume_and_warm_starts_fresh(
+        tmp_path, caplog):
+    """Adam resumed with amsgrad=True from an amsgrad=False checkpoint (the
+    same class: its state was not checked) failed at the first step with a
+    bare KeyError: 'max_exp_avg_sq'; a list warm start did the same."""
+    def model_fn(features, labels, mode, params):
+        pred = dense(features)
+        opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.1, amsgrad=params["ams"]))
+        return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
+                                 train_op=opt)
+
+    def train(model_dir, ams, **kwargs):
+        e = est.Estimator(model_fn, model_dir=str(model_dir), params={"ams": ams}, **kwargs)
+        e.train(lambda: itertools.cycle(BATCHES), steps=2)
+        return e
+    train(tmp_path / "adam", False)
+    with pytest.raises(ValueError, match=r"get_optimizer\(name='optimizer'\): the checkpoint "
+                       r".*model.ckpt-2 holds the state of a torch.optim.adam.Adam with "
+                       r"amsgrad=False, which has no \['max_exp_avg_sq'\] that one with "
+                       r"amsgrad=True keeps"):
+        train(tmp_path / "adam", True)
+    train(tmp_path / "ams", True)
+    assert train(tmp_path / "ams", False).get_variable_value("global_step") == 4   # (less)
+    with caplog.at_level(logging.WARNING):
+        warm = train(tmp_path / "warm", True, warm_start_from=est.WarmStartSettings(
+            str(tmp_path / "adam"), vars_to_warm_start=[".*"]))
+    assert warm.get_variable_value("global_step") == 4
+    assert "is not warm-started into Adam, whose state starts fresh" in caplog.text
+    assert warm.get_variable_value("optimizer/dense/weight/step") == 2
