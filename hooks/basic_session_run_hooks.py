@@ -201,6 +201,11 @@ class CheckpointSaverHook(SessionRunHook):
             raise NanLossDuringTrainingError(step, f"{bad} is not finite")
         for listener in self._listeners:
             listener.before_save(session, step)
+        # The summaries up to this step on disk first: a crash after the save
+        # then loses none that its restart does not write again (the hooks'
+        # scalars are held a few seconds, event files flushed every 120 s).
+        from .summary_hooks import SummaryWriterCache   # (it imports this module)
+        SummaryWriterCache._write_held(flush=True)
         self._saver.save(state, step, background=background)
         self._last_saved = step
         if self._listeners:   # they may read the checkpoint: it must be on disk

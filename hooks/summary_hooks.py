@@ -107,16 +107,21 @@ class SummaryWriterCache:
     @classmethod
     def _write_held(cls, key: Optional[str] = None, flush: bool = False) -> None:
         """Hand the held scalars (of `key`, default all) to their writers, and
-        with `flush` make those writers write them to disk."""
+        with `flush` make those writers write them to disk (with no `key`:
+        every writer a run holds, what model_fn's summaries wrote included)."""
         with cls._lock:
             keys = list(cls._held) if key is None else [key]
             batches = [(cls._writers.get(k), cls._held.pop(k, ())) for k in keys]
+            in_use = [w for k, w in cls._writers.items() if cls._users.get(k) or k in cls._pinned] \
+                if flush and key is None else []
         for writer, held in batches:
             if writer is not None and held:
                 for tag, value, step, walltime in held:
                     _summary._write_scalar(writer, tag, value, step, walltime)
-                if flush:
+                if flush and writer not in in_use:
                     writer.flush()
+        for writer in in_use:
+            writer.flush()
 
     @classmethod
     def _release(cls, logdir: str) -> None:

@@ -4,6 +4,9 @@ EventAccumulator."""
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -17,7 +20,7 @@ import estimator as est
 import hooks
 from hooks import model_scope
 from models import regression_input_fn, regression_model_fn
-from paths import FIXTURES
+from paths import FIXTURES, ROOT, SUPPORT
 from tf_cluster import tf_config
 
 CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
@@ -142,6 +145,56 @@ def test_a_resumed_run_replaces_what_the_interrupted_one_wrote_past_its_checkpoi
     # (the resumed run's speed starts 5 steps in, at 16, as TF's: its 11 is gone)
     assert [e.step for e in acc.Scalars("global_step/sec")] == [6, 16, 21, 26]
 
+
+_KILLED_AFTER_SAVE = """
+import os, signal, sys
+sys.path[:0] = [{root!r}, {support!r}]
+import torch
+import estimator as est
+from models import regression_input_fn
+
+
+class KillAfterSave(est.CheckpointSaverListener):
+    def after_save(self, session, step):
+        if step == 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def model_fn(features, labels, mode):
+    pred = est.get_module("linear", lambda: torch.nn.Linear(3, 1))(torch.as_tensor(features["x"]))
+    est.summary.scalar("pred_mean", pred.mean())
+    return est.EstimatorSpec(mode, loss=torch.nn.functional.mse_loss(pred, labels),
+                             train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+est.Estimator(model_fn, config=est.RunConfig(
+    model_dir=sys.argv[1], save_checkpoints_steps=10, save_summary_steps=5,
+    log_step_count_steps=5)).train(regression_input_fn(), max_steps=30,
+                                   saving_listeners=[KillAfterSave()])
+"""
+
+
+@pytest.mark.slow
+def test_a_crash_after_a_save_loses_no_summary_up_to_the_checkpoint(tmp_path):
+    """kill -9 after the checkpoint of step 20: the loss and global_step/sec
+    points before it were still held in memory (the hooks' scalars go to the
+    event file a few seconds late, model_fn's stay in the writer's buffer up
+    to 120 s) and died with the process; the restart resumed at 20, so those
+    points were gone for good while the steps after it were written again."""
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_AFTER_SAVE.format(root=ROOT, support=SUPPORT))
+    model_dir = tmp_path / "m"
+    out = subprocess.run([sys.executable, str(script), str(model_dir)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+    acc = events(model_dir)
+    assert steps(acc, "loss") == [1, 6, 11, 16]
+    assert steps(acc, "pred_mean") == [1, 6, 11, 16]
+    assert steps(acc, "global_step/sec") == [6, 11, 16]
+    make(model_dir, model_fn=regression_model_fn, save_summary_steps=5,
+         log_step_count_steps=5).train(regression_input_fn(), max_steps=30)
+    hooks.SummaryWriterCache.clear()
+    assert [e.step for e in events(model_dir).Scalars("loss")] == [1, 6, 11, 16, 21, 26]
 
 with open(os.path.join(FIXTURES, "tf_image_summary.json"), encoding="utf-8") as _f:
     TF_IMAGES = json.load(_f)["cases"]
