@@ -446,11 +446,12 @@ class _ServingModule(torch.nn.Module):
         no strings), any other value is an error."""
         tensors, forwarded = {}, {}
         named = {id(v): k for k, v in features.items()} if isinstance(features, dict) else {}
+        values = getattr(features, "host_values", {})   # (given to model_fn as _HostFeature)
         for key, value in outputs.items():
             if isinstance(value, torch.Tensor):
                 tensors[key] = value
             elif id(value) in named:
-                forwarded[key] = (named[id(value)], value)
+                forwarded[key] = (named[id(value)], values.get(named[id(value)], value))
             else:
                 raise ValueError(f"{what}[{key!r}] is {type(value).__name__}, not a "
                                  "tensor: an export serves tensors, and string features as "
@@ -798,11 +799,55 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
 class _ServingFeatures(dict):
     """The features model_fn gets in an export with a host transform: the
     feature dict, with the transformation cache (recording or replaying) the
-    feature-column layers use."""
+    feature-column layers use, which read the strings (rows, Examples) per
+    request; model_fn itself gets each such feature as a `_HostFeature`."""
 
     def __init__(self, cache):
-        super().__init__(cache.features)
+        super().__init__((k, v if isinstance(v, torch.Tensor) else _HostFeature(k))
+                         for k, v in cache.features.items())
         self.transformation_cache = cache
+        self.host_values = {k: v for k, v in cache.features.items()
+                            if not isinstance(v, torch.Tensor)}
+
+
+class _HostFeatureUsed(TypeError, AttributeError):
+    """(An AttributeError too: `getattr(feature, "dtype", None)` probes pass.)"""
+
+
+class _HostFeature:
+    """A string (or row, or parsed Example) feature as model_fn sees it while
+    an export records its PREDICT path: it may be forwarded as an output, and
+    feature columns read it (per request, from the transformation cache);
+    any other use is an error. An export runs model_fn once, so ids that
+    Python computed from the example strings (`vocab.index(s) for s in ...`)
+    were fixed into the program: every request answered as for the example."""
+
+    __slots__ = ("_key",)
+    __hash__ = object.__hash__
+    is_host_feature = True   # (EstimatorSpec takes it as strings: forwarded)
+
+    def __init__(self, key):
+        object.__setattr__(self, "_key", key)
+
+    def __repr__(self):
+        return f"<the string feature {self._key!r} of an export>"
+
+    def _refuse(self, *args, **kwargs):
+        raise _HostFeatureUsed(
+            f"model_fn uses the string feature {self._key!r} itself while it is exported: "
+            "an export runs model_fn once, so what Python computes from the example's "
+            "strings (ids from a vocabulary, lengths) would be fixed into the program and "
+            "every request answered as for the example. Map strings to ids with "
+            "est.feature_column (categorical_column_with_vocabulary_list / _file / "
+            "_hash_bucket, then embedding_column or indicator_column in input_layer), which "
+            "an export redoes per request, or give the export the ids (a serving_input_"
+            "receiver_fn of integer tensors); forwarding the feature as an output is fine")
+
+    def __getattr__(self, name):
+        self._refuse()
+
+    __iter__ = __len__ = __getitem__ = __contains__ = __bool__ = __array__ = _refuse
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __add__ = __radd__ = _refuse
 
 
 _BATCH_KEYS = ("offsets", "scale", "value")   # record tensors with one row per example

@@ -147,7 +147,10 @@ def _check_predictions(predictions) -> None:
 
 
 def _is_strings(value) -> bool:
-    """Host strings a PREDICT spec may return (class names, forwarded keys)."""
+    """Host strings a PREDICT spec may return (class names, forwarded keys;
+    while an export records, a string feature stands for its strings)."""
+    if getattr(type(value), "is_host_feature", False):
+        return True
     kind = getattr(getattr(value, "dtype", None), "kind", None)
     if type(value).__module__ == "numpy" and kind in ("U", "S", "O"):
         return kind != "O" or all(isinstance(v, (str, bytes)) for v in value.ravel())

@@ -305,8 +305,10 @@ def test_a_number_for_a_string_feature_is_refused_not_made_text(url, value):
 
 def test_a_number_for_a_raw_string_input_is_refused_not_made_text(tmp_path):
     def model_fn(features, labels, mode):
-        ids = torch.tensor([[float(len(s))] for s in features["code"]])
-        y = est.get_module("w", lambda: torch.nn.Linear(1, 1))(ids)
+        fc = est.feature_column
+        x = fc.input_layer(features, [fc.indicator_column(
+            fc.categorical_column_with_hash_bucket("code", 4))])
+        y = est.get_module("w", lambda: torch.nn.Linear(4, 1))(x)
         return est.EstimatorSpec(mode, predictions={"y": y},
                                  loss=None if labels is None else ((y - labels) ** 2).mean(),
                                  train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
@@ -390,3 +392,35 @@ def test_malformed_requests_are_400_as_tf_serving(url):
         raise AssertionError("a GET of :predict was answered")
     except urllib.error.HTTPError as e:
         assert e.code == 400 and json.loads(e.read())["error"].startswith("Malformed request")
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_strings_mapped_by_model_fn_itself_fail_the_export(tmp_path, batch):
+    """A port mapping a string feature to ids in Python (`vocab.index(c) for c
+    in features["city"]`): the export runs model_fn once, so the example's
+    ids were fixed into the program. The error told to fix the batch size;
+    with it, every request was answered as for the example strings (the
+    served probabilities for ["oslo", "lima"] were those of ["paris",
+    "paris"]). The strings are now refused for any use but forwarding."""
+    vocab = ["lima", "oslo", "paris", "rome"]
+
+    def model_fn(features, labels, mode):
+        ids = torch.tensor([vocab.index(c) for c in features["city"]])
+        emb = est.get_module("city", lambda: torch.nn.Embedding(4, 2))(ids)
+        x = torch.cat([torch.as_tensor(features["x"], dtype=torch.float32), emb], 1)
+        y = est.get_module("w", lambda: torch.nn.Linear(3, 1))(x)
+        return est.EstimatorSpec(mode, predictions={"y": y, "city": features["city"]},
+                                 loss=None if labels is None else ((y - labels) ** 2).mean(),
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    e.train(lambda: [({"x": np.ones((2, 1)), "city": ["oslo", "lima"]}, torch.ones(2, 1))],
+            steps=1)
+    rows = e.predict(lambda: [{"x": np.ones((2, 1)), "city": ["rome", "lima"]}])
+    assert [p["city"] for p in rows] == [b"rome", b"lima"]   # (predict reads them)
+    receiver = est.export.build_raw_serving_input_receiver_fn(
+        {"x": torch.zeros(2, 1), "city": np.array(["paris", "paris"])}, default_batch_size=batch)
+    with pytest.raises(TypeError, match=r"model_fn uses the string feature 'city' itself while "
+                       r"it is exported: an export runs model_fn once.* Map strings to ids with "
+                       r"est.feature_column"):
+        e.export_saved_model(str(tmp_path / "export"), receiver)
+    assert not os.path.exists(tmp_path / "export") or os.listdir(tmp_path / "export") == []
