@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import numpy as np
 import torch
@@ -100,6 +100,13 @@ class StopAtStepHook(SessionRunHook):
 
     def _idle(self, session):
         return self._last_step, NEVER, NEVER
+
+
+# Called before each checkpoint save: summary_hooks' writing of every summary
+# so far to the event files (the hooks' scalars are held a few seconds, event
+# files flushed every 120 s), so that a crash after the save loses none that
+# its restart does not write again.
+BEFORE_SAVE: List[Callable[[], None]] = []
 
 
 class CheckpointSaverListener:
@@ -201,11 +208,8 @@ class CheckpointSaverHook(SessionRunHook):
             raise NanLossDuringTrainingError(step, f"{bad} is not finite")
         for listener in self._listeners:
             listener.before_save(session, step)
-        # The summaries up to this step on disk first: a crash after the save
-        # then loses none that its restart does not write again (the hooks'
-        # scalars are held a few seconds, event files flushed every 120 s).
-        from .summary_hooks import SummaryWriterCache   # (it imports this module)
-        SummaryWriterCache._write_held(flush=True)
+        for before_save in BEFORE_SAVE:
+            before_save()
         self._saver.save(state, step, background=background)
         self._last_saved = step
         if self._listeners:   # they may read the checkpoint: it must be on disk

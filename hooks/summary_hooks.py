@@ -25,7 +25,7 @@ import numpy as np
 
 from . import summary as _summary
 
-from .basic_session_run_hooks import SecondOrStepTimer
+from .basic_session_run_hooks import BEFORE_SAVE, SecondOrStepTimer
 from .event_files import EVENT_FILE_PATTERN
 from .session_run_hook import SessionRunArgs, SessionRunHook
 
@@ -273,6 +273,7 @@ class _NamingErrors:
 
 
 atexit.register(SummaryWriterCache.clear)
+BEFORE_SAVE.append(lambda: SummaryWriterCache._write_held(flush=True))   # (every summary so far)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=SummaryWriterCache._forget_inherited)
 
