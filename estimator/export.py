@@ -841,11 +841,14 @@ class _HostFeature:
             "est.feature_column (categorical_column_with_vocabulary_list / _file / "
             "_hash_bucket, then embedding_column or indicator_column in input_layer), which "
             "an export redoes per request, or give the export the ids (a serving_input_"
-            "receiver_fn of integer tensors); forwarding the feature as an output is fine")
+            "receiver_fn of integer tensors); forwarding the feature as an output is fine. "
+            "(Feature columns given a new dict made from `features` read the strings here "
+            "too: give them `features` itself)")
 
     def __getattr__(self, name):
         self._refuse()
 
+    refuse = _refuse   # (feature columns given it in a dict of model_fn's own)
     __iter__ = __len__ = __getitem__ = __contains__ = __bool__ = __array__ = _refuse
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __add__ = __radd__ = _refuse
 

@@ -181,6 +181,8 @@ class Feature:
                     self._set_array(arr)
                 else:
                     self._set_array(np.asarray(value))
+        elif getattr(type(value), "is_host_feature", False):   # (an export's stand-in)
+            value.refuse()
         else:
             raise TypeError(f"Feature {key!r}: unsupported value of type "
                             f"{type(value).__name__} (give a tensor, a numpy array, a list "

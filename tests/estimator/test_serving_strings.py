@@ -424,3 +424,26 @@ def test_strings_mapped_by_model_fn_itself_fail_the_export(tmp_path, batch):
                        r"est.feature_column"):
         e.export_saved_model(str(tmp_path / "export"), receiver)
     assert not os.path.exists(tmp_path / "export") or os.listdir(tmp_path / "export") == []
+
+
+def test_feature_columns_given_a_copy_of_the_features_fail_the_export(tmp_path):
+    """input_layer({k: features[k] ...}, columns): the copy has no
+    transformation cache, so the columns mapped the example strings once,
+    in Python, and the export served ["b", "a"] as ["a", "b"]."""
+    fc = est.feature_column
+    columns = [fc.indicator_column(fc.categorical_column_with_vocabulary_list("city", ["a", "b"]))]
+
+    def model_fn(features, labels, mode):
+        x = fc.input_layer({k: features[k] for k in ["city"]}, columns)
+        y = est.get_module("w", lambda: torch.nn.Linear(2, 1))(x)
+        return est.EstimatorSpec(mode, predictions={"y": y},
+                                 loss=None if labels is None else ((y - labels) ** 2).mean(),
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    e.train(lambda: [({"city": ["a", "b"]}, torch.ones(2, 1))], steps=1)
+    with pytest.raises(TypeError, match=r"model_fn uses the string feature 'city' itself.*"
+                       r"Feature columns given a new dict made from `features` read the strings "
+                       r"here too: give them `features` itself"):
+        e.export_saved_model(str(tmp_path / "export"),
+                             est.export.build_raw_serving_input_receiver_fn(
+                                 {"city": np.array(["a", "b"])}))
