@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import csv
 import io
 import logging
@@ -77,7 +78,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
 
     def __init__(self, files, batch_size, column_names, defaults, label_name, select,
                  csv_format, header, num_epochs, shuffling, compression_type,
-                 drop_final_batch, cycle_length=1):
+                 drop_final_batch, cycle_length=1, shard=(1, 0)):
         self.files, self.batch_size, self.column_names = files, batch_size, column_names
         self.defaults, self.label_name, self.select = defaults, label_name, select
         self.field_delim, self.use_quote_delim, self.na_value = csv_format
@@ -86,6 +87,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         self.shuffle, self.shuffle_buffer_size, self.shuffle_seed = shuffling
         self.drop_final_batch = drop_final_batch
         self.cycle_length = cycle_length   # files read in turn (TF's num_parallel_reads)
+        self.sharding = shard   # (input pipelines, this one's id): its every n-th batch
 
     def _lines(self):
         """(record, file, line number) of each data record, the files read
@@ -137,15 +139,37 @@ class _CsvBatches(torch.utils.data.IterableDataset):
                 return
             epoch += 1
 
+    def shard(self, num_shards: int, index: int) -> "_CsvBatches":
+        """Every `num_shards`-th batch from the `index`-th (TF: ``Dataset.shard``)."""
+        if not isinstance(num_shards, int) or num_shards < 1:
+            raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
+        if not 0 <= index < num_shards:
+            raise ValueError(f"index {index} is not in [0, {num_shards})")
+        clone = copy.copy(self)
+        shards, own = self.sharding
+        clone.sharding = (shards * num_shards, own * num_shards + index)
+        return clone
+
     def __iter__(self):
+        """This pipeline's (and DataLoader worker's) batches: every n-th of
+        the one order, parsed (only its own)."""
+        shards, index = self.sharding
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None:
+            shards, index = shards * worker.num_workers, index * worker.num_workers + worker.id
+        for i, batch in enumerate(self._batches()):
+            if i % shards == index:
+                yield self._parse(batch)
+
+    def _batches(self):
         batch = []
         for row in self._ordered():
             batch.append(row)
             if len(batch) == self.batch_size:
-                yield self._parse(batch)
+                yield batch
                 batch = []
         if batch and not self.drop_final_batch:
-            yield self._parse(batch)
+            yield batch
 
     def _parse(self, batch):
         names = ([self.column_names[i] for i in self.select] if self.select is not None
@@ -175,7 +199,7 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
                      shuffle_seed: Optional[int] = None, prefetch_buffer_size=None,
                      num_parallel_reads=None, sloppy=False, num_rows_for_inference: int = 100,
                      compression_type: Optional[str] = None, ignore_errors: bool = False,
-                     drop_final_batch: bool = False):
+                     drop_final_batch: bool = False, *, input_context=None):
     """Batches of CSV rows as ({column: numpy array}, label array) (or the
     features alone without `label_name`), as TF's ``make_csv_dataset``:
     column names from the header unless given (every file's the same);
@@ -184,10 +208,15 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
     float32, float64 for finite numbers, else string); `select_columns` by name or
     index; `num_epochs` None repeats forever; `shuffle` with a buffer of
     `shuffle_buffer_size` rows and `shuffle_seed` (a different order than
-    TF's: its shuffling algorithm is not reproducible outside TF). Strings are
-    bytes, as TF's. `num_parallel_reads` files are read in turn, a row from
-    each, as TF's interleave. `prefetch_buffer_size`, `sloppy` and
-    `ignore_errors` are accepted for TF's signature (errors are raised)."""
+    TF's: its shuffling algorithm is not reproducible outside TF), without
+    one a seed drawn from torch's generator here (as TF's op seed comes from
+    the graph's: repeatable with `tf_random_seed`, and alike on every
+    replica and DataLoader worker, which each keep every n-th batch of the
+    one order). Strings are bytes, as TF's. `num_parallel_reads` files are
+    read in turn, a row from each, as TF's interleave. `input_context` (not
+    TF's): keep this input pipeline's batches. `prefetch_buffer_size`,
+    `sloppy` and `ignore_errors` are accepted for TF's signature (errors are
+    raised)."""
     del prefetch_buffer_size, sloppy, ignore_errors
     files = list_files(file_pattern)
     if column_names is None:
@@ -230,10 +259,14 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
                          f"{len(wanted)} columns")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if shuffle and shuffle_seed is None:
+        shuffle_seed = int(torch.randint(2**31 - 1, ()))
+    shard = (1, 0) if input_context is None else (input_context.num_input_pipelines,
+                                                  input_context.input_pipeline_id)
     return _CsvBatches(files, batch_size, column_names, list(column_defaults), label_name,
                        select, (field_delim, use_quote_delim, na_value), header, num_epochs,
                        (shuffle, shuffle_buffer_size, shuffle_seed), compression_type,
-                       drop_final_batch, cycle_length(num_parallel_reads))
+                       drop_final_batch, cycle_length(num_parallel_reads), shard)
 
 
 def _check_selected(select_columns, column_names):

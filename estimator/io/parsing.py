@@ -48,24 +48,26 @@ class FixedLenSequenceFeature(NamedTuple):
 
 
 def _kind(dtype, key: str) -> str:
+    """"float", "int" or "string": what a tf.Example holds. As TF's parsing,
+    float32 (Python's float too) and int64 (Python's int too) only: another
+    width was parsed into these silently (float64 read as float32)."""
     if dtype in (str, bytes, np.str_, np.bytes_, np.object_) or dtype in ("string", "str"):
         return "string"
+    if dtype is float or dtype is int:
+        return "float" if dtype is float else "int"
     if isinstance(dtype, torch.dtype):
-        if dtype.is_floating_point:
-            return "float"
-        if dtype in (torch.int64, torch.int32):
-            return "int"
+        kind = {torch.float32: "float", torch.int64: "int"}.get(dtype)
     else:
         try:
-            np_dtype = np.dtype(dtype)
+            kind = {np.dtype(np.float32): "float", np.dtype(np.int64): "int"}.get(
+                np.dtype(dtype))
         except TypeError:
-            np_dtype = None
-        if np_dtype is not None and np_dtype.kind == "f":
-            return "float"
-        if np_dtype is not None and np_dtype.kind in "iu":
-            return "int"
-    raise ValueError(f"Key: {key}: unsupported dtype {dtype!r}; use float32, int64 or str "
-                     "(tf.Example holds float, int64 and bytes lists)")
+            kind = None
+    if kind is None:
+        raise ValueError(f"Key: {key}: unsupported dtype {dtype!r}; a tf.Example holds "
+                         "float32, int64 and string values, and TF's parse_example takes "
+                         "only those (cast the parsed feature)")
+    return kind
 
 
 def _values(feature, kind: str, key: str, index: int) -> Optional[list]:

@@ -467,3 +467,87 @@ def test_a_writer_dropped_without_close_completes_its_file(tmp_path, compression
     closed.close()
     with pytest.raises(ValueError, match="TFRecordWriter of .*r.tfrecord is closed"):
         closed.write(b"x")
+
+
+def _ids_csv(tmp_path, n=16):
+    path = tmp_path / "ids.csv"
+    path.write_text("id,label\n" + "".join(f"{i},{i % 2}\n" for i in range(n)))
+    return str(path)
+
+
+def test_make_csv_dataset_without_a_seed_shuffles_by_torchs_generator(tmp_path):
+    """shuffle_seed=None drew from the OS: tf_random_seed did not make a run
+    repeatable (TF's graph seed does), and replicas or DataLoader workers
+    each shuffled otherwise. The seed now comes from torch's generator when
+    the dataset is made; workers and input pipelines keep every n-th batch
+    of that one order."""
+    path = _ids_csv(tmp_path)
+
+    def made(seed):
+        torch.manual_seed(seed)
+        return est.data.make_csv_dataset(path, batch_size=2, label_name="label", num_epochs=2)
+
+    def ids(batches):
+        return [i for features, _ in batches for i in features["id"].tolist()]
+    order = ids(made(7))
+    assert order == ids(made(7)) and order != ids(made(8))
+    assert sorted(order) == sorted(list(range(16)) * 2) and order[:16] != order[16:]
+    workers = torch.utils.data.DataLoader(made(7), batch_size=None, num_workers=2)
+    assert ids(workers) == order   # (the workers' batches taken in turn: the one order)
+    pipelines = []
+    for pipeline in range(2):   # (each the process of a replica, started alike)
+        torch.manual_seed(7)
+        dataset = est.data.make_csv_dataset(path, batch_size=2, label_name="label", num_epochs=1,
+                                            input_context=distribute.InputContext(2, pipeline))
+        pipelines += ids(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2))
+    assert sorted(pipelines) == list(range(16))
+    dataset = made(7)
+    assert sorted(sum((ids(dataset.shard(3, i)) for i in range(3)), [])) == sorted(order)
+
+
+def _ids_seen_model_fn(out_dir):
+    def model_fn(features, labels, mode):
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        with open(os.path.join(out_dir, f"seen-{rank}"), "a") as f:
+            f.write("".join(f"{int(i)}\n" for i in features["id"]))
+        x = torch.as_tensor(features["id"], dtype=torch.float32)[:, None]
+        loss = torch.nn.functional.mse_loss(est.get_module("w", lambda: torch.nn.Linear(1, 1))(x),
+                                            torch.as_tensor(labels, dtype=torch.float32)[:, None])
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=1e-4)))
+    return model_fn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("read_ahead", [None, 2])
+def test_make_csv_dataset_shuffled_on_two_replicas_trains_each_row_once(tmp_path, read_ahead):
+    """An input_fn without input_context over make_csv_dataset's default
+    shuffle, on 2 replicas (every 2nd batch kept by each): each replica
+    shuffled with its own OS-drawn seed, so of 14 rows 4 were never trained
+    and 2 trained twice."""
+    path = _ids_csv(tmp_path)
+    out = tmp_path / "seen"
+    out.mkdir()
+    e = est.Estimator(_ids_seen_model_fn(str(out)), config=est.RunConfig(
+        model_dir=str(tmp_path / "m"), experimental_prefetch_batches=read_ahead,
+        train_distribute=distribute.MirroredStrategy(["cpu:0", "cpu:1"])))
+    e.train(lambda: est.data.make_csv_dataset(path, batch_size=2, label_name="label",
+                                              num_epochs=1))
+    seen = [int(i) for rank in (0, 1) for i in (out / f"seen-{rank}").read_text().split()]
+    assert sorted(seen) == list(range(16))
+    assert e.get_variable_value("global_step") == 4
+
+
+@pytest.mark.parametrize("dtype", [np.float64, torch.float64, "float64", torch.float16,
+                                   np.int32, torch.int32])
+def test_parse_example_refuses_the_dtypes_tf_refuses(dtype):
+    """float64 was parsed into float32 and int32 into int64 without a word
+    (TF 2.15: "not in the list of allowed values: float, int64, string")."""
+    for spec in (est.io.VarLenFeature(dtype), est.io.FixedLenFeature([2], dtype)):
+        with pytest.raises(ValueError, match=r"Key: price: unsupported dtype .*; a tf.Example "
+                           r"holds float32, int64 and string values"):
+            est.io.parse_example(RECORDS, {"price": spec})
+    parsed = est.io.parse_example(RECORDS, {"price": est.io.FixedLenFeature([2], float),
+                                            "ids": est.io.VarLenFeature(int)})   # (as TF's)
+    assert parsed["price"].dtype == np.float32
+    assert parsed["ids"] == est.io.parse_example(RECORDS, SPEC)["ids"]
