@@ -4,6 +4,7 @@ now, the momentum slots the checkpoint's. Before, a resumed optimizer took
 the checkpoint's rate (torch's load_state_dict): a sweep continuing earlier
 runs with `--set params.learning_rate=...` trained at the old rates while
 experiment.yaml said the new ones."""
+import functools
 import itertools
 import json
 import logging
@@ -169,6 +170,19 @@ def test_a_resumed_optimizer_over_other_variables_is_refused_and_one_over_fewer_
     assert e.get_variable_value("optimizer/b/weight/step") == 4
 
 
+def _kind_model_fn(features, labels, mode, params):
+    pred = dense(features)
+    opt = est.get_optimizer(lambda p: params["kind"](p, lr=0.1))
+    return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
+                             train_op=opt)
+
+
+def _train_with(model_dir, kind, **kwargs):
+    """2 steps of `dense` with the optimizer `kind(params, lr=0.1)` makes."""
+    e = est.Estimator(_kind_model_fn, model_dir=str(model_dir), params={"kind": kind}, **kwargs)
+    e.train(lambda: itertools.cycle(BATCHES), steps=2)
+    return e
+
 def test_a_resumed_optimizer_of_another_kind_is_refused_and_a_warm_start_starts_it_fresh(
         tmp_path, caplog):
     """Adam's state into NAdam failed at the first step with a bare
@@ -176,16 +190,7 @@ def test_a_resumed_optimizer_of_another_kind_is_refused_and_a_warm_start_starts_
     optimizer's class, and where it differs the state is checked (an AdamW
     takes an Adam's, as TF's AdamW its slots); a list warm start starts
     another kind fresh."""
-    def model_fn(features, labels, mode, params):
-        pred = dense(features)
-        opt = est.get_optimizer(lambda p: params["kind"](p, lr=0.1))
-        return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
-                                 train_op=opt)
-
-    def train(model_dir, kind, **kwargs):
-        e = est.Estimator(model_fn, model_dir=str(model_dir), params={"kind": kind}, **kwargs)
-        e.train(lambda: itertools.cycle(BATCHES), steps=2)
-        return e
+    train = _train_with
     train(tmp_path / "adam", torch.optim.Adam)
     with pytest.raises(ValueError, match=r"get_optimizer\(name='optimizer'\): the checkpoint "
                        r".*model.ckpt-2 holds the state of a torch.optim.adam.Adam, which has "
@@ -204,16 +209,8 @@ def test_a_setting_that_keeps_more_state_is_refused_on_resume_and_warm_starts_fr
     """Adam resumed with amsgrad=True from an amsgrad=False checkpoint (the
     same class: its state was not checked) failed at the first step with a
     bare KeyError: 'max_exp_avg_sq'; a list warm start did the same."""
-    def model_fn(features, labels, mode, params):
-        pred = dense(features)
-        opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.1, amsgrad=params["ams"]))
-        return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
-                                 train_op=opt)
-
     def train(model_dir, ams, **kwargs):
-        e = est.Estimator(model_fn, model_dir=str(model_dir), params={"ams": ams}, **kwargs)
-        e.train(lambda: itertools.cycle(BATCHES), steps=2)
-        return e
+        return _train_with(model_dir, functools.partial(torch.optim.Adam, amsgrad=ams), **kwargs)
     train(tmp_path / "adam", False)
     with pytest.raises(ValueError, match=r"get_optimizer\(name='optimizer'\): the checkpoint "
                        r".*model.ckpt-2 holds the state of a torch.optim.adam.Adam with "

@@ -303,17 +303,23 @@ def test_a_number_for_a_string_feature_is_refused_not_made_text(url, value):
     assert status == 200, answer
 
 
-def test_a_number_for_a_raw_string_input_is_refused_not_made_text(tmp_path):
+def _trained_on(tmp_path, to_input, width, features):
+    """An Estimator of one Linear(width, 1) over `to_input(features)`,
+    trained one step on `features` (2 examples)."""
     def model_fn(features, labels, mode):
-        fc = est.feature_column
-        x = fc.input_layer(features, [fc.indicator_column(
-            fc.categorical_column_with_hash_bucket("code", 4))])
-        y = est.get_module("w", lambda: torch.nn.Linear(4, 1))(x)
+        y = est.get_module("w", lambda: torch.nn.Linear(width, 1))(to_input(features))
         return est.EstimatorSpec(mode, predictions={"y": y},
                                  loss=None if labels is None else ((y - labels) ** 2).mean(),
                                  train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
     e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
-    e.train(lambda: [({"code": ["02134", "7"]}, torch.ones(2, 1))], steps=1)
+    e.train(lambda: [(features, torch.ones(2, 1))], steps=1)
+    return e
+
+
+def test_a_number_for_a_raw_string_input_is_refused_not_made_text(tmp_path):
+    fc = est.feature_column
+    e = _trained_on(tmp_path, lambda features: fc.input_layer(features, [fc.indicator_column(
+        fc.categorical_column_with_hash_bucket("code", 4))]), 4, {"code": ["02134", "7"]})
     export_dir = e.export_saved_model(
         str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(
             {"code": np.array(["02134", "7"], dtype=object)}))
@@ -432,15 +438,8 @@ def test_feature_columns_given_a_copy_of_the_features_fail_the_export(tmp_path):
     in Python, and the export served ["b", "a"] as ["a", "b"]."""
     fc = est.feature_column
     columns = [fc.indicator_column(fc.categorical_column_with_vocabulary_list("city", ["a", "b"]))]
-
-    def model_fn(features, labels, mode):
-        x = fc.input_layer({k: features[k] for k in ["city"]}, columns)
-        y = est.get_module("w", lambda: torch.nn.Linear(2, 1))(x)
-        return est.EstimatorSpec(mode, predictions={"y": y},
-                                 loss=None if labels is None else ((y - labels) ** 2).mean(),
-                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
-    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
-    e.train(lambda: [({"city": ["a", "b"]}, torch.ones(2, 1))], steps=1)
+    e = _trained_on(tmp_path, lambda features: fc.input_layer(
+        {k: features[k] for k in ["city"]}, columns), 2, {"city": ["a", "b"]})
     with pytest.raises(TypeError, match=r"model_fn uses the string feature 'city' itself.*"
                        r"Feature columns given a new dict made from `features` read the strings "
                        r"here too: give them `features` itself"):
