@@ -803,15 +803,15 @@ class _ServingFeatures(dict):
     request; model_fn itself gets each such feature as a `_HostFeature`."""
 
     def __init__(self, cache):
-        super().__init__((k, v if isinstance(v, torch.Tensor) else _HostFeature(k))
+        super().__init__((k, v if isinstance(v, torch.Tensor) else _HostFeature(k, v))
                          for k, v in cache.features.items())
         self.transformation_cache = cache
         self.host_values = {k: v for k, v in cache.features.items()
                             if not isinstance(v, torch.Tensor)}
 
 
-class _HostFeatureUsed(TypeError, AttributeError):
-    """(An AttributeError too: `getattr(feature, "dtype", None)` probes pass.)"""
+class _HostFeatureUsed(TypeError):
+    """model_fn used a `_HostFeature` (TF: a string tensor in Python code)."""
 
 
 class _HostFeature:
@@ -822,12 +822,18 @@ class _HostFeature:
     Python computed from the example strings (`vocab.index(s) for s in ...`)
     were fixed into the program: every request answered as for the example."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_key", "_kind", "sparse")
     __hash__ = object.__hash__
-    is_host_feature = True   # (EstimatorSpec takes it as strings: forwarded)
+    is_host_feature = True   # (EstimatorSpec and export outputs take it as strings: forwarded)
 
-    def __init__(self, key):
-        object.__setattr__(self, "_key", key)
+    def __init__(self, key, value):
+        self._key, self._kind = key, type(value)
+        self.sparse = isinstance(value, list) and bool(value) and isinstance(
+            value[0], (list, tuple))   # rows of values (a VarLenFeature's)
+
+    @property
+    def __class__(self):   # (isinstance(feature, np.ndarray) answers for its value)
+        return self._kind
 
     def __repr__(self):
         return f"<the string feature {self._key!r} of an export>"

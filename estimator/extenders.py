@@ -88,7 +88,8 @@ def forward_features(estimator: Estimator, keys: Optional[Sequence[str]] = None,
                 raise ValueError(f"Cannot forward feature key ({key}). Since it does exist "
                                  "in predictions.")
             value = features[key]
-            if isinstance(value, list) and value and isinstance(value[0], (list, tuple)):
+            if value.sparse if getattr(type(value), "is_host_feature", False) else (
+                    isinstance(value, list) and value and isinstance(value[0], (list, tuple))):
                 raise ValueError(f"Feature ({key}) is sparse (a list of lists); only dense "
                                  "features can be forwarded")
             forwarded[key] = value

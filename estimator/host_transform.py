@@ -33,7 +33,10 @@ EXAMPLES = "examples"   # the receiver tensor of a parsing receiver (TF's name)
 
 def is_host_value(value) -> bool:
     """Whether a feature value cannot enter a torch program: strings (numpy
-    str / bytes / object arrays), or rows of values (lists)."""
+    str / bytes / object arrays), or rows of values (lists); an export's
+    stand-in for one (while it records model_fn)."""
+    if getattr(type(value), "is_host_feature", False):
+        return True
     if isinstance(value, np.ndarray):
         return value.dtype.kind in "USO"
     return isinstance(value, (list, tuple))

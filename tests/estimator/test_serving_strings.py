@@ -446,3 +446,59 @@ def test_feature_columns_given_a_copy_of_the_features_fail_the_export(tmp_path):
         e.export_saved_model(str(tmp_path / "export"),
                              est.export.build_raw_serving_input_receiver_fn(
                                  {"city": np.array(["a", "b"])}))
+
+
+@pytest.mark.parametrize("outputs", ["classes", "predict_output", "checked_predictions"])
+def test_string_features_still_reach_the_exports_outputs(tmp_path, outputs):
+    """While an export records, a string feature is a stand-in: it goes into
+    ClassificationOutput's classes, a PredictOutput, and predictions guarded
+    by `isinstance(features[k], np.ndarray)` as the strings did (it failed
+    as "not a tensor", or the guarded output was left out)."""
+    fc = est.feature_column
+
+    def model_fn(features, labels, mode):
+        x = fc.input_layer(features, [fc.indicator_column(
+            fc.categorical_column_with_vocabulary_list("color", ["red", "blue"]))])
+        logits = est.get_module("w", lambda: torch.nn.Linear(2, 1))(x)[:, 0]
+        if mode != est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, loss=((logits - labels) ** 2).mean(),
+                                     train_op=est.get_optimizer(
+                                         lambda p: torch.optim.SGD(p, 0.1)))
+        scores = torch.stack([1 - logits.sigmoid(), logits.sigmoid()], -1)
+        if outputs == "checked_predictions":
+            predictions = {"logits": logits}
+            if isinstance(features["key"], np.ndarray):
+                predictions["key"] = features["key"]
+            return est.EstimatorSpec(mode, predictions=predictions)
+        output = (est.export.ClassificationOutput(scores=scores, classes=features["key"])
+                  if outputs == "classes" else
+                  est.export.PredictOutput({"logits": logits, "key": features["key"]}))
+        return est.EstimatorSpec(mode, predictions={"logits": logits},
+                                 export_outputs={"serving_default": output})
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    e.train(lambda: [({"color": ["red", "blue"], "key": np.array(["a", "b"])},
+                      torch.ones(2))], steps=1)
+    export_dir = e.export_saved_model(str(tmp_path / "export"), (
+        est.export.build_raw_serving_input_receiver_fn(
+            {"color": np.array(["red", "blue"]), "key": np.array(["x", "y"])})))
+    served = est.export.load(export_dir).signatures["serving_default"](
+        color=np.array(["blue", "red", "red"]), key=np.array(["A", "B", "C"]))
+    key = "classes" if outputs == "classes" else "key"
+    assert served[key].tolist() == [b"A", b"B", b"C"]
+
+
+def test_a_sparse_feature_forwarded_fails_the_export_as_it_fails_predict(tmp_path):
+    """est.forward_features of a feature of rows (a VarLenFeature's): predict
+    refuses it; the export, given a stand-in, took it and served the rows."""
+    fc = est.feature_column
+    tags = fc.indicator_column(fc.categorical_column_with_vocabulary_list("tags", ["a", "b"]))
+    e = est.forward_features(_trained_on(
+        tmp_path, lambda features: fc.input_layer(features, [tags]), 2,
+        {"tags": [["a"], ["a", "b"]]}), ["tags"])
+    with pytest.raises(ValueError, match=r"Feature \(tags\) is sparse \(a list of lists\); only "
+                       r"dense features can be forwarded"):
+        list(e.predict(lambda: [{"tags": [["a"], ["b", "a"]]}]))
+    with pytest.raises(ValueError, match=r"Feature \(tags\) is sparse"):
+        e.export_saved_model(str(tmp_path / "export"),
+                             est.export.build_raw_serving_input_receiver_fn(
+                                 {"tags": [["a"], ["a", "b"]]}))
