@@ -17,9 +17,10 @@ A checkpoint that was listed is never lost:
   never a model with altered weights; files load with
   `torch.load(weights_only=True)`: a checkpoint cannot run code. A state
   holding other Python objects (a module's `get_extra_state` returning a
-  class of the user's) is refused at a Saver's first save, and a checkpoint
-  holding them is an `UnsafeCheckpointError` naming the classes, never
-  passed over as damaged.
+  class of the user's) is refused at a Saver's first save (read back as
+  `load` reads it; later saves are not checked), and a checkpoint holding
+  them is an `UnsafeCheckpointError` naming the classes, never passed over
+  as damaged.
 - `restore_latest` falls back to the newest good checkpoint when the index is
   missing, empty, unreadable or names a missing file, or the latest
   checkpoint is damaged, with a warning naming the bad file; a fresh start
@@ -368,17 +369,22 @@ class Saver:
     def _check_loadable(self, tmp: str, payload: dict, global_step: int) -> None:
         """Raise UnsafeCheckpointError (removing `tmp`, the save's temp file)
         if the checkpoint would hold objects that `load` refuses: its every
-        restore would fail, far from the model_fn that put them there."""
-        unsafe = _unsafe_globals(tmp)
-        if unsafe:
+        restore would fail, far from the model_fn that put them there. Read
+        back as `load` reads it (its tensors mapped, not read): torch's
+        scanner alone misses some (numpy's dtype classes)."""
+        try:
+            torch.load(tmp, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:   # noqa: BLE001 - any: what load would meet
+            unsafe = _refused_globals(e, tmp) or [type(e).__name__]
             files.abandon([("settle", tmp)])
+            where = _where(payload, unsafe)
             raise UnsafeCheckpointError(
                 f"The checkpoint of step {global_step} is not saved: it would hold Python "
-                f"objects of {', '.join(unsafe)} (at {_where(payload, unsafe)}), which a "
+                f"objects of {', '.join(unsafe)}{f' (at {where})' if where else ''}, which a "
                 f"checkpoint loads only when allowed{_ALLOW.format(', '.join(unsafe))}. Keep "
                 "tensors and plain Python values (numbers, strings, lists, dicts) in the state, "
                 "or allow the classes in every process that saves or reads the checkpoints; "
-                "the checkpoints already in model_dir are unchanged")
+                "the checkpoints already in model_dir are unchanged") from None
         self._loadable = True
 
     def wait(self) -> None:
@@ -570,7 +576,7 @@ def load(path: str) -> dict:
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, foreign or unsafe content
-        unsafe = _unsafe_globals(io.BytesIO(data))
+        unsafe = _refused_globals(e, io.BytesIO(data))
         if unsafe:
             raise UnsafeCheckpointError(
                 f"Checkpoint {path!r} holds Python objects of {', '.join(unsafe)}, which a "
@@ -590,19 +596,25 @@ _ALLOW = (" (checkpoints are read with torch.load(weights_only=True), so that a 
           "source, call torch.serialization.add_safe_globals([{}])")
 
 
-def _unsafe_globals(file) -> List[str]:
-    """The classes and functions a checkpoint file (a path or a file object)
-    names that `torch.load(weights_only=True)` does not load (`module.name`);
-    none when it cannot be read as torch.save's format (damage, for `load`)."""
+def _refused_globals(error: Exception, file) -> List[str]:
+    """The classes and functions (`module.name`) a checkpoint file (a path or
+    a file object) names that `torch.load(weights_only=True)` refused with
+    `error`: those torch's scanner finds, and the one the error names (the
+    scanner misses numpy's dtype classes); none for a file that cannot be
+    read as torch.save's format (damage, for `load`)."""
     try:
-        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(file))
+        found = set(torch.serialization.get_unsafe_globals_in_checkpoint(file))
     except Exception:   # noqa: BLE001 - any: not a readable checkpoint
         return []
+    named = re.findall(r"Unsupported global: GLOBAL ([\w.]+)|allowlisted via `add_safe_globals`"
+                       r", but got <class '([\w.]+)'>", str(error))
+    return sorted(found | {a or b for a, b in named})
 
 
 def _where(state, names: List[str], at: str = "") -> str:
     """Where in `state` (as `modules['net']['_extra_state']`) the first object
-    of a class (or a class or function itself) named in `names` lies."""
+    of a class (or a class or function itself) named in `names` lies ("" if
+    none is found: one inside another object, a numpy array's dtype)."""
     kind = state if isinstance(state, type) or callable(state) else type(state)
     if f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', '')}" in names:
         return at or "the top"
@@ -617,7 +629,7 @@ def _where(state, names: List[str], at: str = "") -> str:
         if found:
             return found + (", a module's get_extra_state()"
                             if not at and "['_extra_state']" in found else "")
-    return "" if at else "the state"
+    return ""
 
 
 def resolve(path_or_dir: str) -> str:
@@ -651,11 +663,11 @@ def missing_slots(optimizer, state: dict, kind: Optional[str]) -> List[str]:
         return []
     if kind != optimizer_kind(optimizer):
         return sorted((_slots_of(optimizer, optimizer.param_groups[0]) or set()) - set(saved))
-    missing = set()
+    missing = set()   # what the new settings keep, the old did not, and the state lacks
     for group, before in zip(optimizer.param_groups, state.get("param_groups", [])):
         if _differ(before, group, optimizer.defaults):
             missing |= (_slots_of(optimizer, group) or set()) - (
-                _slots_of(optimizer, before) or set(saved))
+                _slots_of(optimizer, before) or set(saved)) - set(saved)
     return sorted(missing)
 
 

@@ -225,3 +225,20 @@ def test_a_setting_that_keeps_more_state_is_refused_on_resume_and_warm_starts_fr
     assert warm.get_variable_value("global_step") == 4
     assert "is not warm-started into Adam, whose state starts fresh" in caplog.text
     assert warm.get_variable_value("optimizer/dense/weight/step") == 2
+
+
+def test_a_setting_changed_by_hand_resumes_with_the_state_it_kept(tmp_path):
+    """RMSprop(momentum=0.9) whose momentum model_fn turns off from step 1 (a
+    cool-down): the checkpoint's group says 0.0 but its state holds the
+    momentum buffer; the same program's resume was refused for lacking it."""
+    def model_fn(features, labels, mode):
+        pred = dense(features)
+        opt = est.get_optimizer(lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.9))
+        if est.get_global_step() >= 1:
+            opt.param_groups[0]["momentum"] = 0.0
+        return est.EstimatorSpec(mode, loss=est.losses.mean_squared_error(labels, pred),
+                                 train_op=opt)
+    for steps in (4, 8):
+        e = est.Estimator(model_fn, model_dir=str(tmp_path))
+        e.train(lambda: itertools.cycle(BATCHES), max_steps=steps)
+        assert e.get_variable_value("global_step") == steps

@@ -3,6 +3,7 @@ import errno
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -205,6 +206,31 @@ def test_a_checkpoint_holding_objects_not_allowed_is_an_error_not_a_restart(tmp_
     with torch.serialization.safe_globals([Vocab]):   # allowed again: it resumes
         e.train(regression_input_fn(), steps=3)
         assert checkpoint.load(e.latest_checkpoint())["global_step"] == 6
+
+
+def test_a_class_torchs_scanner_misses_is_refused_at_save_and_not_read_as_damage(tmp_path):
+    """A numpy array in the state with the classes the error named allowed
+    (ndarray, dtype, _reconstruct): torch's scanner then found nothing, the
+    save passed, and the load, refused on numpy's Float32DType, was taken
+    for damage: training restarted from step 0."""
+    core = np._core if hasattr(np, "_core") else np.core   # (numpy 2 renamed it)
+    array_classes = [np.ndarray, np.dtype, core.multiarray._reconstruct]
+    e = _vocab_estimator(tmp_path, np.zeros(2, np.float32))
+    with torch.serialization.safe_globals(array_classes):
+        with pytest.raises(checkpoint.UnsafeCheckpointError,
+                           match=r"The checkpoint of step 3 is not saved: it would hold Python "
+                                 r"objects of numpy.dtypes.Float32DType, which"):
+            e.train(regression_input_fn(), steps=3)
+    assert e.latest_checkpoint() is None
+    with torch.serialization.safe_globals(array_classes + [type(np.dtype(np.float32))]):
+        e.train(regression_input_fn(), steps=3)
+    path = e.latest_checkpoint()
+    with torch.serialization.safe_globals(array_classes):
+        with pytest.raises(checkpoint.UnsafeCheckpointError,
+                           match=rf"Checkpoint {re.escape(repr(path))} holds Python objects of "
+                                 r"numpy.dtypes.Float32DType, which"):
+            e.train(regression_input_fn(), steps=3)
+    assert e.latest_checkpoint() == path
 
 
 def _resumed_step(model_dir):
