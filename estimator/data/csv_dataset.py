@@ -88,6 +88,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         self.drop_final_batch = drop_final_batch
         self.cycle_length = cycle_length   # files read in turn (TF's num_parallel_reads)
         self.sharding = shard   # (input pipelines, this one's id): its every n-th batch
+        self._iterations = 0   # of the dataset here, each shuffled otherwise
 
     def _lines(self):
         """(record, file, line number) of each data record, the files read
@@ -119,8 +120,18 @@ class _CsvBatches(torch.utils.data.IterableDataset):
                                  "the file")
 
     def _ordered(self):
+        """The rows of `num_epochs` passes over the files, shuffled (TF's
+        `reshuffle_each_iteration`: each iteration of the dataset, and each
+        epoch within one, another order, alike on every DataLoader worker:
+        a worker's iteration is told by its DataLoader's base seed)."""
         epoch = 0
-        rng = np.random.RandomState(self.shuffle_seed)
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None:
+            iteration = worker.seed - worker.id
+        else:
+            iteration, self._iterations = self._iterations, self._iterations + 1
+        rng = np.random.RandomState(np.random.SeedSequence(
+            [self.shuffle_seed or 0, iteration % 2**64]).generate_state(1)[0])
         while self.num_epochs is None or epoch < self.num_epochs:
             rows = 0
             buffer = []   # TF's shuffle(buffer_size): a random pick from a sliding buffer

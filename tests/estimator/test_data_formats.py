@@ -492,8 +492,9 @@ def test_make_csv_dataset_without_a_seed_shuffles_by_torchs_generator(tmp_path):
     order = ids(made(7))
     assert order == ids(made(7)) and order != ids(made(8))
     assert sorted(order) == sorted(list(range(16)) * 2) and order[:16] != order[16:]
-    workers = torch.utils.data.DataLoader(made(7), batch_size=None, num_workers=2)
-    assert ids(workers) == order   # (the workers' batches taken in turn: the one order)
+    workers = ids(torch.utils.data.DataLoader(made(7), batch_size=None, num_workers=2))
+    assert sorted(workers) == sorted(order)   # (the workers' batches in turn: one order)
+    assert workers == ids(torch.utils.data.DataLoader(made(7), batch_size=None, num_workers=2))
     pipelines = []
     for pipeline in range(2):   # (each the process of a replica, started alike)
         torch.manual_seed(7)
@@ -547,7 +548,30 @@ def test_parse_example_refuses_the_dtypes_tf_refuses(dtype):
         with pytest.raises(ValueError, match=r"Key: price: unsupported dtype .*; a tf.Example "
                            r"holds float32, int64 and string values"):
             est.io.parse_example(RECORDS, {"price": spec})
-    parsed = est.io.parse_example(RECORDS, {"price": est.io.FixedLenFeature([2], float),
-                                            "ids": est.io.VarLenFeature(int)})   # (as TF's)
-    assert parsed["price"].dtype == np.float32
+    for name in (float, "float"):   # (TF's float32)
+        parsed = est.io.parse_example(RECORDS, {"price": est.io.FixedLenFeature([2], name),
+                                                "ids": est.io.VarLenFeature(int)})
+        assert parsed["price"].dtype == np.float32
     assert parsed["ids"] == est.io.parse_example(RECORDS, SPEC)["ids"]
+
+
+def test_make_csv_dataset_reshuffles_each_iteration_as_tf(tmp_path):
+    """TF's shuffle reshuffles on each iteration of the dataset (with a
+    shuffle_seed too: the same sequence of orders); a seed fixed when the
+    dataset was made gave one order every pass, a DataLoader's every epoch."""
+    path = _ids_csv(tmp_path)
+
+    def ids(batches):
+        return [i for features, _ in batches for i in features["id"].tolist()]
+    for seed in (None, 1):
+        dataset = est.data.make_csv_dataset(path, batch_size=2, label_name="label",
+                                            num_epochs=1, shuffle_seed=seed)
+        passes = [ids(dataset) for _ in range(3)]
+        assert all(sorted(p) == list(range(16)) for p in passes)
+        assert passes[0] != passes[1] != passes[2]
+    again = est.data.make_csv_dataset(path, batch_size=2, label_name="label", num_epochs=1,
+                                      shuffle_seed=1)
+    assert [ids(again) for _ in range(3)] == passes
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    epochs = [ids(loader) for _ in range(2)]
+    assert all(sorted(epoch) == list(range(16)) for epoch in epochs) and epochs[0] != epochs[1]
