@@ -53,8 +53,11 @@ def _kind(dtype, key: str) -> str:
     width was parsed into these silently (float64 read as float32)."""
     if dtype in (str, bytes, np.str_, np.bytes_, np.object_) or dtype in ("string", "str"):
         return "string"
-    if dtype is float or dtype is int or dtype in ("float", "int"):   # (TF: "float" is float32)
-        return "float" if dtype in (float, "float") else "int"
+    named = dtype if isinstance(dtype, str) else None   # (TF's "float" is float32, numpy's 64)
+    if dtype is float or named == "float":
+        return "float"
+    if dtype is int or named == "int":
+        return "int"
     if isinstance(dtype, torch.dtype):
         kind = {torch.float32: "float", torch.int64: "int"}.get(dtype)
     else:

@@ -539,8 +539,8 @@ def test_make_csv_dataset_shuffled_on_two_replicas_trains_each_row_once(tmp_path
     assert e.get_variable_value("global_step") == 4
 
 
-@pytest.mark.parametrize("dtype", [np.float64, torch.float64, "float64", torch.float16,
-                                   np.int32, torch.int32])
+@pytest.mark.parametrize("dtype", [np.float64, np.dtype("float64"), torch.float64, "float64",
+                                   torch.float16, np.int32, torch.int32])
 def test_parse_example_refuses_the_dtypes_tf_refuses(dtype):
     """float64 was parsed into float32 and int32 into int64 without a word
     (TF 2.15: "not in the list of allowed values: float, int64, string")."""
