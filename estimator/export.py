@@ -446,7 +446,8 @@ class _ServingModule(torch.nn.Module):
         no strings), any other value is an error."""
         tensors, forwarded = {}, {}
         named = {id(v): k for k, v in features.items()} if isinstance(features, dict) else {}
-        values = getattr(features, "host_values", {})   # (given to model_fn as _HostFeature)
+        # (the values model_fn was given as _HostFeature: the transformation cache's)
+        values = getattr(getattr(features, "transformation_cache", None), "features", {})
         for key, value in outputs.items():
             if isinstance(value, torch.Tensor):
                 tensors[key] = value
@@ -806,8 +807,6 @@ class _ServingFeatures(dict):
         super().__init__((k, v if isinstance(v, torch.Tensor) else _HostFeature(k, v))
                          for k, v in cache.features.items())
         self.transformation_cache = cache
-        self.host_values = {k: v for k, v in cache.features.items()
-                            if not isinstance(v, torch.Tensor)}
 
 
 class _HostFeatureUsed(TypeError):
