@@ -666,18 +666,44 @@ class _CollectiveExtended(StrategyExtended):
         except RuntimeError as e:
             raise self._explain(e, "the end of training") from e
 
-    def _flags(self, flag: bool) -> List[bool]:
-        """Every replica's `flag` (a blocking all-gather on the control group)."""
-        mine = torch.tensor([1.0 if flag else 0.0])
-        out = [torch.zeros(1) for _ in range(self._group.world_size)]
+    def _gather(self, values: List[float]) -> List[List[float]]:
+        """Every replica's `values` (float64; a blocking all-gather on the
+        control group)."""
+        mine = torch.tensor(values, dtype=torch.float64)
+        out = [torch.zeros_like(mine) for _ in range(self._group.world_size)]
         try:
             dist.all_gather(out, mine, group=self._group.control)
         except RuntimeError as e:
             raise self._explain(e, "checking the input of every replica") from e
-        return [bool(t.item()) for t in out]
+        return [t.tolist() for t in out]
+
+    def _flags(self, flag: bool) -> List[bool]:
+        """Every replica's `flag`."""
+        return [bool(values[0]) for values in self._gather([1.0 if flag else 0.0])]
 
     def _all_have(self, flag: bool) -> bool:
         return all(self._flags(flag))
+
+    def _first_batches(self, batch) -> bool:
+        """`_all_have` for the first training batch (None: none) of an
+        input_fn that takes the input_context, warning (rank 0) when every
+        replica's is the same: it reads everything on every replica, where
+        TF's one-machine MirroredStrategy splits its batches among them."""
+        have = batch is not None
+        gathered = self._gather([1.0 if have else 0.0,
+                                 float(input_lib.batch_digest(batch)) if have else 0.0])
+        if all(h for h, _ in gathered) and len({d for _, d in gathered}) == 1 \
+                and self._group.rank == 0:
+            n = len(gathered)
+            logger.warning(
+                "The first training batch is the same on all %d replicas: an input_fn that "
+                "takes input_context but reads the whole input on every replica trains %d "
+                "copies of each batch a step (TF's one-machine MirroredStrategy would split "
+                "the input's batches among the replicas). Read only input_context."
+                "input_pipeline_id's part (e.g. every %d-th batch or record: DataLoader's "
+                "DistributedSampler, est.data datasets' input_context=), or leave "
+                "input_context out and the strategy keeps every %d-th batch", n, n, n, n)
+        return all(h for h, _ in gathered)
 
     def _agree_on_randomness(self) -> int:
         """A seed drawn on rank 0 (shuffling, epochs, the random streams);
@@ -712,7 +738,8 @@ class _CollectiveExtended(StrategyExtended):
         context = self._input_context()
         seed = self._agree_on_randomness()
         dataset = call_input_fn(context)
-        if input_lib.takes_input_context(input_fn):
+        shards_itself = input_lib.takes_input_context(input_fn)
+        if shards_itself:
             input_lib.set_epoch(dataset, seed)
         else:
             dataset = input_lib.shard(dataset, context.num_input_pipelines,
@@ -724,7 +751,8 @@ class _CollectiveExtended(StrategyExtended):
             self._moving_buffers = MovingBuffers()   # this training's modules, created next
             self._first_used, self._not_called, self._check_due = [], {}, True
             self.preempted = False
-            self._train_input = input_lib.TrainBatches(dataset, self._all_have)
+            self._train_input = input_lib.TrainBatches(
+                dataset, self._all_have, self._first_batches if shards_itself else None)
             return self._train_input
         return input_lib.EvalBatches(dataset, self._flags, self._topology.describe)
 

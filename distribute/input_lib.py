@@ -17,6 +17,7 @@ AutoShardPolicy).
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 from typing import Callable, Iterable, Optional
@@ -193,9 +194,11 @@ class TrainBatches:
     if any replica has none, no replica trains.
     """
 
-    def __init__(self, dataset, all_have: Callable[[bool], bool]):
+    def __init__(self, dataset, all_have: Callable[[bool], bool],
+                 first: Optional[Callable[[object], bool]] = None):
         self._dataset = dataset
         self._all_have = all_have
+        self._first = first   # (the first batch, None if none) -> all have one: instead
         self._it = None
         self._next = _END
         self.exhausted = False
@@ -213,7 +216,9 @@ class TrainBatches:
         if self._it is None:
             self._it = _iterate(self._dataset)
             self._next = self._fetch()
-            if not self._all_have(self._next is not _END):
+            have = self._next is not _END
+            if not (self._first(self._next if have else None) if self._first
+                    else self._all_have(have)):
                 if self._next is not _END:
                     logger.warning("Another replica's input is empty: no replica trains")
                 self._next = _END
@@ -223,6 +228,38 @@ class TrainBatches:
         batch, self._next = self._next, self._fetch()
         self.exhausted = self._next is _END
         return batch
+
+
+def batch_digest(batch) -> int:
+    """A 48-bit digest of a sample of `batch` (each tensor's shape, dtype and
+    first 1024 values; a sequence's first 64 items), to tell whether
+    replicas read the same batch; one small device-to-host copy per tensor."""
+    digest = hashlib.blake2b(digest_size=6)
+    _digest_into(digest, batch)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def _digest_into(digest, obj) -> None:
+    digest.update(type(obj).__name__.encode())
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            digest.update(repr(key).encode())
+            _digest_into(digest, value)
+    elif isinstance(obj, (list, tuple)):
+        digest.update(str(len(obj)).encode())
+        for value in obj[:64]:
+            _digest_into(digest, value)
+    elif isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
+        sample = obj.detach().reshape(-1)[:1024].cpu().contiguous()
+        digest.update(f"{tuple(obj.shape)}{obj.dtype}".encode())
+        digest.update(sample.view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, np.ndarray):
+        digest.update(f"{obj.shape}{obj.dtype}".encode())
+        sample = obj.reshape(-1)[:1024]
+        digest.update(repr(sample[:64].tolist()).encode() if obj.dtype == object
+                      else sample.tobytes())
+    else:   # (numbers, strings, bytes; other objects by their repr's start)
+        digest.update(repr(obj)[:4096].encode())
 
 
 class EvalBatches:

@@ -1127,6 +1127,54 @@ def test_the_console_shows_each_info_line_once_and_every_replicas_warnings(tmp_p
         assert err.count(f"replica {replica} of 2 reads the whole input") == 2, err
 
 
+_SAME_INPUT_SCRIPT = r"""
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import torch
+import distribute, estimator as est
+from models import regression_model_fn
+from replica_helpers import batches
+s = distribute.MirroredStrategy(["cpu:0", "cpu:1"])
+e = est.Estimator(regression_model_fn, config=est.RunConfig(
+    model_dir={model_dir!r}, train_distribute=s, experimental_prefetch_batches={read_ahead!r}),
+    params={{}})
+
+def ignoring(input_context):            # (TF1: only for get_per_replica_batch_size)
+    return batches(64, input_context.get_per_replica_batch_size(16))
+
+def sharding(input_context):
+    return batches(64, 16)[input_context.input_pipeline_id::input_context.num_input_pipelines]
+
+def drawn(input_context):               # each replica draws alike: rank 0's torch state
+    return [({{"x": torch.randn(8, 3).numpy()}}, torch.randn(8, 1).numpy()) for _ in range(4)]
+e.train({input_fn})
+print("steps", e.get_variable_value("global_step"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("input_fn, read_ahead, warned, steps", [
+    ("ignoring", None, True, 8), ("ignoring", 2, True, 8), ("drawn", None, True, 4),
+    ("sharding", None, False, 2), ("lambda: batches(64, 16)", None, False, 2)])
+def test_replicas_that_all_read_the_same_first_batch_are_warned_of(
+        tmp_path, input_fn, read_ahead, warned, steps):
+    """An input_fn taking input_context only for the per-replica batch size
+    (TF1's use) read every batch on every replica, each step training two
+    copies of one batch, where TF's one-machine MirroredStrategy splits the
+    batches among the replicas: without a word. Now one warning (rank 0)."""
+    script = tmp_path / "train.py"
+    script.write_text(_SAME_INPUT_SCRIPT.format(root=ROOT, tests=SUPPORT, input_fn=input_fn,
+                                                model_dir=str(tmp_path / "m"),
+                                                read_ahead=read_ahead))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    assert f"steps {steps}" in proc.stdout
+    assert proc.stderr.count("The first training batch is the same on all 2 replicas: an "
+                             "input_fn that takes input_context but reads the whole input on "
+                             "every replica trains 2 copies") == int(warned), proc.stderr
+
+
 _FORK_SCRIPT = r"""
 import os, sys
 sys.path[:0] = [{root!r}, {tests!r}]

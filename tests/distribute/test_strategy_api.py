@@ -419,6 +419,24 @@ def test_shard_sampler_partitions_without_padding_and_reshuffles_each_epoch():
     assert list(input_lib.ShardSampler(5, 2, 1, shuffle=False)) == [1, 3]
 
 
+def test_batch_digest_tells_batches_apart_by_values_shape_dtype_and_strings():
+    """What the replicas compare to warn that all read the same first batch."""
+    def made(x):
+        return ({"x": x, "city": np.array(["oslo", "lima", "rome"], dtype=object),
+                 "ids": np.arange(3)}, [b"a", b"b", b"c"])
+    x = torch.arange(6.0).reshape(3, 2)
+    digest = input_lib.batch_digest
+    batch = made(x)
+    assert digest(batch) == digest(made(x.clone()))
+    features, labels = batch
+    others = [made(x + 1), made(x.reshape(2, 3)), made(x.double()),
+              ({**features, "ids": np.arange(1, 4)}, labels),
+              ({**features, "city": np.array(["oslo", "lima", "paris"], dtype=object)}, labels),
+              (features, [b"a", b"b", b"d"]), (features, [b"a", b"b"])]
+    assert len({digest(b) for b in [batch] + others}) == len(others) + 1
+    assert 0 <= digest(batch) < 2 ** 48
+    assert digest(torch.tensor(True)) != digest(torch.tensor(False))
+
 def test_an_evaluation_dataloader_is_sharded_by_whole_batches():
     """Evaluation reads, in turn, the very batches of one process (its loss is
     a mean over batches): 10 rows in batches of 4 are [0-3], [4-7], [8, 9]."""
