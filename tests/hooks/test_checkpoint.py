@@ -769,28 +769,68 @@ def test_nan_from_a_scripted_step_leaves_the_last_healthy_checkpoint_latest(tmp_
 
 def test_the_save_time_check_names_the_first_tensor_not_finite_and_only_such_one():
     """Finite values whose sum overflows (float32, float16) are finite; NaN or
-    inf anywhere, a module's or an optimizer slot's, is named, the first in order."""
+    inf anywhere in a parameter or an optimizer slot is named, the first in
+    order; in a buffer only NaN (inf is a mask's or a sentinel's)."""
     from hooks.basic_session_run_hooks import _first_nonfinite
 
-    def state(weight, slot, half):
+    def state(weight, slot, half, mask=torch.zeros(2, 2)):
         return {"modules": {"net": {"0.weight": weight, "0.bias": torch.zeros(2),
                                     "bn.num_batches_tracked": torch.tensor(7),
-                                    "half": half}},
+                                    "half": half, "mask": mask}},
                 "optimizers": {"opt": {"state": {0: {"step": torch.tensor(3.0),
                                                      "exp_avg": slot}},
                                        "param_groups": [{"lr": 0.1, "params": [0]}]}},
                 "global_step": 3}
+    buffers = {"net": {"bn.num_batches_tracked", "mask"}}
     big = torch.full((4, 3), 3e38)                       # sum: inf in float32
     half = torch.full((4,), 60000.0, dtype=torch.float16)   # sum: inf in float16
-    assert _first_nonfinite(state(big, torch.ones(3), half)) is None
-    assert _first_nonfinite({"global_step": 0}) is None
+    assert _first_nonfinite(state(big, torch.ones(3), half), buffers) is None
+    assert _first_nonfinite({"global_step": 0}, {}) is None
     nan, inf = big.clone(), torch.ones(3)
     nan[2, 1] = float("nan")
     inf[0] = -float("inf")
-    assert _first_nonfinite(state(nan, inf, half)) == "net/0/weight"
-    assert _first_nonfinite(state(big, inf, half)) == "opt/state/0/exp_avg"
+    assert _first_nonfinite(state(nan, inf, half), buffers) == "net/0/weight"
+    assert _first_nonfinite(state(big, inf, half), buffers) == "opt/state/0/exp_avg"
+    causal = torch.full((2, 2), -float("inf")).triu(1)
+    both = torch.tensor([[float("inf"), -float("inf")]])   # (their sum: NaN)
+    for mask in (causal, both):
+        assert _first_nonfinite(state(big, torch.ones(3), half, mask), buffers) is None
+    assert _first_nonfinite(state(big, torch.ones(3), half, causal), {}) == "net/mask"
+    assert _first_nonfinite(state(big, torch.ones(3), half, causal * 0), buffers) == "net/mask"
     half[1] = float("inf")
-    assert _first_nonfinite(state(big, inf, half)) == "net/half"
+    assert _first_nonfinite(state(big, inf, half), buffers) == "net/half"
+
+
+def test_a_model_with_a_causal_mask_of_minus_inf_saves_its_checkpoints(tmp_path):
+    """A causal attention mask registered as a buffer (-inf above the
+    diagonal, as in most transformer code) stopped the run at its first
+    save with NanLossDuringTrainingError, its loss finite: TF checks the
+    loss only. Its buffers are checked for NaN, its weights for NaN and inf."""
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(3, 3)
+            self.register_buffer("mask", torch.full((4, 4), -float("inf")).triu(1))
+
+        def forward(self, x):                                 # x: [batch, 4, 3]
+            scores = x @ x.transpose(1, 2) + self.mask
+            return (scores.softmax(-1) @ self.proj(x)).mean((1, 2))
+
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", Attention)
+        pred = net(torch.as_tensor(features["x"]).reshape(-1, 4, 3))
+        loss = torch.nn.functional.mse_loss(pred, torch.as_tensor(labels))
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.Adam(p, lr=0.01)))
+    rows = np.random.RandomState(0)
+    data = [({"x": rows.randn(8, 12)}, rows.randn(8)) for _ in range(20)]
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path),
+                                                     save_checkpoints_steps=5))
+    e.train(lambda: data)
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == [
+        5, 10, 15, 20]
+    assert torch.equal(checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))[
+        "modules"]["net"]["mask"], torch.full((4, 4), -float("inf")).triu(1))
 
 
 # -- background saves (RunConfig(experimental_async_checkpoint=True)) ------------------------
