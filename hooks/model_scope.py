@@ -351,11 +351,19 @@ class ModelScope:
 
     def unique_name(self, name: str) -> str:
         """`name`, then `name_1`, `name_2`, ... for its later uses within one
-        model_fn call (TF's name scopes: two `metrics.auc` give `auc`, `auc_1`).
-        The session forgets the uses before each step."""
-        uses = self.name_uses.get(name, 0)
-        self.name_uses[name] = uses + 1
-        return name if uses == 0 else f"{name}_{uses}"
+        model_fn call, never a name already given (TF's `Graph.unique_name`:
+        two `metrics.auc` give `auc`, `auc_1`, then `name="auc_1"` gives
+        `auc_1_1`; names compared without case). The session forgets the
+        uses before each step."""
+        key = name.lower()
+        uses = self.name_uses.get(key, 0)
+        self.name_uses[key] = uses + 1
+        if uses == 0:
+            return name
+        while f"{key}_{uses}" in self.name_uses:
+            uses += 1
+        self.name_uses[f"{key}_{uses}"] = 1
+        return f"{name}_{uses}"
 
     def _apply_mode(self) -> None:
         """Modules in train() mode in TRAIN, eval() mode otherwise (dropout off,
