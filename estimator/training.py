@@ -499,13 +499,14 @@ class _Heartbeat:
         while not self._stop.wait(min(_HEARTBEAT_SECS, _chief_timeout() / 4)):
             self._beat()
 
-    def stop(self) -> None:
+    def stop(self, remove: bool = True) -> None:
         self._stop.set()
         self._thread.join()
-        try:
-            os.remove(self._path)
-        except OSError:
-            pass
+        if remove:
+            try:
+                os.remove(self._path)
+            except OSError:
+                pass
 
 
 class TrainingFailedError(RuntimeError):
@@ -610,23 +611,33 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
             or any(isinstance(h, CheckpointSaverHook) for h in train_hooks)):
         listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name))))
     heartbeat = _Heartbeat(os.path.join(model_dir, HEARTBEAT))
+    told = False   # a marker tells the other tasks how training ended
     try:
         estimator.train(train_spec.input_fn, hooks=train_hooks, max_steps=train_spec.max_steps,
                         saving_listeners=listeners)
+        latest = estimator.latest_checkpoint()
+        final_step = checkpoint.step_of(latest) if latest else 0
+        _write_json(os.path.join(model_dir, COMPLETION_MARKER),
+                    {"global_step": final_step, "max_steps": train_spec.max_steps,
+                     "time": time.time()})
+        told = True
     except Exception as e:   # (not a preemption, a SystemExit: the job restarts)
-        _write_json(os.path.join(model_dir, FAILURE_MARKER),
-                    {"max_steps": train_spec.max_steps, "time": time.time(),
-                     "error": f"{type(e).__name__}: {str(e)[:500]}"})
-        logger.error("Training failed; wrote %s so that the ps tasks and the evaluator stop",
-                     os.path.join(model_dir, FAILURE_MARKER))
+        marker = os.path.join(model_dir, FAILURE_MARKER)
+        try:
+            _write_json(marker, {"max_steps": train_spec.max_steps, "time": time.time(),
+                                 "error": f"{type(e).__name__}: {str(e)[:500]}"})
+            told = True
+            logger.error("Training failed; wrote %s so that the ps tasks, the workers and the "
+                         "evaluator stop", marker)
+        except OSError as marking:
+            logger.error("Training failed, and %s could not be written (%s): the ps tasks, "
+                         "the workers and the evaluator stop once the chief's heartbeat is "
+                         "older than ESTIMATOR_CHIEF_TIMEOUT_SECS=%g", marker, marking,
+                         _chief_timeout())
         raise
     finally:
-        heartbeat.stop()   # (and removed: the markers say how training ended)
-    latest = estimator.latest_checkpoint()
-    final_step = checkpoint.step_of(latest) if latest else 0
-    _write_json(os.path.join(model_dir, COMPLETION_MARKER),
-                {"global_step": final_step, "max_steps": train_spec.max_steps,
-                 "time": time.time()})
+        # removed once a marker says how training ended; else left to go stale
+        heartbeat.stop(remove=told)
     logger.info("Training complete at global step %d; wrote %s", final_step,
                 os.path.join(model_dir, COMPLETION_MARKER))
 
@@ -655,8 +666,17 @@ def _run_worker(estimator, train_spec, eval_spec):
     if delay:
         logger.info("Waiting %d secs before starting training.", delay)
         time.sleep(delay)
+    start = time.time()
     estimator.train(train_spec.input_fn, hooks=_trainer_hooks(estimator, train_spec),
                     max_steps=train_spec.max_steps)
+    # Under parameter servers, ps 0 hands out no more global steps once the
+    # chief's marker says training ended: a failure too, which is this
+    # worker's as well (it exits non-zero, as the ps tasks and the evaluator).
+    failed = _failure(estimator.model_dir, train_spec.max_steps, start) \
+        if strategy.extended.uses_parameter_servers else None
+    if failed is not None:
+        raise TrainingFailedError(f"worker {config.task_id}: training failed on the chief "
+                                  f"({failed['error']}); this worker stops")
 
 
 def _run_ps(estimator, train_spec, eval_spec):

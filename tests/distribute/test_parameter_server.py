@@ -473,6 +473,40 @@ def test_a_dead_ps_fails_the_trainers_with_its_name(tmp_path, free_ports):
 
 
 @pytest.mark.slow
+def test_a_chief_that_fails_fails_the_workers_too(tmp_path, free_ports):
+    """chief + worker + ps started by hand; the chief's training raises at
+    step 30: the worker stopped when ps 0 handed out no more global steps,
+    and exited 0 ("global step 32 reached"), as if training were done (a
+    Job's worker then shows Completed and is not restarted); now it fails
+    with TrainingFailedError naming the chief's error, as the ps does."""
+    chief_port, worker_port, ps_port = free_ports(3)
+    cluster = {"chief": [f"127.0.0.1:{chief_port}"], "worker": [f"127.0.0.1:{worker_port}"],
+               "ps": [f"127.0.0.1:{ps_port}"]}
+    procs = {}
+    try:
+        for task_type in ("ps", "chief", "worker"):
+            env = dict(os.environ, TF_CONFIG=tf_config(cluster, task_type, 0))
+            procs[task_type] = subprocess.Popen(
+                [sys.executable, TASK, str(tmp_path), "--steps", "5000", "--fail-chief-at", "30",
+                 "--step-secs", "0.005"], env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        out, _ = procs["chief"].communicate(timeout=90)
+        assert procs["chief"].returncode != 0, out
+        assert "RuntimeError: the chief fails at global step 30" in out, out[-3000:]
+        for name in ("worker", "ps"):
+            rest, _ = procs[name].communicate(timeout=60)
+            assert procs[name].returncode not in (0, None), rest[-3000:]
+            assert "TrainingFailedError" in rest, rest[-3000:]
+            assert ("training failed on the chief (RuntimeError: the chief fails at global "
+                    "step 30)") in rest, rest[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.mark.slow
 def test_a_chief_killed_without_a_word_stops_the_ps_tasks_and_the_evaluator(tmp_path,
                                                                            free_ports):
     """chief + 2 ps + an evaluator started by hand; the chief is killed with

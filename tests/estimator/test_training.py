@@ -245,6 +245,29 @@ def test_chief_writes_the_completion_marker(tmp_path, monkeypatch):
     assert marker["global_step"] == 25 and marker["max_steps"] == 25
 
 
+def test_a_chief_whose_failure_marker_cannot_be_written_leaves_its_heartbeat(
+        tmp_path, monkeypatch, caplog):
+    """Training failed (a full disk) and so did writing the failure marker:
+    the heartbeat was removed all the same, so the ps tasks, the workers and
+    the evaluator, finding neither, took the chief for one not started yet
+    and waited for ever. The heartbeat now stays, to go stale (they stop
+    after ESTIMATOR_CHIEF_TIMEOUT_SECS), and training's own error is raised."""
+    set_cluster(monkeypatch, "chief", 0, {"chief": ["a:1"], "worker": ["a:2"]})
+    e = make(tmp_path)
+    marker = os.path.join(e.model_dir, training.FAILURE_MARKER)
+
+    class Fail(hooks.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            os.makedirs(marker)   # (no marker can be written there)
+            raise RuntimeError("disk full")
+    caplog.set_level("ERROR", logger="estimator.training")
+    with pytest.raises(RuntimeError, match="disk full"):
+        est.train_and_evaluate(e, est.TrainSpec(input_fn, 25, hooks=[Fail()]),
+                               est.EvalSpec(input_fn))
+    assert f"Training failed, and {marker} could not be written" in caplog.text
+    monkeypatch.setenv("ESTIMATOR_CHIEF_TIMEOUT_SECS", "0")
+    assert "no heartbeat" in training._failure(e.model_dir, 25, 0.0)["error"]
+
 def test_a_worker_with_no_model_to_train_is_an_error(tmp_path, monkeypatch):
     """No ps tasks and a strategy that does not span workers: a worker's
     updates would reach neither the chief's model nor a checkpoint (it trained

@@ -118,6 +118,17 @@ class _DieAt(hooks.SessionRunHook):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _FailAt(hooks.SessionRunHook):
+    """Raises RuntimeError at global step `step` (a chief's training failing)."""
+
+    def __init__(self, step):
+        self._step = step
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step >= self._step:
+            raise RuntimeError(f"the chief fails at global step {self._step}")
+
+
 class _KillPs(hooks.SessionRunHook):
     """Kills ps 1 (SIGKILL, its pid from MODEL_DIR/ps1.pid) at global step `step`, once."""
 
@@ -165,6 +176,7 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--step-secs", type=float, default=0.0)
     parser.add_argument("--kill-ps-at", type=int)
+    parser.add_argument("--fail-chief-at", type=int)
     parser.add_argument("--decay-steps", type=int)
     parser.add_argument("--batch-norm", action="store_true")
     parser.add_argument("--canned", action="store_true")
@@ -193,6 +205,8 @@ def main():
         f.write(str(os.getpid()))
     if args.kill_ps_at and config.task_type == "chief":
         train_hooks.append(_KillPs(args.kill_ps_at, args.model_dir))
+    if args.fail_chief_at and config.task_type == "chief":
+        train_hooks.append(_FailAt(args.fail_chief_at))
     if args.out and config.task_type == "chief":
         train_hooks.append(_WritePlacement(os.path.join(args.out, "placement.json")))
     est.train_and_evaluate(
