@@ -362,7 +362,11 @@ class Saver:
                 raise
             self._pending = (plan, sizes, kept)
             return path
-        _carry_out(lambda: files.apply(plan), sizes)
+        try:
+            _carry_out(lambda: files.apply(plan), sizes)
+        except BaseException:
+            self._remove_unlisted(plan)
+            raise
         self._kept = kept
         return path
 
@@ -447,9 +451,33 @@ class Saver:
 
     def _failed(self, plan, error: BaseException) -> None:
         files.abandon(plan)   # its temp file, if the writer process died holding it
+        self._remove_unlisted(plan)
         if isinstance(error, ChildProcessError):   # the next save starts another
             self._process.close()
             self._process = None
+
+    def _remove_unlisted(self, plan) -> None:
+        """The checkpoint of a failed save that was renamed into place but
+        that the index does not list (its write failed: a full disk) is
+        removed, where the index names a checkpoint on disk: restore_latest
+        would never read it, nor a Saver delete it, and it would hold its
+        size. (With no such index, the files on disk are read: it stays.)"""
+        path = next(step[2] for step in plan if step[0] == "settle")
+        try:
+            latest, kept = _read_index(self.model_dir)
+        except (OSError, ValueError, UnicodeDecodeError):
+            return
+        listed = {latest, *(n for n, _ in kept)} - {None}
+        if os.path.basename(path) in listed or not any(
+                os.path.isfile(os.path.join(self.model_dir, n)) for n in listed):
+            return
+        for name in (path, *(path + suffix for suffix in _DIGESTS)):
+            try:
+                os.remove(name)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                logger.warning("Could not remove %s, a checkpoint no index lists: %s", name, e)
 
     def _listed(self) -> List[Tuple[str, float]]:
         """What the index on disk lists; the files on disk if it cannot be read."""

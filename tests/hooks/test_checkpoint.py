@@ -4,6 +4,7 @@ import json
 import os
 import pickle
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -400,6 +401,38 @@ def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, mo
     saver.close()
     assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-1")
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c"]
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_save_whose_index_write_fails_leaves_no_unlisted_checkpoint(tmp_path, monkeypatch,
+                                                                      background):
+    """The disk filled at the index, after the checkpoint was renamed into
+    place: model.ckpt-2 stayed on disk unlisted, never read nor deleted,
+    holding its size on the full disk. (The writer process: its file size
+    limit set below the index's, as a full disk there.)"""
+    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5, background=background)
+    saver.save(_state(1.0, 1), 1)
+    saver.wait()
+    if background:
+        resource.prlimit(saver._process.pid, resource.RLIMIT_FSIZE, (64, 64))  # (a digest: 8)
+    else:
+        real = checkpoint_files.atomic_write_bytes
+
+        def write(path, data, sync_dir=True):
+            if os.path.basename(path) == "checkpoint":
+                raise OSError(errno.ENOSPC, "No space left on device", path)
+            return real(path, data, sync_dir)
+        monkeypatch.setattr(checkpoint_files, "atomic_write_bytes", write)
+    with pytest.raises(OSError):
+        saver.save(_state(2.0, 2), 2)
+        saver.wait()
+    monkeypatch.undo()
+    saver.close()
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c"]
+    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5, background=background)
+    saver.save(_state(3.0, 3), 3)
+    saver.close()
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == [1, 3]
 
 
 @pytest.mark.parametrize("background", [False, True])
