@@ -611,7 +611,7 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
             or any(isinstance(h, CheckpointSaverHook) for h in train_hooks)):
         listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name))))
     heartbeat = _Heartbeat(os.path.join(model_dir, HEARTBEAT))
-    told = False   # a marker tells the other tasks how training ended
+    untold = False   # training failed, and no marker could say so
     try:
         estimator.train(train_spec.input_fn, hooks=train_hooks, max_steps=train_spec.max_steps,
                         saving_listeners=listeners)
@@ -620,24 +620,24 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
         _write_json(os.path.join(model_dir, COMPLETION_MARKER),
                     {"global_step": final_step, "max_steps": train_spec.max_steps,
                      "time": time.time()})
-        told = True
     except Exception as e:   # (not a preemption, a SystemExit: the job restarts)
         marker = os.path.join(model_dir, FAILURE_MARKER)
         try:
             _write_json(marker, {"max_steps": train_spec.max_steps, "time": time.time(),
                                  "error": f"{type(e).__name__}: {str(e)[:500]}"})
-            told = True
             logger.error("Training failed; wrote %s so that the ps tasks, the workers and the "
                          "evaluator stop", marker)
         except OSError as marking:
+            untold = True
             logger.error("Training failed, and %s could not be written (%s): the ps tasks, "
                          "the workers and the evaluator stop once the chief's heartbeat is "
                          "older than ESTIMATOR_CHIEF_TIMEOUT_SECS=%g", marker, marking,
                          _chief_timeout())
         raise
     finally:
-        # removed once a marker says how training ended; else left to go stale
-        heartbeat.stop(remove=told)
+        # removed (a marker says how training ended, or a preemption's exit
+        # code), or left to go stale
+        heartbeat.stop(remove=not untold)
     logger.info("Training complete at global step %d; wrote %s", final_step,
                 os.path.join(model_dir, COMPLETION_MARKER))
 
