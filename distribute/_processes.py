@@ -31,6 +31,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import random
 import signal
 import sys
 import threading
@@ -110,10 +111,14 @@ def _log_warnings_only() -> None:
         handler.addFilter(only)
 
 
-def _child(conn, index: int, setup: Callable, fn: Callable, args, kwargs):
+def _child(conn, index: int, setup: Callable, fn: Callable, args, kwargs, python_rng):
     global _in_replica
     _in_replica = True
     ok = False
+    # Python reseeds `random` in a forked child (torch's and numpy's
+    # generators are copied): put the parent's state back, so that replicas
+    # shuffling with `random` shuffle alike (disjoint shards), as with numpy.
+    random.setstate(python_rng)
     try:
         _die_with_parent()
         if index > 0:
@@ -180,7 +185,8 @@ def run_replicas(fn: Callable, args: tuple, kwargs: dict, names: Sequence[str],
             # Not daemonic: a replica's DataLoader starts worker processes
             # (no replica outlives this call: stopped below, PR_SET_PDEATHSIG).
             p = ctx.Process(target=_child, name=f"replica-{i}",
-                            args=(theirs, i, setup, fn, args, kwargs), daemon=False)
+                            args=(theirs, i, setup, fn, args, kwargs, random.getstate()),
+                            daemon=False)
             p.start()
             theirs.close()
             procs.append(p)

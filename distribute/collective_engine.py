@@ -40,13 +40,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import math
 import os
 import random
 import socket
+import weakref
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import device_util, input_lib
 from ._moving_buffers import MovingBuffers
@@ -184,6 +187,10 @@ class _CollectiveExtended(StrategyExtended):
         # strategy.run): under ReductionToOneDevice and central storage their
         # steps reduce the gradients first, as apply_gradients does.
         self._user_step = False
+        # Optimizers get_optimizer made (synchronized here), and those whose
+        # first user step was found synchronized (a user's own DDP)
+        self._synchronized = weakref.WeakSet()
+        self._watching = None   # the global optimizer-step hook, once a process
         self._reset_step_state()
 
     def _reset_step_state(self):
@@ -437,9 +444,40 @@ class _CollectiveExtended(StrategyExtended):
 
     def create_optimizer(self, name: str, factory, params):
         optimizer = super().create_optimizer(name, factory, params)
+        self._synchronized.add(optimizer)
         if self._group is not None:
             self._hook_user_steps(optimizer)
         return optimizer
+
+    def _watch_user_optimizers(self) -> None:
+        """Check, at its first step in user code (strategy.run, a callable
+        train_op), that an optimizer not made by get_optimizer steps on
+        gradients alike on every replica: a custom loop's module made under
+        `strategy.scope()` is not mirrored here (TF's variables are), so
+        each replica would train on its own gradients, drifting apart
+        without a word. One all-gather of a sum, once an optimizer."""
+        if self._watching is None and self._group is not None \
+                and not self.uses_parameter_servers:
+            self._watching = register_optimizer_step_pre_hook(
+                self._check_user_optimizer)
+
+    def _check_user_optimizer(self, optimizer, args, kwargs) -> None:
+        if not self._user_step or self._group is None or optimizer in self._synchronized:
+            return
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        total = float(sum(g.detach().double().sum().cpu() for g in grads)) if grads else 0.0
+        sums = [values[0] for values in self._gather([total])]
+        if any(a != b and not (math.isnan(a) and math.isnan(b)) for a in sums for b in sums):
+            raise RuntimeError(
+                f"{type(optimizer).__name__} steps on gradients that differ between the "
+                f"replicas (their sums: {sums}): it is not made by est.get_optimizer, and "
+                "each replica is a process here, so a module made under strategy.scope() is "
+                "not mirrored as TF's variables are: each replica would train on its own "
+                "gradients. Make the model with est.get_module and the optimizer with "
+                "est.get_optimizer inside a hooks.MonitoredTrainingSession (see "
+                "examples/custom_loop_mirrored.py), which average the gradients")
+        self._synchronized.add(optimizer)
 
     def _hook_user_steps(self, optimizer) -> None:
         """Make `optimizer`'s steps in user code reduce as `apply_gradients`
@@ -476,6 +514,7 @@ class _CollectiveExtended(StrategyExtended):
         if self._group is None:
             return train_op()
         self._start_step(loss)   # (logged as the mean over replicas, as an optimizer's)
+        self._watch_user_optimizers()
         try:
             # The agreement before the train_op, which makes the step's update;
             # the moving buffers' mean after it: its backward needs them as
@@ -684,11 +723,12 @@ class _CollectiveExtended(StrategyExtended):
     def _all_have(self, flag: bool) -> bool:
         return all(self._flags(flag))
 
-    def _first_batches(self, batch) -> bool:
+    def _first_batches(self, batch, reader: str = "an input_fn that takes input_context") -> bool:
         """`_all_have` for the first training batch (None: none) of an
-        input_fn that takes the input_context, warning (rank 0) when every
-        replica's is the same: it reads everything on every replica, where
-        TF's one-machine MirroredStrategy splits its batches among them."""
+        input_fn that takes the input_context (or a custom loop's
+        dataset_fn), warning (rank 0) when every replica's is the same: it
+        reads everything on every replica, where TF's one-machine
+        MirroredStrategy splits its batches among them."""
         have = batch is not None
         gathered = self._gather([1.0 if have else 0.0,
                                  float(input_lib.batch_digest(batch)) if have else 0.0])
@@ -696,20 +736,21 @@ class _CollectiveExtended(StrategyExtended):
                 and self._group.rank == 0:
             n = len(gathered)
             logger.warning(
-                "The first training batch is the same on all %d replicas: an input_fn that "
-                "takes input_context but reads the whole input on every replica trains %d "
-                "copies of each batch a step (TF's one-machine MirroredStrategy would split "
-                "the input's batches among the replicas). Read only input_context."
-                "input_pipeline_id's part (e.g. every %d-th batch or record: DataLoader's "
-                "DistributedSampler, est.data datasets' input_context=), or leave "
-                "input_context out and the strategy keeps every %d-th batch", n, n, n, n)
+                "The first training batch is the same on all %d replicas: %s but reads the "
+                "whole input on every replica trains %d copies of each batch a step (TF's "
+                "one-machine MirroredStrategy would split the input's batches among the "
+                "replicas). Read only input_context.input_pipeline_id's part (e.g. every %d-th "
+                "batch or record: DataLoader's DistributedSampler, est.data datasets' "
+                "input_context=, a dataset's .shard()), or leave input_context out of an "
+                "input_fn and the strategy keeps every %d-th batch", n, reader, n, n, n)
         return all(h for h, _ in gathered)
 
     def _agree_on_randomness(self) -> int:
         """A seed drawn on rank 0 (shuffling, epochs, the random streams);
         every replica also takes rank 0's torch state, so the input's first
         batch is drawn alike everywhere (`_random_streams`)."""
-        seed = torch.tensor([random.randrange(2 ** 31) if self._group.rank == 0 else 0])
+        # (drawn on every replica, rank 0's kept: Python's generator stays alike)
+        seed = torch.tensor([random.randrange(2 ** 31)])
         state = torch.get_rng_state()
         try:
             dist.broadcast(seed, 0, group=self._group.control)
@@ -816,13 +857,17 @@ class _CollectiveExtended(StrategyExtended):
                 f"while every replica has batches left. Give each replica as many batches "
                 f"(a multiple of {len(kinds)}), or compute the value as an eval metric")
 
-    def _reduce_across(self, reduce_op: ReduceOp, value, check_shape: bool = True):
+    def _reduce_across(self, reduce_op: ReduceOp, value, check_shape: bool = True,
+                       differentiable: bool = False):
         """`value` combined over the replicas, elementwise; a non-scalar's
         shapes are compared first (`check_shape`), since replicas giving
-        different shapes to one all-reduce would wait on each other forever."""
+        different shapes to one all-reduce would wait on each other forever.
+        `differentiable` (a replica context's all_reduce): a value with a
+        gradient keeps one, the replicas' gradients all-reduced (TF's)."""
         if self._group is None:
             return value
-        tensor = value.detach().clone() if isinstance(value, torch.Tensor) \
+        grad = differentiable and isinstance(value, torch.Tensor) and value.requires_grad
+        tensor = value if grad else value.detach().clone() if isinstance(value, torch.Tensor) \
             else torch.tensor(value, device=self._device)
         try:
             if check_shape and tensor.dim():
@@ -833,7 +878,11 @@ class _CollectiveExtended(StrategyExtended):
                         f"{shapes} (by replica): give `axis` (the batch dimension) to reduce "
                         f"each replica's value along it first, or concatenate them with "
                         f"strategy.gather")
-            dist.all_reduce(tensor)
+            if grad:
+                from torch.distributed.nn.functional import all_reduce   # (0.8 s to import)
+                tensor = all_reduce(tensor)
+            else:
+                dist.all_reduce(tensor)
         except RuntimeError as e:
             raise self._explain(e, "strategy.reduce") from e
         if reduce_op == ReduceOp.MEAN:
@@ -886,13 +935,16 @@ class _CollectiveStrategy(Strategy):
     def num_replicas_in_sync(self) -> int:
         return self._extended._num_replicas
 
-    def run(self, fn: Callable, args=(), kwargs=None):
+    def run(self, fn: Callable, args=(), kwargs=None, options=None):
+        """`fn(*args, **kwargs)` in this replica's context; `options` (TF's
+        RunOptions, for TPUs) is accepted and unused."""
         extended = self._extended
         if extended._group is None and extended._num_replicas > 1:
             raise RuntimeError(
                 f"{type(self).__name__} runs each of its {extended._num_replicas} replicas in "
                 "its own process: call strategy.run inside the function you give to "
                 "strategy.extended.call_for_each_replica(fn), or train with the Estimator")
+        extended._watch_user_optimizers()
         with self.scope():
             _stack().append(ReplicaContext(self, extended._replica_id()))
             user_step, extended._user_step = extended._user_step, extended._group is not None
@@ -902,8 +954,9 @@ class _CollectiveStrategy(Strategy):
                 extended._user_step = user_step
                 _stack().pop()
 
-    def _reduce_across(self, reduce_op, value, check_shape: bool = True):
-        return self._extended._reduce_across(reduce_op, value, check_shape)
+    def _reduce_across(self, reduce_op, value, check_shape: bool = True,
+                       differentiable: bool = False):
+        return self._extended._reduce_across(reduce_op, value, check_shape, differentiable)
 
     def _gather_across(self, value, axis):
         return self._extended._gather_across(value, axis)
@@ -921,17 +974,20 @@ class _CollectiveStrategy(Strategy):
                                       InputStream(seed, extended._group.rank))
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
-        """`dataset_fn(input_context)` on each replica; iteration stops on every
-        replica when any one's dataset runs out."""
+        """`dataset_fn(input_context)` on each replica; iteration goes on
+        while any replica's dataset has batches (those that ran out get
+        empty ones, as TF's partial batches)."""
         extended = self._extended
         if extended._group is None:
             return super().distribute_datasets_from_function(dataset_fn, options)
         move = self._input_mover(options, "distribute_datasets_from_function")
         seed = extended._agree_on_randomness()
         dataset = dataset_fn(extended._input_context())
-        return input_lib.AgreedBatches(dataset, extended._all_have, move,
+        return input_lib.AgreedBatches(dataset, extended._flags, move,
                                        InputStream(seed, extended._group.rank,
-                                                   not input_lib.ordered_by_sampler(dataset)))
+                                                   not input_lib.ordered_by_sampler(dataset)),
+                                       lambda batch: extended._first_batches(
+                                           batch, "a dataset_fn given input_context"))
 
     def __repr__(self):
         return f"{type(self).__name__}(devices={list(self._extended.worker_devices)})"

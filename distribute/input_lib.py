@@ -291,22 +291,55 @@ class EvalBatches:
 
 
 class AgreedBatches:
-    """Batches of one replica's own dataset that stop on every replica as
-    soon as any replica has none (one small collective per batch), read in
-    the input's random `stream`."""
+    """Batches of one replica's own dataset, read in the input's random
+    `stream`, until no replica has one (one small collective per batch,
+    `flags(have)` -> every replica's): a replica whose dataset ran out
+    while others' go on gets empty batches (its last one's structure, no
+    rows), as TF's partial batches. The first batch, checked by
+    `first(batch or None)` where given, must be on every replica."""
 
-    def __init__(self, dataset, all_have: Callable[[bool], bool], to_device: Callable,
-                 stream):
-        self._dataset, self._all_have = dataset, all_have
+    def __init__(self, dataset, flags: Callable[[bool], list], to_device: Callable,
+                 stream, first: Optional[Callable[[object], bool]] = None):
+        self._dataset, self._flags, self._first = dataset, flags, first
         self.to_device, self._stream = to_device, stream
+        self._passes = 0
 
     def __iter__(self):
+        again, self._passes = self._passes > 0, self._passes + 1
         it = self._stream.iterate(self._dataset, _iterate)
+        batch = next(it, _END)
+        if not (self._first(None if batch is _END else batch) if self._first and not again
+                else all(self._flags(batch is not _END))):
+            _warn_if_spent(self._dataset, again, "distribute_datasets_from_function")
+            return
+        last, done = batch, False
         while True:
-            batch = next(it, _END)
-            if not self._all_have(batch is not _END):
-                return
             yield self.to_device(batch)
+            batch = _END if done else next(it, _END)
+            done = batch is _END
+            if not any(self._flags(not done)):
+                return
+            if done:
+                batch = _empty_like(last)
+            else:
+                last = batch
+
+
+def _empty_like(batch):
+    """`batch` with no rows: its tensors and arrays cut to 0 along the first
+    dimension, a list of values (strings) empty; scalars and other objects
+    as they are."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return batch[:0] if batch.ndim else batch
+    if isinstance(batch, dict):
+        return {k: _empty_like(v) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return type(batch)(*map(_empty_like, batch)) if hasattr(batch, "_fields") \
+            else tuple(map(_empty_like, batch))
+    if isinstance(batch, list):
+        return [_empty_like(v) for v in batch] if batch and all(
+            isinstance(v, (torch.Tensor, np.ndarray, dict)) for v in batch) else []
+    return batch
 
 
 class SplitBatches:
@@ -320,10 +353,26 @@ class SplitBatches:
     def __init__(self, dataset, num_replicas: int, index: int, to_device: Callable, stream):
         self._dataset, self._n, self._index = dataset, num_replicas, index
         self.to_device, self._stream = to_device, stream
+        self._passes = 0
 
     def __iter__(self):
+        again, self._passes = self._passes > 0, self._passes + 1
+        empty = True
         for batch in self._stream.iterate(self._dataset, _iterate):
+            empty = False
             yield self.to_device(_split(batch, self._n, self._index))
+        if empty:
+            _warn_if_spent(self._dataset, again, "experimental_distribute_dataset")
+
+
+def _warn_if_spent(dataset, again: bool, what: str) -> None:
+    """A pass after the first over an iterator (a generator) yields nothing:
+    say so (TF's datasets can be iterated again; a generator cannot)."""
+    if again and iter(dataset) is dataset:
+        logger.warning(
+            "%s: this pass yields nothing: the dataset is an iterator (%s), read through by "
+            "an earlier pass. Give a re-iterable (a list, a DataLoader, a class with "
+            "__iter__) to iterate it once an epoch", what, type(dataset).__name__)
 
 
 def _split(obj, n: int, index: int):

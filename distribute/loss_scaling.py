@@ -37,6 +37,8 @@ def compute_average_loss(per_example_loss: torch.Tensor, sample_weight=None,
             or global_batch_size <= 0:
         raise ValueError(f"compute_average_loss: global_batch_size must be a positive "
                          f"integer, got {global_batch_size!r}")
+    if global_batch_size == 0:   # (an empty last batch: TF's div_no_nan gives 0, not NaN)
+        return _gradients_summed(losses.sum() * 0.0, replicas)
     return _gradients_summed(losses.sum() / global_batch_size, replicas)
 
 

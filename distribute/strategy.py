@@ -392,7 +392,8 @@ class Strategy:
         both = self._reduce_across(ReduceOp.SUM, both, total.dim() > 0)
         return (both[:-1] / both[-1]).reshape(total.shape)
 
-    def _reduce_across(self, reduce_op, value, check_shape: bool = True):
+    def _reduce_across(self, reduce_op, value, check_shape: bool = True,
+                       differentiable: bool = False):
         """`value` combined over the replicas, elementwise (here: itself).
         `check_shape=False`: the caller knows every replica's shape agrees."""
         return value
@@ -461,7 +462,8 @@ class ReplicaContext:
         reduce_op = _reduce_op(reduce_op)
         if not self._across():
             return value
-        return _map(lambda v: self.strategy._reduce_across(reduce_op, v), value)
+        return _map(lambda v: self.strategy._reduce_across(reduce_op, v, differentiable=True),
+                    value)
 
     def all_gather(self, value, axis, options=None):
         """The replicas' `value`s concatenated along `axis` in replica order

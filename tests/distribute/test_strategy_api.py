@@ -3,6 +3,7 @@ processes), the custom-loop example, input sharding and argument errors."""
 import json
 import logging
 import os
+import random
 import sys
 
 import numpy as np
@@ -35,7 +36,7 @@ def _observe(strategy):
                          context.num_replicas_in_sync))
         return [torch.tensor([i]) for i in range(3 + context.input_pipeline_id)]
 
-    from_function = [b.item() for b in strategy.distribute_datasets_from_function(dataset_fn)]
+    from_function = [b.tolist() for b in strategy.distribute_datasets_from_function(dataset_fn)]
     per_replica = distribute.InputOptions(
         experimental_fetch_to_device=False,
         experimental_replication_mode=distribute.InputReplicationMode.PER_REPLICA)
@@ -57,6 +58,105 @@ def _observe(strategy):
     }
 
 
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _custom_loop_against_tf(strategy):
+    """What a TF2 custom loop met on 2 replicas that TF 2.15 does otherwise
+    (each run on replica 0 and 1)."""
+    drawn = random.random()   # (forked: Python reseeded each replica's generator)
+    rank = strategy.run(lambda: distribute.get_replica_context().replica_id_in_sync_group)
+    warned = _Warnings()
+    logging.getLogger("distribute").addHandler(warned)
+    # a last global batch of 1 row split 1/0: TF's div_no_nan gives 0 on the empty replica
+    rows = torch.tensor([3.0]) if rank == 0 else torch.zeros(0)
+    losses = strategy.run(distribute.compute_average_loss, args=(rows,))
+    # all_reduce has a gradient (the replicas' gradients all-reduced)
+    p = torch.tensor(1.0, requires_grad=True)
+
+    def grad_through_all_reduce():
+        y = distribute.get_replica_context().all_reduce("SUM", 3 * p * (rank + 1))
+        y.backward()
+    strategy.run(grad_through_all_reduce, options=distribute.RunOptions())
+    # a dataset_fn ignoring input_context: every replica reads the same batches
+    unsharded = strategy.distribute_datasets_from_function(
+        lambda context: [np.arange(4.0), np.arange(4.0, 8.0)])
+    batches = [b.tolist() for b in unsharded]
+    # 9 rows sharded by row, batches of 4: TF's second step is [8] on replica 0, [] on 1
+    sharded = strategy.distribute_datasets_from_function(lambda context: [
+        {"x": torch.arange(9.0)[context.input_pipeline_id::2][i:i + 4], "id": ["row"] * 2}
+        for i in range(0, 9, 4) if len(range(context.input_pipeline_id, 9, 2)) > i])
+    partial = [(b["x"].tolist(), len(b["id"])) for b in sharded]
+    # a generator's second epoch is empty
+    once = strategy.experimental_distribute_dataset(x for x in [np.arange(4.0)])
+    epochs = [len(list(once)) for _ in range(2)]
+    # a module made under strategy.scope() and a plain optimizer: not mirrored here
+    with strategy.scope():
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(3, 1)
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+    stepped = {}
+    for name, net in (("plain", plain), ("ddp", ddp)):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+        def step():
+            opt.zero_grad()
+            net(torch.full((2, 3), float(rank + 1))).sum().backward()
+            opt.step()
+        try:
+            strategy.run(step)
+            stepped[name] = "stepped"
+        except RuntimeError as e:
+            stepped[name] = str(e)
+    return {"rank": rank, "loss": losses.item(), "grad": p.grad.item(), "stepped": stepped,
+            "random": (drawn, random.random()), "batches": batches, "epochs": epochs,
+            "partial": partial,
+            "warnings": warned.messages}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_custom_loop_on_two_replicas_as_tf():
+    """Found porting TF2 custom loops (TF 2.15 on two logical CPUs): an empty
+    replica batch made compute_average_loss NaN (TF: 0); a replica
+    context's all_reduce cut the gradient (TF: [6, 12] here);
+    strategy.run refused TF's `options`; Python's `random` drew otherwise
+    on each replica (a shuffle with it read rows twice and others never);
+    a dataset_fn reading everything on every replica, a generator's empty
+    second epoch, and a plain module made under strategy.scope() (each
+    replica trained on its own gradients) passed without a word; a
+    sharded dataset_fn's last rows were dropped (TF: a partial batch, an
+    empty one on the replica that ran out)."""
+    random.seed(5)
+    expected = random.random()
+    random.seed(5)
+    strategy = distribute.MirroredStrategy(DEVICES)
+    r0, r1 = strategy.extended.call_for_each_replica(_custom_loop_against_tf, (strategy,))
+    assert (r0["rank"], r1["rank"]) == (0, 1)
+    assert (r0["loss"], r1["loss"]) == (1.5, 0.0)
+    assert (r0["grad"], r1["grad"]) == (6.0, 12.0)
+    assert r0["random"] == r1["random"] and r0["random"][0] == expected
+    assert r0["batches"] == r1["batches"] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    assert r0["epochs"] == r1["epochs"] == [1, 0]
+    assert r0["partial"] == [([0.0, 2.0, 4.0, 6.0], 2), ([8.0], 2)]
+    assert r1["partial"] == [([1.0, 3.0, 5.0, 7.0], 2), ([], 0)]
+    for r in (r0, r1):   # (the replicas' own DDP averages its gradients: not refused)
+        assert r["stepped"]["ddp"] == "stepped"
+        assert r["stepped"]["plain"].startswith("SGD steps on gradients that differ between "
+                                                "the replicas (their sums: [8.0, 14.0])")
+    assert any("The first training batch is the same on all 2 replicas: a dataset_fn given "
+               "input_context but reads the whole input" in m for m in r0["warnings"])
+    assert not any("first training batch" in m for m in r1["warnings"])   # (rank 0 says it)
+    for r in (r0, r1):
+        assert sum("experimental_distribute_dataset: this pass yields nothing: the dataset is "
+                   "an iterator (generator)" in m for m in r["warnings"]) == 1, r["warnings"]
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_strategy_api_inside_the_replicas():
@@ -67,9 +167,11 @@ def test_strategy_api_inside_the_replicas():
         assert r["replicas"] == 2 and r["cross"] and not r["in_run_cross"]
         assert r["all_reduce"] == 3.0 and r["sum"] == [1.0, 20.0]
         assert r["mean_axis"] == pytest.approx((0.5 + 10) / 2) and r["local"] == 1
-        assert r["from_function"] == [0, 1, 2]        # uneven: stops when one runs out
         assert r["loss_reduction"] == distribute.ReduceOp.MEAN
     assert r0["split"] == [[0.0, 1.0, 2.0], [0.0, 1.0]] and r1["split"] == [[3.0, 4.0], [2.0, 3.0]]
+    # uneven: one that ran out gets empty batches while another has some (TF's partial batch)
+    assert r0["from_function"] == [[0], [1], [2], []]
+    assert r1["from_function"] == [[0], [1], [2], [3]]
     assert r0["contexts"] == [(2, 0, 2)] and r1["contexts"] == [(2, 1, 2)]
     assert r0["on_host"] == [[0.0, 1.0]] and r1["on_host"] == [[1.0, 2.0]]
     assert r0["values"] == (0, 2) and r1["values"] == (1, 2)
