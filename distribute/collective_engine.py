@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import math
 import os
 import random
 import socket
@@ -187,10 +186,7 @@ class _CollectiveExtended(StrategyExtended):
         # strategy.run): under ReductionToOneDevice and central storage their
         # steps reduce the gradients first, as apply_gradients does.
         self._user_step = False
-        # Optimizers get_optimizer made (synchronized here), and those whose
-        # first user step was found synchronized (a user's own DDP)
-        self._synchronized = weakref.WeakSet()
-        self._watching = None   # the global optimizer-step hook, once a process
+        self._synchronized = weakref.WeakSet()   # the optimizers get_optimizer made
         self._reset_step_state()
 
     def _reset_step_state(self):
@@ -449,36 +445,6 @@ class _CollectiveExtended(StrategyExtended):
             self._hook_user_steps(optimizer)
         return optimizer
 
-    def _watch_user_optimizers(self) -> None:
-        """Check, at its first step in user code (strategy.run, a callable
-        train_op), that an optimizer not made by get_optimizer steps on
-        gradients alike on every replica: a custom loop's module made under
-        `strategy.scope()` is not mirrored here (TF's variables are), so
-        each replica would train on its own gradients, drifting apart
-        without a word. One all-gather of a sum, once an optimizer."""
-        if self._watching is None and self._group is not None \
-                and not self.uses_parameter_servers:
-            self._watching = register_optimizer_step_pre_hook(
-                self._check_user_optimizer)
-
-    def _check_user_optimizer(self, optimizer, args, kwargs) -> None:
-        if not self._user_step or self._group is None or optimizer in self._synchronized:
-            return
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
-                 if p.grad is not None]
-        total = float(sum(g.detach().double().sum().cpu() for g in grads)) if grads else 0.0
-        sums = [values[0] for values in self._gather([total])]
-        if any(a != b and not (math.isnan(a) and math.isnan(b)) for a in sums for b in sums):
-            raise RuntimeError(
-                f"{type(optimizer).__name__} steps on gradients that differ between the "
-                f"replicas (their sums: {sums}): it is not made by est.get_optimizer, and "
-                "each replica is a process here, so a module made under strategy.scope() is "
-                "not mirrored as TF's variables are: each replica would train on its own "
-                "gradients. Make the model with est.get_module and the optimizer with "
-                "est.get_optimizer inside a hooks.MonitoredTrainingSession (see "
-                "examples/custom_loop_mirrored.py), which average the gradients")
-        self._synchronized.add(optimizer)
-
     def _hook_user_steps(self, optimizer) -> None:
         """Make `optimizer`'s steps in user code reduce as `apply_gradients`
         does: under ReductionToOneDevice (no DDP: see _wrap) before the step."""
@@ -514,7 +480,7 @@ class _CollectiveExtended(StrategyExtended):
         if self._group is None:
             return train_op()
         self._start_step(loss)   # (logged as the mean over replicas, as an optimizer's)
-        self._watch_user_optimizers()
+        _watch_user_optimizers(self)
         try:
             # The agreement before the train_op, which makes the step's update;
             # the moving buffers' mean after it: its backward needs them as
@@ -928,6 +894,41 @@ class _CollectiveExtended(StrategyExtended):
         return [tuple(t[1:int(t[0]) + 1].tolist()) for t in (t.cpu() for t in every)]
 
 
+# A custom loop's module made under strategy.scope() is not mirrored here (each
+# replica is a process; TF mirrors its variables): the first optimizer step of
+# user code with an optimizer get_optimizer did not make says so, once a process.
+_watched = None      # weakref to the extended whose user steps are watched
+_watch_hook = None   # the global optimizer step pre-hook
+_unwrapped_said = False
+
+
+def _watch_user_optimizers(extended: _CollectiveExtended) -> None:
+    global _watched, _watch_hook
+    if extended._group is None or extended.uses_parameter_servers:
+        return
+    _watched = weakref.ref(extended)
+    if _watch_hook is None:
+        _watch_hook = register_optimizer_step_pre_hook(_say_unwrapped)
+
+
+def _say_unwrapped(optimizer, args, kwargs) -> None:
+    global _unwrapped_said
+    extended = _watched() if _watched is not None else None
+    if _unwrapped_said or extended is None or not extended._user_step \
+            or extended._group is None or optimizer in extended._synchronized:
+        return
+    _unwrapped_said = True
+    logger.warning(
+        "User code (strategy.run, a callable train_op) steps a %s that est.get_optimizer "
+        "did not make: its gradients are "
+        "averaged over the replicas only where its module's are (est.get_module, or your own "
+        "DistributedDataParallel). Each replica is a process here, so a module made under "
+        "strategy.scope() is not mirrored as TF's variables are: each replica would train it "
+        "on its own gradients (see examples/custom_loop_mirrored.py). An optimizer meant to "
+        "be per replica (an adversarial perturbation's) is fine. (Said once.)",
+        type(optimizer).__name__)
+
+
 class _CollectiveStrategy(Strategy):
     """The Strategy API over a `_CollectiveExtended`: one replica per process."""
 
@@ -944,7 +945,7 @@ class _CollectiveStrategy(Strategy):
                 f"{type(self).__name__} runs each of its {extended._num_replicas} replicas in "
                 "its own process: call strategy.run inside the function you give to "
                 "strategy.extended.call_for_each_replica(fn), or train with the Estimator")
-        extended._watch_user_optimizers()
+        _watch_user_optimizers(extended)
         with self.scope():
             _stack().append(ReplicaContext(self, extended._replica_id()))
             user_step, extended._user_step = extended._user_step, extended._group is not None
@@ -983,7 +984,7 @@ class _CollectiveStrategy(Strategy):
         move = self._input_mover(options, "distribute_datasets_from_function")
         seed = extended._agree_on_randomness()
         dataset = dataset_fn(extended._input_context())
-        return input_lib.AgreedBatches(dataset, extended._flags, move,
+        return input_lib.AgreedBatches(dataset, extended._gather, move,
                                        InputStream(seed, extended._group.rank,
                                                    not input_lib.ordered_by_sampler(dataset)),
                                        lambda batch: extended._first_batches(

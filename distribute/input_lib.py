@@ -231,12 +231,18 @@ class TrainBatches:
 
 
 def batch_digest(batch) -> int:
-    """A 48-bit digest of a sample of `batch` (each tensor's shape, dtype and
-    first 1024 values; a sequence's first 64 items), to tell whether
-    replicas read the same batch; one small device-to-host copy per tensor."""
+    """A 48-bit digest of `batch` (each tensor's shape, dtype and values, up
+    to 65536 of them spread evenly over it; a sequence's items, up to 4096
+    so spread), to tell whether replicas read the same batch; one
+    device-to-host copy of that sample per tensor."""
     digest = hashlib.blake2b(digest_size=6)
     _digest_into(digest, batch)
     return int.from_bytes(digest.digest(), "little")
+
+
+def _spread(values, n: int):
+    """At most `n` of `values` (a flat tensor, array or list), evenly spaced."""
+    return values[::max(1, -(-len(values) // n))]
 
 
 def _digest_into(digest, obj) -> None:
@@ -247,19 +253,23 @@ def _digest_into(digest, obj) -> None:
             _digest_into(digest, value)
     elif isinstance(obj, (list, tuple)):
         digest.update(str(len(obj)).encode())
-        for value in obj[:64]:
+        for value in _spread(obj, 4096):
             _digest_into(digest, value)
     elif isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
-        sample = obj.detach().reshape(-1)[:1024].cpu().contiguous()
+        sample = _spread(obj.detach().reshape(-1), 65536).cpu().contiguous()
         digest.update(f"{tuple(obj.shape)}{obj.dtype}".encode())
         digest.update(sample.view(torch.uint8).numpy().tobytes())
     elif isinstance(obj, np.ndarray):
         digest.update(f"{obj.shape}{obj.dtype}".encode())
-        sample = obj.reshape(-1)[:1024]
-        digest.update(repr(sample[:64].tolist()).encode() if obj.dtype == object
-                      else sample.tobytes())
-    else:   # (numbers, strings, bytes; other objects by their repr's start)
-        digest.update(repr(obj)[:4096].encode())
+        if obj.dtype == object:
+            for value in _spread(obj.reshape(-1), 4096):
+                _digest_into(digest, value)
+        else:
+            digest.update(np.ascontiguousarray(_spread(obj.reshape(-1), 65536)).tobytes())
+    elif isinstance(obj, (str, bytes)):
+        digest.update(obj.encode() if isinstance(obj, str) else obj)
+    else:   # (numbers; other objects by their repr)
+        digest.update(repr(obj)[:65536].encode())
 
 
 class EvalBatches:
@@ -292,15 +302,17 @@ class EvalBatches:
 
 class AgreedBatches:
     """Batches of one replica's own dataset, read in the input's random
-    `stream`, until no replica has one (one small collective per batch,
-    `flags(have)` -> every replica's): a replica whose dataset ran out
+    `stream`, until no replica has one (one small all-gather per batch,
+    `gather([value])` -> every replica's): a replica whose dataset ran out
     while others' go on gets empty batches (its last one's structure, no
-    rows), as TF's partial batches. The first batch, checked by
-    `first(batch or None)` where given, must be on every replica."""
+    rows), as TF's partial batches; where one cannot be made (see
+    `_empty_like`), every replica stops there, with a warning. The first
+    batch, checked by `first(batch or None)` where given, must be on every
+    replica."""
 
-    def __init__(self, dataset, flags: Callable[[bool], list], to_device: Callable,
+    def __init__(self, dataset, gather: Callable[[list], list], to_device: Callable,
                  stream, first: Optional[Callable[[object], bool]] = None):
-        self._dataset, self._flags, self._first = dataset, flags, first
+        self._dataset, self._gather, self._first = dataset, gather, first
         self.to_device, self._stream = to_device, stream
         self._passes = 0
 
@@ -308,38 +320,64 @@ class AgreedBatches:
         again, self._passes = self._passes > 0, self._passes + 1
         it = self._stream.iterate(self._dataset, _iterate)
         batch = next(it, _END)
-        if not (self._first(None if batch is _END else batch) if self._first and not again
-                else all(self._flags(batch is not _END))):
+        have = batch is not _END
+        if not (self._first(batch if have else None) if self._first and not again
+                else all(v[0] > 0 for v in self._gather([1.0 if have else 0.0]))):
             _warn_if_spent(self._dataset, again, "distribute_datasets_from_function")
             return
         last, done = batch, False
         while True:
             yield self.to_device(batch)
-            batch = _END if done else next(it, _END)
-            done = batch is _END
-            if not any(self._flags(not done)):
+            if not done:
+                batch = next(it, _END)
+                done = batch is _END
+                last = last if done else batch
+            empty = _empty_like(last) if done else None
+            # 1: a batch; 0: ran out, an empty one made; -1: ran out, none can be
+            states = [v[0] for v in self._gather(
+                [0.0 if empty is not None else -1.0] if done else [1.0])]
+            if 1.0 not in states:
+                return
+            if -1.0 in states:
+                if empty is None and done:
+                    logger.warning(
+                        "distribute_datasets_from_function: this replica's dataset ran out "
+                        "while another's goes on, and an empty batch (TF's partial batch) "
+                        "cannot be made of its batches (%s): every replica stops here, the "
+                        "others' last batches unread", type(last).__name__)
                 return
             if done:
-                batch = _empty_like(last)
-            else:
-                last = batch
+                batch = empty
 
 
 def _empty_like(batch):
-    """`batch` with no rows: its tensors and arrays cut to 0 along the first
-    dimension, a list of values (strings) empty; scalars and other objects
-    as they are."""
-    if isinstance(batch, (torch.Tensor, np.ndarray)):
+    """`batch` with no rows, or None where it cannot be made: tensors and
+    arrays cut to 0 along the first dimension, a list of values (strings,
+    numbers) empty, dicts, tuples and lists of those mapped; scalars and
+    None as they are. Anything else (a sparse tensor, a PackedSequence, a
+    dataclass) has no empty form here: None."""
+    if isinstance(batch, torch.Tensor):
+        return (batch[:0] if batch.dim() else batch) if batch.layout == torch.strided else None
+    if isinstance(batch, np.ndarray):
         return batch[:0] if batch.ndim else batch
-    if isinstance(batch, dict):
-        return {k: _empty_like(v) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return type(batch)(*map(_empty_like, batch)) if hasattr(batch, "_fields") \
-            else tuple(map(_empty_like, batch))
-    if isinstance(batch, list):
-        return [_empty_like(v) for v in batch] if batch and all(
-            isinstance(v, (torch.Tensor, np.ndarray, dict)) for v in batch) else []
-    return batch
+    if batch is None or isinstance(batch, (bool, int, float, str, bytes)):
+        return batch
+    if isinstance(batch, torch.nn.utils.rnn.PackedSequence):
+        return None
+    if isinstance(batch, (list, tuple)) and batch and all(
+            isinstance(v, (str, bytes, bool, int, float)) for v in batch):
+        return type(batch)() if type(batch) in (list, tuple) else None   # (a batch of values)
+    named = isinstance(batch, tuple) and hasattr(batch, "_fields")   # (a namedtuple)
+    if type(batch) in (dict, list, tuple) or named:
+        items = batch.items() if isinstance(batch, dict) else enumerate(batch)
+        empty = {k: _empty_like(v) for k, v in items}
+        if any(v is None and batch[k] is not None for k, v in empty.items()):
+            return None
+        if isinstance(batch, dict):
+            return empty
+        values = list(empty.values())
+        return type(batch)(*values) if named else type(batch)(values)
+    return None
 
 
 class SplitBatches:

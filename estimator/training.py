@@ -666,13 +666,13 @@ def _run_worker(estimator, train_spec, eval_spec):
     if delay:
         logger.info("Waiting %d secs before starting training.", delay)
         time.sleep(delay)
-    start = time.time()
     estimator.train(train_spec.input_fn, hooks=_trainer_hooks(estimator, train_spec),
                     max_steps=train_spec.max_steps)
     # Under parameter servers, ps 0 hands out no more global steps once the
     # chief's marker says training ended: a failure too, which is this
     # worker's as well (it exits non-zero, as the ps tasks and the evaluator).
-    failed = _failure(estimator.model_dir, train_spec.max_steps, start) \
+    # Any marker there now is this chief's (a chief removes them as it starts).
+    failed = _read_marker(estimator.model_dir, FAILURE_MARKER, train_spec.max_steps) \
         if strategy.extended.uses_parameter_servers else None
     if failed is not None:
         raise TrainingFailedError(f"worker {config.task_id}: training failed on the chief "

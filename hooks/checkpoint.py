@@ -364,8 +364,8 @@ class Saver:
             return path
         try:
             _carry_out(lambda: files.apply(plan), sizes)
-        except BaseException:
-            self._remove_unlisted(plan)
+        except BaseException as e:
+            self._remove_unlisted(plan, e)
             raise
         self._kept = kept
         return path
@@ -451,17 +451,21 @@ class Saver:
 
     def _failed(self, plan, error: BaseException) -> None:
         files.abandon(plan)   # its temp file, if the writer process died holding it
-        self._remove_unlisted(plan)
+        self._remove_unlisted(plan, error)
         if isinstance(error, ChildProcessError):   # the next save starts another
             self._process.close()
             self._process = None
 
-    def _remove_unlisted(self, plan) -> None:
-        """The checkpoint of a failed save that was renamed into place but
-        that the index does not list (its write failed: a full disk) is
-        removed, where the index names a checkpoint on disk: restore_latest
-        would never read it, nor a Saver delete it, and it would hold its
-        size. (With no such index, the files on disk are read: it stays.)"""
+    def _remove_unlisted(self, plan, error: BaseException) -> None:
+        """The checkpoint of a save that failed writing the index (a full
+        disk), renamed into place but not listed, is removed where the index
+        names a checkpoint on disk: restore_latest would never read it, nor a
+        Saver delete it, and it would hold its size. (With no such index,
+        the files on disk are read: it stays.)"""
+        index = os.path.join(self.model_dir, INDEX)
+        cause = error.__cause__ if error.__cause__ is not None else error   # (_carry_out's)
+        if not any(getattr(e, "filename", None) == index for e in (error, cause)):
+            return   # (failed before the rename, or after the index: nothing unlisted)
         path = next(step[2] for step in plan if step[0] == "settle")
         try:
             latest, kept = _read_index(self.model_dir)

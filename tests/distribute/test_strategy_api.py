@@ -1,5 +1,6 @@
 """The Strategy API for custom loops under MirroredStrategy (inside the replica
 processes), the custom-loop example, input sharding and argument errors."""
+import dataclasses
 import json
 import logging
 import os
@@ -67,6 +68,11 @@ class _Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@dataclasses.dataclass
+class _Rows:
+    x: torch.Tensor
+
+
 def _custom_loop_against_tf(strategy):
     """What a TF2 custom loop met on 2 replicas that TF 2.15 does otherwise
     (each run on replica 0 and 1)."""
@@ -88,11 +94,16 @@ def _custom_loop_against_tf(strategy):
     unsharded = strategy.distribute_datasets_from_function(
         lambda context: [np.arange(4.0), np.arange(4.0, 8.0)])
     batches = [b.tolist() for b in unsharded]
-    # 9 rows sharded by row, batches of 4: TF's second step is [8] on replica 0, [] on 1
-    sharded = strategy.distribute_datasets_from_function(lambda context: [
-        {"x": torch.arange(9.0)[context.input_pipeline_id::2][i:i + 4], "id": ["row"] * 2}
-        for i in range(0, 9, 4) if len(range(context.input_pipeline_id, 9, 2)) > i])
-    partial = [(b["x"].tolist(), len(b["id"])) for b in sharded]
+
+    def rows(context):   # 9 rows sharded by row, batches of 4: TF's 2nd step is [8] and []
+        mine = torch.arange(9.0)[context.input_pipeline_id::2]
+        return [[mine[i:i + 4], ["row"] * len(mine[i:i + 4])] for i in range(0, len(mine), 4)]
+    partial = [(x.tolist(), names) for x, names in
+               strategy.distribute_datasets_from_function(rows)]
+    # one with no empty form (a dataclass): every replica stops where one ran out
+    odd = strategy.distribute_datasets_from_function(
+        lambda context: [_Rows(torch.ones(2))] * (1 + context.input_pipeline_id))
+    partial_odd = len(list(odd))
     # a generator's second epoch is empty
     once = strategy.experimental_distribute_dataset(x for x in [np.arange(4.0)])
     epochs = [len(list(once)) for _ in range(2)]
@@ -116,7 +127,7 @@ def _custom_loop_against_tf(strategy):
             stepped[name] = str(e)
     return {"rank": rank, "loss": losses.item(), "grad": p.grad.item(), "stepped": stepped,
             "random": (drawn, random.random()), "batches": batches, "epochs": epochs,
-            "partial": partial,
+            "partial": partial, "partial_odd": partial_odd,
             "warnings": warned.messages}
 
 
@@ -130,7 +141,7 @@ def test_a_custom_loop_on_two_replicas_as_tf():
     on each replica (a shuffle with it read rows twice and others never);
     a dataset_fn reading everything on every replica, a generator's empty
     second epoch, and a plain module made under strategy.scope() (each
-    replica trained on its own gradients) passed without a word; a
+    replica trains it on its own gradients: said once) passed without a word; a
     sharded dataset_fn's last rows were dropped (TF: a partial batch, an
     empty one on the replica that ran out)."""
     random.seed(5)
@@ -144,12 +155,15 @@ def test_a_custom_loop_on_two_replicas_as_tf():
     assert r0["random"] == r1["random"] and r0["random"][0] == expected
     assert r0["batches"] == r1["batches"] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
     assert r0["epochs"] == r1["epochs"] == [1, 0]
-    assert r0["partial"] == [([0.0, 2.0, 4.0, 6.0], 2), ([8.0], 2)]
-    assert r1["partial"] == [([1.0, 3.0, 5.0, 7.0], 2), ([], 0)]
-    for r in (r0, r1):   # (the replicas' own DDP averages its gradients: not refused)
-        assert r["stepped"]["ddp"] == "stepped"
-        assert r["stepped"]["plain"].startswith("SGD steps on gradients that differ between "
-                                                "the replicas (their sums: [8.0, 14.0])")
+    assert r0["partial"] == [([0.0, 2.0, 4.0, 6.0], ["row"] * 4), ([8.0], ["row"])]
+    assert r1["partial"] == [([1.0, 3.0, 5.0, 7.0], ["row"] * 4), ([], [])]
+    assert r0["partial_odd"] == r1["partial_odd"] == 1
+    assert any("an empty batch (TF's partial batch) cannot be made of its batches (_Rows)" in m
+               for m in r0["warnings"])
+    for r in (r0, r1):
+        assert r["stepped"] == {"plain": "stepped", "ddp": "stepped"}
+        assert sum("steps a SGD that est.get_optimizer did not make" in m
+                   for m in r["warnings"]) == 1, r["warnings"]   # (once a process)
     assert any("The first training batch is the same on all 2 replicas: a dataset_fn given "
                "input_context but reads the whole input" in m for m in r0["warnings"])
     assert not any("first training batch" in m for m in r1["warnings"])   # (rank 0 says it)
@@ -536,8 +550,36 @@ def test_batch_digest_tells_batches_apart_by_values_shape_dtype_and_strings():
               ({**features, "city": np.array(["oslo", "lima", "paris"], dtype=object)}, labels),
               (features, [b"a", b"b", b"d"]), (features, [b"a", b"b"])]
     assert len({digest(b) for b in [batch] + others}) == len(others) + 1
+    # batches alike at their start differ further on (a black top of an image, left padding)
+    image = torch.zeros(4, 64, 64)
+    shifted = image.clone()
+    shifted[:, -1, -1] = 1.0
+    long_text = ["x" * 5000, "x" * 4999 + "y"]
+    assert digest(image) != digest(shifted) and digest(long_text[:1]) != digest(long_text[1:])
+    assert digest(list(range(100))) != digest(list(range(99)) + [7])
     assert 0 <= digest(batch) < 2 ** 48
     assert digest(torch.tensor(True)) != digest(torch.tensor(False))
+
+
+def test_an_empty_batch_keeps_the_structure_or_is_not_made():
+    """The partial batch a replica whose dataset ran out gets (TF's)."""
+    import collections
+    import dataclasses
+    empty = input_lib._empty_like
+    Pair = collections.namedtuple("Pair", "x y")
+    got = empty([torch.ones(2, 3), ["a", "b"], None, {"ids": np.arange(2), "lang": "en"},
+                 Pair(torch.ones(2), [1, 2])])
+    assert got[0].shape == (0, 3) and got[1] == [] and got[2] is None
+    assert got[3]["ids"].shape == (0,) and got[3]["lang"] == "en"
+    assert isinstance(got[4], Pair) and got[4].x.shape == (0,) and got[4].y == []
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+    packed = torch.nn.utils.rnn.pack_sequence([torch.ones(2), torch.ones(1)])
+    for odd in (Batch(torch.ones(2)), packed, torch.ones(2, 2).to_sparse(),
+                {"x": torch.ones(2), "extra": Batch(torch.ones(2))}):
+        assert empty(odd) is None
 
 def test_an_evaluation_dataloader_is_sharded_by_whole_batches():
     """Evaluation reads, in turn, the very batches of one process (its loss is
