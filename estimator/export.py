@@ -476,13 +476,19 @@ def _serving_class(names) -> type:
     return type("ServingModule", (_ServingModule,), {"forward": namespace["forward"]})
 
 
+def is_export_version(name: str) -> bool:
+    """Whether a directory name is an export's timestamp (TF's exporters
+    count only names of 10 digits as versions)."""
+    return len(name) == 10 and name.isdigit()
+
+
 def _timestamped_dir(export_dir_base: str) -> str:
     """`export_dir_base/<seconds since epoch>` (TF's get_timestamped_export_dir),
     always after every export already there (exporters keep the largest
     numbers), so two exports within a second still sort in order."""
     stamp = int(time.time())
     if os.path.isdir(export_dir_base):
-        existing = [int(n) for n in os.listdir(export_dir_base) if n.isdigit()]
+        existing = [int(n) for n in os.listdir(export_dir_base) if is_export_version(n)]
         stamp = max([stamp] + [n + 1 for n in existing])
     return os.path.join(export_dir_base, str(stamp))
 

@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 from hooks.event_files import read_scalars
 
+from .export import is_export_version
+
 logger = logging.getLogger(__name__)
 
 
@@ -61,10 +63,11 @@ def _check_exports_to_keep(exports_to_keep) -> None:
 
 
 def _garbage_collect_exports(export_dir_base: str, exports_to_keep: Optional[int]) -> None:
-    """Delete all but the `exports_to_keep` newest timestamped exports."""
+    """Delete all but the `exports_to_keep` newest timestamped exports (as
+    TF's, only names of 10 digits: a user's `123/` there is not an export)."""
     if exports_to_keep is None or not os.path.isdir(export_dir_base):
         return
-    versions = sorted(int(n) for n in os.listdir(export_dir_base) if n.isdigit())
+    versions = sorted(int(n) for n in os.listdir(export_dir_base) if is_export_version(n))
     for version in versions[:-exports_to_keep]:
         shutil.rmtree(os.path.join(export_dir_base, str(version)), ignore_errors=True)
 
@@ -138,11 +141,14 @@ class BestExporter(Exporter):
     `compare_fn(best_eval_result, current_eval_result)` (smaller `loss` by
     default), keeping the `exports_to_keep` newest (tf.estimator.BestExporter).
 
-    Preemption-safe as in TF: on its first export in a process it reads the
-    earlier evaluation results from the event files matching
-    `event_file_pattern` (relative to model_dir; the evaluation summaries), so
-    a restarted evaluator does not export a model worse than one it exported
-    before.
+    Preemption-safe: on its first export in a process it reads the earlier
+    evaluation results from the event files matching `event_file_pattern`
+    (relative to model_dir; the evaluation summaries), those before the
+    evaluated step, so a restarted evaluator does not export a model worse
+    than one it exported before. TF 2.15 instead exports the first
+    evaluation of each process whatever it is (its fix for the evaluated
+    step's own result being read back), so a restart there can export a
+    worse model (tensorflow/tensorflow#47396).
     """
 
     def __init__(self, name: str = "best_exporter", serving_input_receiver_fn: Callable = None,

@@ -188,6 +188,22 @@ def test_final_exporter_exports_only_the_final(tmp_path):
     assert os.listdir(base) == [os.path.basename(path)]
 
 
+def test_exports_to_keep_counts_only_timestamps_as_tf(tmp_path):
+    """A user's `123/` beside the exports was deleted as the oldest export
+    (TF's exporters count only names of 10 digits), and the next export's
+    number was taken after it."""
+    e = trained(tmp_path, steps=10)
+    base = tmp_path / "m" / "export" / "latest"
+    (base / "123").mkdir(parents=True)
+    (base / "99999999999").mkdir()   # (11 digits: not TF's either)
+    exporter = est.LatestExporter("latest", SERVING, exports_to_keep=2)
+    result = {"loss": 1.0, "global_step": 10}
+    made = [exporter.export(e, str(base), e.latest_checkpoint(), result, False)
+            for _ in range(3)]
+    assert sorted(os.listdir(base)) == sorted(
+        ["123", "99999999999"] + [os.path.basename(p) for p in made[1:]])
+    assert all(len(os.path.basename(p)) == 10 for p in made)
+
 def test_best_exporter_exports_improvements_only(tmp_path):
     e = trained(tmp_path)
     exporter = est.BestExporter(serving_input_receiver_fn=SERVING, exports_to_keep=5)
