@@ -6,6 +6,12 @@ from typing import Optional
 import numpy as np
 
 
+def is_host_feature(value) -> bool:
+    """Whether `value` is an export's stand-in for a string feature (while
+    the export records model_fn: estimator.export's `_HostFeature`)."""
+    return getattr(type(value), "is_host_feature", False)
+
+
 def is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 

@@ -10,6 +10,7 @@ from typing import Callable, Optional, Sequence
 from hooks.mode_keys import ModeKeys
 
 from . import export
+from ._checks import is_host_feature
 from .estimator import Estimator
 
 _METRIC_FN_ARGS = ("labels", "predictions", "features", "config")
@@ -88,7 +89,7 @@ def forward_features(estimator: Estimator, keys: Optional[Sequence[str]] = None,
                 raise ValueError(f"Cannot forward feature key ({key}). Since it does exist "
                                  "in predictions.")
             value = features[key]
-            if value.sparse if getattr(type(value), "is_host_feature", False) else (
+            if value.sparse if is_host_feature(value) else (
                     isinstance(value, list) and value and isinstance(value[0], (list, tuple))):
                 raise ValueError(f"Feature ({key}) is sparse (a list of lists); only dense "
                                  "features can be forwarded")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import io as tf_io
+from ._checks import is_host_feature
 from .feature_column import recorded
 
 TRANSFORM = "transform.json"
@@ -35,7 +36,7 @@ def is_host_value(value) -> bool:
     """Whether a feature value cannot enter a torch program: strings (numpy
     str / bytes / object arrays), or rows of values (lists); an export's
     stand-in for one (while it records model_fn)."""
-    if getattr(type(value), "is_host_feature", False):
+    if is_host_feature(value):
         return True
     if isinstance(value, np.ndarray):
         return value.dtype.kind in "USO"

@@ -14,6 +14,8 @@ import torch
 
 from hooks.mode_keys import ModeKeys
 
+from ._checks import is_host_feature
+
 _Tensor, _Optimizer, _TRAIN = torch.Tensor, torch.optim.Optimizer, ModeKeys.TRAIN
 
 
@@ -149,7 +151,7 @@ def _check_predictions(predictions) -> None:
 def _is_strings(value) -> bool:
     """Host strings a PREDICT spec may return (class names, forwarded keys;
     while an export records, a string feature stands for its strings)."""
-    if getattr(type(value), "is_host_feature", False):
+    if is_host_feature(value):
         return True
     kind = getattr(getattr(value, "dtype", None), "kind", None)
     if type(value).__module__ == "numpy" and kind in ("U", "S", "O"):

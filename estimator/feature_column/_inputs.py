@@ -25,6 +25,7 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
+from .._checks import is_host_feature
 from ._memo import StringCodes, codes_of
 
 STRING = str   # the dtype of string features and columns (TF: tf.string)
@@ -181,7 +182,7 @@ class Feature:
                     self._set_array(arr)
                 else:
                     self._set_array(np.asarray(value))
-        elif getattr(type(value), "is_host_feature", False):   # (an export's stand-in)
+        elif is_host_feature(value):   # (an export's stand-in)
             value.refuse()
         else:
             raise TypeError(f"Feature {key!r}: unsupported value of type "
