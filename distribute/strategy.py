@@ -109,8 +109,9 @@ def _mover(device: torch.device):
 
 
 def _numpy_to_tensor(obj, where: str):
-    """A numpy array or scalar as a tensor (float64 as float32), or the array
-    itself when it holds strings."""
+    """A numpy array or scalar as a tensor (float64 as float32, unless
+    `torch.set_default_dtype(torch.float64)` made float64 torch's default),
+    or the array itself when it holds strings."""
     import numpy as np
     dtype = getattr(obj, "dtype", None)
     if dtype is not None:
@@ -122,8 +123,8 @@ def _numpy_to_tensor(obj, where: str):
             kinds = sorted({type(v).__name__ for v in np.ravel(obj)})
             raise TypeError(f"{where}: a numpy object array holding {', '.join(kinds)} cannot "
                             "become a tensor; give numbers (a numeric dtype) or strings only")
-        if dtype == np.float64:
-            obj = obj.astype(np.float32)
+        if dtype == np.float64 and torch.get_default_dtype() != torch.float64:
+            obj = obj.astype(np.float32)   # (a float64 default: the user's model is float64)
     try:
         return torch.as_tensor(obj)
     except (TypeError, RuntimeError) as e:

@@ -7,8 +7,8 @@
 See the README and docs/ for the contract; names follow `tf.estimator`.
 """
 from . import checkpoint, export, feature_column, metrics, optimizers, summary
-from hooks.model_scope import (get_global_step, get_module, get_optimizer, is_training,
-                                named_tensor)
+from hooks.model_scope import (get_global_step, get_grad_scaler, get_module, get_optimizer,
+                                is_training, named_tensor)
 from .estimator import Estimator
 from . import data, experimental, inputs, io, learning_rate_decay, losses, serving
 from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
@@ -35,7 +35,8 @@ from .warm_start import VocabInfo, WarmStartSettings
 __all__ = [
     "Estimator", "EstimatorSpec", "ModeKeys", "RunConfig", "DistributeConfig", "WarmStartSettings",
     "VocabInfo",
-    "get_module", "get_optimizer", "get_global_step", "is_training", "named_tensor",
+    "get_module", "get_optimizer", "get_grad_scaler", "get_global_step", "is_training",
+    "named_tensor",
     "checkpoint", "feature_column", "metrics", "optimizers", "summary",
     "TrainSpec", "EvalSpec", "train_and_evaluate", "export",
     "Exporter", "LatestExporter", "BestExporter", "FinalExporter",

@@ -20,6 +20,7 @@ import torch
 
 import distribute
 from distribute.launcher import in_replica_process
+from distribute.host_arrays import to_numpy
 import hooks as hooks_lib
 from hooks.monitored_session import nan_checks_first, training_hooks
 from hooks.preemption import TrainingPreempted
@@ -298,12 +299,16 @@ class Estimator:
         stepped are freed: each step's are its own, as in TF, whose
         apply_gradients leaves nothing to zero (a train_op that does not zero
         them would otherwise add them up across steps); an optimizer that did
-        not step keeps them (PyTorch's gradient accumulation over calls)."""
+        not step keeps them (PyTorch's gradient accumulation over calls),
+        unless a grad scaler skipped its step (they are not finite). A call
+        in which grad scalers skipped every step they were asked to make is
+        not counted in the global step (TF's skipped loss-scaled update)."""
         extended, train = strategy.extended, ModeKeys.TRAIN
         apply_gradients, run_train_op = extended.apply_gradients, extended.run_train_op
         optimizer, optimizers = torch.optim.Optimizer, scope.optimizers
         checked = [None]   # the optimizer last found to be the scope's
         watched, stepped = {}, set()   # ids of the optimizers hooked / stepped in the call
+        counts_own_steps = not getattr(extended, "uses_parameter_servers", False)
 
         def note_step(opt, args, kwargs):
             stepped.add(id(opt))
@@ -318,6 +323,7 @@ class Estimator:
             if isinstance(train_op, optimizer):
                 if train_op is not checked[0]:
                     _check_scope_optimizer(train_op, optimizers)
+                    _check_no_grad_scaler(scope)
                     checked[0] = train_op
                 apply_gradients(spec.loss, train_op)
                 return spec
@@ -326,7 +332,13 @@ class Estimator:
                     if id(opt) not in watched:
                         watched[id(opt)] = opt.register_step_post_hook(note_step)
             stepped.clear()
+            scope.scaler_stepped = False
             run_train_op(train_op, spec.loss)
+            if scope.scaler_skipped:   # (a loss scale found the gradients not finite)
+                stepped.update(scope.scaler_skipped)
+                scope.scaler_skipped.clear()
+                if not scope.scaler_stepped and counts_own_steps:
+                    scope.global_step -= 1   # (the session adds this step: not counted)
             for opt in optimizers.values():
                 if id(opt) in stepped or id(opt) not in watched:   # (made in the train_op)
                     for group in opt.param_groups:
@@ -718,6 +730,16 @@ def _check_parameters_in_scope(loss: torch.Tensor, scope) -> None:
             f"torch.nn.Linear(...)), which builds it once")
 
 
+def _check_no_grad_scaler(scope) -> None:
+    """A grad scaler scales a loss only in a callable train_op."""
+    if scope.grad_scalers:
+        raise ValueError(
+            f"get_grad_scaler({next(iter(scope.grad_scalers))!r}) made a loss scaler, but "
+            "EstimatorSpec's train_op is an optimizer, which the framework steps without it: "
+            "return a callable train_op that uses it (`scaler.scale(loss).backward(); "
+            "scaler.step(optimizer); scaler.update()`)")
+
+
 def _check_scope_optimizer(train_op, optimizers: dict) -> None:
     """A train_op optimizer must be the model scope's: a model_fn runs every
     step, so one it constructs itself (TF1's `tf.train.AdamOptimizer(...)`
@@ -748,8 +770,7 @@ def _as_tf_prints(value):
 
 def _python(value):
     if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        return value.item() if value.dim() == 0 else value.numpy()
+        return value.item() if value.dim() == 0 else to_numpy(value)
     return value
 
 
@@ -778,7 +799,7 @@ def _host(value) -> np.ndarray:
     """A prediction as a numpy array; strings as bytes (utf-8), as TF's
     string tensors come out of `predict` (b"a", an object array of bytes)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        return to_numpy(value)
     if isinstance(value, np.ndarray) and value.dtype.kind not in "UO":
         return value
     return host_transform.as_bytes(value)

@@ -47,6 +47,8 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from distribute.host_arrays import to_numpy
+
 from . import export, host_transform
 
 logger = logging.getLogger(__name__)
@@ -293,7 +295,7 @@ class Model:
                 outputs = self.loaded.signatures[signature](**tensors)
             except Exception as e:   # the program's own checks (shapes, dtypes)
                 raise RequestError(f"the model rejected the inputs: {e}") from None
-        outputs = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor)
+        outputs = {k: to_numpy(v) if isinstance(v, torch.Tensor)
                    else _json_strings(k, v) for k, v in outputs.items()}
         described = self.signatures[signature]
         for new, spec in described["named_outputs"].items():   # TF's string classes

@@ -21,6 +21,7 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from hooks import tf_checkpoint
+from hooks.checkpoint import rounded_by_cast
 
 from . import checkpoint
 from .feature_column._vocabulary import read_vocabulary_file
@@ -589,6 +590,12 @@ class _WarmStarter:
                 if tuple(value.shape) != tuple(tensor.shape):
                     raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "
                                      f"{prev!r} in {self.path} has shape {tuple(value.shape)}")
+                if rounded_by_cast(value, tensor.dtype):
+                    raise ValueError(
+                        f"Warm-start: {name!r} is {tensor.dtype} but {prev!r} in {self.path} is "
+                        f"{value.dtype}, whose values it would round (TF refuses a warm start "
+                        "into another dtype): build the module in the checkpoint's dtype, and "
+                        "use torch.autocast for lower-precision compute")
                 tensor.copy_(value)
                 self._started += 1
                 if info is None:

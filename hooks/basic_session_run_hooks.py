@@ -10,6 +10,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import torch
 
+from distribute.host_arrays import to_numpy
+
 from . import checkpoint, model_scope
 
 from .session_run_hook import NEVER, SessionRunArgs, SessionRunHook
@@ -561,7 +563,7 @@ def _host(value):
     """Tensors (also in lists, tuples, dicts) as Python numbers / numpy arrays."""
     if isinstance(value, torch.Tensor):
         value = value.detach()
-        return value.item() if value.dim() == 0 else value.cpu().numpy()
+        return value.item() if value.dim() == 0 else to_numpy(value)
     if isinstance(value, dict):
         return {k: _host(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

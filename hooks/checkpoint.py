@@ -48,6 +48,8 @@ import google_crc32c
 import numpy as np
 import torch
 
+from distribute.host_arrays import to_numpy
+
 from . import tf_checkpoint
 from . import files
 from .files import DataLossError
@@ -739,6 +741,19 @@ def _slots_of(optimizer, settings: dict) -> Optional[set]:
     return set(copy.state[probe])
 
 
+def rounded_by_cast(value: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether `value` cast to `dtype` loses anything (a float32 weight put
+    into a bfloat16 module). TF refuses to restore a variable into another
+    dtype ("expected dtype bfloat16 does not equal original dtype float");
+    here a cast that keeps every value (bfloat16 into float32) is let through."""
+    if value.dtype == dtype:
+        return False
+    back = value.to(dtype).to(value.dtype)
+    if value.is_floating_point() or value.is_complex():
+        return not torch.isclose(back, value, rtol=0, atol=0, equal_nan=True).all()
+    return not torch.equal(back, value)
+
+
 def flat_variables(state: dict) -> Dict[str, torch.Tensor]:
     """Flatten a checkpoint into TF-style variable names -> tensors."""
     out: Dict[str, torch.Tensor] = {}
@@ -753,6 +768,10 @@ def flat_variables(state: dict) -> Dict[str, torch.Tensor]:
             for slot, value in slots.items():
                 if isinstance(value, torch.Tensor):
                     out[f"{owner}/{var}/{slot}"] = value
+    for owner, sd in state.get("grad_scalers", {}).items():   # (TF: current_loss_scale, good_steps)
+        if sd:
+            out[f"{owner}/scale"] = torch.tensor(sd["scale"], dtype=torch.float32)
+            out[f"{owner}/growth_tracker"] = torch.tensor(sd["_growth_tracker"], dtype=torch.int64)
     out["global_step"] = torch.tensor(state["global_step"], dtype=torch.int64)
     return out
 
@@ -782,5 +801,5 @@ def load_variable(ckpt_dir_or_file: str, name: str):
         if name not in variables:
             raise ValueError(f"Variable {name!r} not found in checkpoint {ckpt_dir_or_file!r}; "
                              f"it has {sorted(variables)}")
-        value = variables[name].numpy()
+        value = to_numpy(variables[name])
     return value[()] if value.ndim == 0 else value

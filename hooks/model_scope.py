@@ -1,5 +1,5 @@
 """The model scope: everything a model_fn creates through `get_module`,
-`get_optimizer` and the metrics.
+`get_optimizer`, `get_grad_scaler` and the metrics.
 
 TF analogue: the graph's variable collections plus `tf.compat.v1.get_variable`
 (build on first call, return the same object afterwards) and the global step.
@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
 import numpy as np
 import torch
+from torch.nn.parameter import is_lazy
 
 from . import checkpoint
 from ._factory_inputs import FactoryInputs
@@ -41,6 +42,23 @@ def _uncompiled_state(state: dict) -> dict:
     if state and all(k.startswith(prefix) for k in state):
         return type(state)((k[len(prefix):], v) for k, v in state.items())
     return state
+
+
+def _refuse_rounding(name: str, state: dict, module: torch.nn.Module, path) -> None:
+    """Refuse to restore a checkpoint's values into a module of a narrower
+    dtype (a float32 model_dir resumed by a bfloat16 model), which torch's
+    load_state_dict would round without a word and the next save write back."""
+    own = module.state_dict(keep_vars=True)
+    for key, value in state.items():
+        target = own.get(key)
+        if isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor) \
+                and not is_lazy(target) and checkpoint.rounded_by_cast(value, target.dtype):
+            raise ValueError(
+                f"get_module({name!r}): cannot restore {_variable_name(name, key)} from {path}: "
+                f"the checkpoint holds it as {value.dtype}, the module as {target.dtype}, "
+                "which would round its values (TF refuses a restore into another dtype). Build "
+                "the module in the checkpoint's dtype; for lower-precision compute use "
+                "torch.autocast, which keeps the weights in float32")
 
 
 def _variable_name(owner: str, key: str) -> str:
@@ -90,6 +108,11 @@ class ModelScope:
         self._unfollowed: Optional[_Unfollowed] = None   # a rate no optimizer follows, watched
         self._building: Optional[str] = None  # the optimizer whose factory runs
         self.metrics: Dict[str, torch.nn.Module] = {}
+        self.grad_scalers: Dict[str, torch.amp.GradScaler] = {}
+        # ids of the optimizers whose step a grad scaler skipped (gradients not
+        # finite) / whether it made one, since the Estimator's step last cleared them
+        self.scaler_skipped: set = set()
+        self.scaler_stepped = False
         self.global_step = int(restore["global_step"]) if restore else 0
         self.named_tensors: Dict[str, torch.Tensor] = {}
         self.feed_dict: Optional[dict] = None   # this step's feeds (hooks.FeedFnHook)
@@ -126,8 +149,10 @@ class ModelScope:
                     f"get_module({name!r}): the checkpoint {self._restore_path} has no "
                     f"module {name!r} (it has {sorted(self._restore['modules'])}); "
                     "a model_dir must keep the same model, use warm_start_from for a new one")
+            state = _uncompiled_state(state)
+            _refuse_rounding(name, state, original, self._restore_path)
             try:
-                original.load_state_dict(_uncompiled_state(state))
+                original.load_state_dict(state)
             except RuntimeError as e:
                 raise ValueError(f"get_module({name!r}): cannot restore from "
                                  f"{self._restore_path}: {e}") from None
@@ -138,6 +163,21 @@ class ModelScope:
         placed.train(self.mode == ModeKeys.TRAIN)
         self.modules[name] = placed
         return placed
+
+    def create_grad_scaler(self, name: str, factory) -> torch.amp.GradScaler:
+        scaler = factory()
+        if not isinstance(scaler, torch.amp.GradScaler):
+            raise TypeError(f"get_grad_scaler({name!r}): the factory must return a "
+                            f"torch.amp.GradScaler, got {type(scaler).__name__}")
+        saved = self._restore.get("grad_scalers", {}).get(name) if self._restore else None
+        if saved:   # (a disabled scaler saves {})
+            scaler.load_state_dict(saved)
+        elif self._restore is not None and self.mode == ModeKeys.TRAIN and scaler.is_enabled():
+            logger.info("get_grad_scaler(%r): the checkpoint %s has no loss scale of that "
+                        "name; it starts at %s", name, self._restore_path, scaler.get_scale())
+        _note_skips(scaler, self)
+        self.grad_scalers[name] = scaler
+        return scaler
 
     def create_optimizer(self, name: str, factory, var_list=None):
         params, var_names = self._trainable(var_list)
@@ -413,6 +453,8 @@ class ModelScope:
                                 for n, o in self.optimizers.items()},
             "metrics": {n: _cpu(m.state_dict()) for n, m in self.metrics.items()},
             "global_step": self.global_step,
+            **({"grad_scalers": {n: _cpu(s.state_dict()) for n, s in self.grad_scalers.items()}}
+               if self.grad_scalers else {}),
         }
 
     # -- activation --------------------------------------------------------------
@@ -557,6 +599,49 @@ def get_optimizer(factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.
                 f"(TF1 makes a new one at each `tf.train.XOptimizer(...)`) need two names, "
                 f"e.g. get_optimizer(..., var_list=..., name='d_optimizer')")
     return optimizer
+
+
+def get_grad_scaler(factory: Callable[[], torch.amp.GradScaler],
+                    name: str = "grad_scaler") -> torch.amp.GradScaler:
+    """Build the loss scaler `name` with `factory()` on first call; return it after.
+
+    TF: the dynamic loss scale of `enable_mixed_precision_graph_rewrite` /
+    `MixedPrecisionLossScaleOptimizer`. Use it in a callable train_op
+    (`scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`). Its
+    state (the scale, the count of good steps) is checkpointed and restored,
+    as TF's loss-scale variables are. A step in which it skipped every
+    optimizer step it was asked to make (gradients not finite) is not counted
+    in the global step, as TF's skipped update does not increment it (except
+    under ParameterServerStrategy, whose workers take a step number before
+    they compute), and the gradients it skipped are freed, as TF discards them.
+    """
+    scope = _current or current()
+    scaler = scope.grad_scalers.get(name)
+    if scaler is None:
+        scaler = scope.create_grad_scaler(name, factory)
+    return scaler
+
+
+def _note_skips(scaler: torch.amp.GradScaler, scope: ModelScope) -> None:
+    """Make `scaler.step(optimizer)` note in `scope` whether it stepped
+    `optimizer` or skipped its step (seen by the optimizer's step count)."""
+    scaled_step, steps = scaler.step, {}
+
+    def counted(optimizer, args, kwargs):
+        steps[id(optimizer)] += 1
+
+    def step(optimizer, *args, **kwargs):
+        if id(optimizer) not in steps:
+            steps[id(optimizer)] = 0
+            optimizer.register_step_post_hook(counted)
+        before = steps[id(optimizer)]
+        out = scaled_step(optimizer, *args, **kwargs)
+        if steps[id(optimizer)] == before:
+            scope.scaler_skipped.add(id(optimizer))
+        else:
+            scope.scaler_stepped = True
+        return out
+    scaler.step = step
 
 
 def _var_list_key(var_list) -> Optional[tuple]:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 
 import distribute
+from distribute.host_arrays import to_numpy
 
 from . import checkpoint, model_scope, preemption
 from . import summary as _summary
@@ -44,7 +45,7 @@ def _to_host(values: Dict[str, Any]) -> Dict[str, Any]:
     for name, value in values.items():
         if isinstance(value, torch.Tensor):
             value = value.detach()
-            value = value.item() if value.numel() == 1 and value.dim() == 0 else value.cpu().numpy()
+            value = value.item() if value.numel() == 1 and value.dim() == 0 else to_numpy(value)
         elif name == "summaries":
             value = _summary._to_host(value)
         out[name] = value

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 import torch
 
+from distribute.host_arrays import to_numpy
+
 from . import model_scope
 
 __all__ = ["scalar", "histogram", "image", "text", "should_record_summaries"]
@@ -181,7 +183,7 @@ def _to_host(records) -> list:
     for record in records:
         value = record.value
         if isinstance(value, torch.Tensor):
-            value = value.item() if record.kind == "scalar" else value.cpu().numpy()
+            value = value.item() if record.kind == "scalar" else to_numpy(value)
         if record.kind == "image" and value.dtype != np.uint8:
             value = np.stack([_image_pixels(image) for image in value])
         out.append(record._replace(value=value,

@@ -430,7 +430,7 @@ class ClassificationHead(Head):
             ids = self._label_tensor(labels, logits)
             if ids.is_floating_point() and self._n_classes > 2:
                 raise ValueError(f"Labels dtype should be integer. Instead got {ids.dtype}.")
-            if ids.dtype == torch.bool:
+            if not ids.is_floating_point():   # (int8, int16, bool: torch's losses take int64)
                 ids = ids.to(torch.int64)
             self._check_range(ids)
         return self._shaped(ids, logits, 1)

@@ -23,6 +23,7 @@ from typing import Optional
 
 import numpy as np
 
+from distribute.host_arrays import to_numpy
 from hooks import files, tf_checkpoint
 
 from .. import checkpoint, experiment
@@ -410,7 +411,7 @@ def _jsonable(value):
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if hasattr(value, "detach"):            # a tensor
-        return _jsonable(value.detach().cpu().numpy())
+        return _jsonable(to_numpy(value))
     return value
 
 

@@ -28,6 +28,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from distribute.host_arrays import to_numpy
+
 from .. import _hashing
 from ._inputs import STRING, Builder, Ids, arange, as_dtype, dtype_name, is_arange, is_floating, \
     is_integer
@@ -247,7 +249,7 @@ class BucketizedColumn(DenseColumn, CategoricalColumn, collections.namedtuple(
     def _ids(self, builder):
         buckets = self._buckets(builder)
         batch, width = int(buckets.shape[0]), self.source_column.shape[0]
-        flat = buckets.detach().cpu().numpy().astype(np.int64).reshape(-1)
+        flat = to_numpy(buckets).astype(np.int64).reshape(-1)
         if flat.size != batch * width:
             raise ValueError(f"Column {self.name!r}: feature {self.source_column.key!r} has "
                              f"shape {list(buckets.shape)}, expected [batch, {width}]")

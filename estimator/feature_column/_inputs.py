@@ -25,6 +25,8 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
+from distribute.host_arrays import to_numpy
+
 from .._checks import is_host_feature
 from ._memo import StringCodes, codes_of
 
@@ -282,7 +284,7 @@ class Feature:
         if self.array is not None:
             arr = self.array
         else:
-            arr = self.tensor.detach().cpu().numpy()
+            arr = to_numpy(self.tensor)
         if arr.ndim != 2:
             raise ValueError(f"Feature {self.key!r}: a categorical column takes values of "
                              f"shape [batch] or [batch, n], got shape {list(arr.shape)}")
@@ -309,7 +311,7 @@ class Feature:
             raise ValueError(f"Feature {self.key!r}: weights must be numbers, got strings")
         if self.sparse:
             return self.values.astype(np.float32), ("rows", tuple(self.lengths.tolist())), False
-        arr = self.tensor.detach().cpu().numpy()
+        arr = to_numpy(self.tensor)
         if arr.ndim != 2:
             raise ValueError(f"Feature {self.key!r}: weights take shape [batch] or "
                              f"[batch, n], got shape {list(arr.shape)}")

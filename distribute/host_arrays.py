@@ -1,0 +1,24 @@
+"""Tensors as numpy arrays on the host (TF: `tensor.numpy()`, `session.run`'s
+values).
+
+numpy has no bfloat16, float8 or complex32: such tensors come back in the
+narrowest numpy dtype that holds each value exactly (float32, complex64), as
+a bfloat16 variable read from a TF checkpoint does here. TF returns
+`ml_dtypes.bfloat16` arrays, which this project does not depend on.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_WIDER = {torch.bfloat16: torch.float32, torch.complex32: torch.complex64}
+_WIDER.update({getattr(torch, name): torch.float32 for name in (
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+    if hasattr(torch, name)})
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """`tensor` (detached, copied to the host) as a numpy array."""
+    tensor = tensor.detach().cpu()
+    wider = _WIDER.get(tensor.dtype)
+    return (tensor if wider is None else tensor.to(wider)).numpy()
