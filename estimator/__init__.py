@@ -8,7 +8,7 @@ See the README and docs/ for the contract; names follow `tf.estimator`.
 """
 from . import checkpoint, export, feature_column, metrics, optimizers, summary
 from hooks.model_scope import (get_global_step, get_grad_scaler, get_module, get_optimizer,
-                                is_training, named_tensor)
+                               is_training, named_tensor)
 from .estimator import Estimator
 from . import data, experimental, inputs, io, learning_rate_decay, losses, serving
 from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
