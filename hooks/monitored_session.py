@@ -138,14 +138,14 @@ class MonitoredSession:
         # SIGTERM/SIGINT while training: stop at an agreed step and save (hooks.preemption).
         self._preemption = preemption.Watcher()
         # Only hooks that override a method are called for it; hooks with an
-        # `_idle` schedule only on the steps where they may do something.
+        # `_idle` schedule only on the steps where they may do something (not
+        # a subclass whose own before_run/after_run may act on any step).
         self._before_run_hooks = [h for h in self._hooks
                                   if type(h).before_run is not SessionRunHook.before_run]
         self._after_run_hooks = [h for h in self._hooks
                                  if type(h).after_run is not SessionRunHook.after_run]
         called = {id(h) for h in self._before_run_hooks + self._after_run_hooks}
-        self._scheduled = [h for h in self._hooks if id(h) in called
-                           and type(h)._idle is not SessionRunHook._idle]
+        self._scheduled = [h for h in self._hooks if id(h) in called and _schedulable(h)]
         self._scheduled_ids = {id(h) for h in self._scheduled}
         self._idle_until: Dict[int, tuple] = {}   # id(hook) -> its `_idle` bounds
         self._always_before = self._calls(self._before_run_hooks, ())
@@ -613,4 +613,21 @@ def _structure(fetches, host):
         return host[fetches]
     if isinstance(fetches, dict):
         return {k: _structure(v, host) for k, v in fetches.items()}
-    return type(fetches)(_structure(v, host) for v in fetches)
+    values = (_structure(v, host) for v in fetches)
+    return type(fetches)(*values) if hasattr(fetches, "_fields") else type(fetches)(values)
+
+
+def _schedulable(hook: SessionRunHook) -> bool:
+    """Whether `hook` may be skipped on the steps its `_idle` says it does
+    nothing: not where a subclass overrides before_run or after_run below the
+    class that defines `_idle` (a user's StopAtStepHook that also stops on
+    the loss), which TF calls on every step like any hook."""
+    mro = type(hook).__mro__
+    owner = next(c for c in mro if "_idle" in vars(c))
+    if owner is SessionRunHook:
+        return False
+    for method in ("before_run", "after_run"):
+        definer = next(c for c in mro if method in vars(c))
+        if definer is not owner and issubclass(definer, owner):
+            return False
+    return True

@@ -395,3 +395,58 @@ def test_running_what_is_not_a_step_function_says_what_run_takes():
                                             r"sess.run\(step_fn, batch\)\), got a "
                                             r"torch.optim.sgd.SGD"):
             sess.run(opt)
+
+
+def test_a_subclass_of_a_built_in_hook_with_its_own_run_methods_is_called_every_step(
+        tmp_path, caplog):
+    """TF calls every hook's before_run/after_run on every step: a user's
+    StopAtStepHook that also stops on the loss, or a LoggingTensorHook that
+    records each step, must not be skipped with the steps the built-in would
+    skip (before: called at the built-in's due steps only, so the loss check
+    never ran and training went on to num_steps)."""
+    losses = [1.0 / (i + 1) for i in range(40)]
+
+    class StopAtStepOrLoss(hooks.StopAtStepHook):
+        seen = []
+
+        def before_run(self, run_context):
+            return hooks.SessionRunArgs({"loss": "loss"})
+
+        def after_run(self, run_context, run_values):
+            self.seen.append(run_context.session.global_step)
+            super().after_run(run_context, run_values)
+            if run_values.results["loss"] < 0.1:
+                run_context.request_stop()
+
+    class CountingLogger(hooks.LoggingTensorHook):
+        seen = []
+
+        def after_run(self, run_context, run_values):
+            self.seen.append(run_context.session.global_step)
+            super().after_run(run_context, run_values)
+
+    class QuietSaver(hooks.CheckpointSaverHook):   # (overrides neither: still scheduled)
+        def end(self, session):
+            super().end(session)
+
+    with caplog.at_level("INFO", logger="hooks"):
+        with session([StopAtStepOrLoss(num_steps=30), CountingLogger(["loss"], every_n_iter=4),
+                      QuietSaver(str(tmp_path), save_steps=5)]) as sess:
+            while not sess.should_stop():
+                sess.run(lambda: {"loss": torch.tensor(losses[sess._scope.global_step])})
+    stop_at = next(i for i, loss in enumerate(losses) if loss < 0.1) + 1   # 10 steps
+    assert sess._scope.global_step == stop_at
+    assert StopAtStepOrLoss.seen == CountingLogger.seen == list(range(1, stop_at + 1))
+    assert [r.getMessage().split(" (")[0] for r in caplog.records
+            if r.getMessage().startswith("loss")] == [
+        "loss = 1.0", "loss = 0.2", "loss = 0.11111111"]
+    assert [s for s in sess._scheduled if isinstance(s, QuietSaver)]
+
+
+def test_fetches_in_a_namedtuple_come_back_in_one():
+    import collections
+    Pair = collections.namedtuple("Pair", ["loss", "step"])
+    rec = Recorder(Pair("loss", "global_step"))
+    with session([rec]) as sess:
+        sess.run(step, 3.0)
+    assert rec.results == [Pair(3.0, 0)]
