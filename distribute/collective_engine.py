@@ -445,6 +445,10 @@ class _CollectiveExtended(StrategyExtended):
             self._hook_user_steps(optimizer)
         return optimizer
 
+    @property
+    def reduces_in_optimizer_step(self) -> bool:
+        return self._group is not None and self._ops._reduce_to_one
+
     def _hook_user_steps(self, optimizer) -> None:
         """Make `optimizer`'s steps in user code reduce as `apply_gradients`
         does: under ReductionToOneDevice (no DDP: see _wrap) before the step."""

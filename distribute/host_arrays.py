@@ -18,7 +18,11 @@ _WIDER.update({getattr(torch, name): torch.float32 for name in (
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """`tensor` (detached, copied to the host) as a numpy array."""
+    """`tensor` (detached, copied to the host) as a numpy array: a sparse one
+    dense, a conjugate or negative view resolved."""
     tensor = tensor.detach().cpu()
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    tensor = tensor.resolve_conj().resolve_neg()
     wider = _WIDER.get(tensor.dtype)
     return (tensor if wider is None else tensor.to(wider)).numpy()

@@ -142,7 +142,8 @@ class StrategyExtended:
 
     - TF's surface: `worker_devices`, `parameter_devices`, `should_checkpoint`,
       `should_save_summary`, `should_init`.
-    - capabilities: `uses_parameter_servers`, `in_multi_worker_mode()`,
+    - capabilities: `uses_parameter_servers`, `reduces_in_optimizer_step`,
+      `in_multi_worker_mode()`,
       `launcher` (None, or a `distribute.Launcher` when calls run in replica
       processes the strategy starts).
     - the model scope: `enter_scope(scope)` / `exit_scope(scope)` around a
@@ -160,6 +161,9 @@ class StrategyExtended:
     """
 
     uses_parameter_servers = False   # variables live on the cluster's ps tasks
+    # the replicas' gradients are reduced in the optimizer's step (a pre-hook),
+    # not in backward: a loss scaler would judge each replica's unreduced ones
+    reduces_in_optimizer_step = False
 
     def __init__(self, container_strategy: "Strategy", device):
         self._container_strategy = container_strategy

@@ -732,9 +732,10 @@ def _check_parameters_in_scope(loss: torch.Tensor, scope) -> None:
 
 def _check_no_grad_scaler(scope) -> None:
     """A grad scaler scales a loss only in a callable train_op."""
-    if scope.grad_scalers:
+    enabled = [name for name, scaler in scope.grad_scalers.items() if scaler.is_enabled()]
+    if enabled:
         raise ValueError(
-            f"get_grad_scaler({next(iter(scope.grad_scalers))!r}) made a loss scaler, but "
+            f"get_grad_scaler({enabled[0]!r}) made a loss scaler, but "
             "EstimatorSpec's train_op is an optimizer, which the framework steps without it: "
             "return a callable train_op that uses it (`scaler.scale(loss).backward(); "
             "scaler.step(optimizer); scaler.update()`)")

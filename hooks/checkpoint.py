@@ -748,6 +748,11 @@ def rounded_by_cast(value: torch.Tensor, dtype: torch.dtype) -> bool:
     here a cast that keeps every value (bfloat16 into float32) is let through."""
     if value.dtype == dtype:
         return False
+    if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool) \
+            and value.numel() and not value.is_complex():   # (int8 -3 as uint8 is 253)
+        info = torch.iinfo(dtype)
+        if value.min().item() < info.min or value.max().item() > info.max:
+            return True
     back = value.to(dtype).to(value.dtype)
     if value.is_floating_point() or value.is_complex():
         return not torch.isclose(back, value, rtol=0, atol=0, equal_nan=True).all()

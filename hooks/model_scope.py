@@ -17,7 +17,6 @@ from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
 import numpy as np
 import torch
-from torch.nn.parameter import is_lazy
 
 from . import checkpoint
 from ._factory_inputs import FactoryInputs
@@ -52,7 +51,7 @@ def _refuse_rounding(name: str, state: dict, module: torch.nn.Module, path) -> N
     for key, value in state.items():
         target = own.get(key)
         if isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor) \
-                and not is_lazy(target) and checkpoint.rounded_by_cast(value, target.dtype):
+                and checkpoint.rounded_by_cast(value, target.dtype):   # (a lazy one's too)
             raise ValueError(
                 f"get_module({name!r}): cannot restore {_variable_name(name, key)} from {path}: "
                 f"the checkpoint holds it as {value.dtype}, the module as {target.dtype}, "
@@ -169,6 +168,14 @@ class ModelScope:
         if not isinstance(scaler, torch.amp.GradScaler):
             raise TypeError(f"get_grad_scaler({name!r}): the factory must return a "
                             f"torch.amp.GradScaler, got {type(scaler).__name__}")
+        if scaler.is_enabled() and self.strategy.extended.reduces_in_optimizer_step:
+            raise ValueError(
+                f"get_grad_scaler({name!r}): this strategy (ReductionToOneDevice, "
+                "CentralStorageStrategy) reduces the replicas' gradients in the optimizer's "
+                "step, after a GradScaler has looked for infs in each replica's own: one "
+                "replica would skip a step the others make, and they would wait for it for "
+                "ever. Use MirroredStrategy's default cross_device_ops (gradients reduced in "
+                "backward), or no loss scaler (bfloat16 needs none)")
         saved = self._restore.get("grad_scalers", {}).get(name) if self._restore else None
         if saved:   # (a disabled scaler saves {})
             scaler.load_state_dict(saved)
@@ -624,7 +631,10 @@ def get_grad_scaler(factory: Callable[[], torch.amp.GradScaler],
 
 def _note_skips(scaler: torch.amp.GradScaler, scope: ModelScope) -> None:
     """Make `scaler.step(optimizer)` note in `scope` whether it stepped
-    `optimizer` or skipped its step (seen by the optimizer's step count)."""
+    `optimizer` or skipped its step: seen by the optimizer's step count, or,
+    for one that skips in its own kernel (fused Adam, SGD: torch's
+    `_step_supports_amp_scaling`, whose step is always called), by the
+    scaler's inf count (a host sync, as the unfused path makes anyway)."""
     scaled_step, steps = scaler.step, {}
 
     def counted(optimizer, args, kwargs):
@@ -636,7 +646,11 @@ def _note_skips(scaler: torch.amp.GradScaler, scope: ModelScope) -> None:
             optimizer.register_step_post_hook(counted)
         before = steps[id(optimizer)]
         out = scaled_step(optimizer, *args, **kwargs)
-        if steps[id(optimizer)] == before:
+        if getattr(optimizer, "_step_supports_amp_scaling", False) and scaler.is_enabled():
+            skipped = sum(v.item() for v in scaler._found_inf_per_device(optimizer).values()) > 0
+        else:
+            skipped = steps[id(optimizer)] == before
+        if skipped:
             scope.scaler_skipped.add(id(optimizer))
         else:
             scope.scaler_stepped = True

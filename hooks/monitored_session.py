@@ -619,15 +619,16 @@ def _structure(fetches, host):
 
 def _schedulable(hook: SessionRunHook) -> bool:
     """Whether `hook` may be skipped on the steps its `_idle` says it does
-    nothing: not where a subclass overrides before_run or after_run below the
-    class that defines `_idle` (a user's StopAtStepHook that also stops on
-    the loss), which TF calls on every step like any hook."""
+    nothing: only where its before_run and after_run are those of the class
+    that defines `_idle` (or of its bases), not a subclass's, a mixin's or
+    the instance's own (a user's StopAtStepHook that also stops on the loss),
+    which TF calls on every step like any hook."""
     mro = type(hook).__mro__
     owner = next(c for c in mro if "_idle" in vars(c))
     if owner is SessionRunHook:
         return False
     for method in ("before_run", "after_run"):
         definer = next(c for c in mro if method in vars(c))
-        if definer is not owner and issubclass(definer, owner):
+        if method in vars(hook) or not issubclass(owner, definer):
             return False
     return True

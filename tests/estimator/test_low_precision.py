@@ -221,3 +221,118 @@ def test_numpy_float64_stays_float64_where_torch_defaults_to_float64(tmp_path):
     seen.clear()
     est.Estimator(model_fn, model_dir=str(tmp_path / "b")).train(lambda: batches, max_steps=1)
     assert set(seen) == {(torch.float32, torch.float32)}   # TF's default float otherwise
+
+
+def test_a_fused_optimizers_skipped_step_is_not_counted_and_a_disabled_scaler_is_no_scaler(
+        tmp_path):
+    """A fused optimizer skips in its own kernel (its step is called): the
+    skip is read from the scaler; a disabled scaler (`enabled=use_amp`) beside
+    an optimizer train_op is no error."""
+    def model_fn(features, labels, mode):
+        lin = est.get_module("lin", lambda: torch.nn.Linear(1, 1, bias=False))
+        loss = ((lin(features["x"]) - labels) ** 2).mean()
+        opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.1, fused=True))
+        scaler = est.get_grad_scaler(lambda: torch.amp.GradScaler("cpu", init_scale=2.0 ** 15))
+
+        def train_op():
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "fused"))
+    e.train(lambda: _batches([1.0, float("inf"), 1.0, 1.0]))
+    assert e.get_variable_value("global_step") == 3
+    assert e.get_variable_value("grad_scaler/scale") == 2.0 ** 14
+
+    def disabled(features, labels, mode):
+        lin = est.get_module("lin", lambda: torch.nn.Linear(1, 1))
+        est.get_grad_scaler(lambda: torch.amp.GradScaler("cpu", enabled=False))
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+        return est.EstimatorSpec(mode, loss=lin(features["x"]).pow(2).mean(), train_op=opt)
+    e = est.Estimator(disabled, model_dir=str(tmp_path / "disabled"))
+    e.train(lambda: _batches([1.0, 2.0]))
+    assert e.get_variable_value("global_step") == 2
+    assert "grad_scaler/scale" not in e.get_variable_names()
+
+
+def _mirrored_scaled_model_fn(features, labels, mode):
+    lin = est.get_module("lin", lambda: torch.nn.Linear(1, 1, bias=False))
+    loss = ((lin(features["x"]) - labels) ** 2).mean()
+    opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+    scaler = est.get_grad_scaler(lambda: torch.amp.GradScaler(
+        "cpu", init_scale=2.0 ** 15, growth_interval=2))
+
+    def train_op():
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _sharded_rows(input_context):
+    """6 global batches of 2 rows, one row each replica; x = inf on replica
+    0's row of the third."""
+    xs = [1.0, 0.5, 2.0, 1.5, float("inf"), 1.0, 0.5, 2.0, 1.0, 1.5, 2.0, 0.5]
+    x = torch.tensor(xs).reshape(-1, 1)
+    i = input_context.input_pipeline_id
+    return [({"x": x[j + i:j + i + 1]}, torch.ones(1, 1)) for j in range(0, len(xs), 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_replicas_skip_a_step_together_or_are_refused_a_scaler(tmp_path):
+    """Under MirroredStrategy (gradients all-reduced in backward) an inf on
+    one replica's rows makes both skip: 6 batches, global step 5 on both.
+    Where gradients are reduced in the optimizer's step (ReductionToOneDevice)
+    each replica would judge its own and one would wait for ever: refused."""
+    import distribute
+    options = distribute.CommunicationOptions(timeout_seconds=30)
+    strategy = distribute.MirroredStrategy(["cpu:0", "cpu:1"], communication_options=options)
+    e = est.Estimator(_mirrored_scaled_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "mirrored"), train_distribute=strategy))
+    e.train(_sharded_rows)
+    assert e.get_variable_value("global_step") == 5
+    assert e.get_variable_value("grad_scaler/scale") == 2.0 ** 16   # x2, /2, x2
+
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], cross_device_ops=distribute.ReductionToOneDevice(),
+        communication_options=options)
+    e = est.Estimator(_mirrored_scaled_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "to_one"), train_distribute=strategy))
+    with pytest.raises(Exception, match="reduces the replicas' gradients in the optimizer's"):
+        e.train(_sharded_rows)
+
+
+def test_what_a_restore_would_round_or_wrap_is_refused(tmp_path):
+    from hooks.checkpoint import rounded_by_cast
+    t = torch.tensor
+    assert rounded_by_cast(t([-3, 5], dtype=torch.int8), torch.uint8)     # 253 as uint8
+    assert rounded_by_cast(t([200], dtype=torch.uint8), torch.int8)
+    assert rounded_by_cast(t([2 ** 40]), torch.int32)
+    assert not rounded_by_cast(t([-3, 5], dtype=torch.int8), torch.int64)
+    assert not rounded_by_cast(t([1.5, float("nan"), float("inf")]), torch.bfloat16)
+    assert rounded_by_cast(t([0.1]), torch.bfloat16)
+    assert rounded_by_cast(t([1.5]), torch.int64)
+
+    def lazy(dtype):   # LazyLinear: its restored weight is made in the module's dtype
+        def model_fn(features, labels, mode):
+            net = est.get_module("net", lambda: torch.nn.LazyLinear(1, dtype=dtype))
+            loss = net(features["x"].to(dtype)).float().pow(2).mean()
+            return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+                lambda p: torch.optim.SGD(p, lr=0.1)))
+        return model_fn
+    est.Estimator(lazy(torch.float32), model_dir=str(tmp_path)).train(_x_batches, max_steps=1)
+    with pytest.raises(ValueError, match="cannot restore net/weight .* torch.bfloat16"):
+        est.Estimator(lazy(torch.bfloat16), model_dir=str(tmp_path)).train(
+            _x_batches, max_steps=2)
+
+
+def test_to_numpy_takes_what_numpy_cannot_hold_directly():
+    from distribute.host_arrays import to_numpy
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    assert to_numpy(z.conj()).tolist() == [1 - 2j, 3 + 1j]
+    assert to_numpy(z.conj().imag).tolist() == [-2.0, 1.0]
+    assert to_numpy(torch.eye(2).to_sparse()).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    b = to_numpy(torch.tensor([1.1, float("nan")], dtype=torch.bfloat16))
+    assert b.dtype == np.float32 and b[0] == np.float32(1.1015625) and np.isnan(b[1])
+    assert to_numpy(torch.ones(2, requires_grad=True) * 2).tolist() == [2.0, 2.0]

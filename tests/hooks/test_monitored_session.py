@@ -450,3 +450,25 @@ def test_fetches_in_a_namedtuple_come_back_in_one():
     with session([rec]) as sess:
         sess.run(step, 3.0)
     assert rec.results == [Pair(3.0, 0)]
+
+
+def test_a_mixins_or_an_instances_own_after_run_is_called_every_step_too():
+    class StopAtFive:   # a user's mixin, listed before the built-in
+        def after_run(self, run_context, run_values):
+            self.seen.append(run_context.session.global_step)
+            if run_context.session.global_step >= 5:
+                run_context.request_stop()
+            super().after_run(run_context, run_values)
+
+    class MyStop(StopAtFive, hooks.StopAtStepHook):
+        pass
+    mixed = MyStop(last_step=20)
+    mixed.seen = []
+    patched, seen = hooks.LoggingTensorHook(["loss"], every_n_iter=100), []
+    inner = patched.after_run
+    patched.after_run = lambda context, values: (seen.append(1), inner(context, values))
+    with session([mixed, patched]) as sess:
+        while not sess.should_stop():
+            sess.run(step)
+    assert sess._scope.global_step == 5 and mixed.seen == [1, 2, 3, 4, 5] and len(seen) == 5
+    assert not sess._scheduled
