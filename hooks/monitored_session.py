@@ -629,6 +629,6 @@ def _schedulable(hook: SessionRunHook) -> bool:
         return False
     for method in ("before_run", "after_run"):
         definer = next(c for c in mro if method in vars(c))
-        if method in vars(hook) or not issubclass(owner, definer):
+        if method in getattr(hook, "__dict__", ()) or not issubclass(owner, definer):
             return False
     return True
