@@ -308,7 +308,7 @@ class Estimator:
         optimizer, optimizers = torch.optim.Optimizer, scope.optimizers
         checked = [None]   # the optimizer last found to be the scope's
         watched, stepped = {}, set()   # ids of the optimizers hooked / stepped in the call
-        counts_own_steps = not getattr(extended, "uses_parameter_servers", False)
+        counts_own_steps = not extended.uses_parameter_servers
 
         def note_step(opt, args, kwargs):
             stepped.add(id(opt))
