@@ -226,6 +226,19 @@ def _group_keys(groups: list) -> set:
     return {tuple(sorted(set(g) - {"params", "initial_lr"})) for g in groups}
 
 
+def _same_settings(saved: set, keys: set, kind: Optional[str], optimizer) -> bool:
+    """Whether a checkpoint's optimizer, of hyperparameter names `saved` (and
+    class `kind`, where recorded), is of `optimizer`'s kind (names `keys`): the
+    same names, or fewer where it is of the same class, or of one unrecorded,
+    and the class has gained a setting since (est.optimizers.Ftrl's `beta`,
+    a torch release's new flag)."""
+    if saved == keys:
+        return True
+    if kind is not None and kind != checkpoint.optimizer_kind(optimizer):
+        return False
+    return all(any(set(s) <= set(k) for k in keys) for s in saved)
+
+
 def _powers_of(betas: tuple, powers: list) -> tuple:
     """(the pair of `powers` that `betas` raised to one number of steps make,
     that number of completed steps), or (None, 0). The count comes from
@@ -469,7 +482,8 @@ class _WarmStarter:
                 if not wanted:
                     break
                 kind = self._state.get("optimizer_kinds", {}).get(owner)
-                if _group_keys(saved["param_groups"]) != keys or len(wanted) < len(slots) or \
+                same = _same_settings(_group_keys(saved["param_groups"]), keys, kind, optimizer)
+                if not same or len(wanted) < len(slots) or \
                         checkpoint.missing_slots(optimizer, saved, kind):
                     left += [f"{owner}/{prev_var}/{slot}" for slot in wanted]
                     break

@@ -493,20 +493,22 @@ class Saver:
             return [(n, 0.0) for n in reversed(_on_disk(self.model_dir))]
 
     def _retain(self, kept):
-        """(the entries to keep listed, the names to delete once they are not)."""
+        """(the entries to keep listed, the names to delete once they are not).
+        As TF's Saver, one kept by `keep_checkpoint_every_n_hours` leaves the
+        list and stays on disk for good (listed, the next save would judge it
+        again and delete it); one protected (not yet evaluated) stays listed."""
         if not self.max_to_keep or len(kept) <= self.max_to_keep:
             return kept, []
         excess, keep = kept[:-self.max_to_keep], kept[-self.max_to_keep:]
-        preserved, dropped = [], []
+        protected, dropped = [], []
         for name, stamp in excess:
-            path = os.path.join(self.model_dir, name)
-            if stamp >= self._next_keep_time or self._protected(path):
-                if stamp >= self._next_keep_time:
-                    self._next_keep_time += self._keep_every_secs
-                preserved.append((name, stamp))
+            if stamp > self._next_keep_time:
+                self._next_keep_time += self._keep_every_secs
+            elif self._protected(os.path.join(self.model_dir, name)):
+                protected.append((name, stamp))
             else:
                 dropped.append(name)
-        return preserved + keep, dropped
+        return protected + keep, dropped
 
 
 class _Crc32c:

@@ -140,6 +140,32 @@ def test_a_list_warm_start_from_our_checkpoint_continues_as_a_resumed_run(tmp_pa
                                       resumed.get_variable_value(name), err_msg=name)
 
 
+def test_a_list_warm_start_takes_the_state_of_an_optimizer_that_gained_a_setting(tmp_path):
+    """A checkpoint of an earlier version of this library (no recorded
+    optimizer kinds; est.optimizers.Ftrl without its later `beta` setting):
+    the slots are still taken (before: started fresh as "another kind of
+    optimizer's", and Ftrl, whose weights follow its slots, threw the
+    warm-started weights away at the first step)."""
+    from hooks.checkpoint import Saver
+    OWN["ftrl"] = lambda p: est.optimizers.Ftrl(p, 0.05)
+    try:
+        own_run(tmp_path / "first", "ftrl", 3)
+        state = est.checkpoint.load(str(tmp_path / "first" / "model.ckpt-3"))
+        state.pop("optimizer_kinds")
+        for group in state["optimizers"]["optimizer"]["param_groups"]:
+            del group["beta"]
+        state.pop("rng")
+        Saver(str(tmp_path / "older")).save(state, 3)
+        resumed = own_run(tmp_path / "first", "ftrl", 3)
+        warm = own_run(tmp_path / "warm", "ftrl", 3, est.WarmStartSettings(
+            str(tmp_path / "older"), vars_to_warm_start=[".*"]))
+    finally:
+        del OWN["ftrl"]
+    for name in resumed.get_variable_names():
+        np.testing.assert_array_equal(warm.get_variable_value(name),
+                                      resumed.get_variable_value(name), err_msg=name)
+
+
 def test_a_regex_warm_start_leaves_our_checkpoints_state(tmp_path):
     """A regex reaches trainable variables only (TF's TRAINABLE_VARIABLES):
     the optimizer starts fresh, and the step at 0."""

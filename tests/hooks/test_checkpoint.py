@@ -52,14 +52,22 @@ def test_keep_checkpoint_max(tmp_path):
     assert [os.path.basename(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == ckpts
 
 
-def test_keep_checkpoint_every_n_hours_preserves_old_ones(tmp_path):
-    saver = checkpoint.Saver(str(tmp_path), max_to_keep=1,
-                             keep_checkpoint_every_n_hours=0.02 / 3600)  # every 20 ms
-    for step in range(1, 5):
+def test_keep_checkpoint_every_n_hours_preserves_old_ones(tmp_path, monkeypatch):
+    """As TF's Saver (its _MaybeDeleteOldCheckpoints): one kept by the hours
+    leaves the index's list and stays on disk for good (before, it stayed
+    listed, was judged again at the next save against the moved mark, and
+    deleted)."""
+    now = [0.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])   # (the Saver's clock)
+    saver = checkpoint.Saver(str(tmp_path), max_to_keep=1, keep_checkpoint_every_n_hours=1)
+    for step, at in enumerate([0, 4000, 4001, 4002, 8000, 8001, 8002], 1):
+        now[0] = at
         saver.save({"modules": {}, "optimizers": {}, "global_step": step}, step)
-        time.sleep(0.05)
-    kept = [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))]
-    assert kept == [2, 3, 4]   # TF: step 1 came within the first interval of the Saver
+    on_disk = sorted(checkpoint.step_of(p) for p in checkpoint.checkpoints_on_disk(str(tmp_path)))
+    # 1 within the Saver's first hour; 2 past it (the mark moves to 7200), 5
+    # past that (to 10800); the others were not past the mark when evicted
+    assert on_disk == [2, 5, 7]
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == [7]
     plain = checkpoint.Saver(str(tmp_path / "p"), max_to_keep=1)
     for step in range(1, 5):
         plain.save({"modules": {}, "optimizers": {}, "global_step": step}, step)
