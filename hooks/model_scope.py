@@ -60,6 +60,31 @@ def _refuse_rounding(name: str, state: dict, module: torch.nn.Module, path) -> N
                 "torch.autocast, which keeps the weights in float32")
 
 
+def _by_variable_names(name: str, module: torch.nn.Module, saved: dict, path):
+    """The checkpoint's state of module `name`; where it lacks some of the
+    module's variables, or is not there, those gathered from other modules
+    of the checkpoint by variable name, as TF restores (an earlier version's
+    `linear/linear_model/b` module holding `weights` is `linear/linear_model`'s
+    `b/weights` now); what the module's own state holds, or None, unless every
+    variable is there, under one name only."""
+    own = saved.get(name)
+    keys = list(module.state_dict(keep_vars=True))
+    if own is not None and all(key in own for key in keys):
+        return own
+    flat: Dict[str, Optional[torch.Tensor]] = {}
+    for owner, state in saved.items():
+        for key, value in state.items():
+            variable = _variable_name(owner, key)
+            flat[variable] = None if variable in flat else value
+    found = {key: flat.get(_variable_name(name, key)) for key in keys}
+    if not keys or any(value is None for value in found.values()):
+        return own
+    logger.info("get_module(%r): restored from %s by variable names (the checkpoint holds "
+                "them in other modules: %s)", name, path, ", ".join(sorted(
+                    o for o in saved if o.startswith(name + "/") or name.startswith(o + "/"))))
+    return found
+
+
 def _variable_name(owner: str, key: str) -> str:
     """`net` + `0.weight` -> `net/0/weight` (TF-style variable names)."""
     return owner + "/" + key.replace(".", "/")
@@ -142,7 +167,8 @@ class ModelScope:
         # the module it compiled (no `_orig_mod` in their names)
         original = _uncompiled(module)
         if self._restore is not None:
-            state = self._restore["modules"].get(name)
+            state = _by_variable_names(name, original, self._restore["modules"],
+                                       self._restore_path)
             if state is None:
                 raise ValueError(
                     f"get_module({name!r}): the checkpoint {self._restore_path} has no "

@@ -1148,3 +1148,43 @@ def test_a_background_save_in_flight_is_on_disk_when_training_fails(tmp_path):
         e.train(regression_input_fn(), steps=30, hooks=[_AtStep(7, stop_the_writer_for_a_second)])
     assert resumed, "train raised before the writer process was resumed"
     assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-10")
+
+
+def _two_layer_model_fn(features, labels, mode):
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)))
+    loss = torch.nn.functional.mse_loss(net(torch.as_tensor(features["x"])), labels)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)))
+
+
+def test_a_module_is_restored_by_variable_names_from_another_layout(tmp_path):
+    """TF restores by variable name: a checkpoint whose modules split what is
+    one module now (an earlier version's canned linear model saved a module
+    per column, `linear/linear_model/b` holding `weights`, one module now
+    holding `b/weights`) restores the same variables. Before: 'Missing
+    key(s)', though `estimator inspect` listed exactly those names."""
+    def run(model_dir, steps):
+        torch.manual_seed(0)
+        e = est.Estimator(_two_layer_model_fn, model_dir=str(model_dir))
+        e.train(regression_input_fn(), steps=steps)
+        return e
+    run(tmp_path / "one", 3)
+    state = checkpoint.load(str(tmp_path / "one" / "model.ckpt-3"))
+    net = state["modules"].pop("net")
+    for layer in ("0", "2"):
+        state["modules"][f"net/{layer}"] = {k.split(".", 1)[1]: v for k, v in net.items()
+                                            if k.startswith(layer + ".")}
+    state.pop("rng")
+    hooks.checkpoint.Saver(str(tmp_path / "split")).save(state, 3)
+    resumed, split = run(tmp_path / "one", 3), run(tmp_path / "split", 3)
+    assert split.get_variable_value("global_step") == 6
+    for name in resumed.get_variable_names():
+        np.testing.assert_array_equal(split.get_variable_value(name),
+                                      resumed.get_variable_value(name), err_msg=name)
+
+    del state["modules"]["net/2"]   # a variable not there under any name: the error stands
+    hooks.checkpoint.Saver(str(tmp_path / "part")).save(state, 3)
+    with pytest.raises(ValueError, match=r"get_module\('net'\): the checkpoint .* has no module "
+                                         r"'net' \(it has \['net/0'\]\)"):
+        run(tmp_path / "part", 1)
