@@ -693,11 +693,12 @@ def missing_slots(optimizer, state: dict, kind: Optional[str]) -> List[str]:
     copies over a one-number variable: of this optimizer's class and settings
     against the checkpoint's state, or, where the class is the same, against
     the checkpoint's settings (an AdamW takes an Adam's state; [] where no
-    copy can be made)."""
+    copy can be made). `kind` None: an earlier version's checkpoint, which did
+    not record it, taken as another class's."""
     saved = next(iter(state.get("state", {}).values()), None)
-    if kind is None or saved is None:
+    if saved is None:
         return []
-    if kind != optimizer_kind(optimizer):
+    if kind is None or kind != optimizer_kind(optimizer):
         return sorted((_slots_of(optimizer, optimizer.param_groups[0]) or set()) - set(saved))
     missing = set()   # what the new settings keep, the old did not, and the state lacks
     for group, before in zip(optimizer.param_groups, state.get("param_groups", [])):

@@ -256,7 +256,8 @@ class ModelScope:
                                 for i in (0, 1))
                     what = f"a {kind} with {was}, which has no {missing} that one with {now}"
                 else:
-                    what = (f"a {kind}, which has no {missing} that a "
+                    what = (f"{'a ' + kind if kind else 'an optimizer (its class not recorded)'}"
+                            f", which has no {missing} that a "
                             f"{checkpoint.optimizer_kind(optimizer)}")
                 raise ValueError(
                     f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} holds "

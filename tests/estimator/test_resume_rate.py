@@ -227,6 +227,28 @@ def test_a_setting_that_keeps_more_state_is_refused_on_resume_and_warm_starts_fr
     assert warm.get_variable_value("optimizer/dense/weight/step") == 2
 
 
+def test_an_earlier_versions_checkpoint_without_optimizer_classes_is_checked_by_its_state(
+        tmp_path):
+    """A checkpoint of an earlier version records no optimizer class: Adam's
+    state resumed by an amsgrad Adam failed with a bare KeyError at the first
+    step, and by an SGD with momentum trained on, its next checkpoint holding
+    Adam's moments beside SGD's buffer. Now its state is checked."""
+    from hooks.checkpoint import Saver
+    _train_with(tmp_path / "new", torch.optim.Adam)
+    state = est.checkpoint.load(str(tmp_path / "new" / "model.ckpt-2"))
+    state.pop("optimizer_kinds")
+    state.pop("rng")
+    Saver(str(tmp_path / "older")).save(state, 2)
+    momentum = functools.partial(torch.optim.SGD, momentum=0.9)
+    for kind, missing in ((functools.partial(torch.optim.Adam, amsgrad=True), "max_exp_avg_sq"),
+                          (momentum, "momentum_buffer")):
+        with pytest.raises(ValueError, match=r"holds the state of an optimizer \(its class not "
+                           rf"recorded\), which has no \['{missing}'\] that a torch\.optim\."):
+            _train_with(tmp_path / "older", kind)
+    assert _train_with(tmp_path / "older", torch.optim.Adam).get_variable_value(
+        "global_step") == 4
+
+
 def test_a_setting_changed_by_hand_resumes_with_the_state_it_kept(tmp_path):
     """RMSprop(momentum=0.9) whose momentum model_fn turns off from step 1 (a
     cool-down): the checkpoint's group says 0.0 but its state holds the
