@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import inspect
 import io
 import logging
 import os
@@ -486,11 +487,13 @@ class Saver:
                 logger.warning("Could not remove %s, a checkpoint no index lists: %s", name, e)
 
     def _listed(self) -> List[Tuple[str, float]]:
-        """What the index on disk lists; the files on disk if it cannot be read."""
+        """What the index on disk lists; nothing if it cannot be read (as TF's
+        Saver, whose get_checkpoint_state is then None: the files on disk stay,
+        unlisted, rather than be deleted as the oldest, hourly ones with them)."""
         try:
             return _read_index(self.model_dir)[1]
         except (OSError, ValueError, UnicodeDecodeError):
-            return [(n, 0.0) for n in reversed(_on_disk(self.model_dir))]
+            return []
 
     def _retain(self, kept):
         """(the entries to keep listed, the names to delete once they are not).
@@ -502,10 +505,10 @@ class Saver:
         excess, keep = kept[:-self.max_to_keep], kept[-self.max_to_keep:]
         protected, dropped = [], []
         for name, stamp in excess:
-            if stamp > self._next_keep_time:
+            if self._protected(os.path.join(self.model_dir, name)):
+                protected.append((name, stamp))   # (judged again once evaluated)
+            elif stamp > self._next_keep_time:
                 self._next_keep_time += self._keep_every_secs
-            elif self._protected(os.path.join(self.model_dir, name)):
-                protected.append((name, stamp))
             else:
                 dropped.append(name)
         return protected + keep, dropped
@@ -694,12 +697,19 @@ def missing_slots(optimizer, state: dict, kind: Optional[str]) -> List[str]:
     against the checkpoint's state, or, where the class is the same, against
     the checkpoint's settings (an AdamW takes an Adam's state; [] where no
     copy can be made). `kind` None: an earlier version's checkpoint, which did
-    not record it, taken as another class's."""
-    saved = next(iter(state.get("state", {}).values()), None)
-    if saved is None:
+    not record it, taken as another class's. The copies are of the variable
+    of the checkpoint's first state entry: its group's settings, its shape
+    (Adafactor keeps row and column variances of a matrix)."""
+    entries = state.get("state", {})
+    if not entries:
         return []
+    index, saved = next(iter(entries.items()))
+    params = [(g, p) for g in optimizer.param_groups for p in g["params"]]
+    group, param = params[index] if isinstance(index, int) and index < len(params) \
+        else (optimizer.param_groups[0], None)
+    shape = tuple(param.shape) if param is not None else (1,)
     if kind is None or kind != optimizer_kind(optimizer):
-        return sorted((_slots_of(optimizer, optimizer.param_groups[0]) or set()) - set(saved))
+        return sorted((_slots_of(optimizer, group, shape) or set()) - set(saved))
     missing = set()   # what the new settings keep, the old did not, and the state lacks
     for group, before in zip(optimizer.param_groups, state.get("param_groups", [])):
         if _differ(before, group, optimizer.defaults):
@@ -730,14 +740,18 @@ def _equal(a, b) -> bool:
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
 
 
-def _slots_of(optimizer, settings: dict) -> Optional[set]:
-    """The state keys `optimizer`'s class keeps for a one-number variable
-    under `settings` (None where a copy cannot be made or stepped)."""
+def _slots_of(optimizer, settings: dict, shape: tuple = (1,)) -> Optional[set]:
+    """The state keys `optimizer`'s class keeps for a variable of `shape`
+    under `settings` (None where a copy cannot be made or stepped). Only the
+    settings its constructor takes are given (AdamW's defaults hold a
+    `decoupled_weight_decay` it sets itself)."""
     try:
-        probe = torch.nn.Parameter(torch.zeros(1))
+        taken = inspect.signature(type(optimizer).__init__).parameters
+        probe = torch.nn.Parameter(torch.zeros(shape))
         copy = type(optimizer)([probe], **{k: settings.get(k, v)
-                                           for k, v in optimizer.defaults.items()})
-        probe.grad = torch.zeros(1)
+                                           for k, v in optimizer.defaults.items()
+                                           if k in taken or "kwargs" in taken})
+        probe.grad = torch.zeros(shape)
         copy.step()
     except Exception:   # noqa: BLE001 - (a closure needed, another constructor): not told
         return None

@@ -62,17 +62,19 @@ def _refuse_rounding(name: str, state: dict, module: torch.nn.Module, path) -> N
 
 def _by_variable_names(name: str, module: torch.nn.Module, saved: dict, path):
     """The checkpoint's state of module `name`; where it lacks some of the
-    module's variables, or is not there, those gathered from other modules
-    of the checkpoint by variable name, as TF restores (an earlier version's
-    `linear/linear_model/b` module holding `weights` is `linear/linear_model`'s
-    `b/weights` now); what the module's own state holds, or None, unless every
-    variable is there, under one name only."""
+    module's variables, or is not there, those gathered by variable name from
+    modules of the checkpoint within it, as TF restores by name (an earlier
+    version's `linear/linear_model/b` module holding `weights` is
+    `linear/linear_model`'s `b/weights` now); what the module's own state
+    holds, or None, unless every variable is there, under one name only."""
     own = saved.get(name)
     keys = list(module.state_dict(keep_vars=True))
     if own is not None and all(key in own for key in keys):
         return own
     flat: Dict[str, Optional[torch.Tensor]] = {}
     for owner, state in saved.items():
+        if not owner.startswith(name + "/"):   # (only modules split from this one: never
+            continue                           # an ancestor's own variables, `a`'s b.weight)
         for key, value in state.items():
             variable = _variable_name(owner, key)
             flat[variable] = None if variable in flat else value
@@ -80,8 +82,8 @@ def _by_variable_names(name: str, module: torch.nn.Module, saved: dict, path):
     if not keys or any(value is None for value in found.values()):
         return own
     logger.info("get_module(%r): restored from %s by variable names (the checkpoint holds "
-                "them in other modules: %s)", name, path, ", ".join(sorted(
-                    o for o in saved if o.startswith(name + "/") or name.startswith(o + "/"))))
+                "them in modules within it: %s)", name, path, ", ".join(sorted(
+                    o for o in saved if o.startswith(name + "/"))))
     return found
 
 

@@ -249,6 +249,27 @@ def test_an_earlier_versions_checkpoint_without_optimizer_classes_is_checked_by_
         "global_step") == 4
 
 
+def test_state_checks_take_the_variables_shape_and_group_and_adamws_settings(tmp_path):
+    """The state a class keeps is found by a step on a copy of the variable
+    of the checkpoint's first state entry (Adafactor keeps a matrix's row and
+    column variances, a vector's variance: an earlier version's Adafactor
+    checkpoint was refused), with AdamW's own settings (its defaults hold one
+    its constructor refuses: no copy was made, and an amsgrad AdamW resumed
+    from Adam's state failed with a bare KeyError at the first step)."""
+    from hooks.checkpoint import Saver
+    _train_with(tmp_path / "new", torch.optim.Adafactor)
+    state = est.checkpoint.load(str(tmp_path / "new" / "model.ckpt-2"))
+    state.pop("optimizer_kinds")
+    state.pop("rng")
+    Saver(str(tmp_path / "older")).save(state, 2)
+    assert _train_with(tmp_path / "older", torch.optim.Adafactor).get_variable_value(
+        "global_step") == 4
+    _train_with(tmp_path / "adam", torch.optim.Adam)
+    with pytest.raises(ValueError, match=r"holds the state of a torch\.optim\.adam\.Adam, which "
+                       r"has no \['max_exp_avg_sq'\] that a torch\.optim\.adamw\.AdamW keeps"):
+        _train_with(tmp_path / "adam", functools.partial(torch.optim.AdamW, amsgrad=True))
+
+
 def test_a_setting_changed_by_hand_resumes_with_the_state_it_kept(tmp_path):
     """RMSprop(momentum=0.9) whose momentum model_fn turns off from step 1 (a
     cool-down): the checkpoint's group says 0.0 but its state holds the

@@ -1188,3 +1188,54 @@ def test_a_module_is_restored_by_variable_names_from_another_layout(tmp_path):
     with pytest.raises(ValueError, match=r"get_module\('net'\): the checkpoint .* has no module "
                                          r"'net' \(it has \['net/0'\]\)"):
         run(tmp_path / "part", 1)
+
+
+def test_a_module_named_within_anothers_is_not_restored_from_its_variables(tmp_path):
+    """Module `a/b`, new, is not in the checkpoint; module `a`'s `b.weight`
+    has its variable's name, but is `a`'s: the clear error, not `a`'s weights
+    in a new module (TF would have named the new one `a/b_1`)."""
+    def model_fn(with_new):
+        def fn(features, labels, mode):
+            a = est.get_module("a", lambda: torch.nn.ModuleDict({"b": torch.nn.Linear(3, 1)}))
+            pred = a["b"](torch.as_tensor(features["x"]))
+            if with_new:
+                pred = pred + est.get_module("a/b", lambda: torch.nn.Linear(3, 1))(
+                    torch.as_tensor(features["x"]))
+            loss = torch.nn.functional.mse_loss(pred, labels)
+            return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+                lambda p: torch.optim.SGD(p, lr=0.1)))
+        return fn
+    est.Estimator(model_fn(False), model_dir=str(tmp_path)).train(regression_input_fn(), steps=2)
+    with pytest.raises(ValueError, match=r"get_module\('a/b'\): the checkpoint .* has no module "
+                                         r"'a/b' \(it has \['a'\]\)"):
+        est.Estimator(model_fn(True), model_dir=str(tmp_path)).evaluate(regression_input_fn(),
+                                                                        steps=1)
+
+
+def test_hourly_and_unevaluated_checkpoints_stay_and_a_damaged_index_deletes_none(
+        tmp_path, monkeypatch):
+    """One not yet evaluated stays listed (an evaluator evaluating every
+    checkpoint reads the list), even when past the hourly mark; an index that
+    cannot be read lists nothing, as TF's get_checkpoint_state is None: the
+    next save deletes none of the files on disk (before: all taken as listed,
+    the oldest, hourly ones among them, deleted)."""
+    now = [0.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])   # (the Saver's clock)
+    saver = checkpoint.Saver(str(tmp_path), max_to_keep=1, keep_checkpoint_every_n_hours=1)
+    saver.protect(lambda path: True)
+    for step, at in enumerate([0, 4000, 4001], 1):
+        now[0] = at
+        saver.save({"modules": {}, "optimizers": {}, "global_step": step}, step)
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == [1, 2, 3]
+    saver.protect(lambda path: False)
+    now[0] = 4002
+    saver.save({"modules": {}, "optimizers": {}, "global_step": 4}, 4)
+    on_disk = sorted(checkpoint.step_of(p) for p in checkpoint.checkpoints_on_disk(str(tmp_path)))
+    assert on_disk == [2, 4]   # 2, past the mark when judged unprotected, kept for good
+    (tmp_path / "checkpoint").write_text("garbage{{{\n")
+    fresh = checkpoint.Saver(str(tmp_path), max_to_keep=1)
+    fresh.save({"modules": {}, "optimizers": {}, "global_step": 5}, 5)
+    fresh.save({"modules": {}, "optimizers": {}, "global_step": 6}, 6)
+    on_disk = sorted(checkpoint.step_of(p) for p in checkpoint.checkpoints_on_disk(str(tmp_path)))
+    assert on_disk == [2, 4, 6]
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == [6]
