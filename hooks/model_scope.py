@@ -68,6 +68,7 @@ def _by_variable_names(name: str, module: torch.nn.Module, saved: dict, path):
     `linear/linear_model`'s `b/weights` now); what the module's own state
     holds, or None, unless every variable is there, under one name only."""
     own = saved.get(name)
+    own = _uncompiled_state(own) if own is not None else None
     keys = list(module.state_dict(keep_vars=True))
     if own is not None and all(key in own for key in keys):
         return own
@@ -78,7 +79,8 @@ def _by_variable_names(name: str, module: torch.nn.Module, saved: dict, path):
         for key, value in state.items():
             variable = _variable_name(owner, key)
             flat[variable] = None if variable in flat else value
-    found = {key: flat.get(_variable_name(name, key)) for key in keys}
+    found = {key: own[key] if own is not None and key in own else
+             flat.get(_variable_name(name, key)) for key in keys}
     if not keys or any(value is None for value in found.values()):
         return own
     logger.info("get_module(%r): restored from %s by variable names (the checkpoint holds "

@@ -1183,6 +1183,14 @@ def test_a_module_is_restored_by_variable_names_from_another_layout(tmp_path):
         np.testing.assert_array_equal(split.get_variable_value(name),
                                       resumed.get_variable_value(name), err_msg=name)
 
+    state["modules"]["net"] = state["modules"].pop("net/0")   # (0.* in its own state)
+    state["modules"]["net"] = {f"0.{k}": v for k, v in state["modules"]["net"].items()}
+    hooks.checkpoint.Saver(str(tmp_path / "part_split")).save(state, 3)
+    part_split = run(tmp_path / "part_split", 3)
+    for name in resumed.get_variable_names():
+        np.testing.assert_array_equal(part_split.get_variable_value(name),
+                                      resumed.get_variable_value(name), err_msg=name)
+    state["modules"]["net/0"] = {k[2:]: v for k, v in state["modules"].pop("net").items()}
     del state["modules"]["net/2"]   # a variable not there under any name: the error stands
     hooks.checkpoint.Saver(str(tmp_path / "part")).save(state, 3)
     with pytest.raises(ValueError, match=r"get_module\('net'\): the checkpoint .* has no module "
