@@ -338,7 +338,7 @@ class Estimator:
                 stepped.update(scope.scaler_skipped)
                 scope.scaler_skipped.clear()
                 if not scope.scaler_stepped and counts_own_steps:
-                    scope.global_step -= 1   # (the session adds this step: not counted)
+                    scope.step_uncounted = True   # (the session leaves the global step)
             for opt in optimizers.values():
                 if id(opt) in stepped or id(opt) not in watched:   # (made in the train_op)
                     for group in opt.param_groups:

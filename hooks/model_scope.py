@@ -141,6 +141,7 @@ class ModelScope:
         # finite) / whether it made one, since the Estimator's step last cleared them
         self.scaler_skipped: set = set()
         self.scaler_stepped = False
+        self.step_uncounted = False   # set by a step the session must not count (its skip)
         self.global_step = int(restore["global_step"]) if restore else 0
         self.named_tensors: Dict[str, torch.Tensor] = {}
         self.feed_dict: Optional[dict] = None   # this step's feeds (hooks.FeedFnHook)

@@ -153,6 +153,7 @@ class MonitoredSession:
         self._quiet = not (self._always_before or self._always_after)   # every hook scheduled
         self._wake_step = self._wake_run = self._wake_time = NEVER
         self._stop = False
+        self._uncounted = False   # this step left the global step as it was
         self._entered = False
         self._lock = None   # MonitoredTrainingSession's model_dir lock, released at the end
 
@@ -248,7 +249,10 @@ class MonitoredSession:
                 self._stop = True
                 return None
             if self._train:
-                scope.global_step += 1
+                if scope.step_uncounted:
+                    scope.step_uncounted = False
+                else:
+                    scope.global_step += 1
             if (self._agree_to_stop is None and not scope.named_tensors
                     and not self._due_after_step() and self._preemption.signalled is None):
                 self._last_outputs, self._last_named = outputs, scope.named_tensors
@@ -293,8 +297,12 @@ class MonitoredSession:
         finally:
             if feeds:
                 scope.feed_dict = None
+        self._uncounted = False
         if self._train:
-            scope.global_step += 1
+            if scope.step_uncounted:   # (TF: a skipped update leaves the step as it was)
+                scope.step_uncounted, self._uncounted = False, True
+            else:
+                scope.global_step += 1
         self._after_step(outputs, context, requests, after, woken)
         return outputs
 
@@ -367,7 +375,7 @@ class MonitoredSession:
         if self._train and "global_step" in host:
             # TF's fetch reads the step beside the train_op, before its update
             # (a hook sees 0 on the first step; `session.global_step` is the new one)
-            host["global_step"] = scope.global_step - 1
+            host["global_step"] = scope.global_step - (0 if self._uncounted else 1)
         answers = {id(hook): _structure(fetches, host) for hook, fetches, _ in requests}
         for hook in after:
             results = answers.get(id(hook))

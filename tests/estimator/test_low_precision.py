@@ -52,8 +52,12 @@ class _Steps(est.SessionRunHook):
     def __init__(self, rows):
         self.rows = rows
 
+    def before_run(self, run_context):
+        return est.SessionRunArgs("global_step")
+
     def after_run(self, run_context, run_values):
         self.rows[-1]["global_step"] = run_context.session.global_step
+        self.rows[-1]["fetched"] = run_values.results
 
 
 def _batches(xs):
@@ -67,6 +71,11 @@ def test_a_grad_scaler_is_checkpointed_and_its_skipped_steps_are_not_counted_as_
         e.train(lambda: _batches(TF[f"{run}_x"]), hooks=[_Steps(rows)])
         want = TF[run]["steps"]
         assert [r["global_step"] for r in rows] == [int(r["global_step"]) for r in want]
+        # a fetch reads the step before its update: the last step's (not one
+        # less on a skipped step, where the global step stays as it was)
+        first = TF["first"]["steps"][-1]["global_step"] if run == "second" else 0
+        assert [r["fetched"] for r in rows] == [int(s) for s in [first] + [
+            r["global_step"] for r in want][:-1]]
         assert [r["loss_scale"] for r in rows] == [r["loss_scale"] for r in want]
         np.testing.assert_allclose([r["w"] for r in rows], [r["w"] for r in want], rtol=1e-6)
         saved = TF[run]["checkpoint"]
