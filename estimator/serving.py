@@ -190,8 +190,8 @@ class Model:
 
     def _rows(self, instances, field: str, inputs: Dict[str, dict]) -> Dict[str, list]:
         if not isinstance(instances, list) or not instances:
-            raise RequestError(f"{field} must be a non-empty list, got "
-                               f"{type(instances).__name__}")
+            raise RequestError(f"{field} must be a non-empty list, got " + (
+                "an empty list" if isinstance(instances, list) else type(instances).__name__))
         names = list(inputs)
         columns: Dict[str, list] = {n: [] for n in names}
         for i, row in enumerate(instances):
@@ -268,6 +268,12 @@ class Model:
                 raise ValueError("expected integers; it would truncate or take true as 1")
             if dtype.is_floating_point and array.dtype == bool:   # (TF Serving's 400)
                 raise ValueError("expected numbers; it would take true as 1.0")
+            if integer and array.size and array.dtype.kind in "iuf":   # (it would wrap)
+                info = torch.iinfo(dtype)
+                low, high = array.min(), array.max()
+                if low < info.min or high > info.max:
+                    raise ValueError(f"{low if low < info.min else high} is out of the range "
+                                     f"of {spec['dtype']} [{info.min}, {info.max}]")
             tensor = torch.as_tensor(array, dtype=dtype)
         except (TypeError, ValueError) as e:
             raise RequestError(f"input {name!r}: cannot make a {spec['dtype']} tensor of "
@@ -451,7 +457,10 @@ class _Handler(BaseHTTPRequestHandler):
                      ":regress": model.regress}
             if rest not in verbs:
                 raise RequestError(f"Malformed request: POST {self.path}")
-            length = int(self.headers.get("Content-Length") or 0)
+            length = self.headers.get("Content-Length") or "0"
+            if not length.isdigit():
+                raise RequestError(f"Content-Length: {length!r} is not a number of bytes")
+            length = int(length)
             if length > _MAX_BODY:
                 raise RequestError(f"request body of {length} bytes is over the limit of "
                                    f"{_MAX_BODY}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
@@ -468,13 +477,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(e).__name__}: {e}"})
 
 
+class _Server(ThreadingHTTPServer):
+    # The listen backlog: the standard library's 5 reset connections when 20
+    # clients called at once (each is answered on its own thread once accepted).
+    request_queue_size = 128
+
+
 def make_server(path: str, host: str = "127.0.0.1", port: int = 8501,
                 model_name: str = "default") -> ThreadingHTTPServer:
     """A server (not yet serving) for the export at `path` (an export dir or
     a base of timestamped exports); `server.serve_forever()` runs it."""
     model = Model(path, model_name)
     try:
-        server = ThreadingHTTPServer((host, port), _Handler)
+        server = _Server((host, port), _Handler)
     except OSError as e:   # (in use, not this machine's address, a privileged port)
         raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror or e}") from e
     except OverflowError:

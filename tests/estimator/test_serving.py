@@ -2,6 +2,7 @@
 process on a free port and queried over HTTP as a TF Serving client would."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,6 +159,7 @@ def test_classify_and_regress_equal_estimator_predict(server, exported):
     ({"inputs": {"a": ["x"], "b": [1.0]}}, None, 400, "input 'a'"),
     ({"signature_name": "predict", "examples": [{"a": 1.0, "b": 2.0}]}, None, 400,
      "needs one of ['serving_default', 'classification']"),
+    ({"instances": []}, None, 400, "instances must be a non-empty list, got an empty list"),
     (None, b"{not json", 400, "JSON Parse error"),
     (None, b"[1, 2]", 400, "must be a JSON object"),
 ])
@@ -177,13 +179,62 @@ def test_unknown_model_or_version_is_404(server):
 
 
 def test_concurrent_requests(server):
+    """24 clients at once (the standard library's listen backlog of 5 reset
+    connections at 20), each answered with its own rows."""
     from concurrent.futures import ThreadPoolExecutor
     url, _ = server
-    body = {"instances": [{"a": 0.1 * i, "b": -0.2 * i} for i in range(8)]}
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: _post(url + ":predict", body), range(32)))
+    bodies = [{"instances": [{"a": 0.1 * i, "b": -0.2 * j} for i in range(1 + j % 5)]}
+              for j in range(48)]
+    with ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(lambda body: _post(url + ":predict", body), bodies))
     assert all(code == 200 for code, _ in answers)
-    assert all(a == answers[0][1] for _, a in answers)
+    assert [len(a["predictions"]) for _, a in answers] == [1 + j % 5 for j in range(48)]
+    same = [j for j in range(48) if bodies[j] == bodies[0]]
+    assert all(answers[j][1] == answers[0][1] for j in same)
+
+
+def test_a_content_length_that_is_not_a_number_is_a_400(server):
+    import http.client
+    url, proc = server
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.putrequest("POST", url.split(port, 1)[1] + ":predict")
+    connection.putheader("Content-Length", "abc")
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 400
+    assert "Content-Length: 'abc' is not a number of bytes" in json.loads(response.read())["error"]
+    connection.close()
+    assert proc.poll() is None
+
+
+def test_integers_out_of_an_inputs_range_are_refused_not_wrapped(tmp_path):
+    """int32 2**40 reached the model as 0, uint8 300 as 44, -1 as 255: a 200
+    with a wrong answer (TF Serving: a 400 naming the type)."""
+    def model_fn(features, labels, mode):
+        lin = est.get_module("lin", lambda: torch.nn.Linear(1, 1))
+        out = lin(features["n"].float().unsqueeze(-1))
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"n": features["n"] * 1,
+                                                        "u": features["u"] * 1, "out": out})
+        return est.EstimatorSpec(mode, loss=out.pow(2).mean(), train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    batch = {"n": torch.tensor([1, 2], dtype=torch.int32),
+             "u": torch.tensor([3, 4], dtype=torch.uint8)}
+    e.train(lambda: [(batch, None)], max_steps=1)
+    path = e.export_saved_model(str(tmp_path / "export"),
+                                est.export.build_raw_serving_input_receiver_fn(batch))
+    model = est.serving.Model(path)
+    answer = model.predict({"instances": [{"n": 2 ** 31 - 1, "u": 255}, {"n": -2 ** 31, "u": 0}]})
+    assert [(p["n"], p["u"]) for p in answer["predictions"]] == [(2 ** 31 - 1, 255),
+                                                                 (-2 ** 31, 0)]
+    for n, u, said in ((2 ** 40, 1, "1099511627776 is out of the range of int32"),
+                       (-2 ** 31 - 1, 1, "-2147483649 is out of the range of int32"),
+                       (1, 300, "300 is out of the range of uint8 [0, 255]"),
+                       (1, -1, "-1 is out of the range of uint8")):
+        with pytest.raises(est.serving.RequestError, match=re.escape(said)):
+            model.predict({"instances": [{"n": n, "u": u}]})
 
 
 def test_ctrl_c_stops_it_cleanly(server):
