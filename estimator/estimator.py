@@ -460,10 +460,10 @@ class Estimator:
                 while not session.should_stop():
                     session.run(step)
             strategy.extended.reduce_metrics(list(scope.metrics.values()))
-            results = {key: _python(value) for key, value in metric_ops.results().items()}
-            results["loss"] = _python(loss.result())
+            results = {key: _metric_value(value) for key, value in metric_ops.results().items()}
+            results["loss"] = _metric_value(loss.result())
             # TF's order: the metrics sorted by name (loss among them), global_step last
-            results = dict(sorted(results.items()), global_step=scope.global_step)
+            results = dict(sorted(results.items()), global_step=np.int64(scope.global_step))
         writes = self._writes_eval_summaries(strategy)
         if writes:   # with the evaluated checkpoint's path, as TF
             write_dict_to_summary(self.eval_dir(name), results, scope.global_step, path)
@@ -773,6 +773,18 @@ def _python(value):
     if isinstance(value, torch.Tensor):
         return value.item() if value.dim() == 0 else to_numpy(value)
     return value
+
+
+def _metric_value(value):
+    """A metric's result as TF's `evaluate` returns it: numpy, floats in torch's
+    default dtype (TF's metric variables are float32: `np.float32(0.85)` prints
+    0.85, where the float64 the state is summed in printed 0.8500000238418579)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_floating_point():
+        value = value.to(torch.get_default_dtype())
+    value = to_numpy(value)
+    return value[()] if value.ndim == 0 else value
 
 
 def _select(predictions, keys, warn: bool = False):

@@ -31,6 +31,7 @@ ops on the buffers' device (no host sync); inputs may be on any device.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -588,7 +589,7 @@ def _curve_thresholds(num_thresholds: int, last: float) -> list:
 
 
 def _check_rate(value, name: str) -> float:
-    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+    if not isinstance(value, numbers.Real) or not 0 <= value <= 1:
         raise ValueError(f"`{name}` must be in the range [0, 1]. Currently, `{name}` got "
                          f"{value!r}.")
     return float(value)

@@ -788,7 +788,7 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
             last = (result.metrics, exports)
             if evaluator.stop_requested and not _read_marker(model_dir, STOP_MARKER, max_steps):
                 _write_json(os.path.join(model_dir, STOP_MARKER),
-                            {"global_step": result.metrics["global_step"],
+                            {"global_step": int(result.metrics["global_step"]),
                              "max_steps": max_steps, "time": time.time(),
                              "reason": "an early-stopping hook decided on this evaluation"})
                 logger.info("Early stopping requested at global step %d; trainers stop "

@@ -134,7 +134,8 @@ def main(argv=None):
     outcome = est.train_and_evaluate(estimator, train_spec, eval_spec)
     if outcome is not None and outcome[0] is not None:
         result, exports = outcome
-        print("FINAL_EVAL " + json.dumps(dict(result, exports=exports)), flush=True)
+        print("FINAL_EVAL " + json.dumps(dict(result, exports=exports),   # numpy, as TF's
+                                         default=lambda v: v.tolist()), flush=True)
     return outcome
 
 

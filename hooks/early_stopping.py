@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import difflib
 import logging
+import numbers
 import operator
 import os
 from typing import Callable, Dict, Optional
@@ -135,7 +136,7 @@ def _stop_if_threshold_crossed_hook(estimator, metric_name, threshold, higher_is
                                     eval_dir, min_steps, run_every_secs, run_every_steps):
     what = "stop_if_higher_hook" if higher_is_better else "stop_if_lower_hook"
     _check_common(what, estimator, metric_name, min_steps)
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
         raise TypeError(f"{what}: threshold must be a number, got {threshold!r}")
     if eval_dir is None:
         eval_dir = estimator.eval_dir()

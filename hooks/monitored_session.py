@@ -21,6 +21,7 @@ import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+import numpy as np
 import torch
 
 import distribute
@@ -39,13 +40,14 @@ logger = logging.getLogger(__name__)
 
 
 def _to_host(values: Dict[str, Any]) -> Dict[str, Any]:
-    """Copy the fetched tensors to the host, once per step for all hooks: a
-    scalar becomes a Python number, anything else a numpy array."""
+    """Copy the fetched tensors to the host, once per step for all hooks, as
+    numpy values (TF's `session.run`: a float32 scalar is a `np.float32`)."""
     out = {}
     for name, value in values.items():
         if isinstance(value, torch.Tensor):
             value = value.detach()
-            value = value.item() if value.numel() == 1 and value.dim() == 0 else to_numpy(value)
+            value = to_numpy(value)
+            value = value[()] if value.ndim == 0 else value
         elif name == "summaries":
             value = _summary._to_host(value)
         out[name] = value
@@ -375,7 +377,7 @@ class MonitoredSession:
         if self._train and "global_step" in host:
             # TF's fetch reads the step beside the train_op, before its update
             # (a hook sees 0 on the first step; `session.global_step` is the new one)
-            host["global_step"] = scope.global_step - (0 if self._uncounted else 1)
+            host["global_step"] = np.int64(scope.global_step - (0 if self._uncounted else 1))
         answers = {id(hook): _structure(fetches, host) for hook, fetches, _ in requests}
         for hook in after:
             results = answers.get(id(hook))
@@ -400,7 +402,7 @@ class MonitoredSession:
         scope = self._scope
         named = scope.named_tensors if named is None else named
         if name == "global_step":
-            return scope.global_step
+            return np.int64(scope.global_step)   # (TF's int64 variable, read by session.run)
         if name == "summaries":
             return list(scope.summaries)
         if name in named:
@@ -450,6 +452,11 @@ def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
     from .summary_hooks import StepCounterHook, SummarySaverHook
     given = [h for h in given_hooks if isinstance(h, CheckpointSaverHook)]
     if given:   # TF: the first takes the listeners; no default saver
+        for hook in given:
+            if hook._own_saver:   # TF: the graph's Saver, made with RunConfig's settings
+                hook._saver = checkpoint.Saver(hook._saver.model_dir, keep_checkpoint_max,
+                                               keep_checkpoint_every_n_hours,
+                                               background=async_checkpoint)
         for listener in listeners:
             if listener not in given[0]._listeners:
                 given[0]._listeners.append(listener)

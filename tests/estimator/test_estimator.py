@@ -174,7 +174,7 @@ def test_a_loss_of_one_element_is_a_scalar_as_in_tf(tmp_path):
     e.train(regression_input_fn(), steps=3)
     assert est.checkpoint.step_of(e.latest_checkpoint()) == 3
     result = e.evaluate(regression_input_fn(), steps=2)   # a [1, 1] loss
-    assert isinstance(result["loss"], float)
+    assert isinstance(result["loss"], np.float32)   # as TF
 
 
 def test_model_dir_may_be_a_path(tmp_path):

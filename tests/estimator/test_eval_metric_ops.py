@@ -159,4 +159,4 @@ def test_a_metric_named_loss_or_global_step_is_an_error_as_in_tf(tmp_path):
 
 def test_tf_pair_from_a_metric_in_eval_metric_ops_is_the_metric(tmp_path):
     results = _eval_with(lambda pred: est.metrics.mean(pred), tmp_path)
-    assert isinstance(results["bad"], float)
+    assert isinstance(results["bad"], np.float32)   # as TF

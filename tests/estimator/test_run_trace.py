@@ -152,6 +152,16 @@ def test_a_users_checkpoint_saver_hook_saves_instead_of_run_configs(tmp_path, wh
     assert given.calls == without_session_start_save(recorded["listener"])
 
 
+def test_a_users_checkpoint_saver_hook_keeps_run_configs_number_as_tf(tmp_path):
+    """A CheckpointSaverHook made without a saver saves through the
+    Estimator's (TF: the graph's Saver, made with keep_checkpoint_max): 2
+    kept here, where it kept its own Saver's default 5."""
+    hook = est.CheckpointSaverHook(str(tmp_path), save_steps=2)
+    e = est.Estimator(model_fn, config=config(tmp_path, keep_checkpoint_max=2))
+    e.train(input_fn(), max_steps=11, hooks=[hook])
+    assert checkpoints(tmp_path) == TF["own_saver_hook_keeps"]["checkpoints"]
+
+
 def test_local_train_and_evaluate_evaluates_after_the_saves_tf_evaluates_after(tmp_path):
     e = est.Estimator(model_fn, config=config(tmp_path, save_checkpoints_steps=3))
     est.train_and_evaluate(e, est.TrainSpec(input_fn(), max_steps=7),

@@ -1,4 +1,5 @@
 """The session loop: hook call order, fetches by name, stopping, errors."""
+import numpy as np
 import pytest
 import torch
 
@@ -56,7 +57,7 @@ def test_fetches_by_name_structure_and_host_values():
     r = rec.results[0]
     # global_step as TF's fetch reads it: the step's, before its update
     assert r["l"] == 3.0 and r["both"] == [0, 6.0] and list(r["o"]) == [0, 1, 2]
-    assert isinstance(r["l"], float)
+    assert isinstance(r["l"], np.float32) and isinstance(r["both"][0], np.int64)   # as TF
 
 
 def test_unknown_fetch_names_the_hook_and_what_is_available():

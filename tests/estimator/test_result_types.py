@@ -1,0 +1,81 @@
+"""The Python types of what TF hands back, against TF 2.15
+(tests/support/fixtures/tf_result_types.json, recorded by
+record_tf_result_types.py): `evaluate`'s results and a hook's fetches are
+numpy values (a float32 scalar is `np.float32`, the global step `np.int64`),
+so a ported program's `print(results)` and `results["loss"].dtype` work as
+in TF."""
+import json
+import os
+
+import numpy as np
+import torch
+
+import estimator as est
+import hooks
+
+FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "support", "fixtures",
+                       "tf_result_types.json")
+X = torch.arange(16, dtype=torch.float32).reshape(8, 2) / 16.0
+Y = torch.tensor([0, 1, 0, 1, 1, 0, 1, 1])
+
+
+def describe(value):
+    return {"type": type(value).__name__,
+            "dtype": str(value.dtype) if hasattr(value, "dtype") else None,
+            "shape": list(np.shape(value)) if hasattr(value, "shape") else None}
+
+
+class Fetch(hooks.SessionRunHook):
+    seen = None
+
+    def before_run(self, run_context):
+        return hooks.SessionRunArgs({"loss": "loss", "global_step": "global_step",
+                                     "logits": "logits"})
+
+    def after_run(self, run_context, run_values):
+        self.seen = {k: describe(v) for k, v in run_values.results.items()}
+
+
+def model_fn(features, labels, mode):
+    logits = est.named_tensor("logits", est.get_module(
+        "dense", lambda: torch.nn.Linear(2, 2))(features["x"]))
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    prob, pred = logits.softmax(1)[:, 1], logits.argmax(1)
+    ops = {"accuracy": est.metrics.accuracy(labels, pred),
+           "auc": est.metrics.auc(labels, prob),
+           "mean_prob": est.metrics.mean(prob),
+           "true_positives": est.metrics.true_positives(labels, pred),
+           "precision_at": est.metrics.precision_at_thresholds(labels, prob, [0.3, 0.6])}
+    return est.EstimatorSpec(mode, loss=loss, eval_metric_ops=ops,
+                             train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+
+
+def input_fn():
+    return iter([({"x": X[:4]}, Y[:4]), ({"x": X[4:]}, Y[4:])])
+
+
+def test_evaluate_results_and_hook_fetches_are_numpy_values_as_tf(tmp_path):
+    tf = json.load(open(FIXTURE))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    hook = Fetch()
+    e.train(input_fn, steps=2, hooks=[hook])
+    results = e.evaluate(input_fn)
+    assert {k: describe(v) for k, v in results.items()} == tf["evaluate"]
+    assert hook.seen == tf["fetched"]
+    # What a ported program prints: float32's shortest digits, as TF's
+    assert str(results["accuracy"]) == str(np.float32(results["accuracy"].item()))
+    assert str(results["global_step"]) == "2"
+
+
+def test_numpy_numbers_are_taken_where_tf_takes_numbers(tmp_path):
+    """A threshold or rate taken from these results (numpy, as TF's) is a
+    number (they were TypeError/ValueError: 'must be a number')."""
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    e.train(input_fn, steps=2)
+    loss = e.evaluate(input_fn)["loss"]
+    hook = hooks.stop_if_lower_hook(e, "loss", loss * np.float32(2), run_every_secs=None,
+                                    run_every_steps=1)
+    e.train(input_fn, steps=2, hooks=[hook])
+    assert est.checkpoint.step_of(e.latest_checkpoint()) == 3   # stopped at its first check
+    metric = est.metrics.SensitivityAtSpecificity(np.float32(0.5))
+    assert metric.config["specificity"] == 0.5
