@@ -53,7 +53,7 @@ def main():
     if args.evaluate:
         result = e.evaluate(lambda: batches(n=210, batch_size=30, seed=1))
         with open(os.path.join(args.out_dir, f"eval-{rank()}.json"), "w") as f:
-            json.dump(result, f)
+            json.dump(result, f, default=lambda v: v.tolist())   # (numpy values, as TF's)
     if args.export:
         receiver = est.export.build_raw_serving_input_receiver_fn(
             {"x": est.export.placeholder(torch.float32, [None, 3])})
