@@ -389,6 +389,8 @@ class SummarySaverHook(_WritesSummaries):
         # TF's Estimator adds its `loss` summary only where the model_fn wrote none
         if "loss" in results and not any(record.tag == "loss" for record in records):
             self._write_scalar("loss", results["loss"], step)
+        if records and self._acquired is not None:   # the held ones first: step order
+            SummaryWriterCache._write_held(self._key)
         tags = self._tags
         for record in records:
             if tags is None or record.tag in tags:

@@ -568,3 +568,18 @@ def test_a_full_disk_under_the_summaries_names_their_directory(tmp_path, monkeyp
     with caplog.at_level(logging.ERROR):
         hooks.SummaryWriterCache.clear()   # what runs at exit: logged, not raised
     monkeypatch.undo()
+
+
+def test_events_are_written_in_step_order(tmp_path):
+    """The held loss and global_step/sec scalars are written before a later
+    step's model_fn summaries (TF's event files are in step order; a reader
+    going through one in order saw `pred_mean` of step 11 before `loss` of 6)."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    e = make(tmp_path, save_summary_steps=5, log_step_count_steps=5)
+    e.train(regression_input_fn(), steps=30)
+    files = [f for f in os.listdir(tmp_path) if f.startswith("events.out.tfevents")]
+    assert len(files) == 1
+    written = [(ev.step, v.tag) for ev in LegacyEventFileLoader(str(tmp_path / files[0])).Load()
+               if ev.HasField("summary") for v in ev.summary.value]
+    assert {tag for _, tag in written} >= {"loss", "global_step/sec", "pred_mean"}
+    assert [s for s, _ in written] == sorted(s for s, _ in written)
