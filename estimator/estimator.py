@@ -813,7 +813,7 @@ def _host(value) -> np.ndarray:
     string tensors come out of `predict` (b"a", an object array of bytes)."""
     if isinstance(value, torch.Tensor):
         return to_numpy(value)
-    if isinstance(value, np.ndarray) and value.dtype.kind not in "UO":
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "UOS":
         return value
     return host_transform.as_bytes(value)
 

@@ -66,11 +66,16 @@ def test_string_predictions_are_utf8_bytes(estimator):
         est.get_module("scale", lambda: torch.nn.Linear(1, 1))
         return est.EstimatorSpec(mode, predictions={
             "x": x, "word": ["héllo", "wörld"][:len(x)], "kept": np.array([b"a", b"b"][:len(x)],
-                                                                          dtype=object)})
+                                                                          dtype=object),
+            "fixed": np.array([b"cd", b"e"][:len(x)])})   # numpy's dtype S2
     e = est.Estimator(words, model_dir=estimator.model_dir)
     got = list(e.predict(lambda: [{"x": X[:2]}]))
-    assert [(p["word"], p["kept"]) for p in got] == [("héllo".encode(), b"a"),
-                                                     ("wörld".encode(), b"b")]
+    assert [(p["word"], p["kept"], p["fixed"]) for p in got] == [
+        ("héllo".encode(), b"a", b"cd"), ("wörld".encode(), b"b", b"e")]
+    # TF's: Python bytes in an object array (numpy's bytes_ printed as np.bytes_(b'cd'))
+    assert {type(p[k]) for p in got for k in ("word", "kept", "fixed")} == {bytes}
+    batch, = e.predict(lambda: [{"x": X[:2]}], yield_single_examples=False)
+    assert batch["fixed"].dtype == object and type(batch["fixed"][0]) is bytes
 
 
 def test_a_single_tensor_prediction_takes_no_keys(estimator):
