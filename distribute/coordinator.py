@@ -56,6 +56,7 @@ import torch
 
 from . import _closure_queue as _cq
 from . import _ps_rpc, ps_client
+from .host_arrays import to_numpy
 from .strategy import InputContext, _map
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,13 @@ _TAKE_WAIT_SECS = 1.0
 
 
 # -- values and handles --------------------------------------------------------------------
+def _numpy(value):
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = to_numpy(value.detach())
+    return value[()] if value.ndim == 0 else value
+
+
 class RemoteValue:
     """The result of a scheduled function (tf.distribute.experimental.coordinator.RemoteValue)."""
 
@@ -80,14 +88,17 @@ class RemoteValue:
             self._event.set()
 
     def fetch(self):
-        """Wait for the function; its return value, or its error raised."""
+        """Wait for the function; its return value with tensors as numpy (a
+        scalar one a numpy scalar, as TF's `.numpy()`), or its error raised."""
+        return _map(_numpy, self.get())
+
+    def get(self):
+        """Wait for the function; its return value as it returned it (TF: the
+        tensors), or its error raised."""
         self._event.wait()
         if self._error is not None:
             raise self._error
         return self._value
-
-    def get(self):
-        return self.fetch()
 
 
 class RemoteModule:

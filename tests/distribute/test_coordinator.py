@@ -178,6 +178,8 @@ def test_iterators_errors_and_structures_behave_as_tf_s(cluster, tmp_path):
     assert all(kind in ("ok", "OutOfRangeError") for kind, _ in outcomes), outcomes
 
     assert out["structures"] == ["Pair", [2, 1], "OrderedDict", [["b", 2], ["a", 1]]]
+    # fetch() gives numpy (a scalar tensor a numpy scalar), get() the tensors, as TF's
+    assert out["tensors"] == ["ndarray", "float32", "float32", "Tensor"]
 
     joined, *outcomes = out["after_a_failure"]
     assert joined == ["ValueError", "boom"] and outcomes[4] == ["ValueError", "boom"]

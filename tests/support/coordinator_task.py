@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), HERE]
 
@@ -129,6 +131,10 @@ def semantics(cluster, args):
     pair, ordered = coordinator.schedule(model.swap, args=(model.Pair(1, 2),)).fetch()
     out["structures"] = [type(pair).__name__, list(pair), type(ordered).__name__,
                          list(ordered.items())]
+    value = coordinator.schedule(model.swap, args=(model.Pair(torch.tensor(1.5), torch.ones(2)),))
+    (fetched, _), (got, _) = value.fetch(), value.get()
+    out["tensors"] = [type(fetched.a).__name__, str(fetched.a.dtype), type(fetched.b).__name__,
+                      type(got.a).__name__]
     marks = os.path.join(args.out, "marks")
     values = [coordinator.schedule(model.slow_mark, args=(i, marks)) for i in range(4)]
     values.append(coordinator.schedule(model.boom))
