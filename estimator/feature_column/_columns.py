@@ -163,6 +163,8 @@ def _check_int(value, what: str) -> int:
 
 def _check_input_kind(column_dtype, feature, key: str) -> None:
     """TF: 'Column dtype and SparseTensors dtype must be compatible'."""
+    if feature.kind == "empty":   # (rows without a value: no dtype to compare)
+        return
     if feature.kind not in ("string", "int"):
         raise ValueError(f"Column {key!r} needs string or integer values; feature {key!r} "
                          f"holds {feature._dtype_text()} values")
@@ -365,7 +367,7 @@ class IdentityCategoricalColumn(_LeafCategorical, collections.namedtuple(
         return torch.int64
 
     def _check_input(self, feature):
-        if feature.kind != "int":
+        if feature.kind not in ("int", "empty"):
             raise ValueError(f"Invalid input, not integer. key: {self.key} dtype: "
                              f"{feature._dtype_text()}")
 
@@ -499,7 +501,7 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
             for key in _collect_leaf_level_keys(self):
                 if isinstance(key, str):
                     feature = builder.raw(key)
-                    if feature.kind not in ("string", "int"):   # (TF truncates: 40.7 -> 40)
+                    if feature.kind not in ("string", "int", "empty"):   # (TF: 40.7 -> 40)
                         raise ValueError(f"crossed_column {self.name!r}: feature {key!r} "
                                          f"must hold strings or ints, got "
                                          f"{feature._dtype_text()} (TF's cross casts floats "
@@ -829,7 +831,11 @@ def weighted_categorical_column(categorical_column, weight_feature_key, dtype=to
     """`categorical_column`'s ids weighted by feature `weight_feature_key`, whose
     values pair with the ids element by element (same shape, or same row
     lengths for rows given as lists; TF: ``weighted_categorical_column``). The
-    0.0 cells of dense weights are dropped, as TF does."""
+    0.0 cells of dense weights are dropped, as TF does. Where dense ids hold
+    missing cells (-1, "") TF drops those and the 0.0 weights each on its own
+    and pairs what is left in order (wrong cells paired, or an
+    InvalidArgumentError where the counts differ); here each id keeps the
+    weight of its own cell."""
     dtype = as_dtype(dtype, "weighted_categorical_column")
     if dtype is None or not (is_integer(dtype) or is_floating(dtype)):
         raise ValueError(f"dtype {dtype_name(dtype) if dtype else None} is not convertible "

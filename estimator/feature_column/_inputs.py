@@ -144,6 +144,13 @@ def _kind_of_array(arr: np.ndarray, key: str) -> str:
         if all(isinstance(v, (int, float, np.integer, np.floating)) and
                not isinstance(v, (bool, np.bool_)) for v in flat):
             return "float"
+        is_missing = [v is None or (isinstance(v, float) and v != v) for v in flat]
+        missing = [v for v, m in zip(flat, is_missing) if m]
+        if missing and all(m or isinstance(v, (str, bytes)) for v, m in zip(flat, is_missing)):
+            raise TypeError(f"Feature {key!r}: {len(missing)} missing value(s) among its "
+                            f"strings ({missing[0]}: pandas gives NaN for an empty cell); "
+                            f"fill them first, e.g. df[{key!r}].fillna('') (TF: 'Expected "
+                            f"binary or unicode string, got {missing[0]}')")
         kinds = sorted({type(v).__name__ for v in flat})
         raise TypeError(f"Feature {key!r}: values of mixed or unsupported types "
                         f"({', '.join(kinds)})")
@@ -225,7 +232,9 @@ class Feature:
         self.rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
         self.lengths = lengths
         values = np.asarray(flat, dtype=object)
-        self.kind = _kind_of_array(values, self.key) if values.size else "string"
+        # rows without a value (a VarLenFeature no example of the batch has)
+        # fit any column, as TF's empty SparseTensor of the spec's dtype
+        self.kind = _kind_of_array(values, self.key) if values.size else "empty"
         if self.kind == "int":
             values = values.astype(np.int64)
         elif self.kind in ("float", "bool"):
@@ -251,7 +260,8 @@ class Feature:
                     f"SparseTensor is not supported. key: {self.key} (its rows have "
                     f"different lengths: {self.lengths.tolist()})")
             width = int(self.lengths[0]) if len(self.lengths) else 1
-            return torch.from_numpy(self.values.reshape(len(self.lengths), width))
+            values = self.values.astype(np.float64) if self.kind == "empty" else self.values
+            return torch.from_numpy(values.reshape(len(self.lengths), width))
         return self.tensor
 
     def flat(self, drop_missing: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -92,16 +92,21 @@ def read_vocabulary_file(path: str, key: str, vocabulary_size: Optional[int],
         raise ValueError(f"{what}: the vocabulary file {path!r} does not exist")
     with open(path, "rb") as f:
         data = f.read()
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    raw = data.split(b"\n")
+    if raw and raw[-1] == b"":
+        raw.pop()
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in raw]
     if vocabulary_size is not None:
         if vocabulary_size > len(lines):
             raise ValueError(
                 f"{what}: vocabulary_size "
                 f"{vocabulary_size} is larger than the {len(lines)} lines of {path!r}")
         lines = lines[:vocabulary_size]
+    if b"" in lines:   # (TF's words; its position: the byte after the empty line)
+        i = lines.index(b"")
+        position = sum(len(line) + 1 for line in raw[:i + 1])
+        raise ValueError(f"{what}: Invalid content in {path}: empty line found at position "
+                         f"{position} (line {i + 1}); TF's table refuses an empty line")
     if is_string:
         entries = []
         for line in lines:

@@ -12,6 +12,7 @@ import torch
 
 import distribute
 import estimator as est
+from hooks import model_scope
 from paths import FIXTURES
 
 DATA = os.path.join(FIXTURES, "tf_data")
@@ -205,6 +206,36 @@ def test_parse_errors_say_what_tfs_say(case, spec, message):
 def test_junk_is_not_an_example():
     with pytest.raises(ValueError, match="example 1 is not a serialized tf.Example"):
         est.io.parse_example([RECORDS[0], b"\xff\xff\xff"], {"city": SPEC["city"]})
+
+
+def test_a_var_len_feature_no_example_has_feeds_its_columns_as_tf(tmp_path):
+    """Every row without a value (a batch of examples none of which has the
+    VarLenFeature: TF's empty SparseTensor of its dtype) gives zero rows, as
+    TF 2.15's input_layer gives (a probe ran both); the rows, holding no
+    value, were read as strings and every integer column refused them."""
+    fc = est.feature_column
+    absent = fc.categorical_column_with_identity("absent", 5)
+    columns = [fc.indicator_column(absent),
+               fc.embedding_column(absent, 2, initializer=lambda shape: np.ones(shape)),
+               fc.indicator_column(fc.categorical_column_with_vocabulary_list(
+                   "absent", [3, 7], num_oov_buckets=1)),
+               fc.indicator_column(fc.categorical_column_with_hash_bucket(
+                   "absent", 4, dtype=torch.int64)),
+               fc.indicator_column(fc.weighted_categorical_column(absent, "weight")),
+               fc.indicator_column(fc.crossed_column(["absent", "city"], 3))]
+    parsed = est.io.parse_example(RECORDS, {
+        "absent": est.io.VarLenFeature(torch.int64),
+        "weight": est.io.VarLenFeature(torch.float32), "city": SPEC["city"]})
+    assert parsed["absent"] == parsed["weight"] == [[]] * len(RECORDS)
+    for column, width in zip(columns, (5, 2, 3, 4, 5, 3)):
+        with model_scope.ModelScope(est.ModeKeys.TRAIN, distribute.get_strategy()):
+            out = fc.input_layer(parsed, [column])
+        assert out.shape == (len(RECORDS), width) and not out.any(), column
+    # a string column takes them too, and a numeric one still refuses rows
+    words = fc.categorical_column_with_vocabulary_list("absent", ["a", "b"])
+    assert not fc.input_layer(parsed, [fc.indicator_column(words)]).any()
+    with pytest.raises(ValueError, match="Column 'absent' gave shape"):
+        fc.input_layer(parsed, [fc.numeric_column("absent")])
 
 
 def test_examples_written_here_feed_feature_columns(tmp_path):

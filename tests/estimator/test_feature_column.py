@@ -272,6 +272,32 @@ def test_vocabulary_file_rules(tmp_path):
     assert fc.input_layer({"n": [[3, 7, 9]]}, [fc.indicator_column(ints)]).tolist() == [[1, 1, 1]]
 
 
+@pytest.mark.parametrize("content, tf_position, line", [
+    (b"a\n\nc\n", 3, 2), (b"a\nb\n\n", 5, 3), (b"a\n\n", 3, 2)])
+def test_an_empty_line_in_a_vocabulary_file_is_refused_as_tf(tmp_path, content, tf_position,
+                                                             line):
+    """TF 2.15's table refuses it at initialization, "Invalid content in
+    <path>: empty line found at position N" (N as it printed for these files,
+    a probe ran it); an empty line here was the id of "" (a trailing empty
+    line too)."""
+    path = tmp_path / "v.txt"
+    path.write_bytes(content)
+    col = fc.categorical_column_with_vocabulary_file("s", str(path))
+    with pytest.raises(ValueError) as raised:
+        fc.input_layer({"s": ["a", ""]}, [fc.indicator_column(col)])
+    assert (f"Invalid content in {path}: empty line found at position {tf_position} "
+            f"(line {line})") in str(raised.value)
+    short = fc.categorical_column_with_vocabulary_file("s", str(path), vocabulary_size=1)
+    assert fc.input_layer({"s": ["a"]}, [fc.indicator_column(short)]).tolist() == [[1.0]]
+
+
+def test_missing_strings_from_pandas_are_named_with_the_fix():
+    col = fc.indicator_column(fc.categorical_column_with_vocabulary_list("s", ["a"]))
+    with pytest.raises(TypeError, match=r"Feature 's': 2 missing value\(s\) among its strings "
+                                        r"\(nan: .*df\['s'\]\.fillna\(''\)"):
+        fc.input_layer({"s": np.array(["a", np.nan, None], dtype=object)}, [col])
+
+
 @pytest.mark.parametrize("make, error, match", [
     (lambda: fc.numeric_column("x", shape=(0,)), ValueError, "greater than 0"),
     (lambda: fc.numeric_column("x", shape=(1.5,)), TypeError, "must be integer"),
