@@ -113,8 +113,11 @@ class CategoricalColumn(FeatureColumn):
         return False
 
     def _out_of_range(self, value: int) -> ValueError:
+        default = getattr(self, "default_value", None)
+        why = (f": its default_value, which values outside its vocabulary get; give one "
+               f"in [0, {self.num_buckets}) or num_oov_buckets" if value == default else "")
         return ValueError(f"Column {self.name!r} produced id {value}, outside "
-                          f"[0, {self.num_buckets})")
+                          f"[0, {self.num_buckets}){why}")
 
     def _valid_ids(self, builder: Builder, prune_weights: bool) -> Ids:
         """The ids a lookup uses: negative ids dropped (and non-positive weights

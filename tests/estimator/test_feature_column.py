@@ -291,6 +291,15 @@ def test_an_empty_line_in_a_vocabulary_file_is_refused_as_tf(tmp_path, content, 
     assert fc.input_layer({"s": ["a"]}, [fc.indicator_column(short)]).tolist() == [[1.0]]
 
 
+def test_a_default_value_outside_the_vocabulary_is_named():
+    """TF's indicator gives such a value a zero row; here it is refused, and
+    the message says the id is the column's default_value (it said only the
+    id and the range)."""
+    col = fc.categorical_column_with_vocabulary_list("s", ["a", "b", "c"], default_value=5)
+    with pytest.raises(ValueError, match=r"produced id 5, outside \[0, 3\): its default_value"):
+        fc.input_layer({"s": ["a", "zz"]}, [fc.indicator_column(col)])
+
+
 def test_missing_strings_from_pandas_are_named_with_the_fix():
     col = fc.indicator_column(fc.categorical_column_with_vocabulary_list("s", ["a"]))
     with pytest.raises(TypeError, match=r"Feature 's': 2 missing value\(s\) among its strings "
