@@ -56,7 +56,7 @@ import torch
 
 from . import _closure_queue as _cq
 from . import _ps_rpc, ps_client
-from .host_arrays import to_numpy
+from .host_arrays import to_numpy_value
 from .strategy import InputContext, _map
 
 logger = logging.getLogger(__name__)
@@ -67,13 +67,6 @@ _TAKE_WAIT_SECS = 1.0
 
 
 # -- values and handles --------------------------------------------------------------------
-def _numpy(value):
-    if not isinstance(value, torch.Tensor):
-        return value
-    value = to_numpy(value.detach())
-    return value[()] if value.ndim == 0 else value
-
-
 class RemoteValue:
     """The result of a scheduled function (tf.distribute.experimental.coordinator.RemoteValue)."""
 
@@ -90,7 +83,8 @@ class RemoteValue:
     def fetch(self):
         """Wait for the function; its return value with tensors as numpy (a
         scalar one a numpy scalar, as TF's `.numpy()`), or its error raised."""
-        return _map(_numpy, self.get())
+        return _map(lambda v: to_numpy_value(v) if isinstance(v, torch.Tensor) else v,
+                    self.get())
 
     def get(self):
         """Wait for the function; its return value as it returned it (TF: the

@@ -26,3 +26,10 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     tensor = tensor.resolve_conj().resolve_neg()
     wider = _WIDER.get(tensor.dtype)
     return (tensor if wider is None else tensor.to(wider)).numpy()
+
+
+def to_numpy_value(tensor: torch.Tensor):
+    """`to_numpy`, with a 0-d tensor a numpy scalar (`np.float32`), as TF's
+    `session.run` and `.numpy()` give a scalar."""
+    value = to_numpy(tensor)
+    return value[()] if value.ndim == 0 else value

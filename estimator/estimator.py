@@ -20,7 +20,7 @@ import torch
 
 import distribute
 from distribute.launcher import in_replica_process
-from distribute.host_arrays import to_numpy
+from distribute.host_arrays import to_numpy, to_numpy_value
 import hooks as hooks_lib
 from hooks.monitored_session import nan_checks_first, training_hooks
 from hooks.preemption import TrainingPreempted
@@ -783,8 +783,7 @@ def _metric_value(value):
         return value
     if value.is_floating_point():
         value = value.to(torch.get_default_dtype())
-    value = to_numpy(value)
-    return value[()] if value.ndim == 0 else value
+    return to_numpy_value(value)
 
 
 def _select(predictions, keys, warn: bool = False):

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import distribute
-from distribute.host_arrays import to_numpy
+from distribute.host_arrays import to_numpy_value
 
 from . import checkpoint, model_scope, preemption
 from . import summary as _summary
@@ -45,9 +45,7 @@ def _to_host(values: Dict[str, Any]) -> Dict[str, Any]:
     out = {}
     for name, value in values.items():
         if isinstance(value, torch.Tensor):
-            value = value.detach()
-            value = to_numpy(value)
-            value = value[()] if value.ndim == 0 else value
+            value = to_numpy_value(value)
         elif name == "summaries":
             value = _summary._to_host(value)
         out[name] = value
