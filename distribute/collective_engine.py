@@ -44,7 +44,7 @@ import os
 import random
 import socket
 import weakref
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -187,6 +187,9 @@ class _CollectiveExtended(StrategyExtended):
         # steps reduce the gradients first, as apply_gradients does.
         self._user_step = False
         self._synchronized = weakref.WeakSet()   # the optimizers get_optimizer made
+        # id(parameter) -> its name, for parameters frozen when their module was
+        # made: DDP (or no DDP, for a module all frozen) never averages theirs
+        self._frozen_at_wrap: Dict[int, str] = {}
         self._reset_step_state()
 
     def _reset_step_state(self):
@@ -356,6 +359,10 @@ class _CollectiveExtended(StrategyExtended):
         handle = layer.register_forward_pre_hook(share)
 
     def _wrap(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
+        if not self._ops._reduce_to_one:   # (reduced by hand there: every gradient)
+            self._frozen_at_wrap.update((id(p), f"{name}/{k.replace('.', '/')}")
+                                        for k, p in module.named_parameters()
+                                        if not p.requires_grad)
         if self._ops._reduce_to_one or not any(p.requires_grad for p in module.parameters()):
             # No DDP (gradients reduced by hand; or nothing to train: frozen,
             # or buffers alone, as BatchNorm(affine=False)): start from rank
@@ -411,6 +418,15 @@ class _CollectiveExtended(StrategyExtended):
         self._check_due = False
         used, self._first_used = self._first_used, []
         for name, ddp in used:
+            frozen_since = [n for n, p in ddp.module.named_parameters()
+                            if not p.requires_grad and id(p) not in self._frozen_at_wrap]
+            if frozen_since:
+                raise ValueError(
+                    f"module {name!r}: its parameters {', '.join(frozen_since)} were frozen "
+                    f"(requires_grad False) after the module was made. Under {strategy} "
+                    "DDP, which averages the gradients of the parameters trainable when it "
+                    "wraps a module, waits for theirs and fails at the next step: freeze "
+                    "them in the module's factory")
             unused = [n for n, p in ddp.module.named_parameters()
                       if p.requires_grad and p.grad is None]
             if unused:
@@ -443,7 +459,27 @@ class _CollectiveExtended(StrategyExtended):
         self._synchronized.add(optimizer)
         if self._group is not None:
             self._hook_user_steps(optimizer)
+            frozen = [p for group in optimizer.param_groups for p in group["params"]
+                      if id(p) in self._frozen_at_wrap]
+            if frozen:   # (one check a step, only for such an optimizer)
+                optimizer.register_step_pre_hook(
+                    lambda opt, args, kwargs: self._refuse_unaveraged(name, frozen))
         return optimizer
+
+    def _refuse_unaveraged(self, name: str, frozen: list) -> None:
+        """A parameter frozen when its module was made and trained now
+        (unfrozen later: gradual unfreezing) would step on this replica's
+        gradient alone, and the replicas' weights drift apart."""
+        trained = [self._frozen_at_wrap[id(p)] for p in frozen if p.grad is not None]
+        if trained:
+            raise ValueError(
+                f"get_optimizer(name={name!r}): {', '.join(trained)} has a gradient, but was "
+                f"frozen (requires_grad False) when its module was made: under "
+                f"{type(self._container_strategy).__name__} (DDP, which averages the "
+                "gradients of the parameters trainable when it wraps a module) the replicas' "
+                "gradients of it are not averaged. Leave it trainable in the module's "
+                "factory, and keep it from training until then in a callable train_op "
+                "(its .grad set to None before the optimizer's step)")
 
     @property
     def reduces_in_optimizer_step(self) -> bool:

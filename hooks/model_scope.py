@@ -270,7 +270,11 @@ class ModelScope:
                     "model; use warm_start_from for a new one (there another kind of "
                     "optimizer's state starts fresh)")
             saved = self._restore.get("optimizer_var_names", {}).get(name)
-            absent = [n for n in var_names if saved and n not in saved]
+            # (a parameter frozen now may be one an earlier version left out: it
+            # starts without state)
+            in_groups = [p for group in optimizer.param_groups for p in group["params"]]
+            absent = [n for n, p in zip(var_names, in_groups)
+                      if saved and n not in saved and p.requires_grad]
             if absent and not any(n.startswith("param_") for n in var_names + saved):
                 raise ValueError(
                     f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} has no "
@@ -453,7 +457,10 @@ class ModelScope:
                 module.train(training)
 
     def _trainable(self, var_list):
-        """Parameters for an optimizer and their variable names, in creation order."""
+        """Parameters for an optimizer and their variable names, in creation order:
+        frozen ones too (`requires_grad` False), as `torch.optim.Adam(net.parameters())`
+        takes them: torch's optimizers pass a parameter without a gradient, so
+        one frozen now and unfrozen later (gradual unfreezing) trains then."""
         names = {id(p): _variable_name(m, k)
                  for m, mod in self.raw_modules.items() for k, p in mod.named_parameters()}
         if var_list is None:
@@ -464,7 +471,7 @@ class ModelScope:
                 params.extend(item.parameters() if isinstance(item, torch.nn.Module) else [item])
         seen, out = set(), []
         for p in params:
-            if p.requires_grad and id(p) not in seen:
+            if id(p) not in seen:
                 seen.add(id(p))
                 out.append(p)
         return out, [names.get(id(p), f"param_{i}") for i, p in enumerate(out)]
@@ -526,30 +533,32 @@ def _in_this_order(state: dict, saved: Optional[list], names: list, optimizer) -
     """(`state`, the checkpoint's optimizer state, arranged as `optimizer`'s
     param groups order its variables (`names`), where the checkpoint's
     (`saved`) are the same variables in another order (a factory building its
-    groups otherwise), or more (a variable frozen since, whose state is left
-    out, as TF's Saver leaves what the graph no longer has): torch's
+    groups otherwise), or more (a variable left out since, whose state is left
+    out, as TF's Saver leaves what the graph no longer has), or fewer (a frozen
+    one an earlier version left out of optimizers: it starts without state): torch's
     load_state_dict pairs them by position (Adam's
     moments of a [4] bias on a [5] one: a failed step; of equal shapes,
     swapped without a word); the checkpoint's group index of each group
     here (None: one made of several, which keeps its built values), or None
     where nothing moved."""
-    if not saved or saved == names or not set(names) <= set(saved) \
-            or len(set(names)) != len(names) or len(set(saved)) != len(saved):
+    if not saved or saved == names or len(set(names)) != len(names) \
+            or len(set(saved)) != len(saved) or (not set(names) <= set(saved) and any(
+                n.startswith("param_") for n in names + saved)):
         return state, None
     index = {n: i for i, n in enumerate(saved)}
     holder = {i: g for g, group in enumerate(state["param_groups"]) for i in group["params"]}
     groups, groups_from, start = [], [], 0
     for group in optimizer.param_groups:
-        ids = [index[n] for n in names[start:start + len(group["params"])]]
-        held = {holder.get(i) for i in ids}
+        count = len(group["params"])
+        held = {holder.get(index[n]) for n in names[start:start + count] if n in index}
         g = held.pop() if len(held) == 1 else None
         groups_from.append(g)
         source = state["param_groups"][g] if g is not None else group
         groups.append({**{k: v for k, v in source.items() if k != "params"},
-                       "params": list(range(start, start + len(ids)))})
-        start += len(ids)
+                       "params": list(range(start, start + count))})
+        start += count
     moved = {new: state["state"][index[n]] for new, n in enumerate(names)
-             if index[n] in state["state"]}
+             if n in index and index[n] in state["state"]}
     return {**state, "state": moved, "param_groups": groups}, groups_from
 
 
