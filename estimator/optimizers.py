@@ -59,7 +59,9 @@ def _in_dtype(dtype: torch.dtype) -> Callable[[float], float]:
 
 class _PerParameter(torch.optim.Optimizer):
     """`step` applies `_update(group, w, grad, state)` in place to each parameter
-    with a gradient; parameters whose ``.grad`` is None are skipped."""
+    with a gradient; parameters whose ``.grad`` is None are skipped. A sparse
+    gradient (``nn.Embedding(sparse=True)``, TF's IndexedSlices of
+    ``embedding_lookup``) goes to `_update_rows`, where a subclass has one."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -69,11 +71,16 @@ class _PerParameter(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for w in group["params"]:
-                if w.grad is not None:
-                    if w.grad.is_sparse:
-                        raise RuntimeError(f"{type(self).__name__} does not support sparse "
-                                           "gradients")
+                if w.grad is None:
+                    continue
+                if not w.grad.is_sparse:
                     self._update(group, w, w.grad, self.state[w])
+                elif hasattr(self, "_update_rows"):   # a repeated row's gradients summed
+                    g = w.grad.coalesce()             # first, as TF's sparse apply
+                    self._update_rows(group, w, g.indices()[0], g.values(), self.state[w])
+                else:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse "
+                                       "gradients")
         return loss
 
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
@@ -81,7 +88,11 @@ class _PerParameter(torch.optim.Optimizer):
 
 
 class Ftrl(_PerParameter):
-    """FTRL-Proximal: ``tf.compat.v1.train.FtrlOptimizer`` with dense gradients.
+    """FTRL-Proximal: ``tf.compat.v1.train.FtrlOptimizer``, with dense gradients
+    and sparse ones (``nn.Embedding(sparse=True)``: the rows of the batch alone
+    updated, as TF's SparseApplyFtrl updates an ``embedding_lookup``'s; a dense
+    gradient recomputes every row, as TF's ApplyFtrl: a row never seen leaves
+    its initial value for the one its zero ``linear`` gives).
 
     State per parameter: ``accum`` (TF's slot ``<var>/Ftrl``, starting at
     `initial_accumulator_value`) and ``linear`` (``<var>/Ftrl_1``, zeros). With
@@ -129,6 +140,28 @@ class Ftrl(_PerParameter):
         super().__init__(params, defaults)
 
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
+        self._ftrl(group, w, g, *self._slots(group, w, state))
+
+    def _update_rows(self, group: dict, w: torch.Tensor, rows: torch.Tensor, g: torch.Tensor,
+                     state: dict) -> None:
+        slots = self._slots(group, w, state)
+        taken = [t.index_select(0, rows) for t in (w, *slots)]
+        self._ftrl(group, *taken[:1], g, *taken[1:])
+        for t, part in zip((w, *slots), taken):
+            t.index_copy_(0, rows, part)
+
+    @staticmethod
+    def _slots(group: dict, w: torch.Tensor, state: dict):
+        if not state:
+            state["accum"] = torch.full_like(w, group["initial_accumulator_value"],
+                                             memory_format=torch.preserve_format)
+            state["linear"] = torch.zeros_like(w, memory_format=torch.preserve_format)
+        return state["accum"], state["linear"]
+
+    @staticmethod
+    def _ftrl(group: dict, w: torch.Tensor, g: torch.Tensor, accum: torch.Tensor,
+              linear: torch.Tensor) -> None:
+        """One step on `w` and its slots, in place."""
         f = _in_dtype(w.dtype)
         lr, power = group["lr"], group["learning_rate_power"]
         l1 = group["l1_regularization_strength"]
@@ -137,11 +170,6 @@ class Ftrl(_PerParameter):
         beta = group.get("beta", 0.0)      # absent from states saved before it existed
         if beta:   # TF computes this in the variable's dtype
             l2 = f(f(l2) + f(f(beta) / f(2.0 * f(max(lr, 1e-36)))))
-        if not state:
-            state["accum"] = torch.full_like(w, group["initial_accumulator_value"],
-                                             memory_format=torch.preserve_format)
-            state["linear"] = torch.zeros_like(w, memory_format=torch.preserve_format)
-        accum, linear = state["accum"], state["linear"]
 
         def root(x):
             return x.sqrt() if power == -0.5 else x.pow(-power)

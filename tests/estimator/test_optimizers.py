@@ -198,11 +198,34 @@ def test_parameter_without_gradient_is_untouched(make):
     assert b not in opt.state and b.grad is None
 
 
-def test_sparse_gradients_are_refused():
+@pytest.mark.parametrize("case", [c["name"] for c in TF["sparse"]])
+def test_ftrl_with_sparse_gradients_equals_tfs_sparse_apply(case):
+    """An `nn.Embedding(sparse=True)` table: the rows of each batch alone
+    updated, a repeated id's gradients summed first, as TF's SparseApplyFtrl
+    of an `embedding_lookup`'s gradient. (Ftrl refused sparse gradients, and
+    a dense table's gradient recomputes every row, as TF's dense ApplyFtrl: a
+    row no batch had lost its initial value at the first step, and with
+    l2_shrinkage every absent row shrank at every step.)"""
+    recorded = next(c for c in TF["sparse"] if c["name"] == case)
+    table = torch.nn.Embedding(5, 2, sparse=True)
+    with torch.no_grad():
+        table.weight.copy_(torch.tensor(TF["sparse_initial"]))
+    opt = Ftrl(table.parameters(), **recorded["kwargs"])
+    for step, ((ids, rows), expected) in enumerate(zip(TF["sparse_steps"], recorded["values"])):
+        opt.zero_grad()
+        (table(torch.tensor(ids)) * torch.tensor(rows)).sum().backward()
+        opt.step()
+        np.testing.assert_allclose(table.weight.detach().numpy(),
+                                   np.array(expected, np.float32), rtol=1e-6, atol=1e-7,
+                                   err_msg=f"step {step + 1}")
+    assert torch.equal(table.weight[4], torch.tensor(TF["sparse_initial"][4]))   # in no batch
+
+
+def test_sparse_gradients_are_refused_where_not_supported():
     w = torch.nn.Parameter(torch.ones(3))
-    opt = Ftrl([w], learning_rate=0.1)
+    opt = RMSProp([w], learning_rate=0.1)
     w.grad = torch.ones(3).to_sparse()
-    with pytest.raises(RuntimeError, match="Ftrl does not support sparse gradients"):
+    with pytest.raises(RuntimeError, match="RMSProp does not support sparse gradients"):
         opt.step()
 
 
