@@ -247,11 +247,24 @@ class ModelScope:
         built_with = _hyperparameters(optimizer)
         for i, _ in followed:   # (a schedule's rate: set at every step)
             del built_with[i]["lr"]
-        if self._restore is not None and self.mode == ModeKeys.TRAIN:
-            state = self._restore["optimizers"].get(name)
-            if state is None:
+        restoring = self._restore is not None and self.mode == ModeKeys.TRAIN
+        if restoring and name not in self._restore["optimizers"]:
+            held = self._restore.get("optimizer_var_names")
+            others = {n: o for o, names in (held or {}).items() for n in names}
+            if held is None or any(n in others for n in var_names):
+                taken = sorted({others[n] for n in var_names if n in others})
                 raise ValueError(f"get_optimizer(name={name!r}): the checkpoint "
-                                 f"{self._restore_path} has no optimizer {name!r}")
+                                 f"{self._restore_path} has no optimizer {name!r}"
+                                 + (f" (its optimizer {', '.join(map(repr, taken))} is over "
+                                    "these variables: renamed?)" if taken else ""))
+            # made after the checkpoint was written (an optimizer a later step
+            # makes), over variables no optimizer there holds: a fresh one
+            logger.warning("get_optimizer(name=%r): the checkpoint %s has no optimizer %r "
+                           "(one made after it was written?): it starts fresh", name,
+                           self._restore_path, name)
+            restoring = False
+        if restoring:
+            state = self._restore["optimizers"][name]
             kind = self._restore.get("optimizer_kinds", {}).get(name)
             missing = checkpoint.missing_slots(optimizer, state, kind)
             if missing:
@@ -290,7 +303,8 @@ class ModelScope:
                     "checkpoint: one made anew restarts its schedule from its first step. Use "
                     "est.learning_rate_decay's schedules (rates of the global step, restored "
                     "exactly), or set the optimizer's rates from est.get_global_step()", name)
-        elif self._warm_start is not None and self.mode == ModeKeys.TRAIN:
+        elif self._warm_start is not None and self._restore is None \
+                and self.mode == ModeKeys.TRAIN:
             self._warm_start.apply_optimizer(optimizer, var_names, name)
         self.optimizers[name] = optimizer
         self.optimizer_var_names[name] = var_names

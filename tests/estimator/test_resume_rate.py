@@ -285,3 +285,42 @@ def test_a_setting_changed_by_hand_resumes_with_the_state_it_kept(tmp_path):
         e = est.Estimator(model_fn, model_dir=str(tmp_path))
         e.train(lambda: itertools.cycle(BATCHES), max_steps=steps)
         assert e.get_variable_value("global_step") == steps
+
+
+def _late_model_fn(features, labels, mode, params):
+    """A second optimizer made from step 2 on (over `b`, which none held
+    before), or a renamed one (`params["rename"]`)."""
+    a = est.get_module("a", lambda: torch.nn.Linear(2, 2))
+    b = est.get_module("b", lambda: torch.nn.Linear(2, 1))
+    loss = torch.nn.functional.mse_loss(b(a(features["x"])), labels)
+    first = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.1), var_list=a,
+                              name=params.get("rename", "first"))
+    late = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.1), var_list=b, name="late") \
+        if est.get_global_step() >= 2 else None
+
+    def train_op():
+        loss.backward()
+        for opt in (first, late):
+            if opt is not None:
+                opt.step()
+    return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_an_optimizer_made_after_the_checkpoint_starts_fresh_and_a_renamed_one_is_refused(
+        tmp_path, caplog):
+    """TF makes every optimizer before the first step, so its checkpoints
+    hold them all; one a later step makes here was a ValueError on resuming
+    from a checkpoint written before it ('has no optimizer')."""
+    def train(steps, **params):
+        e = est.Estimator(_late_model_fn, model_dir=str(tmp_path), params=params)
+        e.train(lambda: itertools.cycle(BATCHES), steps=steps)
+        return e
+    train(1)
+    with caplog.at_level(logging.WARNING):
+        e = train(3)
+    assert "has no optimizer 'late' (one made after it was written?): it starts fresh" \
+        in caplog.text
+    assert e.get_variable_value("late/b/weight/step") == 2
+    with pytest.raises(ValueError, match=r"has no optimizer 'renamed' \(its optimizer 'first' "
+                                         r"is over these variables: renamed\?\)"):
+        train(1, rename="renamed")
