@@ -91,8 +91,8 @@ class Ftrl(_PerParameter):
     """FTRL-Proximal: ``tf.compat.v1.train.FtrlOptimizer``, with dense gradients
     and sparse ones (``nn.Embedding(sparse=True)``: the rows of the batch alone
     updated, as TF's SparseApplyFtrl updates an ``embedding_lookup``'s; a dense
-    gradient recomputes every row, as TF's ApplyFtrl: a row never seen leaves
-    its initial value for the one its zero ``linear`` gives).
+    gradient recomputes every row, as TF's ApplyFtrl: a row never seen is set
+    to what its zero ``linear`` gives, 0, in place of its initial value).
 
     State per parameter: ``accum`` (TF's slot ``<var>/Ftrl``, starting at
     `initial_accumulator_value`) and ``linear`` (``<var>/Ftrl_1``, zeros). With
