@@ -262,6 +262,10 @@ class Model:
                                "request cannot give")
         try:
             array = np.asarray(values)
+            if array.dtype.kind in "USO":   # (TF Serving's words; numpy's or torch's else)
+                for bad in (v for v in _leaves(values) if not isinstance(v, (int, float))):
+                    raise ValueError(f"{json.dumps(bad)} is not of expected type "
+                                     f"{spec['dtype']}")
             integer = not dtype.is_floating_point and dtype is not torch.bool
             if integer and (array.dtype == bool or (
                     array.dtype.kind == "f" and not np.all(np.mod(array, 1) == 0))):
@@ -349,6 +353,15 @@ def _tensor_info(description: dict) -> dict:
     return {"dtype": _TF_DTYPES.get(description["dtype"], "DT_INVALID"),
             "tensor_shape": {"dim": dims, "unknown_rank": False},
             "name": f"{description['name']}:0"}
+
+
+def _leaves(values):
+    """The values of a request's nested JSON lists, in order."""
+    for value in values if isinstance(values, list) else [values]:
+        if isinstance(value, list):
+            yield from _leaves(value)
+        else:
+            yield value
 
 
 def _strings(name: str, values):

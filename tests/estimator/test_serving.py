@@ -157,6 +157,11 @@ def test_classify_and_regress_equal_estimator_predict(server, exported):
     ({"signature_name": "nope", "instances": [1]}, None, 400, "signature_name: 'nope'"),
     ({"inputs": {"a": [1.0], "b": [1.0]}, "instances": []}, None, 400, "exactly one of"),
     ({"inputs": {"a": ["x"], "b": [1.0]}}, None, 400, "input 'a'"),
+    ({"inputs": {"a": [1.0, "2"], "b": [1.0, 2.0]}}, None, 400,
+     "input 'a': cannot make a float32 tensor of the values given (\"2\" is not of expected "
+     "type float32)"),
+    ({"inputs": {"a": [1.0, None], "b": [1.0, 2.0]}}, None, 400,
+     "(null is not of expected type float32)"),
     ({"signature_name": "predict", "examples": [{"a": 1.0, "b": 2.0}]}, None, 400,
      "needs one of ['serving_default', 'classification']"),
     ({"instances": []}, None, 400, "instances must be a non-empty list, got an empty list"),
