@@ -129,6 +129,10 @@ class ModelScope:
         # {name: [each param group's hyperparameters as the factory set them]}
         self.optimizer_built_with: Dict[str, list] = {}
         self.optimizer_var_lists: Dict[str, Optional[tuple]] = {}   # (get_optimizer's check)
+        self._left_out: Dict[int, tuple] = {}   # id -> (parameter, name): frozen at a build
+        # id -> (parameter, name, optimizer, its checkpoint's names): trainable,
+        # left out of a resumed optimizer whose checkpoint did not hold it
+        self._absent: Dict[int, tuple] = {}
         self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
         self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
         self.factory_inputs: Dict[str, FactoryInputs] = {}   # optimizer -> its factory's numbers
@@ -218,7 +222,11 @@ class ModelScope:
         return scaler
 
     def create_optimizer(self, name: str, factory, var_list=None):
-        params, var_names = self._trainable(var_list)
+        restoring = self._restore is not None and self.mode == ModeKeys.TRAIN
+        saved = self._restore.get("optimizer_var_names", {}).get(name) if restoring else None
+        params, var_names = self._trainable(var_list, name, saved)
+        if not params and self._absent:   # (var_list moved to other variables)
+            self._raise_absent()
         if not params:
             raise ValueError(f"get_optimizer(name={name!r}): there are no trainable "
                              "parameters; create the modules with get_module first")
@@ -247,7 +255,6 @@ class ModelScope:
         built_with = _hyperparameters(optimizer)
         for i, _ in followed:   # (a schedule's rate: set at every step)
             del built_with[i]["lr"]
-        restoring = self._restore is not None and self.mode == ModeKeys.TRAIN
         if restoring and name not in self._restore["optimizers"]:
             held = self._restore.get("optimizer_var_names")
             others = {n: o for o, names in (held or {}).items() for n in names}
@@ -282,17 +289,6 @@ class ModelScope:
                     f"the state of {what} keeps: a model_dir keeps the same "
                     "model; use warm_start_from for a new one (there another kind of "
                     "optimizer's state starts fresh)")
-            saved = self._restore.get("optimizer_var_names", {}).get(name)
-            # (a parameter frozen now may be one an earlier version left out: it
-            # starts without state)
-            in_groups = [p for group in optimizer.param_groups for p in group["params"]]
-            absent = [n for n, p in zip(var_names, in_groups)
-                      if saved and n not in saved and p.requires_grad]
-            if absent and not any(n.startswith("param_") for n in var_names + saved):
-                raise ValueError(
-                    f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} has no "
-                    f"optimizer state for {absent} (its optimizer {name!r} is over {saved}): "
-                    "a model_dir keeps the same model; use warm_start_from for a new one")
             state, groups_from = _in_this_order(state, saved, var_names, optimizer)
             optimizer.load_state_dict(state)
             self._keep_changed_hyperparameters(name, optimizer, built_with, state, groups_from)
@@ -470,11 +466,16 @@ class ModelScope:
             if module.training != training:
                 module.train(training)
 
-    def _trainable(self, var_list):
-        """Parameters for an optimizer and their variable names, in creation order:
-        frozen ones too (`requires_grad` False), as `torch.optim.Adam(net.parameters())`
-        takes them: torch's optimizers pass a parameter without a gradient, so
-        one frozen now and unfrozen later (gradual unfreezing) trains then."""
+    def _trainable(self, var_list, name: str, saved: Optional[list]):
+        """Parameters for optimizer `name` and their variable names, in creation
+        order: the trainable ones (`requires_grad`), as TF's `minimize` takes
+        the variables trainable when it is built (no slots for a frozen
+        embedding table; a frozen module unfrozen later given an optimizer of
+        its own is stepped by that one alone). Resumed, those of the
+        checkpoint's optimizer (`saved`): a layer frozen now, in a window of
+        steps, keeps its state, and one unfrozen since its first run, which
+        an optimizer of its own steps, stays out, as in a run never stopped.
+        Those left out are checked after the step (`check_left_out`)."""
         names = {id(p): _variable_name(m, k)
                  for m, mod in self.raw_modules.items() for k, p in mod.named_parameters()}
         if var_list is None:
@@ -483,12 +484,58 @@ class ModelScope:
             params = []
             for item in (var_list if isinstance(var_list, (list, tuple)) else [var_list]):
                 params.extend(item.parameters() if isinstance(item, torch.nn.Module) else [item])
+        # (unnamed parameters, or a checkpoint that named none: by requires_grad)
+        by_name = saved and all(id(p) in names for p in params) and \
+            not any(n.startswith("param_") for n in saved)
         seen, out = set(), []
         for p in params:
-            if id(p) not in seen:
-                seen.add(id(p))
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if names.get(id(p)) in saved if by_name else p.requires_grad:
                 out.append(p)
+            elif by_name and p.requires_grad:   # (must be another optimizer's by the step's end)
+                self._absent[id(p)] = (p, names[id(p)], name, saved)
+            else:
+                self._left_out.setdefault(id(p), (p, names.get(id(p), "a parameter")))
         return out, [names.get(id(p), f"param_{i}") for i, p in enumerate(out)]
+
+    def check_left_out(self) -> None:
+        """After a training step: a trainable parameter that a resumed
+        optimizer's checkpoint did not hold must be held by another optimizer
+        (one of its own), else the model is not the checkpoint's (an error);
+        one left out for being frozen that is trainable now and no optimizer
+        holds is said once (gradual unfreezing: nothing would step it). One
+        test where nothing was left out."""
+        if not (self._left_out or self._absent):
+            return
+        held = {id(p) for opt in self.optimizers.values() for group in opt.param_groups
+                for p in group["params"]}
+        for left in (self._left_out, self._absent):
+            for key in [k for k in left if k in held]:
+                del left[key]
+        if self._absent:
+            self._raise_absent()
+        unfrozen = [name for p, name in self._left_out.values() if p.requires_grad]
+        if unfrozen:
+            self._left_out.clear()
+            logger.warning(
+                "%s trainable now (requires_grad True), but no optimizer steps it: each was "
+                "frozen when get_optimizer built its optimizer, over the parameters "
+                "trainable then (TF's minimize: the trainable variables when it is built). "
+                "To train a layer unfrozen later, give it an optimizer of its own when it is "
+                "unfrozen: est.get_optimizer(..., name='backbone', var_list=...) (resumed "
+                "from a checkpoint written before, it starts fresh)", ", ".join(unfrozen))
+
+    def _raise_absent(self) -> None:
+        _, _, name, saved = next(iter(self._absent.values()))
+        absent = [n for _, n, of, _ in self._absent.values() if of == name]
+        self._absent.clear()
+        raise ValueError(
+            f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} has no "
+            f"optimizer state for {absent} (its optimizer {name!r} is over {saved}), and no "
+            "other optimizer holds them: a model_dir keeps the same model; use "
+            "warm_start_from for a new one")
 
     def _names_in_groups(self, optimizer, params, var_names) -> list:
         """The variable names of the optimizer's parameters in its param_groups'

@@ -1,8 +1,12 @@
-"""Frozen parameters (`requires_grad` False) and `get_optimizer`, as torch's
-optimizers take them: `torch.optim.Adam(net.parameters())` holds a frozen
-parameter and steps it once it has a gradient again (gradual unfreezing).
-An optimizer here was built over the parameters trainable at its first step
-only: a layer unfrozen later never trained, without a word."""
+"""Frozen parameters (`requires_grad` False) and `get_optimizer`, as TF's
+`minimize` takes the variables trainable when it is built: an optimizer is
+over the parameters trainable at its first step (no state for a frozen
+table), a layer unfrozen later trains with an optimizer of its own, and one
+no optimizer steps is said. A resumed optimizer is over what the
+checkpoint's was over, so a layer frozen in a window of steps resumes as in
+a run never stopped (it was dropped for good, without a word)."""
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -19,46 +23,58 @@ def _data():
 
 
 DATA = _data()
-FROZEN = {"unfreeze_later": lambda step: step < 5,          # a backbone unfrozen at step 5
-          "freeze_window": lambda step: 5 <= step < 15,
+FROZEN = {"unfreeze_at_5": lambda step: step < 5,
+          "window": lambda step: 5 <= step < 15,
           "always": lambda step: True}
 
 
-def _net():
+def _net(frozen_in_factory=False):
     torch.manual_seed(5)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-
-
-def _frozen_net():
-    net = _net()
-    net[0].requires_grad_(False)
-    return net
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    return net[0].requires_grad_(not frozen_in_factory) and net
 
 
 def model_fn(features, labels, mode, params):
-    net = est.get_module("net", _frozen_net if params.get("in_factory") else _net)
+    net = est.get_module("net", lambda: _net(params.get("in_factory", False)))
+    step = est.get_global_step()
     for p in net[0].parameters():
-        p.requires_grad_(not FROZEN[params["frozen"]](est.get_global_step()))
+        p.requires_grad_(not FROZEN[params["frozen"]](step))
     loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
-    opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.05),
-                            var_list=net[2] if params.get("head_only") else None)
-    return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+    opt = est.get_optimizer(lambda p: params.get("kind", torch.optim.Adam)(p, lr=0.05))
+    if not params.get("own") or step < 5:
+        return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+    backbone = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.01), name="backbone",
+                                 var_list=net[0])
+
+    def train_op():
+        loss.backward()
+        opt.step()
+        backbone.step()
+    return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def _plain(frozen):
+def _plain(frozen, own=False):
+    """A plain loop: one Adam over the parameters trainable at the start
+    (`own`: and one of the first layer's own from step 5)."""
     net = _net()
-    opt = torch.optim.Adam(net.parameters(), lr=0.05)
+    for p in net[0].parameters():
+        p.requires_grad_(not FROZEN[frozen](0))
+    optimizers = [torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=0.05)]
     for step, (x, y) in enumerate(DATA):
         for p in net[0].parameters():
             p.requires_grad_(not FROZEN[frozen](step))
-        opt.zero_grad()
+        if own and step == 5:
+            optimizers.append(torch.optim.Adam(net[0].parameters(), lr=0.01))
+        for opt in optimizers:
+            opt.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
-        opt.step()
+        for opt in optimizers:
+            opt.step()
     return {f"net/{k.replace('.', '/')}": v.numpy() for k, v in net.state_dict().items()}
 
 
-def _train(model_dir, frozen, batches, **params):
-    e = est.Estimator(model_fn, model_dir=str(model_dir), params=dict(params, frozen=frozen))
+def _train(model_dir, batches, **params):
+    e = est.Estimator(model_fn, model_dir=str(model_dir), params=params)
     e.train(lambda: [({"x": x}, y) for x, y in batches])
     return e
 
@@ -69,44 +85,63 @@ def _assert_equal(e, expected):
                                    err_msg=name)
 
 
-@pytest.mark.parametrize("frozen", ["unfreeze_later", "freeze_window"])
-def test_a_layer_unfrozen_later_trains_as_in_torch(tmp_path, frozen):
-    expected = _plain(frozen)
-    _assert_equal(_train(tmp_path / "one", frozen, DATA), expected)
-    _train(tmp_path / "resumed", frozen, DATA[:10])     # resumed at step 10: in the
-    _assert_equal(_train(tmp_path / "resumed", frozen, DATA[10:]), expected)   # window too
+def test_a_layer_frozen_in_a_window_resumes_as_a_run_never_stopped(tmp_path):
+    expected = _plain("window")
+    _assert_equal(_train(tmp_path / "one", DATA, frozen="window"), expected)
+    _train(tmp_path / "resumed", DATA[:10], frozen="window")   # resumed in the window
+    _assert_equal(_train(tmp_path / "resumed", DATA[10:], frozen="window"), expected)
 
 
-def test_an_earlier_versions_optimizer_without_its_frozen_parameters_resumes(tmp_path):
-    """Such a checkpoint's optimizer is over the trainable parameters only
-    (here made so by var_list): it resumes, the frozen ones without state."""
-    _train(tmp_path, "always", DATA[:10], head_only=True)
-    _assert_equal(_train(tmp_path, "always", DATA[10:]), _plain("always"))
+@pytest.mark.parametrize("split", [None, 3, 10])
+def test_a_layer_unfrozen_later_trains_with_an_optimizer_of_its_own(tmp_path, split):
+    """Its optimizer made at step 5; resumed before that (split 3) it starts fresh."""
+    expected = _plain("unfreeze_at_5", own=True)
+    if split:
+        _train(tmp_path, DATA[:split], frozen="unfreeze_at_5", own=True)
+    e = _train(tmp_path, DATA[split or 0:], frozen="unfreeze_at_5", own=True)
+    _assert_equal(e, expected)
+
+
+def test_a_layer_unfrozen_later_that_no_optimizer_steps_is_said(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="hooks.model_scope"):
+        e = _train(tmp_path, DATA, frozen="unfreeze_at_5")
+    _assert_equal(e, _plain("unfreeze_at_5"))   # (as TF: the first layer never moves)
+    said = [r.getMessage() for r in caplog.records if "no optimizer steps it" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("net/0/weight, net/0/bias trainable now")
+
+
+def test_a_frozen_table_gets_no_optimizer_state(tmp_path):
+    """TF makes no slot for a variable not trainable; torch's Adagrad makes its
+    state when built, for every parameter it is given."""
+    e = _train(tmp_path, DATA[:2], frozen="always", in_factory=True, kind=torch.optim.Adagrad)
+    assert [n for n in e.get_variable_names() if n.startswith("optimizer/")] == [
+        "optimizer/net/2/bias/step", "optimizer/net/2/bias/sum",
+        "optimizer/net/2/weight/step", "optimizer/net/2/weight/sum"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_layer_unfrozen_later_under_mirrored_strategy_is_refused(tmp_path):
+def test_frozen_layers_under_mirrored_strategy(tmp_path):
     """DDP averages the gradients of the parameters trainable when it wraps
-    the module: one unfrozen later would step on each replica's own gradient
-    and the replicas drift apart. A layer frozen throughout trains."""
+    the module: one frozen there and trained later (an optimizer of its own)
+    would step on each replica's own gradient, the replicas drifting apart;
+    one frozen after the module was made failed at the next step with DDP's
+    'Expected to have finished reduction'. A layer frozen throughout trains."""
     import distribute
 
-    def run(model_dir, frozen, in_factory=True):
+    def run(model_dir, **params):
         strategy = distribute.MirroredStrategy(
             ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
                 timeout_seconds=30))
-        e = est.Estimator(model_fn, params={"frozen": frozen, "in_factory": in_factory},
-                          config=est.RunConfig(model_dir=str(model_dir),
-                                               train_distribute=strategy))
+        e = est.Estimator(model_fn, params=params, config=est.RunConfig(
+            model_dir=str(model_dir), train_distribute=strategy))
         e.train(lambda: [({"x": x}, y) for x, y in DATA])   # 10 steps of 2 batches
         return e
-    assert run(tmp_path / "always", "always").get_variable_value("global_step") == 10
-    with pytest.raises(Exception, match=r"net/0/weight, net/0/bias has a gradient, but was "
-                                        r"frozen \(requires_grad False\) when its module"):
-        run(tmp_path / "unfrozen", "unfreeze_later")
-    # frozen after the module was made: DDP's "Expected to have finished reduction"
-    # at the next step, said at the first
+    e = run(tmp_path / "always", frozen="always", in_factory=True)
+    assert e.get_variable_value("global_step") == 10
+    with pytest.raises(Exception, match=r"get_optimizer\(name='backbone'\): net/0/weight, "
+                                        r"net/0/bias has a gradient, but was frozen"):
+        run(tmp_path / "own", frozen="unfreeze_at_5", in_factory=True, own=True)
     with pytest.raises(Exception, match=r"module 'net': its parameters 0.weight, 0.bias were "
                                         r"frozen \(requires_grad False\) after the module"):
-        run(tmp_path / "frozen_since", "always", in_factory=False)
+        run(tmp_path / "frozen_since", frozen="always")
