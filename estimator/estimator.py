@@ -319,7 +319,6 @@ class Estimator:
                 spec = call(features, labels, train)
                 if type(spec) is not EstimatorSpec or spec.mode != train:
                     _check_spec(spec, train, self._model_fn)
-            scope.check_left_out()
             train_op = spec.train_op
             if isinstance(train_op, optimizer):
                 if train_op is not checked[0]:

@@ -501,7 +501,7 @@ class ModelScope:
         return out, [names.get(id(p), f"param_{i}") for i, p in enumerate(out)]
 
     def check_left_out(self) -> None:
-        """After a training step: a trainable parameter that a resumed
+        """After a training step (the session's): a trainable parameter that a resumed
         optimizer's checkpoint did not hold must be held by another optimizer
         (one of its own), else the model is not the checkpoint's (an error);
         one left out for being frozen that is trainable now and no optimizer

@@ -249,6 +249,7 @@ class MonitoredSession:
                 self._stop = True
                 return None
             if self._train:
+                scope.check_left_out()
                 if scope.step_uncounted:
                     scope.step_uncounted = False
                 else:
@@ -299,6 +300,7 @@ class MonitoredSession:
                 scope.feed_dict = None
         self._uncounted = False
         if self._train:
+            scope.check_left_out()
             if scope.step_uncounted:   # (TF: a skipped update leaves the step as it was)
                 scope.step_uncounted, self._uncounted = False, True
             else:
