@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import numbers
 import os
 import shutil
 from typing import Callable, Optional
@@ -56,7 +57,7 @@ class _SavedModelExporter(Exporter):
 
 
 def _check_exports_to_keep(exports_to_keep) -> None:
-    if exports_to_keep is not None and (not isinstance(exports_to_keep, int)
+    if exports_to_keep is not None and (not isinstance(exports_to_keep, numbers.Integral)
                                         or exports_to_keep <= 0):
         raise ValueError(f"`exports_to_keep`, if provided, must be a positive number. "
                          f"Got {exports_to_keep!r}")

@@ -326,7 +326,7 @@ class PrecisionAtK(_Ratio):
 
     def __init__(self, k: Optional[int], class_id: Optional[int] = None,
                  indices: bool = False):
-        if not indices and (not isinstance(k, int) or k < 1):
+        if not indices and (not isinstance(k, numbers.Integral) or k < 1):
             raise ValueError(f"k must be a positive int, got {k!r}")
         super().__init__(k=k, class_id=class_id, indices=indices)
 
@@ -361,7 +361,7 @@ class AveragePrecisionAtK(Metric):
     label in range makes it NaN."""
 
     def __init__(self, k: int):
-        if not isinstance(k, int) or k < 1:
+        if not isinstance(k, numbers.Integral) or k < 1:
             raise ValueError(f"Invalid k={k!r}. `k` should be >= 1.")
         super().__init__(k=k)
         self._add_state("total")
@@ -582,7 +582,7 @@ class RecallAtThresholds(PrecisionAtThresholds):
 
 
 def _curve_thresholds(num_thresholds: int, last: float) -> list:
-    if not isinstance(num_thresholds, int) or num_thresholds < 2:
+    if not isinstance(num_thresholds, numbers.Integral) or num_thresholds < 2:
         raise ValueError(f"num_thresholds must be an int >= 2, got {num_thresholds!r}")
     inner = [(i + 1) * 1.0 / (num_thresholds - 1) for i in range(num_thresholds - 2)]
     return [0.0 - 1e-7] + inner + [last]
@@ -639,7 +639,7 @@ def _class_ids(labels, predictions, device, weights):
 
 
 def _check_num_classes(num_classes) -> int:
-    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
+    if not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     return num_classes
 

@@ -4,6 +4,7 @@ NanTensorHook, GlobalStepWaiterHook, FinalOpsHook, FeedFnHook."""
 from __future__ import annotations
 
 import logging
+import numbers
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -345,7 +346,7 @@ class LoggingTensorHook(SessionRunHook):
         if not only_log_at_end and (every_n_iter is None) == (every_n_secs is None):
             raise ValueError("either at_end and/or exactly one of every_n_iter and "
                              "every_n_secs must be provided.")
-        if every_n_iter is not None and (not isinstance(every_n_iter, int)
+        if every_n_iter is not None and (not isinstance(every_n_iter, numbers.Integral)
                                          or isinstance(every_n_iter, bool) or every_n_iter <= 0):
             raise ValueError(f"invalid every_n_iter={every_n_iter!r}.")
         if every_n_secs is not None and not every_n_secs > 0:
@@ -444,7 +445,7 @@ class NanTensorHook(SessionRunHook):
     def __init__(self, loss_tensor: str = "loss", fail_on_nan_loss: bool = True,
                  every_n_iter: int = 1):
         loss_tensor = _names("NanTensorHook", {"loss": loss_tensor})["loss"]
-        if not isinstance(every_n_iter, int) or isinstance(every_n_iter, bool) \
+        if not isinstance(every_n_iter, numbers.Integral) or isinstance(every_n_iter, bool) \
                 or every_n_iter <= 0:
             raise ValueError(f"invalid every_n_iter={every_n_iter!r}.")
         self._loss_tensor = loss_tensor
@@ -497,7 +498,7 @@ class GlobalStepWaiterHook(SessionRunHook):
 
     def __init__(self, wait_until_step: int, timeout_secs: Optional[float] = 7200.0,
                  poll_secs: float = 0.5):
-        if not isinstance(wait_until_step, int) or isinstance(wait_until_step, bool):
+        if not isinstance(wait_until_step, numbers.Integral) or isinstance(wait_until_step, bool):
             raise TypeError(f"GlobalStepWaiterHook: wait_until_step must be an int, got "
                             f"{wait_until_step!r}")
         if timeout_secs is not None and not timeout_secs >= 0:

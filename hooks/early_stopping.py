@@ -119,7 +119,7 @@ def _check_common(what: str, estimator, metric_name, min_steps) -> None:
     _check_estimator(estimator)
     if not isinstance(metric_name, str) or not metric_name:
         raise TypeError(f"{what}: metric_name must be a non-empty string, got {metric_name!r}")
-    if not isinstance(min_steps, int) or isinstance(min_steps, bool) or min_steps < 0:
+    if not isinstance(min_steps, numbers.Integral) or isinstance(min_steps, bool) or min_steps < 0:
         raise ValueError(f"{what}: min_steps must be an int >= 0, got {min_steps!r}")
 
 
@@ -164,7 +164,7 @@ def _stop_if_no_metric_improvement_hook(estimator, metric_name, max_steps_withou
                                         run_every_steps, arg_name):
     what = "stop_if_no_increase_hook" if higher_is_better else "stop_if_no_decrease_hook"
     _check_common(what, estimator, metric_name, min_steps)
-    if not isinstance(max_steps_without_improvement, int) or \
+    if not isinstance(max_steps_without_improvement, numbers.Integral) or \
             isinstance(max_steps_without_improvement, bool) or max_steps_without_improvement <= 0:
         raise ValueError(f"{what}: {arg_name} must be an int > 0, got "
                          f"{max_steps_without_improvement!r}")

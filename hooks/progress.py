@@ -2,6 +2,7 @@
 analogue; TF logs `global_step/sec`, which StepCounterHook also does here)."""
 from __future__ import annotations
 
+import numbers
 import sys
 import time
 from typing import Optional
@@ -34,7 +35,7 @@ class ProgressHook(SessionRunHook):
             raise ValueError("ProgressHook: only one of num_steps or last_step can be "
                              "specified.")
         for name, value in (("num_steps", num_steps), ("last_step", last_step)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+            if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool)
                                       or value < 0):
                 raise ValueError(f"ProgressHook: {name} must be an int >= 0, got {value!r}")
         if not every_secs > 0:

@@ -79,3 +79,13 @@ def test_numpy_numbers_are_taken_where_tf_takes_numbers(tmp_path):
     assert est.checkpoint.step_of(e.latest_checkpoint()) == 3   # stopped at its first check
     metric = est.metrics.SensitivityAtSpecificity(np.float32(0.5))
     assert metric.config["specificity"] == 0.5
+    step = e.evaluate(input_fn)["global_step"]   # np.int64, as TF's: an int wherever one is
+    from hooks.progress import ProgressHook
+    for make in (lambda: hooks.GlobalStepWaiterHook(step + 1),
+                 lambda: hooks.LoggingTensorHook({"loss": "loss"}, every_n_iter=step),
+                 lambda: hooks.NanTensorHook(every_n_iter=step),
+                 lambda: ProgressHook(last_step=step + 2),
+                 lambda: hooks.stop_if_no_decrease_hook(e, "loss", step, min_steps=step),
+                 lambda: est.BestExporter(exports_to_keep=step),
+                 lambda: est.metrics.AUC(num_thresholds=step)):
+        make()
