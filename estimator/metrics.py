@@ -639,7 +639,8 @@ def _class_ids(labels, predictions, device, weights):
 
 
 def _check_num_classes(num_classes) -> int:
-    if not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool) or num_classes < 1:
+    if not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool) \
+            or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     return num_classes
 

@@ -35,8 +35,8 @@ class ProgressHook(SessionRunHook):
             raise ValueError("ProgressHook: only one of num_steps or last_step can be "
                              "specified.")
         for name, value in (("num_steps", num_steps), ("last_step", last_step)):
-            if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool)
-                                      or value < 0):
+            if value is not None and (not isinstance(value, numbers.Integral)
+                                      or isinstance(value, bool) or value < 0):
                 raise ValueError(f"ProgressHook: {name} must be an int >= 0, got {value!r}")
         if not every_secs > 0:
             raise ValueError(f"ProgressHook: every_secs must be > 0, got {every_secs!r}")

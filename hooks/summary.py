@@ -112,7 +112,8 @@ def image(name: str, data, step: Optional[int] = None, max_outputs: int = 3) -> 
     if scope is None or not scope.summaries_due:
         return False
     _check(name, step, "image")
-    if not isinstance(max_outputs, numbers.Integral) or isinstance(max_outputs, bool) or max_outputs < 1:
+    if not isinstance(max_outputs, numbers.Integral) or isinstance(max_outputs, bool) \
+            or max_outputs < 1:
         raise ValueError(f"est.summary.image({name!r}): max_outputs must be an int >= 1, "
                          f"got {max_outputs!r}")
     if not isinstance(data, torch.Tensor):
