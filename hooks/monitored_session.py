@@ -450,13 +450,9 @@ def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
     listeners with no saver at all are TF's ValueError."""
     from .basic_session_run_hooks import CheckpointSaverHook
     from .summary_hooks import StepCounterHook, SummarySaverHook
-    given = [h for h in given_hooks if isinstance(h, CheckpointSaverHook)]
+    given = _saving_with(given_hooks, keep_checkpoint_max, keep_checkpoint_every_n_hours,
+                         async_checkpoint)
     if given:   # TF: the first takes the listeners; no default saver
-        for hook in given:
-            if hook._own_saver:   # TF: the graph's Saver, made with RunConfig's settings
-                hook._saver = checkpoint.Saver(hook._saver.model_dir, keep_checkpoint_max,
-                                               keep_checkpoint_every_n_hours,
-                                               background=async_checkpoint)
         for listener in listeners:
             if listener not in given[0]._listeners:
                 given[0]._listeners.append(listener)
@@ -489,6 +485,21 @@ def training_hooks(checkpoint_dir: Optional[str], is_chief: bool,
                                        save_steps=save_checkpoint_steps, saver=saver,
                                        listeners=listeners))
     return out
+
+
+def _saving_with(hooks, keep_checkpoint_max, keep_checkpoint_every_n_hours,
+                 async_checkpoint: bool) -> list:
+    """The CheckpointSaverHooks among `hooks`, those made without a saver given
+    one with these settings (TF: the graph's Saver, which the Estimator makes
+    with RunConfig's, MonitoredTrainingSession's Scaffold with its own)."""
+    from .basic_session_run_hooks import CheckpointSaverHook
+    given = [h for h in hooks if isinstance(h, CheckpointSaverHook)]
+    for hook in given:
+        if hook._own_saver:
+            hook._saver = checkpoint.Saver(hook._saver.model_dir, keep_checkpoint_max,
+                                           keep_checkpoint_every_n_hours,
+                                           background=async_checkpoint)
+    return given
 
 
 def _share_savers(hooks: List[SessionRunHook]) -> None:
@@ -570,6 +581,7 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
         logger.info("Restoring from %s", latest)
         checkpoint.restore_rng(state["rng"])
     scope = model_scope.ModelScope(ModeKeys.TRAIN, strategy, restore=state, restore_path=latest)
+    _saving_with(list(chief_only_hooks) + list(hooks), keep_checkpoint_max, 10000.0, False)
     # TF's order on the chief: chief-only hooks, its own, then `hooks` (so a
     # hook's `end` sees the final checkpoint)
     all_hooks = (list(chief_only_hooks) if is_chief else []) + training_hooks(

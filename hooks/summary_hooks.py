@@ -124,6 +124,15 @@ class SummaryWriterCache:
             writer.flush()
 
     @classmethod
+    def _write_held_of(cls, writer) -> None:
+        """Hand its held scalars to `writer`, if it is a cached writer (one a
+        hook acquired, or the user's from `get`)."""
+        with cls._lock:
+            keys = [k for k, w in cls._writers.items() if w is writer and k in cls._held]
+        for key in keys:
+            cls._write_held(key)
+
+    @classmethod
     def _release(cls, logdir: str) -> None:
         """Flush; when this was the last run holding it and `get` did not pin
         it, keep it open for the next run in `logdir`, and close the writer
@@ -386,11 +395,11 @@ class SummarySaverHook(_WritesSummaries):
             self._started = True
             _summary._write_session_start(writer, step)
         records = results["summaries"]
+        if records or writer is self._given_writer:   # the held ones first: step order
+            SummaryWriterCache._write_held_of(writer)
         # TF's Estimator adds its `loss` summary only where the model_fn wrote none
         if "loss" in results and not any(record.tag == "loss" for record in records):
             self._write_scalar("loss", results["loss"], step)
-        if records and self._acquired is not None:   # the held ones first: step order
-            SummaryWriterCache._write_held(self._key)
         tags = self._tags
         for record in records:
             if tags is None or record.tag in tags:

@@ -312,6 +312,14 @@ def custom_loop(directory, last_step=12, clock=None, extra_hooks=(), **kwargs):
                         for tag in events.Tags()["scalars"]}}
 
 
+def test_a_users_checkpoint_saver_hook_keeps_keep_checkpoint_max(tmp_path):
+    """One made without a saver saves through a Saver of the session's
+    settings (TF: the Scaffold's Saver): it kept its own default 5."""
+    saver = hooks.CheckpointSaverHook(str(tmp_path), save_steps=1)
+    assert custom_loop(str(tmp_path), last_step=6, extra_hooks=[saver], keep_checkpoint_max=2,
+                       save_checkpoint_secs=None)["checkpoints"] == [5, 6]
+
+
 def without_step_0(recorded):
     """TF's record without its session-start save (a documented difference)."""
     out = dict(recorded)

@@ -570,13 +570,18 @@ def test_a_full_disk_under_the_summaries_names_their_directory(tmp_path, monkeyp
     monkeypatch.undo()
 
 
-def test_events_are_written_in_step_order(tmp_path):
+@pytest.mark.parametrize("given_writer", [False, True])
+def test_events_are_written_in_step_order(tmp_path, given_writer):
     """The held loss and global_step/sec scalars are written before a later
     step's model_fn summaries (TF's event files are in step order; a reader
-    going through one in order saw `pred_mean` of step 11 before `loss` of 6)."""
+    going through one in order saw `pred_mean` of step 11 before `loss` of 6),
+    also by a SummarySaverHook given the cached writer (FileWriterCache.get's)."""
     from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
-    e = make(tmp_path, save_summary_steps=5, log_step_count_steps=5)
-    e.train(regression_input_fn(), steps=30)
+    e = make(tmp_path, save_summary_steps=5, log_step_count_steps=4)
+    e.train(regression_input_fn(), steps=30, hooks=[hooks.SummarySaverHook(
+        save_steps=3, summary_writer=hooks.SummaryWriterCache.get(str(tmp_path)))]
+        if given_writer else None)
+    hooks.SummaryWriterCache.clear()   # (the one `get` pinned: flushed and closed)
     files = [f for f in os.listdir(tmp_path) if f.startswith("events.out.tfevents")]
     assert len(files) == 1
     written = [(ev.step, v.tag) for ev in LegacyEventFileLoader(str(tmp_path / files[0])).Load()
