@@ -338,6 +338,8 @@ class _Ledger:
 def _jsonable(value):
     if isinstance(value, np.ndarray):
         return value.tolist()
+    if isinstance(value, np.floating) and value.dtype.itemsize < 8:
+        return float(str(value))   # float32's shortest digits, as `estimator evaluate` prints
     if isinstance(value, np.generic):
         return value.item()
     return value
