@@ -103,14 +103,12 @@ def _local_devices(devices) -> Tuple[List[torch.device], List[str]]:
     return parsed, [str(n) for n in names]
 
 
-class _Replicated(torch.nn.parallel.DistributedDataParallel):
-    """DDP that also answers for the module it wraps, as that module does in one
-    process: `net[0]`, `net.head.weight`, `len(net)` (a TF variable is the same
-    object under a strategy), `bool(net)`. Calling a submodule this way bypasses DDP's
-    forward, so its gradients would not be averaged: the first training step
-    refuses that (`_CollectiveExtended._check_used`)."""
+class _AnswersForModule:
+    """A wrapper that also answers for the module it wraps (`self.module`), as
+    that module does in one process: `net[0]`, `net.head.weight`, `len(net)`
+    (a TF variable is the same object under a strategy), `bool(net)`."""
 
-    _OWN = frozenset({"module", "buffer_hook"})   # DDP's, never the wrapped module's
+    _OWN = frozenset({"module", "buffer_hook"})   # the wrapper's, never the module's
 
     def __getattr__(self, name: str):
         try:
@@ -134,6 +132,36 @@ class _Replicated(torch.nn.parallel.DistributedDataParallel):
 
     def __iter__(self):
         return iter(self.module)
+
+
+class _Replicated(_AnswersForModule, torch.nn.parallel.DistributedDataParallel):
+    """DDP answering for its module. Calling a submodule this way bypasses
+    DDP's forward, so its gradients would not be averaged: the first training
+    step refuses that (`_CollectiveExtended._check_used`)."""
+
+
+class _MadeAtFirstCall(_AnswersForModule, torch.nn.Module):
+    """A module with lazy parameters (`LazyLinear`, made by its first batch:
+    DDP cannot wrap it before), wrapped at its first call: a forward in eval
+    mode without gradients makes them (no dropout drawn, no batch-norm
+    statistics moved), then `wrap(module)` (DDP starts every replica from
+    rank 0's values, as for any module) takes this call and the next ones."""
+
+    def __init__(self, wrap: Callable, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_made", None)   # (not a submodule: `module` is)
+        object.__setattr__(self, "_wrap_made", wrap)
+
+    def forward(self, *args, **kwargs):
+        if self._made is None:
+            training = self.module.training
+            self.module.eval()
+            with torch.no_grad():
+                self.module(*args, **kwargs)
+            self.module.train(training)
+            object.__setattr__(self, "_made", self._wrap_made(self.module))
+        return self._made(*args, **kwargs)
 
 
 @dataclasses.dataclass
@@ -359,6 +387,9 @@ class _CollectiveExtended(StrategyExtended):
         handle = layer.register_forward_pre_hook(share)
 
     def _wrap(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
+        if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
+               for p in module.parameters()):
+            return _MadeAtFirstCall(lambda made: self._wrap(name, made), module)
         if not self._ops._reduce_to_one:   # (reduced by hand there: every gradient)
             self._frozen_at_wrap.update((id(p), f"{name}/{k.replace('.', '/')}")
                                         for k, p in module.named_parameters()

@@ -64,6 +64,37 @@ def assert_same_variables(a, b, atol=1e-6):
         np.testing.assert_allclose(va[name], vb[name], atol=atol, rtol=0, err_msg=name)
 
 
+def _lazy_model_fn(features, labels, mode):
+    torch.manual_seed(1)
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.LazyLinear(5), torch.nn.Dropout(0.0), torch.nn.ReLU(), torch.nn.Linear(5, 1)))
+    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+def test_a_lazy_module_trains_on_replicas_as_in_one_process(tmp_path, kind):
+    """`LazyLinear` (the migration table's `layers.dense(x, units)`) made
+    replicas crash where they were set up ('Can't call numel() on
+    uninitialized parameter'): it is wrapped at its first call now."""
+    def input_fn(input_context=None):
+        g = torch.Generator().manual_seed(0)
+        data = [(torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g))
+                for _ in range(8)]
+        if input_context is None:   # one process: a replica's batch and the next, together
+            return [({"x": torch.cat([data[i][0], data[i + 1][0]])},
+                     torch.cat([data[i][1], data[i + 1][1]])) for i in range(0, 8, 2)]
+        return [({"x": x}, y) for x, y in data[input_context.input_pipeline_id::2]]
+    two = est.Estimator(_lazy_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), train_distribute=STRATEGIES[kind]()))
+    two.train(input_fn)
+    one = est.Estimator(_lazy_model_fn, model_dir=str(tmp_path / "one"))
+    one.train(lambda: input_fn())
+    assert two.get_variable_value("global_step") == one.get_variable_value("global_step") == 4
+    assert_same_variables(two, one)
+
+
 def test_ordinal_cpu_devices_and_process_free_properties():
     s = distribute.MirroredStrategy(DEVICES)
     assert s.num_replicas_in_sync == 2
