@@ -506,16 +506,15 @@ class ModelScope:
         (one of its own), else the model is not the checkpoint's (an error);
         one left out for being frozen that is trainable now and no optimizer
         holds is said once (gradual unfreezing: nothing would step it). One
-        test where nothing was left out."""
-        if not (self._left_out or self._absent):
-            return
-        held = {id(p) for opt in self.optimizers.values() for group in opt.param_groups
-                for p in group["params"]}
-        for left in (self._left_out, self._absent):
-            for key in [k for k in left if k in held]:
-                del left[key]
+        test where nothing was left out, a `requires_grad` read of each frozen
+        one else."""
         if self._absent:
-            self._raise_absent()
+            self._forget_held(self._absent)
+            if self._absent:
+                self._raise_absent()
+        if not (self._left_out and any(p.requires_grad for p, _ in self._left_out.values())):
+            return
+        self._forget_held(self._left_out)
         unfrozen = [name for p, name in self._left_out.values() if p.requires_grad]
         if unfrozen:
             self._left_out.clear()
@@ -526,6 +525,13 @@ class ModelScope:
                 "To train a layer unfrozen later, give it an optimizer of its own when it is "
                 "unfrozen: est.get_optimizer(..., name='backbone', var_list=...) (resumed "
                 "from a checkpoint written before, it starts fresh)", ", ".join(unfrozen))
+
+    def _forget_held(self, left: dict) -> None:
+        """Drop from `left` the parameters an optimizer holds."""
+        held = {id(p) for opt in self.optimizers.values() for group in opt.param_groups
+                for p in group["params"]}
+        for key in [k for k in left if k in held]:
+            del left[key]
 
     def _raise_absent(self) -> None:
         _, _, name, saved = next(iter(self._absent.values()))
