@@ -37,8 +37,10 @@ the other replicas wait for it in their next collective.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import functools
 import logging
 import os
 import random
@@ -144,22 +146,29 @@ class _MadeAtFirstCall(_AnswersForModule, torch.nn.Module):
     """A module with lazy parameters (`LazyLinear`, made by its first batch:
     DDP cannot wrap it before), wrapped at its first call: a forward in eval
     mode without gradients makes them (no dropout drawn, no batch-norm
-    statistics moved), then `wrap(module)` (DDP starts every replica from
-    rank 0's values, as for any module) takes this call and the next ones."""
+    statistics moved; each submodule's mode put back after; in `quiet()`,
+    the model scope's `records_discarded`, no summary recorded), then
+    `wrap(module)` (DDP starts every replica from rank 0's values, as for
+    any module) takes this call and the next ones. What the module's forward
+    does by itself beyond that (a call counter of its own) it does once more."""
 
-    def __init__(self, wrap: Callable, module: torch.nn.Module):
+    def __init__(self, wrap: Callable, module: torch.nn.Module, quiet: Callable):
         super().__init__()
         self.module = module
         object.__setattr__(self, "_made", None)   # (not a submodule: `module` is)
         object.__setattr__(self, "_wrap_made", wrap)
+        object.__setattr__(self, "_quiet", quiet)
 
     def forward(self, *args, **kwargs):
         if self._made is None:
-            training = self.module.training
+            modes = [(m, m.training) for m in self.module.modules()]
             self.module.eval()
-            with torch.no_grad():
-                self.module(*args, **kwargs)
-            self.module.train(training)
+            try:
+                with torch.no_grad(), self._quiet():
+                    self.module(*args, **kwargs)
+            finally:
+                for m, training in modes:
+                    m.training = training
             object.__setattr__(self, "_made", self._wrap_made(self.module))
         return self._made(*args, **kwargs)
 
@@ -389,7 +398,11 @@ class _CollectiveExtended(StrategyExtended):
     def _wrap(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
         if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
                for p in module.parameters()):
-            return _MadeAtFirstCall(lambda made: self._wrap(name, made), module)
+            scope = self.current_scope
+            wrapper = _MadeAtFirstCall(functools.partial(self._wrap_made, name), module,
+                                       getattr(scope, "records_discarded", contextlib.nullcontext))
+            self._not_called[name] = wrapper   # (its submodules called past it: refused)
+            return wrapper
         if not self._ops._reduce_to_one:   # (reduced by hand there: every gradient)
             self._frozen_at_wrap.update((id(p), f"{name}/{k.replace('.', '/')}")
                                         for k, p in module.named_parameters()
@@ -414,6 +427,11 @@ class _CollectiveExtended(StrategyExtended):
         ddp.register_forward_pre_hook(self._before_forward)
         self._watch_first_use(name, ddp)
         return ddp
+
+    def _wrap_made(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
+        """`_wrap` of a lazy module its first call has made (called now)."""
+        self._not_called.pop(name, None)
+        return self._wrap(name, module)
 
     def _watch_first_use(self, name: str, ddp) -> None:
         """Have the first training step that calls `ddp` check that its loss

@@ -11,6 +11,7 @@ checkpoint and warm starting happen at creation, before the strategy places
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
@@ -442,6 +443,22 @@ class ModelScope:
         self.name_uses.clear()
         self.collections.clear()
 
+    @contextlib.contextmanager
+    def records_discarded(self):
+        """What model code records in this block (summaries, named tensors, the
+        unique names it takes) is dropped after it: a strategy's extra forward
+        (a lazy module's parameters made before DDP wraps it) leaves no trace."""
+        due, self.summaries_due = self.summaries_due, False
+        kept = (dict(self.name_uses), {k: list(v) for k, v in self.collections.items()},
+                dict(self.named_tensors))
+        try:
+            yield
+        finally:
+            self.summaries_due = due
+            for live, saved in zip((self.name_uses, self.collections, self.named_tensors), kept):
+                live.clear()
+                live.update(saved)
+
     def unique_name(self, name: str) -> str:
         """`name`, then `name_1`, `name_2`, ... for its later uses within one
         model_fn call, never a name already given (TF's `Graph.unique_name`:
@@ -515,16 +532,18 @@ class ModelScope:
         if not (self._left_out and any(p.requires_grad for p, _ in self._left_out.values())):
             return
         self._forget_held(self._left_out)
-        unfrozen = [name for p, name in self._left_out.values() if p.requires_grad]
+        unfrozen = [(key, name) for key, (p, name) in self._left_out.items() if p.requires_grad]
+        for key, _ in unfrozen:   # (each said once; one frozen still is watched)
+            del self._left_out[key]
         if unfrozen:
-            self._left_out.clear()
             logger.warning(
                 "%s trainable now (requires_grad True), but no optimizer steps it: each was "
                 "frozen when get_optimizer built its optimizer, over the parameters "
                 "trainable then (TF's minimize: the trainable variables when it is built). "
                 "To train a layer unfrozen later, give it an optimizer of its own when it is "
                 "unfrozen: est.get_optimizer(..., name='backbone', var_list=...) (resumed "
-                "from a checkpoint written before, it starts fresh)", ", ".join(unfrozen))
+                "from a checkpoint written before, it starts fresh)",
+                ", ".join(name for _, name in unfrozen))
 
     def _forget_held(self, left: dict) -> None:
         """Drop from `left` the parameters an optimizer holds."""
@@ -540,8 +559,9 @@ class ModelScope:
         raise ValueError(
             f"get_optimizer(name={name!r}): the checkpoint {self._restore_path} has no "
             f"optimizer state for {absent} (its optimizer {name!r} is over {saved}), and no "
-            "other optimizer holds them: a model_dir keeps the same model; use "
-            "warm_start_from for a new one")
+            "other optimizer holds them: a model_dir keeps the same model (a layer frozen "
+            "when the optimizer was built and trainable since needs an optimizer of its own: "
+            "est.get_optimizer(..., name=..., var_list=...)); use warm_start_from for a new one")
 
     def _names_in_groups(self, optimizer, params, var_names) -> list:
         """The variable names of the optimizer's parameters in its param_groups'

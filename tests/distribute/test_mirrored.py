@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import distribute
 import estimator as est
@@ -93,6 +94,48 @@ def test_a_lazy_module_trains_on_replicas_as_in_one_process(tmp_path, kind):
     one.train(lambda: input_fn())
     assert two.get_variable_value("global_step") == one.get_variable_value("global_step") == 4
     assert_same_variables(two, one)
+
+
+class _LazyWithSummary(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.LazyLinear(5), torch.nn.BatchNorm1d(5))
+        self.head = torch.nn.Linear(5, 1)
+
+    def forward(self, x):
+        h = self.body(x)
+        est.summary.scalar("act_mean", h.mean())
+        return self.head(h)
+
+
+def test_a_lazy_modules_first_call_on_replicas_leaves_no_trace(tmp_path):
+    """The forward that makes its parameters before DDP wraps it keeps each
+    submodule's mode (a batch norm the model_fn holds in eval mode moved its
+    statistics) and records no summary (a second `act_mean_1` tag); calling
+    its submodules past it is refused as for any module."""
+    def model_fn(features, labels, mode, params):
+        net = est.get_module("net", _LazyWithSummary)
+        net.body[1].eval()   # statistics frozen
+        out = net.head(net.body(features["x"])) if params["bypass"] else net(features["x"])
+        loss = torch.nn.functional.mse_loss(out, labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+
+    def train(model_dir, bypass=False):
+        e = est.Estimator(model_fn, params={"bypass": bypass}, config=est.RunConfig(
+            model_dir=str(model_dir), train_distribute=STRATEGIES["mirrored"](),
+            save_summary_steps=1))
+        e.train(lambda: [({"x": torch.randn(4, 3)}, torch.randn(4, 1)) for _ in range(6)])
+        return e
+    e = train(tmp_path / "m")
+    assert e.get_variable_value("net/body/1/num_batches_tracked") == 0
+    assert not e.get_variable_value("net/body/1/running_mean").any()
+    acc = EventAccumulator(str(tmp_path / "m"))
+    acc.Reload()
+    assert [ev.step for ev in acc.Scalars("act_mean")] == [1, 2, 3]
+    assert "act_mean_1" not in acc.Tags()["scalars"]
+    with pytest.raises(Exception, match="have gradients but the module was not called"):
+        train(tmp_path / "bypass", bypass=True)
 
 
 def test_ordinal_cpu_devices_and_process_free_properties():
@@ -1162,6 +1205,7 @@ _SAME_INPUT_SCRIPT = r"""
 import sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 import distribute, estimator as est
 from models import regression_model_fn
 from replica_helpers import batches

@@ -110,6 +110,27 @@ def test_a_layer_unfrozen_later_that_no_optimizer_steps_is_said(tmp_path, caplog
     assert len(said) == 1 and said[0].startswith("net/0/weight, net/0/bias trainable now")
 
 
+def test_each_layer_unfrozen_later_that_no_optimizer_steps_is_said(tmp_path, caplog):
+    """Two layers unfrozen at steps 3 and 6: two warnings (the second was lost).
+    Resumed after, the error says what the model needs."""
+    def two_layers(features, labels, mode):
+        net = est.get_module("net", _net)
+        step = est.get_global_step()
+        net[0].requires_grad_(step >= 3)
+        net[2].weight.requires_grad_(step >= 6)
+        loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    e = est.Estimator(two_layers, model_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="hooks.model_scope"):
+        e.train(lambda: [({"x": x}, y) for x, y in DATA[:8]])
+    said = [r.getMessage().split(" trainable now")[0] for r in caplog.records
+            if "no optimizer steps it" in r.getMessage()]
+    assert said == ["net/0/weight, net/0/bias", "net/2/weight"]
+    with pytest.raises(ValueError, match=r"needs an optimizer of its own"):
+        e.train(lambda: [({"x": x}, y) for x, y in DATA[:2]])
+
+
 def test_a_frozen_table_gets_no_optimizer_state(tmp_path):
     """TF makes no slot for a variable not trainable; torch's Adagrad makes its
     state when built, for every parameter it is given."""
