@@ -156,7 +156,7 @@ class _MadeAtFirstCall(_AnswersForModule, torch.nn.Module):
         super().__init__()
         self.module = module
         object.__setattr__(self, "_made", None)   # (not a submodule: `module` is)
-        object.__setattr__(self, "_wrap_made", wrap)
+        object.__setattr__(self, "_wrap_it", wrap)
         object.__setattr__(self, "_quiet", quiet)
 
     def forward(self, *args, **kwargs):
@@ -169,7 +169,7 @@ class _MadeAtFirstCall(_AnswersForModule, torch.nn.Module):
             finally:
                 for m, training in modes:
                     m.training = training
-            object.__setattr__(self, "_made", self._wrap_made(self.module))
+            object.__setattr__(self, "_made", self._wrap_it(self.module))
         return self._made(*args, **kwargs)
 
 
