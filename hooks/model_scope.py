@@ -291,7 +291,17 @@ class ModelScope:
                     "model; use warm_start_from for a new one (there another kind of "
                     "optimizer's state starts fresh)")
             state, groups_from = _in_this_order(state, saved, var_names, optimizer)
-            optimizer.load_state_dict(state)
+            try:
+                optimizer.load_state_dict(state)
+            except ValueError as e:   # (torch's: groups of other sizes)
+                sizes = [len(g["params"]) for g in state["param_groups"]]
+                raise ValueError(
+                    f"get_optimizer(name={name!r}): cannot restore its state from "
+                    f"{self._restore_path}: the checkpoint's param groups hold {sizes} "
+                    f"variables, these {[len(g['params']) for g in optimizer.param_groups]} "
+                    f"({e}). A model_dir keeps the same model (a parameter frozen now, not a "
+                    "module's, is left out by requires_grad); use warm_start_from for a new "
+                    "one") from None
             self._keep_changed_hyperparameters(name, optimizer, built_with, state, groups_from)
             if any("initial_lr" in group for group in state["param_groups"]):
                 logger.warning(
@@ -501,14 +511,12 @@ class ModelScope:
             params = []
             for item in (var_list if isinstance(var_list, (list, tuple)) else [var_list]):
                 params.extend(item.parameters() if isinstance(item, torch.nn.Module) else [item])
-        # (unnamed parameters, or a checkpoint that named none: by requires_grad)
-        by_name = saved and all(id(p) in names for p in params) and \
-            not any(n.startswith("param_") for n in saved)
         seen, out = set(), []
         for p in params:
             if id(p) in seen:
                 continue
             seen.add(id(p))
+            by_name = saved and id(p) in names   # (a parameter not a module's: by requires_grad)
             if names.get(id(p)) in saved if by_name else p.requires_grad:
                 out.append(p)
             elif by_name and p.requires_grad:   # (must be another optimizer's by the step's end)

@@ -131,6 +131,36 @@ def test_each_layer_unfrozen_later_that_no_optimizer_steps_is_said(tmp_path, cap
         e.train(lambda: [({"x": x}, y) for x, y in DATA[:2]])
 
 
+def test_a_window_resumes_beside_a_parameter_not_a_modules(tmp_path):
+    """A custom loop's var_list holding a bare nn.Parameter beside a module:
+    the module's variables go by name, the bare one by requires_grad (all
+    went by requires_grad, and the resume in the window failed with torch's
+    "parameter group that doesn't match the size")."""
+    import hooks
+    scale = torch.nn.Parameter(torch.ones(1))
+
+    def run(last_step):
+        with hooks.MonitoredTrainingSession(
+                checkpoint_dir=str(tmp_path), save_checkpoint_steps=1000,
+                hooks=[hooks.StopAtStepHook(last_step=last_step)]) as sess:
+            net = est.get_module("net", lambda: torch.nn.Linear(4, 2))
+            net.requires_grad_(not 5 <= est.get_global_step() < 15)
+            opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.05),
+                                    var_list=[net, scale])
+
+            def step(x, y):
+                net.requires_grad_(not 5 <= est.get_global_step() < 15)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(scale * net(x), y).backward()
+                opt.step()
+            while not sess.should_stop():
+                sess.run(step, *DATA[int(est.get_global_step())])
+    run(10)
+    run(20)
+    state = est.checkpoint.load(str(tmp_path / "model.ckpt-20"))["optimizers"]["optimizer"]
+    assert [float(state["state"][i]["step"]) for i in range(3)] == [10.0, 10.0, 20.0]
+
+
 def test_a_frozen_table_gets_no_optimizer_state(tmp_path):
     """TF makes no slot for a variable not trainable; torch's Adagrad makes its
     state when built, for every parameter it is given."""
