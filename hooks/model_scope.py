@@ -628,32 +628,30 @@ def _in_this_order(state: dict, saved: Optional[list], names: list, optimizer) -
     """(`state`, the checkpoint's optimizer state, arranged as `optimizer`'s
     param groups order its variables (`names`), where the checkpoint's
     (`saved`) are the same variables in another order (a factory building its
-    groups otherwise), or more (a variable left out since, whose state is left
-    out, as TF's Saver leaves what the graph no longer has), or fewer (a frozen
-    one an earlier version left out of optimizers: it starts without state): torch's
+    groups otherwise), or more (a variable frozen since, whose state is left
+    out, as TF's Saver leaves what the graph no longer has): torch's
     load_state_dict pairs them by position (Adam's
     moments of a [4] bias on a [5] one: a failed step; of equal shapes,
     swapped without a word); the checkpoint's group index of each group
     here (None: one made of several, which keeps its built values), or None
     where nothing moved."""
-    if not saved or saved == names or len(set(names)) != len(names) \
-            or len(set(saved)) != len(saved) or (not set(names) <= set(saved) and any(
-                n.startswith("param_") for n in names + saved)):
+    if not saved or saved == names or not set(names) <= set(saved) \
+            or len(set(names)) != len(names) or len(set(saved)) != len(saved):
         return state, None
     index = {n: i for i, n in enumerate(saved)}
     holder = {i: g for g, group in enumerate(state["param_groups"]) for i in group["params"]}
     groups, groups_from, start = [], [], 0
     for group in optimizer.param_groups:
-        count = len(group["params"])
-        held = {holder.get(index[n]) for n in names[start:start + count] if n in index}
+        ids = [index[n] for n in names[start:start + len(group["params"])]]
+        held = {holder.get(i) for i in ids}
         g = held.pop() if len(held) == 1 else None
         groups_from.append(g)
         source = state["param_groups"][g] if g is not None else group
         groups.append({**{k: v for k, v in source.items() if k != "params"},
-                       "params": list(range(start, start + count))})
-        start += count
+                       "params": list(range(start, start + len(ids)))})
+        start += len(ids)
     moved = {new: state["state"][index[n]] for new, n in enumerate(names)
-             if n in index and index[n] in state["state"]}
+             if index[n] in state["state"]}
     return {**state, "state": moved, "param_groups": groups}, groups_from
 
 
