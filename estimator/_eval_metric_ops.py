@@ -45,12 +45,7 @@ class EvalMetricOps:
         self._last = {}      # key -> the value of the last step (a per-call Metric)
 
     def update(self, eval_metric_ops: dict, features, labels) -> None:
-        for reserved in ("loss", "global_step"):
-            if reserved in eval_metric_ops:   # (TF's words)
-                raise ValueError(
-                    f'Metric with name "{reserved}" is not allowed, because Estimator '
-                    f"already defines a default metric with the same name "
-                    f"(eval_metric_ops[{reserved!r}]; rename it)")
+        _check_reserved(eval_metric_ops)
         scope = self._scope
         for key, value in eval_metric_ops.items():
             if self._metrics.get(key) is value:
@@ -71,6 +66,23 @@ class EvalMetricOps:
                     f"est.metrics.Metric, or a scalar tensor; got {_describe(value)}"
                     + (". For TF's (value, update_op) pair give the metric object itself"
                        if isinstance(value, tuple) else ""))
+
+    def declare(self, eval_metric_ops: dict) -> None:
+        """Report every key of `eval_metric_ops` (the first batch's spec) over no
+        batch: a hook stopped the evaluation before its first step, and TF's
+        metrics, whose update ops never ran, read 0. The scope's own metrics
+        are reset (the model_fn call that made the spec updated them)."""
+        _check_reserved(eval_metric_ops)
+        scope = self._scope
+        for key, value in eval_metric_ops.items():
+            if isinstance(value, metrics.Metric) and any(
+                    value is m for m in scope.metrics.values()):
+                value.reset_state()
+                self._metrics[key] = value
+            elif isinstance(value, metrics.Metric):
+                self._accumulator(key, type(value), value)
+            elif isinstance(value, torch.Tensor) and value.numel() == 1:
+                self._accumulator(key, metrics.Mean, value)
 
     def _fold(self, key: str, metric) -> None:
         """Add this call's `metric` (made and updated with this batch) into the
@@ -102,6 +114,15 @@ class EvalMetricOps:
     def results(self) -> dict:
         """{key: result tensor}, once the scope's metrics are reduced."""
         return {key: metric.result() for key, metric in self._metrics.items()}
+
+
+def _check_reserved(eval_metric_ops: dict) -> None:
+    for reserved in ("loss", "global_step"):
+        if reserved in eval_metric_ops:   # (TF's words)
+            raise ValueError(
+                f'Metric with name "{reserved}" is not allowed, because Estimator '
+                f"already defines a default metric with the same name "
+                f"(eval_metric_ops[{reserved!r}]; rename it)")
 
 
 def _zeroed(cls, example):

@@ -459,6 +459,8 @@ class Estimator:
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
                 while not session.should_stop():
                     session.run(step)
+            if pending:   # no step ran: TF's metrics read 0 over no batch
+                metric_ops.declare(first.eval_metric_ops)
             strategy.extended.reduce_metrics(list(scope.metrics.values()))
             results = {key: _metric_value(value) for key, value in metric_ops.results().items()}
             results["loss"] = _metric_value(loss.result())

@@ -67,6 +67,33 @@ def test_evaluate_results_and_hook_fetches_are_numpy_values_as_tf(tmp_path):
     assert str(results["global_step"]) == "2"
 
 
+class StopAtCreation(hooks.SessionRunHook):
+    def after_create_session(self, session, coord):
+        coord.request_stop()
+
+
+def test_an_evaluation_stopped_before_its_first_step_reports_every_metric_as_tf(tmp_path):
+    """TF's update ops never ran: every metric reads 0 (it was loss and
+    global_step only; the streaming metrics the first model_fn call updated
+    are not counted)."""
+    tf = json.load(open(FIXTURE))["stopped_at_creation"]
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    e.train(input_fn, steps=2)
+    results = e.evaluate(input_fn, hooks=[StopAtCreation()])
+    assert {k: dict(describe(v), value=np.asarray(v).tolist())
+            for k, v in results.items()} == tf
+
+    def own_metrics(features, labels, mode):   # a scalar tensor and a Metric of the call's
+        spec = model_fn(features, labels, mode)
+        mean = est.metrics.Mean()
+        mean.update_state(features["x"])
+        return spec._replace(eval_metric_ops={"tensor": features["x"].mean(), "own": mean})
+    e = est.Estimator(own_metrics, model_dir=str(tmp_path))
+    results = e.evaluate(input_fn, hooks=[StopAtCreation()])
+    assert {k: v.item() for k, v in results.items()} == {
+        "loss": 0.0, "own": 0.0, "tensor": 0.0, "global_step": 2}
+
+
 def test_numpy_numbers_are_taken_where_tf_takes_numbers(tmp_path):
     """A threshold or rate taken from these results (numpy, as TF's) is a
     number (they were TypeError/ValueError: 'must be a number')."""
