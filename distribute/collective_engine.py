@@ -139,7 +139,19 @@ class _AnswersForModule:
 class _Replicated(_AnswersForModule, torch.nn.parallel.DistributedDataParallel):
     """DDP answering for its module. Calling a submodule this way bypasses
     DDP's forward, so its gradients would not be averaged: the first training
-    step refuses that (`_CollectiveExtended._check_used`)."""
+    step refuses that (`_CollectiveExtended._check_used`). DDP's error for
+    parameters that got no gradient in the step before ("Expected to have
+    finished reduction") is said as `_frozen_since(ddp)` finds it: frozen
+    after the module was made (a freeze window starting at a later step)."""
+
+    def forward(self, *args, **kwargs):
+        try:
+            return super().forward(*args, **kwargs)
+        except RuntimeError as e:
+            frozen = "Expected to have finished reduction" in str(e) and self._frozen_since(self)
+            if frozen:
+                raise frozen from e
+            raise
 
 
 class _MadeAtFirstCall(_AnswersForModule, torch.nn.Module):
@@ -425,6 +437,7 @@ class _CollectiveExtended(StrategyExtended):
         # A custom loop's vote to stop is awaited before the next forward;
         # the Estimator's steps leave none pending.
         ddp.register_forward_pre_hook(self._before_forward)
+        ddp._frozen_since = functools.partial(self._frozen_since, name)
         self._watch_first_use(name, ddp)
         return ddp
 
@@ -467,15 +480,9 @@ class _CollectiveExtended(StrategyExtended):
         self._check_due = False
         used, self._first_used = self._first_used, []
         for name, ddp in used:
-            frozen_since = [n for n, p in ddp.module.named_parameters()
-                            if not p.requires_grad and id(p) not in self._frozen_at_wrap]
-            if frozen_since:
-                raise ValueError(
-                    f"module {name!r}: its parameters {', '.join(frozen_since)} were frozen "
-                    f"(requires_grad False) after the module was made. Under {strategy} "
-                    "DDP, which averages the gradients of the parameters trainable when it "
-                    "wraps a module, waits for theirs and fails at the next step: freeze "
-                    "them in the module's factory")
+            frozen = self._frozen_since(name, ddp)
+            if frozen:
+                raise frozen
             unused = [n for n, p in ddp.module.named_parameters()
                       if p.requires_grad and p.grad is None]
             if unused:
@@ -487,6 +494,22 @@ class _CollectiveExtended(StrategyExtended):
                     "in the loss: make the part the loss does not use (a head only "
                     "predictions need) a module of its own, another est.get_module, that "
                     "the training step does not call (`if mode != est.ModeKeys.TRAIN`)")
+
+    def _frozen_since(self, name: str, ddp) -> Optional[ValueError]:
+        """The error for `ddp`'s parameters frozen (requires_grad False) after
+        it wrapped them, if any."""
+        frozen = [n for n, p in ddp.module.named_parameters()
+                  if not p.requires_grad and id(p) not in self._frozen_at_wrap]
+        if not frozen:
+            return None
+        return ValueError(
+            f"module {name!r}: its parameters {', '.join(frozen)} were frozen "
+            f"(requires_grad False) after the module was made. Under "
+            f"{type(self._container_strategy).__name__} DDP, which averages the gradients "
+            "of the parameters trainable when it wraps a module, waits for theirs and "
+            "fails at the next step: freeze them in the module's factory, or, to keep "
+            "them from training for some steps only, leave them trainable and set their "
+            ".grad to None before the optimizer's step in a callable train_op")
 
     def _broadcast(self, tensors: List[torch.Tensor]) -> None:
         """Rank 0's values into `tensors` on every replica: one broadcast per

@@ -196,3 +196,45 @@ def test_frozen_layers_under_mirrored_strategy(tmp_path):
     with pytest.raises(Exception, match=r"module 'net': its parameters 0.weight, 0.bias were "
                                         r"frozen \(requires_grad False\) after the module"):
         run(tmp_path / "frozen_since", frozen="always")
+    # Frozen from step 5 (DDP's "Expected to have finished reduction" at step 6)
+    with pytest.raises(ValueError, match=r"module 'net': its parameters 0.weight, 0.bias were "
+                                         r"frozen .* set their .grad to None"):
+        run(tmp_path / "window", frozen="window")
+
+
+def window_by_grad(features, labels, mode):
+    """The window of `FROZEN["window"]` as said for MirroredStrategy: the layer
+    stays trainable, its gradient dropped before the optimizer's step."""
+    net = est.get_module("net", _net)
+    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+    opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.05))
+    frozen = FROZEN["window"](est.get_global_step())
+
+    def train_op():
+        opt.zero_grad()
+        loss.backward()
+        if frozen:
+            for p in net[0].parameters():
+                p.grad = None
+        opt.step()
+    return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_window_frozen_as_the_error_says_trains_on_replicas_as_in_one_process(tmp_path):
+    import distribute
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+            timeout_seconds=30))
+    e = est.Estimator(window_by_grad, config=est.RunConfig(
+        model_dir=str(tmp_path / "replicas"), train_distribute=strategy))
+    e.train(lambda: [({"x": x}, y) for x, y in DATA])   # 10 steps of 2 batches
+    pairs = [(torch.cat([DATA[i][0], DATA[i + 1][0]]), torch.cat([DATA[i][1], DATA[i + 1][1]]))
+             for i in range(0, STEPS, 2)]
+    one = _train(tmp_path / "one", pairs, frozen="window")
+    assert e.get_variable_value("global_step") == 10
+    for name in one.get_variable_names():
+        if name.startswith("net/"):
+            np.testing.assert_allclose(e.get_variable_value(name), one.get_variable_value(name),
+                                       rtol=0, atol=1e-6, err_msg=name)
