@@ -31,7 +31,32 @@ from typing import Callable, Iterable, Optional
 import torch
 
 __all__ = ["Ftrl", "RMSProp", "Adam", "ProximalAdagrad", "ProximalGradientDescent",
-           "optimizer_factory", "OPTIMIZER_NAMES"]
+           "looked_up", "optimizer_factory", "OPTIMIZER_NAMES"]
+
+
+def looked_up(param: torch.Tensor, ids: torch.Tensor) -> None:
+    """Note that a training step's lookup (TF's ``embedding_lookup``, whose
+    gradient is sparse: IndexedSlices of the rows read) read the rows `ids`
+    (indices, or a boolean mask of `param`'s rows) of the table `param`. This
+    module's optimizers then update those rows alone, and the rows with a
+    gradient (other replicas' lookups), as TF's sparse apply, where a dense
+    gradient's zero rows would move their slots or weights: `RMSProp`,
+    `Ftrl` (with `l2_shrinkage`, or a table not starting at zeros),
+    `ProximalAdagrad`, `ProximalGradientDescent`. The feature columns' tables
+    (an embedding column's ``embedding_weights``, a linear model's
+    categorical ``weights``) are noted; a table of your own read with
+    ``param[ids]`` may be (``nn.Embedding(sparse=True)``, a sparse gradient,
+    needs nothing). Nothing without gradients or for a frozen table."""
+    if not (param.requires_grad and torch.is_grad_enabled()):
+        return
+    rows = param.__dict__.get("_looked_up_rows")
+    if rows is None or rows.device != param.device:
+        rows = param._looked_up_rows = torch.zeros(len(param), dtype=torch.bool,
+                                                   device=param.device)
+    if ids.dtype == torch.bool:
+        rows |= ids
+    else:
+        rows.index_fill_(0, ids.reshape(-1), True)
 
 
 def _learning_rate(learning_rate, lr, name: str, zero: bool = True) -> float:
@@ -61,7 +86,15 @@ class _PerParameter(torch.optim.Optimizer):
     """`step` applies `_update(group, w, grad, state)` in place to each parameter
     with a gradient; parameters whose ``.grad`` is None are skipped. A sparse
     gradient (``nn.Embedding(sparse=True)``, TF's IndexedSlices of
-    ``embedding_lookup``) goes to `_update_rows`, where a subclass has one."""
+    ``embedding_lookup``) goes to `_update_rows`, as does the dense gradient
+    of a table whose lookups were noted (`looked_up`): the rows read and the
+    rows with a gradient, where the rule updates each row from its own values
+    (`_rows_alone`).
+
+    A subclass has `_update`, which makes the state with `_init_state` when
+    empty."""
+
+    _rows_alone = True   # TF's sparse apply leaves the rows not in the gradient
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -73,26 +106,48 @@ class _PerParameter(torch.optim.Optimizer):
             for w in group["params"]:
                 if w.grad is None:
                     continue
-                if not w.grad.is_sparse:
-                    self._update(group, w, w.grad, self.state[w])
-                elif hasattr(self, "_update_rows"):   # a repeated row's gradients summed
-                    g = w.grad.coalesce()             # first, as TF's sparse apply
+                if w.grad.is_sparse:   # a repeated row's gradients summed first,
+                    g = w.grad.coalesce()   # as TF's sparse apply
                     self._update_rows(group, w, g.indices()[0], g.values(), self.state[w])
+                elif self._rows_alone and w.__dict__.get("_looked_up_rows") is not None:
+                    read = w._looked_up_rows
+                    rows = (read | w.grad.ne(0).flatten(1).any(1)).nonzero().squeeze(1)
+                    read.zero_()   # (the next step's lookups)
+                    self._update_rows(group, w, rows, w.grad.index_select(0, rows),
+                                      self.state[w])
                 else:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse "
-                                       "gradients")
+                    self._update(group, w, w.grad, self.state[w])
         return loss
 
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
         raise NotImplementedError
 
+    def _init_state(self, group: dict, w: torch.Tensor, state: dict) -> None:
+        """The slots of `w` before its first step (none by default)."""
+
+    def _update_rows(self, group: dict, w: torch.Tensor, rows: torch.Tensor, g: torch.Tensor,
+                     state: dict) -> None:
+        """TF's sparse apply: `_update` of the rows `rows` of `w` and of its
+        slots alone, `g` their gradients."""
+        if not state:
+            self._init_state(group, w, state)
+        full = [k for k, v in state.items()
+                if isinstance(v, torch.Tensor) and v.shape == w.shape]
+        taken = dict(state, **{k: state[k].index_select(0, rows) for k in full})
+        part = w.index_select(0, rows)
+        self._update(group, part, g, taken)
+        w.index_copy_(0, rows, part)
+        for k in full:
+            state[k].index_copy_(0, rows, taken[k])
+
 
 class Ftrl(_PerParameter):
     """FTRL-Proximal: ``tf.compat.v1.train.FtrlOptimizer``, with dense gradients
     and sparse ones (``nn.Embedding(sparse=True)``: the rows of the batch alone
-    updated, as TF's SparseApplyFtrl updates an ``embedding_lookup``'s; a dense
-    gradient recomputes every row, as TF's ApplyFtrl: a row never seen is set
-    to what its zero ``linear`` gives, 0, in place of its initial value).
+    updated, as TF's SparseApplyFtrl updates an ``embedding_lookup``'s, and so
+    for a table whose lookups are noted, `looked_up`); any other dense
+    gradient recomputes every row, as TF's ApplyFtrl: a row never seen is
+    set to what its zero ``linear`` gives, 0, in place of its initial value.
 
     State per parameter: ``accum`` (TF's slot ``<var>/Ftrl``, starting at
     `initial_accumulator_value`) and ``linear`` (``<var>/Ftrl_1``, zeros). With
@@ -140,23 +195,14 @@ class Ftrl(_PerParameter):
         super().__init__(params, defaults)
 
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
-        self._ftrl(group, w, g, *self._slots(group, w, state))
-
-    def _update_rows(self, group: dict, w: torch.Tensor, rows: torch.Tensor, g: torch.Tensor,
-                     state: dict) -> None:
-        slots = self._slots(group, w, state)
-        taken = [t.index_select(0, rows) for t in (w, *slots)]
-        self._ftrl(group, *taken[:1], g, *taken[1:])
-        for t, part in zip((w, *slots), taken):
-            t.index_copy_(0, rows, part)
-
-    @staticmethod
-    def _slots(group: dict, w: torch.Tensor, state: dict):
         if not state:
-            state["accum"] = torch.full_like(w, group["initial_accumulator_value"],
-                                             memory_format=torch.preserve_format)
-            state["linear"] = torch.zeros_like(w, memory_format=torch.preserve_format)
-        return state["accum"], state["linear"]
+            self._init_state(group, w, state)
+        self._ftrl(group, w, g, state["accum"], state["linear"])
+
+    def _init_state(self, group: dict, w: torch.Tensor, state: dict) -> None:
+        state["accum"] = torch.full_like(w, group["initial_accumulator_value"],
+                                         memory_format=torch.preserve_format)
+        state["linear"] = torch.zeros_like(w, memory_format=torch.preserve_format)
 
     @staticmethod
     def _ftrl(group: dict, w: torch.Tensor, g: torch.Tensor, accum: torch.Tensor,
@@ -189,7 +235,9 @@ class Ftrl(_PerParameter):
 
 
 class RMSProp(_PerParameter):
-    """``tf.compat.v1.train.RMSPropOptimizer`` with dense gradients.
+    """``tf.compat.v1.train.RMSPropOptimizer``; a sparse gradient, or a table
+    whose lookups are noted (`looked_up`), updates the rows read alone (TF's
+    ``SparseApplyRMSProp``).
 
     State per parameter: ``rms`` (TF's ``<var>/RMSProp``, ONES), ``momentum``
     (zeros; ``<var>/RMSProp_1``, or ``<var>/RMSProp_2`` when centered) and,
@@ -223,10 +271,7 @@ class RMSProp(_PerParameter):
         one_minus_decay = 1.0 - _in_dtype(w.dtype)(group["decay"])
         eps = group["epsilon"]
         if not state:
-            state["rms"] = torch.ones_like(w, memory_format=torch.preserve_format)
-            state["momentum"] = torch.zeros_like(w, memory_format=torch.preserve_format)
-            if group["centered"]:
-                state["mg"] = torch.zeros_like(w, memory_format=torch.preserve_format)
+            self._init_state(group, w, state)
         rms, mom = state["rms"], state["momentum"]
         tmp = torch.mul(g, g).sub_(rms).mul_(one_minus_decay)
         rms.add_(tmp)
@@ -239,10 +284,17 @@ class RMSProp(_PerParameter):
         mom.mul_(group["momentum"]).add_(torch.mul(g, group["lr"]).div_(tmp.sqrt_()))
         w.sub_(mom)
 
+    def _init_state(self, group: dict, w: torch.Tensor, state: dict) -> None:
+        state["rms"] = torch.ones_like(w, memory_format=torch.preserve_format)
+        state["momentum"] = torch.zeros_like(w, memory_format=torch.preserve_format)
+        if group["centered"]:
+            state["mg"] = torch.zeros_like(w, memory_format=torch.preserve_format)
+
 
 class Adam(_PerParameter):
-    """``tf.compat.v1.train.AdamOptimizer`` with dense gradients (kernel
-    ``ApplyAdam``), TF1's rule exactly.
+    """``tf.compat.v1.train.AdamOptimizer`` (kernel ``ApplyAdam``), TF1's rule
+    exactly; a sparse gradient moves every row, as TF1's sparse apply decays
+    every row's moments.
 
     State per parameter: ``m`` and ``v`` (TF's slots ``<var>/Adam`` and
     ``<var>/Adam_1``, zeros) and TF's ``beta1_power`` / ``beta2_power``
@@ -288,6 +340,14 @@ class Adam(_PerParameter):
         state["beta1_power"] = f(state["beta1_power"] * beta1)
         state["beta2_power"] = f(state["beta2_power"] * beta2)
 
+    _rows_alone = False   # TF1's sparse apply of Adam decays every row's moments
+
+    def _update_rows(self, group: dict, w: torch.Tensor, rows: torch.Tensor, g: torch.Tensor,
+                     state: dict) -> None:
+        """TF1's sparse Adam: every row's moments decay and every row moves
+        (the rows not in `rows` with a zero gradient), as with a dense one."""
+        self._update(group, w, torch.zeros_like(w).index_copy_(0, rows, g), state)
+
 
 def _check_l1_l2(l1: float, l2: float) -> None:
     for name, value in (("l1_regularization_strength", l1), ("l2_regularization_strength", l2)):
@@ -306,7 +366,8 @@ def _proximal_step(w: torch.Tensor, rate: torch.Tensor, rate_l1, rate_l2) -> Non
 
 
 class ProximalAdagrad(_PerParameter):
-    """``tf.compat.v1.train.ProximalAdagradOptimizer`` with dense gradients.
+    """``tf.compat.v1.train.ProximalAdagradOptimizer``; a sparse gradient, or
+    a table whose lookups are noted (`looked_up`), updates the rows read alone.
 
     State per parameter: ``accumulator`` (TF's slot ``<var>/ProximalAdagrad``,
     starting at `initial_accumulator_value`)::
@@ -336,8 +397,7 @@ class ProximalAdagrad(_PerParameter):
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
         f = _in_dtype(w.dtype)
         if not state:
-            state["accumulator"] = torch.full_like(w, group["initial_accumulator_value"],
-                                                   memory_format=torch.preserve_format)
+            self._init_state(group, w, state)
         accumulator = state["accumulator"]
         accumulator.addcmul_(g, g)
         rate = accumulator.rsqrt().mul_(f(group["lr"]))
@@ -345,9 +405,15 @@ class ProximalAdagrad(_PerParameter):
         l1, l2 = group["l1_regularization_strength"], group["l2_regularization_strength"]
         _proximal_step(w, rate, rate * f(l1) if l1 > 0 else None, rate * f(l2))
 
+    def _init_state(self, group: dict, w: torch.Tensor, state: dict) -> None:
+        state["accumulator"] = torch.full_like(w, group["initial_accumulator_value"],
+                                               memory_format=torch.preserve_format)
+
 
 class ProximalGradientDescent(_PerParameter):
-    """``tf.compat.v1.train.ProximalGradientDescentOptimizer``: no state::
+    """``tf.compat.v1.train.ProximalGradientDescentOptimizer`` (a sparse
+    gradient, or a table whose lookups are noted, `looked_up`: the rows read
+    alone); no state::
 
         v = w - learning_rate * g
         w = sign(v) * max(|v| - learning_rate * l1, 0) / (1 + learning_rate * l2)

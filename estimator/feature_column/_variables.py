@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import optimizers
 from ._inputs import is_arange
 
 COMBINERS = ("mean", "sqrtn", "sum")
@@ -77,6 +78,7 @@ class ColumnVariables(torch.nn.Module):
         self.max_norm = max_norm
 
     def forward(self, ids, offsets=None, weights=None, scale=None):
+        optimizers.looked_up(self.embedding_weights, ids)
         return combine(self.embedding_weights, ids, offsets, weights, scale, self.max_norm)
 
 
@@ -104,6 +106,19 @@ class LinearModelVariables(torch.nn.Module):
     def column_parameters(self, name: str) -> list:
         return [p for key, p in self._parameters.items() if key.startswith(name + "/")]
 
+    def _note_lookups(self, ids: torch.Tensor, rows: int) -> None:
+        """`optimizers.looked_up` of each categorical table: `ids` index
+        their concatenation."""
+        if not torch.is_grad_enabled():
+            return
+        read = torch.zeros(rows, dtype=torch.bool, device=ids.device)
+        read.index_fill_(0, ids.reshape(-1), True)
+        start = 0
+        for name in self._tables:
+            param = self._parameters[f"{name}/weights"]
+            optimizers.looked_up(param, read[start:start + len(param)])
+            start += len(param)
+
     def _cat(self, names) -> torch.Tensor:
         params = [self._parameters[f"{name}/weights"] for name in names]
         return params[0] if len(params) == 1 else torch.cat(params)
@@ -116,6 +131,7 @@ class LinearModelVariables(torch.nn.Module):
         terms = []
         if self._tables:
             table = self._cat(self._tables)
+            self._note_lookups(ids, len(table))
             if offsets is None:
                 terms.append(table[ids].sum(1))
             else:
@@ -125,6 +141,7 @@ class LinearModelVariables(torch.nn.Module):
             terms.append(dense.to(self.bias_weights.dtype) @ self._cat(self._dense))
         for (name, max_norm), bag in zip(self._embedded, embedded):
             table = self._parameters[f"{name}/embedding_weights"]
+            optimizers.looked_up(table, bag["ids"])
             terms.append(combine(table, max_norm=max_norm, **bag)
                          @ self._parameters[f"{name}/weights"])
         total = terms[0]

@@ -221,12 +221,18 @@ def test_ftrl_with_sparse_gradients_equals_tfs_sparse_apply(case):
     assert torch.equal(table.weight[4], torch.tensor(TF["sparse_initial"][4]))   # in no batch
 
 
-def test_sparse_gradients_are_refused_where_not_supported():
-    w = torch.nn.Parameter(torch.ones(3))
-    opt = RMSProp([w], learning_rate=0.1)
-    w.grad = torch.ones(3).to_sparse()
-    with pytest.raises(RuntimeError, match="RMSProp does not support sparse gradients"):
-        opt.step()
+@pytest.mark.parametrize("cls", [Ftrl, RMSProp, est.optimizers.ProximalAdagrad,
+                                 est.optimizers.ProximalGradientDescent])
+def test_a_sparse_gradient_updates_its_entries_alone(cls):
+    """(each took dense gradients only; TF's sparse applies update the rows given)"""
+    kwargs = {"l2_regularization_strength": 0.5} if "Proximal" in cls.__name__ else {}
+    w, v = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    sparse, dense = cls([w], learning_rate=0.1, **kwargs), cls([v], learning_rate=0.1, **kwargs)
+    w.grad = torch.sparse_coo_tensor([[0, 2, 0]], [1.0, 2.0, 0.5], (3,))
+    v.grad = torch.tensor([1.5, 0.0, 2.0])
+    sparse.step()
+    dense.step()
+    assert w[1].item() == 1.0 and (w[0].item(), w[2].item()) == (v[0].item(), v[2].item())
 
 
 def test_step_returns_the_closures_loss():
