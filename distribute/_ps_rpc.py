@@ -273,12 +273,17 @@ class ParameterStore:
         with self._lock:
             return self._clock, self._changed_since(since, ids)
 
-    def push(self, optimizer: Optional[str], packed_grads, packed_deltas, hparams, since: int):
-        """Apply one trainer step: the gradients through this ps's optimizer,
-        the buffer deltas by addition; return (clock, what changed since `since`)."""
+    def push(self, optimizer: Optional[str], packed_grads, packed_deltas, hparams, since: int,
+             packed_sparse=((), ())):
+        """Apply one trainer step: the gradients (dense, and sparse as packed
+        (rows, values)) through this ps's optimizer, the buffer deltas by
+        addition; return (clock, what changed since `since`)."""
         start = time.perf_counter()
         grads = unpack(packed_grads)
         deltas = unpack(packed_deltas)
+        rows, values = (unpack(p) for p in packed_sparse)
+        grads += [(i, torch.sparse_coo_tensor(r.unsqueeze(0), v, self._shards[i].value.shape))
+                  for (i, r), (_, v) in zip(rows, values)]
         with self._lock:
             self._clock += 1
             clock = self._clock
@@ -487,8 +492,8 @@ def _pull(ids, since):
     return _local().pull(ids, since)
 
 
-def _push(optimizer, packed_grads, packed_deltas, hparams, since):
-    return _local().push(optimizer, packed_grads, packed_deltas, hparams, since)
+def _push(optimizer, packed_grads, packed_deltas, hparams, since, packed_sparse=((), ())):
+    return _local().push(optimizer, packed_grads, packed_deltas, hparams, since, packed_sparse)
 
 
 def _ensure_optimizer(name, cls, defaults, groups):

@@ -441,7 +441,7 @@ class _WorkerOptimizer:
             have = [(i, self._local.tensors[(ps, i)].grad) for i in ids]
             have = [(i, g.detach()) for i, g in have if g is not None]
             calls[ps] = ([i for i, _ in have], [g for _, g in have], [], [], None,
-                         self._local.since[ps])
+                         self._local.since[ps], ((), (), ()))
         self._local.apply(self._client.push(calls, self.name))
 
 

@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
+import functools
 import logging
 import time
 import types
@@ -61,7 +63,7 @@ import torch
 from . import _ps_rpc, input_lib
 from . import cluster_resolver as cr
 from .central_storage_strategy import _CentralStorageExtended
-from .collective_engine import _CollectiveStrategy, _local_devices, _Topology
+from .collective_engine import _CollectiveStrategy, _local_devices, _MadeAtFirstCall, _Topology
 from . import ps_client, ps_placement
 from .partitioners import num_partitions
 from .strategy import InputContext, StrategyExtended
@@ -223,6 +225,17 @@ class _ParameterServerExtended(StrategyExtended):
         module = module.to(self._device)
         if not self._training():
             return module   # evaluation, prediction: the checkpoint's values, here
+        if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
+               for p in module.parameters()):   # (LazyLinear: placed once its first call
+            scope = self.current_scope          # has made its parameters)
+            return _MadeAtFirstCall(functools.partial(self._hold, name), module,
+                                    getattr(scope, "records_discarded", contextlib.nullcontext))
+        return self._hold(name, module)
+
+    def _hold(self, name: str, module: torch.nn.Module) -> torch.nn.Module:
+        """`module`'s variables held by the ps tasks: placed there by the
+        chief (initializing, or a module new to them), else its values taken
+        from there."""
         client = self._connect()
         scope = self.current_scope
         if scope is not self._scope:   # a new Estimator.train / MonitoredSession
@@ -544,12 +557,25 @@ class _ParameterServerExtended(StrategyExtended):
         start = time.perf_counter()
         self._step_ticket()
         grads = collections.defaultdict(lambda: ([], []))
+        sparse = collections.defaultdict(lambda: ([], [], []))   # ps -> (ids, rows, values)
         for var in self._optimizers[name][1]:
             g = var.tensor.grad
             if g is None:
                 continue
-            if g.is_sparse:
-                g = g.to_dense()
+            if g.is_sparse:   # (an embedding's rows: applied as sparse on the ps, as here)
+                g = g.coalesce()
+                rows, values = g.indices()[0], g.values()
+                for part in var.parts:
+                    ids, part_rows, part_values = sparse[part.ps]
+                    ids.append(part.id)
+                    if part.start is None:
+                        part_rows.append(rows)
+                        part_values.append(values)
+                    else:
+                        inside = (rows >= part.start) & (rows < part.start + part.length)
+                        part_rows.append(rows[inside] - part.start)
+                        part_values.append(values[inside])
+                continue
             for part in var.parts:
                 ids, tensors = grads[part.ps]
                 ids.append(part.id)
@@ -562,10 +588,11 @@ class _ParameterServerExtended(StrategyExtended):
         else:
             self._sent_hparams[name] = hparams
         calls = {}
-        for ps in set(grads) | set(deltas):
+        for ps in set(grads) | set(deltas) | set(sparse):
             g_ids, g_tensors = grads.get(ps, ((), ()))
             d_ids, d_tensors = deltas.get(ps, ((), ()))
-            calls[ps] = (g_ids, g_tensors, d_ids, d_tensors, hparams, self._since[ps])
+            calls[ps] = (g_ids, g_tensors, d_ids, d_tensors, hparams, self._since[ps],
+                         sparse.get(ps, ((), (), ())))
         for ps, (clock, packed) in self._client.push(calls, name).items():
             self._since[ps] = clock
             self._apply(ps, packed)
@@ -660,9 +687,12 @@ class _ParameterServerExtended(StrategyExtended):
 
 
 def _pushing_step(extended: _ParameterServerExtended, name: str):
+    """The optimizer's `step`, pushing to the ps tasks, with its step hooks
+    run as torch's own `step` runs them (the Estimator's, which free a
+    callable train_op's gradients after the step, among them)."""
     def step(optimizer, closure=None):
         return extended._optimizer_step(name, optimizer, closure)
-    return step
+    return torch.optim.Optimizer.profile_hook_step(step)
 
 
 def _hparams(optimizer) -> list:

@@ -102,11 +102,13 @@ class Client:
         return self.on_each({ps: (_ps_rpc._pull, i, since) for ps, i in ids.items()}, what)
 
     def push(self, calls: Dict[int, tuple], name: str) -> Dict[int, tuple]:
-        """Apply one step: {ps: (grad ids, grads, delta ids, deltas, hparams, since)}
-        of optimizer `name`; (clock, packed changed values) by ps."""
+        """Apply one step: {ps: (grad ids, grads, delta ids, deltas, hparams, since,
+        (sparse grad ids, their rows, their values))} of optimizer `name`;
+        (clock, packed changed values) by ps."""
         return self.on_each({ps: (_ps_rpc._push, name, _ps_rpc.pack(gi, g), _ps_rpc.pack(di, d),
-                                  hparams, since)
-                             for ps, (gi, g, di, d, hparams, since) in calls.items()},
+                                  hparams, since, (_ps_rpc.pack(si, rows), _ps_rpc.pack(si, v)))
+                             for ps, (gi, g, di, d, hparams, since, (si, rows, v))
+                             in calls.items()},
                             "applying a step")
 
     def ensure_optimizer(self, name: str, cls, defaults: dict, groups: Dict[int, list]) -> None:

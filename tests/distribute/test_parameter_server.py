@@ -292,6 +292,31 @@ def test_one_trainer_on_two_ps_tasks_equals_one_process_exactly(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_users_model_on_two_ps_tasks_equals_one_process(tmp_path):
+    """A LazyLinear layer, a sparse embedding under Ftrl beside Adam, a
+    callable train_op that does not zero the gradients, variables cut in
+    halves on 2 ps tasks: the chief alone equals one process (before: the
+    lazy layer failed where it was placed; the ps tasks densified the
+    embedding's gradient, so Ftrl set the rows of no batch to 0; the
+    gradients of a callable train_op added up across steps, the optimizer
+    step of the ps way not running the hooks that free them)."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    config = est.RunConfig(model_dir=str(here), tf_random_seed=7, save_checkpoints_steps=50,
+                           log_step_count_steps=None)
+    a = est.Estimator(ps_task.user_model_fn, config=config)
+    a.train(ps_task.train_input_fn, max_steps=30)
+    status, output = _launch(there, "--steps", "30", "--partition", "--user-model",
+                             workers=0, ps=2)
+    assert status == 0, output
+    b = est.Estimator(ps_task.user_model_fn, model_dir=str(there))
+    assert a.get_variable_names() == b.get_variable_names()
+    assert "emb/emb/weight/linear" in a.get_variable_names()   # (the optimizer "emb")
+    for name in a.get_variable_names():
+        np.testing.assert_allclose(a.get_variable_value(name), b.get_variable_value(name),
+                                   rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.slow
 def test_a_list_warm_start_on_ps_tasks_continues_as_one_process(tmp_path):
     """A chief alone on 2 ps tasks warm-started with `[".*"]` from a
     one-process checkpoint of step 20: TF's list form takes every variable,

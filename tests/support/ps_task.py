@@ -6,6 +6,7 @@ Run by the launcher (estimator.launch) with TF_CONFIG set:
     python tests/support/ps_task.py MODEL_DIR --steps 200 [--legacy] [--die-at STEP]
         [--partition] [--placement by_size] [--out OUT_DIR] [--step-secs S]
         [--kill-ps-at STEP] [--decay-steps N] [--batch-norm] [--canned] [--warm-start CKPT]
+        [--user-model]
 
 Trains a small MLP classifier (est.get_module "mlp") with Adam under
 train_and_evaluate. `--legacy` gives no train_distribute (TF_CONFIG's ps
@@ -18,7 +19,8 @@ every N steps (TF1's exponential_decay given to the optimizer);
 `--batch-norm` adds a BatchNorm1d (buffers: moving averages); `--canned`
 trains `canned_estimator` (a DNNLinearCombinedClassifier: Ftrl and Adagrad
 on the ps tasks) instead of the MLP; `--warm-start CKPT` warm-starts every
-variable from CKPT (`vars_to_warm_start=[".*"]`). Each task writes its pid to
+variable from CKPT (`vars_to_warm_start=[".*"]`); `--user-model` trains
+`user_model_fn` instead. Each task writes its pid to
 MODEL_DIR/<task type><index>.pid (chief0.pid, ps1.pid, ...).
 """
 import argparse
@@ -96,6 +98,30 @@ def model_fn(features, labels, mode, params):
                                                        params["decay_steps"], 0.5)
     opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=lr))
     return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+
+
+def user_model_fn(features, labels, mode, params):
+    """What users write: a LazyLinear layer, a sparse embedding of ids (made
+    from the features) under Ftrl beside Adam, a callable train_op that
+    does not zero the gradients (the Estimator frees them after a step)."""
+    x = torch.as_tensor(features["x"])
+    ids = (x[:, 0].abs() * 7).long() % 50
+    emb = est.get_module("emb", lambda: torch.nn.Embedding(50, 4, sparse=True))
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.LazyLinear(16), torch.nn.ReLU(), torch.nn.Linear(16, CLASSES)))
+    logits = net(torch.cat([x, emb(ids)], 1))
+    loss = torch.nn.functional.cross_entropy(logits, torch.as_tensor(labels))
+    if mode == est.ModeKeys.EVAL:
+        return est.EstimatorSpec(mode, loss=loss)
+    opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=3e-3), var_list=net)
+    sparse = est.get_optimizer(lambda p: est.optimizers.Ftrl(p, 0.1), name="emb",
+                               var_list=emb)
+
+    def train_op():
+        loss.backward()
+        opt.step()
+        sparse.step()
+    return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def canned_estimator(config):
@@ -181,6 +207,7 @@ def main():
     parser.add_argument("--batch-norm", action="store_true")
     parser.add_argument("--canned", action="store_true")
     parser.add_argument("--warm-start")
+    parser.add_argument("--user-model", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     strategy = None
@@ -194,8 +221,8 @@ def main():
                            log_step_count_steps=50)
     warm_start = args.warm_start and est.WarmStartSettings(args.warm_start, [".*"])
     estimator = canned_estimator(config) if args.canned else est.Estimator(
-        model_fn, config=config, params={"lr": 3e-3, "decay_steps": args.decay_steps,
-                                         "batch_norm": args.batch_norm},
+        user_model_fn if args.user_model else model_fn, config=config,
+        params={"lr": 3e-3, "decay_steps": args.decay_steps, "batch_norm": args.batch_norm},
         warm_start_from=warm_start)
     train_hooks = [_Sleep(args.step_secs)] if args.step_secs else []
     if args.die_at and config.task_type == "worker" and config.task_id == 0:
