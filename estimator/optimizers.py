@@ -29,9 +29,18 @@ import struct
 from typing import Callable, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["Ftrl", "RMSProp", "Adam", "ProximalAdagrad", "ProximalGradientDescent",
            "looked_up", "optimizer_factory", "OPTIMIZER_NAMES"]
+
+
+def _one_of_replicas() -> bool:
+    """Whether this process is one of several data-parallel replicas (a
+    process group of more than one): the rows the others read are not known
+    here, so a table's rows with a gradient alone are updated, the same on
+    every replica."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def looked_up(param: torch.Tensor, ids: torch.Tensor) -> None:
@@ -46,7 +55,10 @@ def looked_up(param: torch.Tensor, ids: torch.Tensor) -> None:
     (an embedding column's ``embedding_weights``, a linear model's
     categorical ``weights``) are noted; a table of your own read with
     ``param[ids]`` may be (``nn.Embedding(sparse=True)``, a sparse gradient,
-    needs nothing). Nothing without gradients or for a frozen table."""
+    needs nothing). Nothing without gradients or for a frozen table. Under a
+    data-parallel strategy of several replicas the rows with a gradient
+    alone are updated (the same rows on every replica): a row read whose
+    gradient sums to exactly zero over the replicas is then left as it is."""
     if not (param.requires_grad and torch.is_grad_enabled()):
         return
     rows = param.__dict__.get("_looked_up_rows")
@@ -111,7 +123,10 @@ class _PerParameter(torch.optim.Optimizer):
                     self._update_rows(group, w, g.indices()[0], g.values(), self.state[w])
                 elif self._rows_alone and w.__dict__.get("_looked_up_rows") is not None:
                     read = w._looked_up_rows
-                    rows = (read | w.grad.ne(0).flatten(1).any(1)).nonzero().squeeze(1)
+                    rows = w.grad.ne(0).flatten(1).any(1)
+                    if not _one_of_replicas():
+                        rows |= read
+                    rows = rows.nonzero().squeeze(1)
                     read.zero_()   # (the next step's lookups)
                     self._update_rows(group, w, rows, w.grad.index_select(0, rows),
                                       self.state[w])

@@ -113,3 +113,39 @@ def test_sparse_gradients_for_rmsprop_and_adam_as_tfs():
     weight, rows = train(est.optimizers.Adam, sparse=True)
     assert rows[2] != rows[1]   # moves on its first moment
     torch.testing.assert_close(weight, train(est.optimizers.Adam, sparse=False)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_tables_on_replicas_are_updated_as_in_one_process(tmp_path):
+    """MirroredStrategy, 2 replicas: the rows no replica read keep their
+    RMSProp slots, as in one process on the concatenated batches (each
+    replica knows only its own lookups: the rows with a gradient, the same
+    on every replica, are updated)."""
+    import distribute
+    batches = [(["a", "a", "b"], ["x", "y", "x"], [1, 1, 0]),
+               (["a", "b", "b"], ["y", "y", "x"], [0, 0, 0]),
+               (["c", "a", "a"], ["x", "x", "y"], [1, 1, 0]),
+               (["c", "c", "a"], ["y", "x", "x"], [0, 1, 1])]
+
+    def train(model_dir, batches, strategy=None):   # (the categorical column: an embedding
+        # column's rows read have a zero gradient at the first step, their
+        # `weights` starting at zeros, which replicas leave: see looked_up)
+        e = est.LinearClassifier(_columns()[:1], optimizer="RMSProp", config=est.RunConfig(
+            model_dir=str(model_dir), train_distribute=strategy))
+        e.train(lambda: [({"s": np.array(s), "t": np.array(t)}, np.array(y))
+                         for s, t, y in batches])
+        return e
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+            timeout_seconds=30))
+    replicas = train(tmp_path / "replicas", batches, strategy)
+    pairs = [tuple(a + b for a, b in zip(batches[i], batches[i + 1])) for i in (0, 2)]
+    one = train(tmp_path / "one", pairs)
+    assert replicas.get_variable_value("global_step") == 2
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(replicas.get_variable_value(name),
+                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    rms = one.get_variable_value("optimizer/linear/linear_model/s/weights/rms")
+    assert rms[3].tolist() == [1.0]   # "d": read by no batch
