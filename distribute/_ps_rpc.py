@@ -282,8 +282,9 @@ class ParameterStore:
         grads = unpack(packed_grads)
         deltas = unpack(packed_deltas)
         rows, values = (unpack(p) for p in packed_sparse)
-        grads += [(i, torch.sparse_coo_tensor(r.unsqueeze(0), v, self._shards[i].value.shape))
-                  for (i, r), (_, v) in zip(rows, values)]
+        grads += [(i, torch.sparse_coo_tensor(r.unsqueeze(0), v, self._shards[i].value.shape,
+                                              check_invariants=False, is_coalesced=True))
+                  for (i, r), (_, v) in zip(rows, values)]   # (rows of a coalesced one)
         with self._lock:
             self._clock += 1
             clock = self._clock

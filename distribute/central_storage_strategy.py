@@ -24,7 +24,7 @@ import torch.distributed as dist
 from . import device_util
 from .cross_device_ops import CommunicationOptions, ReductionToOneDevice
 from .collective_engine import (_CollectiveExtended, _CollectiveStrategy, _flat_gradients,
-                                _local_devices, _set_gradients, _Topology)
+                                _gradient_kinds, _local_devices, _set_gradients, _Topology)
 
 
 class _CentralStorageExtended(_CollectiveExtended):
@@ -90,7 +90,7 @@ class _CentralStorageExtended(_CollectiveExtended):
     def _reduced_gradients(self, working) -> tuple:
         """(the working copies' gradients summed onto replica 0, as
         `_flat_gradients` gives them; which of them had one here)."""
-        local = [w.grad is not None for w in working]
+        local = _gradient_kinds(working)
         flat = _flat_gradients(working)
         dist.reduce(flat, 0)
         return flat, local

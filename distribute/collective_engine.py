@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import device_util, input_lib
+from . import device_util, input_lib, lookups
 from ._moving_buffers import MovingBuffers
 from ._process_group import (_SUM as _SUM_OPTIONS, ProcessGroup, host_store,
                              listening_socket)
@@ -262,6 +262,7 @@ class _CollectiveExtended(StrategyExtended):
         self._first_used = []        # [(name, DDP module)] called for the first time in TRAIN
         self._not_called = {}        # {name: DDP module} not called in TRAIN yet
         self._check_due = True       # the next step checks (_check_used)
+        self._tables_of, self._tables = None, []   # a scope, its tables (lookups.agree)
 
     # -- TF's public surface ---------------------------------------------------------
     @property
@@ -611,7 +612,7 @@ class _CollectiveExtended(StrategyExtended):
     def _reduce_gradients_to_one(self, optimizer) -> None:
         """ReductionToOneDevice: sum onto one replica, average, broadcast back."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        local = [p.grad is not None for p in params]
+        local = _gradient_kinds(params)
         flat = _flat_gradients(params)
         dst = self._reduce_rank()
         dist.reduce(flat, dst)
@@ -643,6 +644,12 @@ class _CollectiveExtended(StrategyExtended):
     # GPUs the loss is summed on the device in an all-reduce of its own.
     def _start_step(self, loss: Optional[torch.Tensor]) -> None:
         self._await_agreement()   # a custom loop's vote, still pending
+        scope = self.current_scope
+        if scope is not self._tables_of:   # (a new training: its modules' looked-up tables,
+            self._tables_of = scope        # noted by the first step's forward)
+            self._tables = lookups.tables(getattr(scope, "raw_modules", {}).values())
+        if self._tables:   # the rows every replica read, for the optimizers' sparse apply
+            lookups.agree(self._tables, self._group.main)
         flags = self._step_flags
         flags[1] = 1.0 if self._vote else 0.0
         flags[2] = 1.0 if self._train_input is not None and self._train_input.exhausted else 0.0
@@ -1106,25 +1113,59 @@ class _CollectiveStrategy(Strategy):
         return f"{type(self).__name__}(devices={list(self._extended.worker_devices)})"
 
 
+def _gradient_kinds(params: List[torch.Tensor]) -> List[int]:
+    """Per parameter, its gradient here: 0 none, 1 dense, 2 sparse."""
+    return [0 if p.grad is None else 2 if p.grad.is_sparse else 1 for p in params]
+
+
+def _rows(p: torch.Tensor) -> int:
+    return p.shape[0] if p.dim() else 1
+
+
 def _flat_gradients(params: List[torch.Tensor]) -> torch.Tensor:
     """`params`' gradients (zeros where a parameter has none) in one flat
-    tensor for a reduction over the replicas, followed by one flag per
-    parameter: 1 where it has a gradient. After the sum a parameter no
-    replica's loss reached is known, and keeps no gradient, as in one process
-    (an optimizer skips it: no weight decay, no momentum moves it)."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    has = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype,
-                       device=grads[0].device)
-    return torch._utils._flatten_dense_tensors(grads + [has])
+    tensor for a reduction over the replicas, followed by a flag per row of
+    each parameter, 1 where a sparse gradient (`nn.Embedding(sparse=True)`)
+    has the row, then two flags per parameter: 1 where it has a gradient, 1
+    where that is sparse. After the sum a parameter no replica's loss reached
+    is known, and keeps no gradient, as in one process (an optimizer skips
+    it: no weight decay, no momentum moves it); a sparse one is made sparse
+    again over the rows any replica had (TF's IndexedSlices, reduced)."""
+    kinds = _gradient_kinds(params)
+    dtype, device = params[0].dtype, params[0].device
+    grads = [p.grad if kind == 1 else torch.zeros_like(p) if kind == 0
+             else p.grad.to_dense() for p, kind in zip(params, kinds)]
+    rows = torch.zeros(sum(_rows(p) for p in params), dtype=dtype, device=device)
+    if 2 in kinds:
+        offset = 0
+        for p, kind in zip(params, kinds):
+            if kind == 2:
+                rows[offset + p.grad.coalesce().indices()[0]] = 1.0
+            offset += _rows(p)
+    flags = torch.tensor([kind > 0 for kind in kinds] + [kind == 2 for kind in kinds],
+                         dtype=dtype, device=device)
+    return torch._utils._flatten_dense_tensors(grads + [rows, flags])
 
 
-def _set_gradients(params: List[torch.Tensor], flat: torch.Tensor, local: List[bool]) -> None:
+def _set_gradients(params: List[torch.Tensor], flat: torch.Tensor, local: List[int]) -> None:
     """`flat` (from `_flat_gradients`, reduced) as `params`' gradients, None
-    where no replica had one. `local`: which had one here before; only a
-    replica missing one reads the flags (a host sync, off the usual path)."""
-    reached = local if all(local) else [n > 0 for n in flat[-len(params):].tolist()]
-    offset = 0
-    for p, has in zip(params, reached):
-        n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).to(p.device, p.dtype) if has else None
-        offset += n
+    where no replica had one, sparse where they were. `local`: their kinds
+    here before (`_gradient_kinds`); only a replica missing one, or with a
+    sparse one, reads the flags (a host sync, off the usual path)."""
+    n = len(params)
+    if all(kind == 1 for kind in local):
+        reached, sparse = [True] * n, [False] * n
+    else:
+        flags = flat[-2 * n:].tolist()
+        reached, sparse = [f > 0 for f in flags[:n]], [f > 0 for f in flags[n:]]
+    offset, row = 0, sum(p.numel() for p in params)
+    for p, has, is_sparse in zip(params, reached, sparse):
+        size = p.numel()
+        g = flat[offset:offset + size].view_as(p).to(p.device, p.dtype) if has else None
+        if is_sparse:
+            ids = flat[row:row + _rows(p)].nonzero().squeeze(1).to(p.device)
+            g = torch.sparse_coo_tensor(ids.unsqueeze(0), g.index_select(0, ids), p.shape,
+                                        check_invariants=False, is_coalesced=True)
+        p.grad = g
+        offset += size
+        row += _rows(p)

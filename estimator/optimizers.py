@@ -31,15 +31,17 @@ from typing import Callable, Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from distribute import lookups
+
 __all__ = ["Ftrl", "RMSProp", "Adam", "ProximalAdagrad", "ProximalGradientDescent",
            "looked_up", "optimizer_factory", "OPTIMIZER_NAMES"]
 
 
 def _one_of_replicas() -> bool:
     """Whether this process is one of several data-parallel replicas (a
-    process group of more than one): the rows the others read are not known
-    here, so a table's rows with a gradient alone are updated, the same on
-    every replica."""
+    process group of more than one): unless the strategy made a table's rows
+    read the union over them (`lookups.agree`), only its rows with a
+    gradient, the same on every replica, are updated."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -56,19 +58,11 @@ def looked_up(param: torch.Tensor, ids: torch.Tensor) -> None:
     categorical ``weights``) are noted; a table of your own read with
     ``param[ids]`` may be (``nn.Embedding(sparse=True)``, a sparse gradient,
     needs nothing). Nothing without gradients or for a frozen table. Under a
-    data-parallel strategy of several replicas the rows with a gradient
-    alone are updated (the same rows on every replica): a row read whose
-    gradient sums to exactly zero over the replicas is then left as it is."""
-    if not (param.requires_grad and torch.is_grad_enabled()):
-        return
-    rows = param.__dict__.get("_looked_up_rows")
-    if rows is None or rows.device != param.device:
-        rows = param._looked_up_rows = torch.zeros(len(param), dtype=torch.bool,
-                                                   device=param.device)
-    if ids.dtype == torch.bool:
-        rows |= ids
-    else:
-        rows.index_fill_(0, ids.reshape(-1), True)
+    data-parallel strategy the Estimator's step takes the rows every replica
+    read (`distribute.lookups`); in a custom loop there, the rows with a
+    gradient alone (the same on every replica: a row read whose gradient
+    sums to exactly zero is left as it is)."""
+    lookups.note(param, ids)
 
 
 def _learning_rate(learning_rate, lr, name: str, zero: bool = True) -> float:
@@ -121,13 +115,12 @@ class _PerParameter(torch.optim.Optimizer):
                 if w.grad.is_sparse:   # a repeated row's gradients summed first,
                     g = w.grad.coalesce()   # as TF's sparse apply
                     self._update_rows(group, w, g.indices()[0], g.values(), self.state[w])
-                elif self._rows_alone and w.__dict__.get("_looked_up_rows") is not None:
-                    read = w._looked_up_rows
+                elif self._rows_alone and lookups.rows(w) is not None:
                     rows = w.grad.ne(0).flatten(1).any(1)
-                    if not _one_of_replicas():
-                        rows |= read
+                    if lookups.agreed(w) or not _one_of_replicas():
+                        rows |= lookups.rows(w)
                     rows = rows.nonzero().squeeze(1)
-                    read.zero_()   # (the next step's lookups)
+                    lookups.clear(w)   # (the next step's)
                     self._update_rows(group, w, rows, w.grad.index_select(0, rows),
                                       self.state[w])
                 else:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import estimator as est
+from distribute import lookups
 
 FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "support", "fixtures",
                        "tf_sparse_apply.json")
@@ -88,10 +89,10 @@ def test_a_tables_own_lookups_may_be_noted():
     rms = opt.state[table]["rms"]
     assert rms[3].tolist() == [1.0, 1.0] and rms[0].tolist() != [1.0, 1.0]
     assert table[3].tolist() == [1.0, 1.0]
-    assert not table._looked_up_rows.any()   # (cleared by the step)
+    assert not lookups.rows(table).any()   # (cleared by the step)
     with torch.no_grad():   # (an evaluation's lookups are not noted)
         est.optimizers.looked_up(table, torch.tensor([3]))
-    assert not table._looked_up_rows.any()
+    assert not lookups.rows(table).any()
 
 
 def test_sparse_gradients_for_rmsprop_and_adam_as_tfs():
@@ -115,37 +116,89 @@ def test_sparse_gradients_for_rmsprop_and_adam_as_tfs():
     torch.testing.assert_close(weight, train(est.optimizers.Adam, sparse=False)[0])
 
 
+def _strategy(kind):
+    import distribute
+    options = distribute.CommunicationOptions(timeout_seconds=30)
+    if kind == "central":
+        return distribute.experimental.CentralStorageStrategy(
+            ["cpu:0", "cpu:1"], communication_options=options)
+    return distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=options,
+        cross_device_ops=distribute.ReductionToOneDevice() if kind == "to_one" else None)
+
+
+def _pairs(batches):
+    """One process's batches: each two replicas' batches joined."""
+    return [tuple(a + b for a, b in zip(batches[i], batches[i + 1]))
+            for i in range(0, len(batches), 2)]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_tables_on_replicas_are_updated_as_in_one_process(tmp_path):
-    """MirroredStrategy, 2 replicas: the rows no replica read keep their
-    RMSProp slots, as in one process on the concatenated batches (each
-    replica knows only its own lookups: the rows with a gradient, the same
-    on every replica, are updated)."""
-    import distribute
-    batches = [(["a", "a", "b"], ["x", "y", "x"], [1, 1, 0]),
-               (["a", "b", "b"], ["y", "y", "x"], [0, 0, 0]),
-               (["c", "a", "a"], ["x", "x", "y"], [1, 1, 0]),
-               (["c", "c", "a"], ["y", "x", "x"], [0, 1, 1])]
-
-    def train(model_dir, batches, strategy=None):   # (the categorical column: an embedding
-        # column's rows read have a zero gradient at the first step, their
-        # `weights` starting at zeros, which replicas leave: see looked_up)
-        e = est.LinearClassifier(_columns()[:1], optimizer="RMSProp", config=est.RunConfig(
+@pytest.mark.parametrize("kind", ["mirrored", "to_one", "central"])
+def test_tables_on_replicas_are_updated_as_in_one_process(tmp_path, kind):
+    """2 replicas: the rows any replica read are updated, those no replica
+    read keep their RMSProp slots, as in one process on the joined batches
+    (each replica knew only its own: a row read whose gradient summed to
+    zero, an embedding column's at the first step, its `weights` starting at
+    zeros, was left; CentralStorageStrategy's replicas that do not step kept
+    theirs into the next step)."""
+    def train(model_dir, batches, strategy=None):
+        e = est.LinearClassifier(_columns(), optimizer="RMSProp", config=est.RunConfig(
             model_dir=str(model_dir), train_distribute=strategy))
         e.train(lambda: [({"s": np.array(s), "t": np.array(t)}, np.array(y))
                          for s, t, y in batches])
         return e
-    strategy = distribute.MirroredStrategy(
-        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
-            timeout_seconds=30))
-    replicas = train(tmp_path / "replicas", batches, strategy)
-    pairs = [tuple(a + b for a, b in zip(batches[i], batches[i + 1])) for i in (0, 2)]
-    one = train(tmp_path / "one", pairs)
-    assert replicas.get_variable_value("global_step") == 2
+    batches = TF["batches"] * 2
+    replicas = train(tmp_path / "replicas", batches, _strategy(kind))
+    one = train(tmp_path / "one", _pairs(batches))
+    assert replicas.get_variable_value("global_step") == 4
     for name in one.get_variable_names():
         np.testing.assert_allclose(replicas.get_variable_value(name),
                                    one.get_variable_value(name), rtol=1e-5, atol=1e-6,
                                    err_msg=name)
-    rms = one.get_variable_value("optimizer/linear/linear_model/s/weights/rms")
-    assert rms[3].tolist() == [1.0]   # "d": read by no batch
+    assert one.get_variable_value("linear/linear_model/t_embedding/embedding_weights")[3].tolist(
+        ) == pytest.approx(TF["embedding"][3])   # "w": read by no batch
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["mirrored", "to_one", "central"])
+def test_a_sparse_embedding_on_replicas_trains_as_in_one_process(tmp_path, kind):
+    """nn.Embedding(sparse=True) under Ftrl beside Adam: the replicas'
+    sparse gradients reduced into one over the rows any of them had, as
+    TF's IndexedSlices (ReductionToOneDevice and CentralStorageStrategy
+    failed: "unsupported memory format option Contiguous")."""
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 20, (8,), generator=g), torch.randn(8, 1, generator=g))
+               for _ in range(8)]
+
+    def model_fn(features, labels, mode):
+        emb = est.get_module("emb", lambda: torch.nn.Embedding(50, 3, sparse=True))
+        head = est.get_module("head", lambda: torch.nn.Linear(3, 1))
+        loss = torch.nn.functional.mse_loss(head(emb(features["ids"])), labels)
+        opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.01), var_list=head)
+        rows = est.get_optimizer(lambda p: est.optimizers.Ftrl(p, 0.1), name="rows",
+                                 var_list=emb)
+
+        def train_op():
+            loss.backward()
+            opt.step()
+            rows.step()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    def train(model_dir, batches, strategy=None):
+        torch.manual_seed(1)
+        e = est.Estimator(model_fn, config=est.RunConfig(
+            model_dir=str(model_dir), train_distribute=strategy))
+        e.train(lambda: [({"ids": x}, y) for x, y in batches])
+        return e
+    replicas = train(tmp_path / "replicas", batches, _strategy(kind))
+    one = train(tmp_path / "one", [(torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]]))
+                                   for a, b in zip(batches[::2], batches[1::2])])
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(replicas.get_variable_value(name),
+                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    # rows 20-49, read by no batch, keep their initial values (dense Ftrl: zeros)
+    assert not np.isclose(one.get_variable_value("emb/weight")[20:], 0.0).any()
