@@ -262,7 +262,7 @@ class _CollectiveExtended(StrategyExtended):
         self._first_used = []        # [(name, DDP module)] called for the first time in TRAIN
         self._not_called = {}        # {name: DDP module} not called in TRAIN yet
         self._check_due = True       # the next step checks (_check_used)
-        self._tables_of, self._tables = None, []   # a scope, its tables (lookups.agree)
+        self._tables_of, self._tables = None, []   # (scope, modules), its tables (lookups)
 
     # -- TF's public surface ---------------------------------------------------------
     @property
@@ -645,9 +645,10 @@ class _CollectiveExtended(StrategyExtended):
     def _start_step(self, loss: Optional[torch.Tensor]) -> None:
         self._await_agreement()   # a custom loop's vote, still pending
         scope = self.current_scope
-        if scope is not self._tables_of:   # (a new training: its modules' looked-up tables,
-            self._tables_of = scope        # noted by the first step's forward)
-            self._tables = lookups.tables(getattr(scope, "raw_modules", {}).values())
+        modules = getattr(scope, "raw_modules", {})
+        if (scope, len(modules)) != self._tables_of:   # (a new training, or a new module:
+            self._tables_of = (scope, len(modules))    # their feature-column tables)
+            self._tables = lookups.tables(modules.values())
         if self._tables:   # the rows every replica read, for the optimizers' sparse apply
             lookups.agree(self._tables, self._group.main)
         flags = self._step_flags

@@ -3,13 +3,16 @@
 TF's ``embedding_lookup`` gives a sparse gradient (IndexedSlices) of the rows
 it read, and the optimizers' sparse applies update those rows alone (a row
 read whose gradient is zero included). A dense gradient says only which rows
-are non-zero, so a lookup notes its rows on the table (`note`), an optimizer
-reads them (`rows`) and clears them after its step (`clear`), and under a
-data-parallel strategy the Estimator's step makes them the union over the
-replicas (`agree`), as TF's reduction of IndexedSlices gathers every
-replica's rows. Until agreed, a replica knows only its own (`agreed`); the
-next step's first lookup clears agreed rows no optimizer step cleared (a
-replica that does not step: CentralStorageStrategy's others).
+are non-zero, so a lookup notes the ids it read on the table (`note`: kept
+as they are, made a mask of rows only when an optimizer asks, `rows`), and
+an optimizer clears them after its step (`clear`). A table made by a
+feature column is declared where it is made (`declare`): under a
+data-parallel strategy the Estimator's step makes its rows the union over
+the replicas (`agree`), as TF's reduction of IndexedSlices gathers every
+replica's rows; a table only noted is known to each replica alone
+(`agreed` is False). The next step's first lookup clears agreed rows no
+optimizer step cleared (a replica that does not step:
+CentralStorageStrategy's others).
 """
 from __future__ import annotations
 
@@ -18,32 +21,70 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-_ROWS = "_rows_read"           # on the table tensor: a bool mask of its rows
+_IDS = "_rows_read_ids"        # on the table: [(ids, first row)] noted since the last clear
+_ROWS = "_rows_read"           # on it: a bool mask of its rows (made by `rows`)
 _AGREED = "_rows_read_agreed"  # on it: the mask is the union over the replicas
+_DECLARED = "_rows_read_declared"
+_UNASKED = "_rows_read_unasked"  # on it: no optimizer asked for them (torch's own)
+_PENDING = 64                  # notes kept unasked before a table's are no longer kept
 
 
-def note(table: torch.Tensor, ids: torch.Tensor) -> None:
+def declare(table: torch.Tensor) -> torch.Tensor:
+    """`table` is read by lookups that note their rows, on every replica
+    alike (a feature column's table): its rows are agreed over the replicas."""
+    setattr(table, _DECLARED, True)
+    return table
+
+
+def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None) -> None:
     """Note that a lookup read the rows `ids` (indices, or a boolean mask of
-    the rows) of `table`, in a training step: nothing without gradients or
-    for a frozen table."""
+    the rows) of `table` in a training step; `first_row`: `ids` index a
+    concatenation of tables in which `table`'s rows start there. Nothing
+    without gradients or for a frozen table."""
     if not (table.requires_grad and torch.is_grad_enabled()):
         return
-    mask = table.__dict__.get(_ROWS)
-    if mask is None or mask.device != table.device:
-        mask = torch.zeros(len(table), dtype=torch.bool, device=table.device)
-        setattr(table, _ROWS, mask)
-    elif agreed(table):   # a step's rows a replica without an optimizer step kept
+    d = table.__dict__
+    if d.get(_UNASKED):
+        return
+    if d.get(_AGREED):   # a step's rows a replica without an optimizer step kept
         clear(table)
-    if ids.dtype == torch.bool:
-        mask |= ids
-    else:
-        mask.index_fill_(0, ids.reshape(-1), True)
+    pending = d.get(_IDS)
+    if pending is None:
+        pending = d[_IDS] = []
+    pending.append((ids, first_row))
+    if len(pending) > _PENDING:   # nothing asks for them (an optimizer of torch's):
+        pending.clear()           # not kept (until something asks)
+        d[_UNASKED] = True
+
+
+def noted(table: torch.Tensor) -> bool:
+    """Whether `table` is declared or a lookup noted its rows."""
+    d = table.__dict__
+    return _IDS in d or _DECLARED in d
 
 
 def rows(table: torch.Tensor) -> Optional[torch.Tensor]:
     """The mask of the rows read since the last `clear`, or None for a
-    tensor no lookup noted."""
-    return table.__dict__.get(_ROWS)
+    tensor not `noted`."""
+    d = table.__dict__
+    if not noted(table):
+        return None
+    d.pop(_UNASKED, None)
+    mask = d.get(_ROWS)
+    if mask is None or mask.device != table.device:
+        mask = torch.zeros(len(table), dtype=torch.bool, device=table.device)
+        setattr(table, _ROWS, mask)
+    for ids, first_row in d.get(_IDS, ()):
+        if ids.dtype == torch.bool:
+            mask |= ids
+            continue
+        ids = ids.reshape(-1).to(mask.device)
+        if first_row is not None:
+            ids = ids - first_row
+            ids = ids[(ids >= 0) & (ids < len(mask))]
+        mask.index_fill_(0, ids, True)
+    d.get(_IDS, []).clear()
+    return mask
 
 
 def agreed(table: torch.Tensor) -> bool:
@@ -52,25 +93,27 @@ def agreed(table: torch.Tensor) -> bool:
 
 
 def clear(table: torch.Tensor) -> None:
-    mask = table.__dict__.get(_ROWS)
-    if mask is not None:
-        mask.zero_()
-        setattr(table, _AGREED, False)
+    d = table.__dict__
+    d.get(_IDS, []).clear()
+    if _ROWS in d:
+        d[_ROWS].zero_()
+    d[_AGREED] = False
 
 
 def tables(modules) -> List[torch.Tensor]:
-    """The parameters of `modules` whose lookups were noted."""
-    return [p for m in modules for p in m.parameters() if rows(p) is not None]
+    """The declared tables among the parameters of `modules`."""
+    return [p for m in modules for p in m.parameters() if _DECLARED in p.__dict__]
 
 
-def agree(noted: List[torch.Tensor], group=None) -> None:
-    """Make the masks of `noted` (the same tables, in the same order, on
-    every replica) the union over the replicas of `group`: one all-reduce."""
-    masks = [rows(t) for t in noted]
+def agree(declared: List[torch.Tensor], group=None) -> None:
+    """Make the rows read of the `declared` tables (the same, in the same
+    order, on every replica) the union over the replicas of `group`: one
+    all-reduce."""
+    masks = [rows(t) for t in declared]
     flat = torch.cat(masks).to(torch.uint8)
     dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
     offset = 0
-    for table, mask in zip(noted, masks):
+    for table, mask in zip(declared, masks):
         mask.copy_(flat[offset:offset + len(mask)].bool())
         setattr(table, _AGREED, True)
         offset += len(mask)

@@ -45,24 +45,30 @@ def _one_of_replicas() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def looked_up(param: torch.Tensor, ids: torch.Tensor) -> None:
+def looked_up(param: torch.Tensor, ids: Optional[torch.Tensor] = None) -> None:
     """Note that a training step's lookup (TF's ``embedding_lookup``, whose
     gradient is sparse: IndexedSlices of the rows read) read the rows `ids`
     (indices, or a boolean mask of `param`'s rows) of the table `param`. This
-    module's optimizers then update those rows alone, and the rows with a
-    gradient (other replicas' lookups), as TF's sparse apply, where a dense
-    gradient's zero rows would move their slots or weights: `RMSProp`,
-    `Ftrl` (with `l2_shrinkage`, or a table not starting at zeros),
-    `ProximalAdagrad`, `ProximalGradientDescent`. The feature columns' tables
-    (an embedding column's ``embedding_weights``, a linear model's
-    categorical ``weights``) are noted; a table of your own read with
-    ``param[ids]`` may be (``nn.Embedding(sparse=True)``, a sparse gradient,
-    needs nothing). Nothing without gradients or for a frozen table. Under a
-    data-parallel strategy the Estimator's step takes the rows every replica
-    read (`distribute.lookups`); in a custom loop there, the rows with a
-    gradient alone (the same on every replica: a row read whose gradient
-    sums to exactly zero is left as it is)."""
-    lookups.note(param, ids)
+    module's optimizers then update those rows alone, as TF's sparse apply,
+    where a dense gradient's zero rows would move their slots or weights:
+    `RMSProp`, `Ftrl` (with `l2_shrinkage`, or a table not starting at
+    zeros), `ProximalAdagrad` and `ProximalGradientDescent` with L1 or L2.
+    The feature columns' tables (an embedding column's
+    ``embedding_weights``, a linear model's categorical ``weights``) do this
+    themselves; a table of your own read with ``param[ids]`` may
+    (``nn.Embedding(sparse=True)``, a sparse gradient, needs nothing).
+    Nothing without gradients or for a frozen table.
+
+    `looked_up(param)`, without ids, where the table is made (the module's
+    factory): under a data-parallel strategy the Estimator's step then takes
+    the rows any replica read (`distribute.lookups`); a table not declared so
+    is known to each replica alone, and there the rows with a gradient are
+    updated (the same on every replica: a row read whose gradient sums to
+    exactly zero is left)."""
+    if ids is None:
+        lookups.declare(param)
+    else:
+        lookups.note(param, ids)
 
 
 def _learning_rate(learning_rate, lr, name: str, zero: bool = True) -> float:
@@ -112,19 +118,22 @@ class _PerParameter(torch.optim.Optimizer):
             for w in group["params"]:
                 if w.grad is None:
                     continue
+                state = self.state[w]
                 if w.grad.is_sparse:   # a repeated row's gradients summed first,
                     g = w.grad.coalesce()   # as TF's sparse apply
-                    self._update_rows(group, w, g.indices()[0], g.values(), self.state[w])
-                elif self._rows_alone and lookups.rows(w) is not None:
+                    self._update_rows(group, w, g.indices()[0], g.values(), state)
+                    continue
+                table = self._rows_alone and lookups.noted(w)
+                if table and self._rows_matter(group, w, state):
                     rows = w.grad.ne(0).flatten(1).any(1)
                     if lookups.agreed(w) or not _one_of_replicas():
                         rows |= lookups.rows(w)
                     rows = rows.nonzero().squeeze(1)
-                    lookups.clear(w)   # (the next step's)
-                    self._update_rows(group, w, rows, w.grad.index_select(0, rows),
-                                      self.state[w])
+                    self._update_rows(group, w, rows, w.grad.index_select(0, rows), state)
                 else:
-                    self._update(group, w, w.grad, self.state[w])
+                    self._update(group, w, w.grad, state)
+                if table:
+                    lookups.clear(w)   # (the next step's)
         return loss
 
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
@@ -132,6 +141,11 @@ class _PerParameter(torch.optim.Optimizer):
 
     def _init_state(self, group: dict, w: torch.Tensor, state: dict) -> None:
         """The slots of `w` before its first step (none by default)."""
+
+    def _rows_matter(self, group: dict, w: torch.Tensor, state: dict) -> bool:
+        """Whether a dense step with zero gradients in the rows not read would
+        move them (the sparse apply leaves them): by default, yes."""
+        return True
 
     def _update_rows(self, group: dict, w: torch.Tensor, rows: torch.Tensor, g: torch.Tensor,
                      state: dict) -> None:
@@ -201,6 +215,7 @@ class Ftrl(_PerParameter):
                         l2_shrinkage_regularization_strength=l2_shrinkage_regularization_strength,
                         beta=beta)
         super().__init__(params, defaults)
+        self._dense_is_sparse = {}   # {id(table): bool} (_rows_matter)
 
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
         if not state:
@@ -211,6 +226,25 @@ class Ftrl(_PerParameter):
         state["accum"] = torch.full_like(w, group["initial_accumulator_value"],
                                          memory_format=torch.preserve_format)
         state["linear"] = torch.zeros_like(w, memory_format=torch.preserve_format)
+
+    def _rows_matter(self, group: dict, w: torch.Tensor, state: dict) -> bool:
+        """A row with a zero gradient is recomputed from its slots: to itself
+        once stepped, unless `l2_shrinkage` shrinks it; to 0 before. Where
+        every row not yet stepped is 0 (a linear model's table, from zeros),
+        the dense step, cheaper for small tables, is the sparse apply; not
+        for a warm-started or an embedding table. Asked once a table (a host
+        sync)."""
+        if group["l2_shrinkage_regularization_strength"] > 0.0:
+            return True
+        dense_is_sparse = self._dense_is_sparse.get(id(w))
+        if dense_is_sparse is None:
+            if not state:
+                self._init_state(group, w, state)
+            never_stepped = state["linear"].eq(0).logical_and_(
+                state["accum"].eq(group["initial_accumulator_value"]))
+            dense_is_sparse = not bool(w.ne(0).logical_and_(never_stepped).any())
+            self._dense_is_sparse[id(w)] = dense_is_sparse
+        return not dense_is_sparse
 
     @staticmethod
     def _ftrl(group: dict, w: torch.Tensor, g: torch.Tensor, accum: torch.Tensor,
@@ -363,6 +397,11 @@ def _check_l1_l2(l1: float, l2: float) -> None:
             raise ValueError(f"{name} must be >= 0, got {value}")
 
 
+def _shrinks(group: dict) -> bool:
+    """Whether a proximal step moves a weight whose gradient is zero."""
+    return group["l1_regularization_strength"] > 0 or group["l2_regularization_strength"] > 0
+
+
 def _proximal_step(w: torch.Tensor, rate: torch.Tensor, rate_l1, rate_l2) -> None:
     """TF's proximal (FOBOS) step on `w`, which already holds ``w - rate * g``:
     ``sign(w) * max(|w| - rate_l1, 0) / (1 + rate_l2)`` (no L1 term when
@@ -417,6 +456,9 @@ class ProximalAdagrad(_PerParameter):
         state["accumulator"] = torch.full_like(w, group["initial_accumulator_value"],
                                                memory_format=torch.preserve_format)
 
+    def _rows_matter(self, group: dict, w: torch.Tensor, state: dict) -> bool:
+        return _shrinks(group)
+
 
 class ProximalGradientDescent(_PerParameter):
     """``tf.compat.v1.train.ProximalGradientDescentOptimizer`` (a sparse
@@ -444,6 +486,9 @@ class ProximalGradientDescent(_PerParameter):
         l1, l2 = group["l1_regularization_strength"], group["l2_regularization_strength"]
         w.sub_(torch.mul(g, rate))
         _proximal_step(w, rate, f(rate * f(l1)) if l1 > 0 else None, f(f(l2) * rate))
+
+    def _rows_matter(self, group: dict, w: torch.Tensor, state: dict) -> bool:
+        return _shrinks(group)
 
 
 def _adagrad(params, learning_rate):

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import optimizers
+from distribute import lookups
+
 from ._inputs import is_arange
 
 COMBINERS = ("mean", "sqrtn", "sum")
@@ -60,10 +61,15 @@ def _initial_value(name: str, shape, initializer) -> torch.Tensor:
     return value.clone()
 
 
-def _register(module: torch.nn.Module, prefix: str, specs: VariableSpecs) -> None:
+def _register(module: torch.nn.Module, prefix: str, specs: VariableSpecs,
+              tables=("embedding_weights",)) -> None:
+    """`specs`' variables as parameters of `module`; those named in `tables`
+    are read by lookups, which note their rows (`distribute.lookups`)."""
     for name, (shape, initializer, trainable) in specs.items():
         param = torch.nn.Parameter(_initial_value(prefix + name, shape, initializer),
                                    requires_grad=trainable)
+        if name in tables:
+            lookups.declare(param)
         module.register_parameter(prefix + name, param)
 
 
@@ -78,7 +84,7 @@ class ColumnVariables(torch.nn.Module):
         self.max_norm = max_norm
 
     def forward(self, ids, offsets=None, weights=None, scale=None):
-        optimizers.looked_up(self.embedding_weights, ids)
+        lookups.note(self.embedding_weights, ids)
         return combine(self.embedding_weights, ids, offsets, weights, scale, self.max_norm)
 
 
@@ -99,24 +105,23 @@ class LinearModelVariables(torch.nn.Module):
         self._dense = [name for name, kind, _, _ in columns if kind == "dense"]
         self._embedded = [(name, max_norm) for name, kind, _, max_norm in columns
                           if kind == "embedding"]
-        for name, _, specs, _ in columns:
-            _register(self, name + "/", specs)
+        for name, kind, specs, _ in columns:
+            _register(self, name + "/", specs, ("embedding_weights",) + (
+                ("weights",) if kind == "categorical" else ()))
         self.bias_weights = torch.nn.Parameter(torch.zeros(units), requires_grad=trainable)
 
     def column_parameters(self, name: str) -> list:
         return [p for key, p in self._parameters.items() if key.startswith(name + "/")]
 
-    def _note_lookups(self, ids: torch.Tensor, rows: int) -> None:
-        """`optimizers.looked_up` of each categorical table: `ids` index
-        their concatenation."""
+    def _note_lookups(self, ids: torch.Tensor) -> None:
+        """The rows each categorical table's lookup read (`ids` index their
+        concatenation)."""
         if not torch.is_grad_enabled():
             return
-        read = torch.zeros(rows, dtype=torch.bool, device=ids.device)
-        read.index_fill_(0, ids.reshape(-1), True)
         start = 0
         for name in self._tables:
             param = self._parameters[f"{name}/weights"]
-            optimizers.looked_up(param, read[start:start + len(param)])
+            lookups.note(param, ids, first_row=start)
             start += len(param)
 
     def _cat(self, names) -> torch.Tensor:
@@ -131,7 +136,7 @@ class LinearModelVariables(torch.nn.Module):
         terms = []
         if self._tables:
             table = self._cat(self._tables)
-            self._note_lookups(ids, len(table))
+            self._note_lookups(ids)
             if offsets is None:
                 terms.append(table[ids].sum(1))
             else:
@@ -141,7 +146,7 @@ class LinearModelVariables(torch.nn.Module):
             terms.append(dense.to(self.bias_weights.dtype) @ self._cat(self._dense))
         for (name, max_norm), bag in zip(self._embedded, embedded):
             table = self._parameters[f"{name}/embedding_weights"]
-            optimizers.looked_up(table, bag["ids"])
+            lookups.note(table, bag["ids"])
             terms.append(combine(table, max_norm=max_norm, **bag)
                          @ self._parameters[f"{name}/weights"])
         total = terms[0]

@@ -202,3 +202,84 @@ def test_a_sparse_embedding_on_replicas_trains_as_in_one_process(tmp_path, kind)
                                    err_msg=name)
     # rows 20-49, read by no batch, keep their initial values (dense Ftrl: zeros)
     assert not np.isclose(one.get_variable_value("emb/weight")[20:], 0.0).any()
+
+
+def test_a_warm_started_table_keeps_its_rows_no_batch_read(tmp_path):
+    """Ftrl, a linear model's default: TF's sparse apply leaves the rows a
+    batch did not read; the dense step (taken where it is the same, a table
+    from zeros) set a warm-started table's unread rows to 0."""
+    def train(model_dir, batches, warm=None):
+        e = est.LinearClassifier(_columns()[:1], model_dir=str(model_dir),
+                                 warm_start_from=warm)
+        e.train(lambda: [({"s": np.array(s)}, np.array(y)) for s, y in batches])
+        return e
+    first = train(tmp_path / "first", [(["c", "d"], [1, 0])])
+    warm = first.get_variable_value("linear/linear_model/s/weights")
+    assert np.count_nonzero(warm[2:]) == 2
+    second = train(tmp_path / "second", [(["a", "b"], [1, 0])], warm=str(tmp_path / "first"))
+    after = second.get_variable_value("linear/linear_model/s/weights")
+    np.testing.assert_array_equal(after[2:], warm[2:])   # "c", "d": not read
+    assert np.count_nonzero(after[:2]) == 2
+
+
+class _Table(torch.nn.Module):
+    """A table of one's own read with `table[ids]`, projected by `w` (from
+    zeros); `declared`: its lookups are agreed over the replicas."""
+
+    def __init__(self, rows, declared):
+        super().__init__()
+        self.t = torch.nn.Parameter(torch.arange(rows * 2.0).reshape(rows, 2) / 10)
+        if declared:
+            est.optimizers.looked_up(self.t)
+        self.w = torch.nn.Parameter(torch.full((2, 1), 0.5) if not declared else torch.zeros(2, 1))
+
+    def forward(self, ids):
+        est.optimizers.looked_up(self.t, ids)
+        return (self.t[ids] @ self.w).sum(1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["mirrored", "central"])
+def test_tables_of_ones_own_on_replicas(tmp_path, kind):
+    """A declared table whose module is made at a later step is agreed over
+    the replicas as in one process (the tables were those of the first
+    step); a table noted but not declared has each replica's rows alone
+    there (the rows with a gradient), and no all-reduce of its rows (one of
+    them noted on one replica only aborted gloo)."""
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 5, (4,), generator=g), torch.randint(0, 6, (4,), generator=g),
+                torch.randn(4, generator=g)) for _ in range(8)]
+
+    def model_fn(features, labels, mode):
+        first = est.get_module("first", lambda: _Table(10, declared=False))
+        out = first(features["a"])
+        opts = [est.get_optimizer(lambda p: est.optimizers.RMSProp(p, 0.1), var_list=first)]
+        if est.get_global_step() >= 2:
+            late = est.get_module("late", lambda: _Table(12, declared=True))
+            out = out + late(features["b"])
+            opts.append(est.get_optimizer(lambda p: est.optimizers.RMSProp(p, 0.1),
+                                          name="late", var_list=late))
+        loss = ((out - labels) ** 2).mean()
+
+        def train_op():
+            loss.backward()
+            for opt in opts:
+                opt.step()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    def train(model_dir, batches, strategy=None):
+        e = est.Estimator(model_fn, config=est.RunConfig(
+            model_dir=str(model_dir), train_distribute=strategy))
+        e.train(lambda: [({"a": a, "b": b}, y) for a, b, y in batches])
+        return e
+    replicas = train(tmp_path / "replicas", batches, _strategy(kind))
+    one = train(tmp_path / "one", [tuple(torch.cat([x, z]) for x, z in zip(
+        batches[i], batches[i + 1])) for i in range(0, 8, 2)])
+    assert replicas.get_variable_value("global_step") == 4
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(replicas.get_variable_value(name),
+                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    rms = one.get_variable_value("late/late/t/rms")
+    assert (rms[6:] == 1.0).all() and (rms[:6] < 1.0).any()   # the rows read alone
