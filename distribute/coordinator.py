@@ -439,9 +439,13 @@ class _WorkerOptimizer:
         calls = {}
         for ps, ids in self._local.ids.items():
             have = [(i, self._local.tensors[(ps, i)].grad) for i in ids]
-            have = [(i, g.detach()) for i, g in have if g is not None]
-            calls[ps] = ([i for i, _ in have], [g for _, g in have], [], [], None,
-                         self._local.since[ps], ((), (), ()))
+            dense = [(i, g.detach()) for i, g in have if g is not None and not g.is_sparse]
+            sparse = [(i, g.detach().coalesce()) for i, g in have   # (TF's IndexedSlices:
+                      if g is not None and g.is_sparse]            # applied as sparse there)
+            calls[ps] = ([i for i, _ in dense], [g for _, g in dense], [], [], None,
+                         self._local.since[ps], ([i for i, _ in sparse],
+                                                 [g.indices()[0] for _, g in sparse],
+                                                 [g.values() for _, g in sparse]))
         self._local.apply(self._client.push(calls, self.name))
 
 

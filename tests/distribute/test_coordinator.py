@@ -114,6 +114,17 @@ def test_trains_and_a_killed_worker_s_steps_run_elsewhere(cluster, tmp_path):
         assert cluster.wait(cluster.procs[("ps", i)]) == 0, cluster.all_logs()
 
 
+def test_a_sparse_embedding_trains(cluster, tmp_path):
+    """nn.Embedding(sparse=True): its gradient pushed as its rows, applied
+    as sparse on the ps (a sparse gradient failed the worker's push)."""
+    cluster.start_servers()
+    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "60", "--sparse")
+    assert cluster.wait(chief) == 0, cluster.all_logs()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert sorted(result["steps"]) == list(range(60))
+    assert result["accuracy"] >= 0.9, result
+
+
 def test_a_dead_ps_fails_join_naming_it(cluster, tmp_path):
     cluster.start_servers()
     chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "400")

@@ -22,6 +22,25 @@ def make_sgd(params):
     return torch.optim.SGD(params, lr=0.5)
 
 
+class SparseNet(torch.nn.Module):
+    """The linear model plus a sparse embedding of the first feature's
+    bucket (its gradient a sparse tensor: the rows of the batch)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(FEATURES, 2)
+        self.buckets = torch.nn.Embedding(40, 2, sparse=True)
+
+    def forward(self, x):
+        ids = (x[:, 0] * 4).long().clamp(-20, 19) + 20
+        return self.linear(x) + self.buckets(ids)
+
+
+def make_adagrad(params):
+    return torch.optim.Adagrad(params, lr=0.5)
+
+
 def data(n, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, FEATURES, generator=g)
@@ -55,7 +74,7 @@ def train_step(iterator, net, optimizer, step):
 
 
 def accuracy(state):
-    net = make_net()
+    net = SparseNet() if any(k.startswith("buckets") for k in state) else make_net()
     net.load_state_dict(state)
     x, y = data(2000, 7)
     return float((net(x).argmax(1) == y).float().mean())

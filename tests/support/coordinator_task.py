@@ -2,7 +2,7 @@
 
     python coordinator_task.py CLUSTER_JSON ps|worker INDEX
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --steps N
-        [--model_dir D] [--save-and-crash-at N] [--restore]
+        [--model_dir D] [--save-and-crash-at N] [--restore] [--sparse]
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --semantics
 
 The chief is the coordinator: it schedules `coordinator_model.train_step`
@@ -12,6 +12,7 @@ result, the accuracy, the queue's counts) at the end. `--save-and-crash-at
 N`: after step N is done, save a checkpoint to --model_dir and die without
 ending training; `--restore`: start from --model_dir's latest checkpoint.
 `--semantics`: the scenarios of `semantics`, written to DIR/semantics.json.
+`--sparse`: `coordinator_model.SparseNet` (a sparse embedding) under Adagrad.
 """
 import argparse
 import json
@@ -39,8 +40,9 @@ def coordinate(cluster, args):
     coordinator = distribute.experimental.coordinator.ClusterCoordinator(strategy,
                                                                          lease_secs=2.0)
     with strategy.scope():
-        net = coordinator.create_module("net", model.make_net)
-        optimizer = coordinator.create_optimizer("sgd", net, model.make_sgd)
+        net = coordinator.create_module("net", model.SparseNet if args.sparse else model.make_net)
+        optimizer = coordinator.create_optimizer(
+            "sgd", net, model.make_adagrad if args.sparse else model.make_sgd)
     first = 0
     if args.restore:
         path = checkpoint.latest_checkpoint(args.model_dir)
@@ -158,6 +160,7 @@ def main():
     parser.add_argument("--save-and-crash-at", type=int, default=0)
     parser.add_argument("--restore", action="store_true")
     parser.add_argument("--semantics", action="store_true")
+    parser.add_argument("--sparse", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"{args.role}:{args.index} %(message)s")
     cluster = json.loads(args.cluster)
