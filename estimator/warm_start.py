@@ -120,7 +120,9 @@ class WarmStartSettings:
       then starts at the checkpoint's step), as in TF, and a TF checkpoint's
       optimizer slots into the state of torch's Adagrad (`<var>/Adagrad`),
       Adam (`<var>/Adam`, `<var>/Adam_1`, with `beta1_power`) and SGD with
-      momentum (`<var>/Momentum`), and of `est.optimizers.Ftrl` and `Adam`;
+      momentum (`<var>/Momentum`), and of `est.optimizers`' `Ftrl`, `Adam`,
+      `RMSProp` (`<var>/RMSProp`, `_1`, `_2` when centered) and
+      `ProximalAdagrad`;
       other optimizers' state starts fresh (a warning names TF slots left
       so); from this library's checkpoints, an optimizer of the same kind
       takes its variables' whole state (a list warm start of `[".*"]` from a
@@ -167,7 +169,7 @@ def _settings(warm_start_from) -> Optional[WarmStartSettings]:
 def _slot_names(optimizer) -> Dict[str, str]:
     """{our state key: TF's slot name} of the optimizers whose state TF's
     slots make: torch's Adagrad, Adam and SGD with momentum, and this
-    library's Ftrl and Adam (TF1's rule)."""
+    library's Ftrl, Adam, RMSProp and ProximalAdagrad (TF1's rules)."""
     from . import optimizers   # (a sibling module; imported here to keep this one light)
     if isinstance(optimizer, torch.optim.Adagrad):
         return {"sum": "Adagrad"}
@@ -175,6 +177,13 @@ def _slot_names(optimizer) -> Dict[str, str]:
         return {"accum": "Ftrl", "linear": "Ftrl_1"}
     if isinstance(optimizer, optimizers.Adam):
         return {"m": "Adam", "v": "Adam_1"}
+    if isinstance(optimizer, optimizers.RMSProp):   # (TF makes mg before momentum)
+        centered = {g["centered"] for g in optimizer.param_groups}
+        return {} if len(centered) > 1 else {"rms": "RMSProp", "mg": "RMSProp_1",
+                                             "momentum": "RMSProp_2"} if centered.pop() else \
+            {"rms": "RMSProp", "momentum": "RMSProp_1"}
+    if isinstance(optimizer, optimizers.ProximalAdagrad):
+        return {"accumulator": "ProximalAdagrad"}
     if type(optimizer) is torch.optim.Adam:
         return {"exp_avg": "Adam", "exp_avg_sq": "Adam_1"}
     if isinstance(optimizer, torch.optim.SGD) and \
@@ -450,8 +459,8 @@ class _WarmStarter:
                 "Warm-start: the checkpoint's optimizer slots %s%s are not warm-started into "
                 "%s, whose state starts fresh (TF's list warm start restores them; slots are "
                 "taken by torch's Adagrad, Adam and SGD with momentum, and est.optimizers' "
-                "Adam and Ftrl)", left[:4], " ..." if len(left) > 4 else "",
-                type(optimizer).__name__)
+                "Adam, Ftrl, RMSProp and ProximalAdagrad)", left[:4],
+                " ..." if len(left) > 4 else "", type(optimizer).__name__)
 
     def _apply_own_slots(self, optimizer, var_names: Sequence[str], name: str) -> None:
         """A list warm start from this library's checkpoint: each warm-started
