@@ -27,6 +27,8 @@ OPTIMIZERS = {"adam": lambda p: est.optimizers.Adam(p, 0.1),
               "torch_adam": lambda p: torch.optim.Adam(p, lr=0.1),
               "rmsprop": lambda p: est.optimizers.RMSProp(p, 0.1),
               "centered": lambda p: est.optimizers.RMSProp(p, 0.1, momentum=0.9, centered=True),
+              "proximal": lambda p: est.optimizers.ProximalAdagrad(
+                  p, 0.1, l1_regularization_strength=0.01),
               "torch_rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.1)}
 
 
@@ -65,7 +67,7 @@ def warm_started(tmp_path, name, recorded):
 
 
 @pytest.mark.parametrize("name", ["adam", "momentum", "two_adams", "adam_1200", "rmsprop",
-                                  "centered"])
+                                  "centered", "proximal"])
 def test_a_list_warm_start_carries_the_slots_as_tf(tmp_path, name):
     """two_adams: the second Adam's powers are `beta1_power_1` (it took the
     first's: 2-5% off TF after 20 steps); adam_1200: beta1^1201 is 0;
