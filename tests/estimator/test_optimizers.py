@@ -228,7 +228,7 @@ def test_a_sparse_gradient_updates_its_entries_alone(cls):
     kwargs = {"l2_regularization_strength": 0.5} if "Proximal" in cls.__name__ else {}
     w, v = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
     sparse, dense = cls([w], learning_rate=0.1, **kwargs), cls([v], learning_rate=0.1, **kwargs)
-    w.grad = torch.sparse_coo_tensor([[0, 2, 0]], [1.0, 2.0, 0.5], (3,))
+    w.grad = torch.sparse_coo_tensor([[0, 2, 0]], [1.0, 2.0, 0.5], (3,), check_invariants=True)
     v.grad = torch.tensor([1.5, 0.0, 2.0])
     sparse.step()
     dense.step()
