@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import device_util
+from . import device_util, lookups
 from .cross_device_ops import CommunicationOptions, ReductionToOneDevice
 from .collective_engine import (_CollectiveExtended, _CollectiveStrategy, _flat_gradients,
                                 _gradient_kinds, _local_devices, _set_gradients, _Topology)
@@ -82,6 +82,15 @@ class _CentralStorageExtended(_CollectiveExtended):
         self._broadcast(working)
         for w in working:
             w.grad = None
+        self._tables_stepped(working)
+
+    @staticmethod
+    def _tables_stepped(working) -> None:
+        """The rows read of the tables an optimizer just stepped, cleared on
+        every replica (only replica 0's optimizer steps, and clears its own)."""
+        for table in working:
+            if lookups.noted(table):
+                lookups.clear(table)
 
     def _masters_and_working(self, optimizer) -> tuple:
         masters = [p for g in optimizer.param_groups for p in g["params"]]
@@ -133,6 +142,7 @@ class _CentralStorageExtended(_CollectiveExtended):
                 optimizer.zero_grad(set_to_none=True)
                 self._copy_back(masters, working)
             self._broadcast(working)
+            self._tables_stepped(working)
         except RuntimeError as e:
             raise self._explain(e, "the gradient reduction to the parameter device") from e
 

@@ -4,15 +4,14 @@ TF's ``embedding_lookup`` gives a sparse gradient (IndexedSlices) of the rows
 it read, and the optimizers' sparse applies update those rows alone (a row
 read whose gradient is zero included). A dense gradient says only which rows
 are non-zero, so a lookup notes the ids it read on the table (`note`: kept
-as they are, made a mask of rows only when an optimizer asks, `rows`), and
-an optimizer clears them after its step (`clear`). A table made by a
-feature column is declared where it is made (`declare`): under a
-data-parallel strategy the Estimator's step makes its rows the union over
-the replicas (`agree`), as TF's reduction of IndexedSlices gathers every
-replica's rows; a table only noted is known to each replica alone
-(`agreed` is False). The next step's first lookup clears agreed rows no
-optimizer step cleared (a replica that does not step:
-CentralStorageStrategy's others).
+as they are, made a mask of rows when an optimizer asks, `rows`), and
+they are cleared when an optimizer steps the table or a step is skipped
+(`clear`): the rows of several micro-batches before a step are all its
+rows. A table made by a feature column is declared where it is made
+(`declare`): under a data-parallel strategy the Estimator's step makes its
+rows the union over the replicas (`agree`), as TF's reduction of
+IndexedSlices gathers every replica's rows; a table only noted is known to
+each replica alone (`agreed` is False).
 """
 from __future__ import annotations
 
@@ -25,8 +24,10 @@ _IDS = "_rows_read_ids"        # on the table: [(ids, first row)] noted since th
 _ROWS = "_rows_read"           # on it: a bool mask of its rows (made by `rows`)
 _AGREED = "_rows_read_agreed"  # on it: the mask is the union over the replicas
 _DECLARED = "_rows_read_declared"
-_UNASKED = "_rows_read_unasked"  # on it: no optimizer asked for them (torch's own)
-_PENDING = 64                  # notes kept unasked before a table's are no longer kept
+_UNASKED = "_rows_read_unasked"  # on it: no optimizer asks for them (torch's own)
+_NOTES = "_rows_read_notes"    # on it: notes since an optimizer last asked or cleared
+_PENDING = 64                  # ids kept as they are before they are made the mask
+_UNASKED_AFTER = 4096          # notes nothing asked for before a table's are not kept
 
 
 def declare(table: torch.Tensor) -> torch.Tensor:
@@ -36,6 +37,7 @@ def declare(table: torch.Tensor) -> torch.Tensor:
     return table
 
 
+@torch.compiler.disable   # (attributes of a parameter: outside a compiled graph)
 def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None) -> None:
     """Note that a lookup read the rows `ids` (indices, or a boolean mask of
     the rows) of `table` in a training step; `first_row`: `ids` index a
@@ -46,15 +48,16 @@ def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None
     d = table.__dict__
     if d.get(_UNASKED):
         return
-    if d.get(_AGREED):   # a step's rows a replica without an optimizer step kept
-        clear(table)
     pending = d.get(_IDS)
     if pending is None:
         pending = d[_IDS] = []
     pending.append((ids, first_row))
-    if len(pending) > _PENDING:   # nothing asks for them (an optimizer of torch's):
-        pending.clear()           # not kept (until something asks)
+    d[_NOTES] = d.get(_NOTES, 0) + 1
+    if d[_NOTES] > _UNASKED_AFTER:   # nothing asks for them (an optimizer of torch's):
+        clear(table)                 # not kept (until something asks)
         d[_UNASKED] = True
+    elif len(pending) > _PENDING:
+        _mask(table)
 
 
 def noted(table: torch.Tensor) -> bool:
@@ -65,11 +68,18 @@ def noted(table: torch.Tensor) -> bool:
 
 def rows(table: torch.Tensor) -> Optional[torch.Tensor]:
     """The mask of the rows read since the last `clear`, or None for a
-    tensor not `noted`."""
+    tensor not `noted` (an optimizer asking: its notes are kept)."""
     d = table.__dict__
     if not noted(table):
         return None
     d.pop(_UNASKED, None)
+    d[_NOTES] = 0
+    return _mask(table)
+
+
+def _mask(table: torch.Tensor) -> torch.Tensor:
+    """The table's mask with the ids noted since made part of it."""
+    d = table.__dict__
     mask = d.get(_ROWS)
     if mask is None or mask.device != table.device:
         mask = torch.zeros(len(table), dtype=torch.bool, device=table.device)
@@ -93,11 +103,13 @@ def agreed(table: torch.Tensor) -> bool:
 
 
 def clear(table: torch.Tensor) -> None:
+    """Forget the rows read (a step made with them, or skipped)."""
     d = table.__dict__
     d.get(_IDS, []).clear()
     if _ROWS in d:
         d[_ROWS].zero_()
     d[_AGREED] = False
+    d[_NOTES] = 0
 
 
 def tables(modules) -> List[torch.Tensor]:

@@ -215,7 +215,7 @@ class Ftrl(_PerParameter):
                         l2_shrinkage_regularization_strength=l2_shrinkage_regularization_strength,
                         beta=beta)
         super().__init__(params, defaults)
-        self._dense_is_sparse = {}   # {id(table): bool} (_rows_matter)
+        self._dense_is_sparse = {}   # {id(table): (bool, hyperparameters)} (_rows_matter)
 
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
         if not state:
@@ -229,22 +229,28 @@ class Ftrl(_PerParameter):
 
     def _rows_matter(self, group: dict, w: torch.Tensor, state: dict) -> bool:
         """A row with a zero gradient is recomputed from its slots: to itself
-        once stepped, unless `l2_shrinkage` shrinks it; to 0 before. Where
-        every row not yet stepped is 0 (a linear model's table, from zeros),
-        the dense step, cheaper for small tables, is the sparse apply; not
-        for a warm-started or an embedding table. Asked once a table (a host
-        sync)."""
+        once stepped, while the hyperparameters stay and no `l2_shrinkage`
+        shrinks it; to 0 before. Where every row not yet stepped is 0 (a
+        linear model's table, from zeros), the dense step, cheaper for small
+        tables, is the sparse apply until a hyperparameter changes (a
+        decaying learning rate); not for a warm-started or an embedding
+        table. Asked once a table (a host sync)."""
         if group["l2_shrinkage_regularization_strength"] > 0.0:
             return True
-        dense_is_sparse = self._dense_is_sparse.get(id(w))
-        if dense_is_sparse is None:
+        settings = tuple(group[k] for k in ("lr", "learning_rate_power",
+                                            "l1_regularization_strength",
+                                            "l2_regularization_strength")) + (group.get("beta"),)
+        known = self._dense_is_sparse.get(id(w))
+        if known is None:
             if not state:
                 self._init_state(group, w, state)
             never_stepped = state["linear"].eq(0).logical_and_(
                 state["accum"].eq(group["initial_accumulator_value"]))
-            dense_is_sparse = not bool(w.ne(0).logical_and_(never_stepped).any())
-            self._dense_is_sparse[id(w)] = dense_is_sparse
-        return not dense_is_sparse
+            known = self._dense_is_sparse[id(w)] = (
+                not bool(w.ne(0).logical_and_(never_stepped).any()), settings)
+        elif known[0] and known[1] != settings:   # (for good: stepped rows are of those)
+            known = self._dense_is_sparse[id(w)] = (False, settings)
+        return not known[0]
 
     @staticmethod
     def _ftrl(group: dict, w: torch.Tensor, g: torch.Tensor, accum: torch.Tensor,

@@ -19,6 +19,8 @@ from typing import Callable, Dict, Iterable, NamedTuple, Optional
 import numpy as np
 import torch
 
+from distribute import lookups
+
 from . import checkpoint
 from ._factory_inputs import FactoryInputs
 from .mode_keys import ModeKeys
@@ -784,8 +786,12 @@ def _note_skips(scaler: torch.amp.GradScaler, scope: ModelScope) -> None:
             skipped = sum(v.item() for v in scaler._found_inf_per_device(optimizer).values()) > 0
         else:
             skipped = steps[id(optimizer)] == before
-        if skipped:
+        if skipped:   # (the rows its tables' lookups read: gone with the step, as TF's)
             scope.scaler_skipped.add(id(optimizer))
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if lookups.noted(p):
+                        lookups.clear(p)
         else:
             scope.scaler_stepped = True
         return out
