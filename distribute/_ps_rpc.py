@@ -51,6 +51,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import backend_registry
 
+from . import lookups
 from ._process_group import host_store
 from .cluster_resolver import split_address
 
@@ -274,11 +275,15 @@ class ParameterStore:
             return self._clock, self._changed_since(since, ids)
 
     def push(self, optimizer: Optional[str], packed_grads, packed_deltas, hparams, since: int,
-             packed_sparse=((), ())):
+             packed_sparse=((), ()), packed_read=()):
         """Apply one trainer step: the gradients (dense, and sparse as packed
         (rows, values)) through this ps's optimizer, the buffer deltas by
-        addition; return (clock, what changed since `since`)."""
+        addition; return (clock, what changed since `since`). `packed_read`:
+        masks of the rows the step's lookups read, of tables with dense
+        gradients (a feature column's): the optimizer's sparse apply takes
+        them as it does in one process."""
         start = time.perf_counter()
+        read = unpack(packed_read)
         grads = unpack(packed_grads)
         deltas = unpack(packed_deltas)
         rows, values = (unpack(p) for p in packed_sparse)
@@ -298,11 +303,15 @@ class ParameterStore:
                         group.update(hparams[index])
                 for i, g in grads:
                     self._shards[i].value.grad = g
+                for i, mask in read:
+                    lookups.received(self._shards[i].value, mask)
                 opt.step()
                 for i, _ in grads:
                     shard = self._shards[i]
                     shard.value.grad = None
                     shard.clock = clock
+                for i, _ in read:   # (an optimizer that does not ask for them)
+                    lookups.clear(self._shards[i].value)
             for i, d in deltas:
                 shard = self._shards[i]
                 shard.value.add_(d)
@@ -493,8 +502,10 @@ def _pull(ids, since):
     return _local().pull(ids, since)
 
 
-def _push(optimizer, packed_grads, packed_deltas, hparams, since, packed_sparse=((), ())):
-    return _local().push(optimizer, packed_grads, packed_deltas, hparams, since, packed_sparse)
+def _push(optimizer, packed_grads, packed_deltas, hparams, since, packed_sparse=((), ()),
+          packed_read=()):
+    return _local().push(optimizer, packed_grads, packed_deltas, hparams, since, packed_sparse,
+                         packed_read)
 
 
 def _ensure_optimizer(name, cls, defaults, groups):

@@ -55,7 +55,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from . import _closure_queue as _cq
-from . import _ps_rpc, ps_client
+from . import _ps_rpc, lookups, ps_client
 from .host_arrays import to_numpy_value
 from .strategy import InputContext, _map
 
@@ -436,17 +436,24 @@ class _WorkerOptimizer:
         self._local.module.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        calls = {}
+        calls, tables = {}, []
         for ps, ids in self._local.ids.items():
-            have = [(i, self._local.tensors[(ps, i)].grad) for i in ids]
-            dense = [(i, g.detach()) for i, g in have if g is not None and not g.is_sparse]
-            sparse = [(i, g.detach().coalesce()) for i, g in have   # (TF's IndexedSlices:
-                      if g is not None and g.is_sparse]            # applied as sparse there)
+            have = [(i, self._local.tensors[(ps, i)]) for i in ids]
+            have = [(i, t, t.grad) for i, t in have if t.grad is not None]
+            dense = [(i, g.detach()) for i, _, g in have if not g.is_sparse]
+            sparse = [(i, g.detach().coalesce()) for i, _, g in have   # (TF's IndexedSlices:
+                      if g.is_sparse]                                 # applied as sparse there)
+            # (a table whose lookups noted their rows: its dense gradient and those rows)
+            read = [(i, t) for i, t, g in have if not g.is_sparse and lookups.noted(t)]
+            tables += [t for _, t in read]
             calls[ps] = ([i for i, _ in dense], [g for _, g in dense], [], [], None,
                          self._local.since[ps], ([i for i, _ in sparse],
                                                  [g.indices()[0] for _, g in sparse],
-                                                 [g.values() for _, g in sparse]))
+                                                 [g.values() for _, g in sparse]),
+                         ([i for i, _ in read], [lookups.rows(t) for _, t in read]))
         self._local.apply(self._client.push(calls, self.name))
+        for table in tables:
+            lookups.clear(table)
 
 
 class _Worker:

@@ -97,6 +97,16 @@ def _mask(table: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+def received(table: torch.Tensor, mask: torch.Tensor) -> None:
+    """The rows `mask` of `table` are those a trainer's step read (a ps task
+    applying that step, as TF's ps applies a worker's IndexedSlices): its
+    rows read until the next `clear`, for that step alone."""
+    clear(table)
+    d = table.__dict__
+    d[_IDS] = [(mask, None)]
+    d[_AGREED] = True
+
+
 def agreed(table: torch.Tensor) -> bool:
     """Whether `rows(table)` is the union over the replicas."""
     return table.__dict__.get(_AGREED, False)

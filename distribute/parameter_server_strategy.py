@@ -40,12 +40,15 @@ module is a plain `nn.Module` on the trainer's device (its first GPU, else
 the CPU; run one worker task per GPU to use more) whose parameters
 are local copies refreshed at each step. Evaluation and prediction use the
 checkpoint, on the local device, as in TF. There is no synchronous mode
-(TF's SyncReplicasOptimizer).
+(TF's SyncReplicasOptimizer). A sparse gradient is pushed as its rows, a
+table whose lookups note their rows (`lookups`) as its dense gradient with
+the mask of the rows read: the ps's optimizer applies both as TF's sparse
+apply.
 
 No cluster: TF's local case, variables on the CPU and compute on the local
 devices (every GPU, else the CPU), synchronous: CentralStorageStrategy's
 behaviour. Optimizers must be elementwise (SGD, Adam, Adagrad, RMSprop, ...)
-for partitioned parameters; sparse gradients are sent dense.
+for partitioned parameters.
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from . import _ps_rpc, input_lib
+from . import _ps_rpc, input_lib, lookups
 from . import cluster_resolver as cr
 from .central_storage_strategy import _CentralStorageExtended
 from .collective_engine import _CollectiveStrategy, _local_devices, _MadeAtFirstCall, _Topology
@@ -558,10 +561,19 @@ class _ParameterServerExtended(StrategyExtended):
         self._step_ticket()
         grads = collections.defaultdict(lambda: ([], []))
         sparse = collections.defaultdict(lambda: ([], [], []))   # ps -> (ids, rows, values)
+        read = collections.defaultdict(lambda: ([], []))   # ps -> (ids, masks of rows read)
+        tables = []
         for var in self._optimizers[name][1]:
             g = var.tensor.grad
             if g is None:
                 continue
+            if not g.is_sparse and lookups.noted(var.tensor):   # (a feature column's table)
+                tables.append(var.tensor)
+                mask = lookups.rows(var.tensor)
+                for part in var.parts:
+                    ids, masks = read[part.ps]
+                    ids.append(part.id)
+                    masks.append(part.of(mask))
             if g.is_sparse:   # (an embedding's rows: applied as sparse on the ps, as here)
                 g = g.coalesce()
                 rows, values = g.indices()[0], g.values()
@@ -592,10 +604,12 @@ class _ParameterServerExtended(StrategyExtended):
             g_ids, g_tensors = grads.get(ps, ((), ()))
             d_ids, d_tensors = deltas.get(ps, ((), ()))
             calls[ps] = (g_ids, g_tensors, d_ids, d_tensors, hparams, self._since[ps],
-                         sparse.get(ps, ((), (), ())))
+                         sparse.get(ps, ((), (), ())), read.get(ps, ((), ())))
         for ps, (clock, packed) in self._client.push(calls, name).items():
             self._since[ps] = clock
             self._apply(ps, packed)
+        for table in tables:
+            lookups.clear(table)
         self._gathered = None
         self.rpc_secs += time.perf_counter() - start
         return loss

@@ -103,11 +103,12 @@ class Client:
 
     def push(self, calls: Dict[int, tuple], name: str) -> Dict[int, tuple]:
         """Apply one step: {ps: (grad ids, grads, delta ids, deltas, hparams, since,
-        (sparse grad ids, their rows, their values))} of optimizer `name`;
-        (clock, packed changed values) by ps."""
+        (sparse grad ids, their rows, their values), (table ids, masks of the
+        rows read))} of optimizer `name`; (clock, packed changed values) by ps."""
         return self.on_each({ps: (_ps_rpc._push, name, _ps_rpc.pack(gi, g), _ps_rpc.pack(di, d),
-                                  hparams, since, (_ps_rpc.pack(si, rows), _ps_rpc.pack(si, v)))
-                             for ps, (gi, g, di, d, hparams, since, (si, rows, v))
+                                  hparams, since, (_ps_rpc.pack(si, rows), _ps_rpc.pack(si, v)),
+                                  _ps_rpc.pack(*read))
+                             for ps, (gi, g, di, d, hparams, since, (si, rows, v), read)
                              in calls.items()},
                             "applying a step")
 

@@ -125,6 +125,19 @@ def test_a_sparse_embedding_trains(cluster, tmp_path):
     assert result["accuracy"] >= 0.9, result
 
 
+def test_a_noted_table_is_applied_as_tfs_sparse_apply(cluster, tmp_path):
+    """A dense table whose lookups are noted (`est.optimizers.looked_up`)
+    under Ftrl: the ps updates the rows read alone, so the rows no batch
+    read keep their values (before: the dense step set them to 0)."""
+    cluster.start_servers()
+    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "60", "--noted")
+    assert cluster.wait(chief) == 0, cluster.all_logs()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert sorted(result["steps"]) == list(range(60))
+    assert result["unread_rows_kept"] and result["read_rows_moved"], result
+    assert result["accuracy"] >= 0.9, result
+
+
 def test_a_dead_ps_fails_join_naming_it(cluster, tmp_path):
     cluster.start_servers()
     chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "400")

@@ -363,6 +363,35 @@ def test_a_canned_wide_and_deep_on_two_ps_tasks_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_feature_column_tables_on_two_ps_tasks_are_applied_as_tfs_sparse_apply(tmp_path):
+    """A wide & deep model whose bucketized tables (cut in halves on 2 ps
+    tasks) are under RMSProp (linear) and Ftrl (embedding): the ps tasks
+    update the rows the chief's batches read alone, as one process does
+    (TF's sparse applies). Before, the ps tasks applied the tables' dense
+    gradients: RMSProp decayed every row's mean square, Ftrl set the
+    embedding's rows no batch read to 0."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    config = est.RunConfig(model_dir=str(here), tf_random_seed=7, save_checkpoints_steps=50,
+                           log_step_count_steps=None)
+    a = ps_task.canned_estimator(config, tables=True)
+    a.train(ps_task.train_input_fn, max_steps=30)
+    status, output = _launch(there, "--steps", "30", "--partition", "--canned-tables",
+                             workers=0, ps=2)
+    assert status == 0, output
+    b = ps_task.canned_estimator(est.RunConfig(model_dir=str(there)), tables=True)
+    names = [n for n in a.get_variable_names() if not n.startswith("eval")]
+    assert names == [n for n in b.get_variable_names() if not n.startswith("eval")]
+    table = "dnn/input_from_feature_columns/input_layer/x_bucketized_embedding/embedding_weights"
+    assert table in names
+    assert "linear_optimizer/linear/linear_model/x_bucketized/weights/rms" in names
+    unread = ~a.get_variable_value(f"dnn_optimizer/{table}/linear").any(1)
+    assert unread.any()   # (rows no batch read: left by the sparse apply)
+    for name in names:
+        np.testing.assert_allclose(a.get_variable_value(name), b.get_variable_value(name),
+                                   rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.slow
 def test_a_dead_worker_restarts_and_rejoins(tmp_path):
     """Legacy TF_CONFIG (ps tasks, no train_distribute): worker 0 is killed
     at step 60; the launcher restarts it alone; it rejoins and trains."""

@@ -41,6 +41,30 @@ def make_adagrad(params):
     return torch.optim.Adagrad(params, lr=0.5)
 
 
+class NotedNet(torch.nn.Module):
+    """The linear model plus a dense table of 40 rows (nonzero) looked up
+    at the first feature's bucket, rows 0-29 alone, its lookups noted
+    (`est.optimizers.looked_up`, as a feature column's): rows 30-39 are
+    never read."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(FEATURES, 2)
+        self.table = torch.nn.Parameter(torch.randn(40, 2))
+
+    def forward(self, x):
+        import estimator as est   # (only here: the other models need torch alone)
+        ids = (x[:, 0] * 4).long().clamp(-20, 9) + 20
+        est.optimizers.looked_up(self.table, ids)
+        return self.linear(x) + self.table[ids]
+
+
+def make_ftrl(params):
+    import estimator as est
+    return est.optimizers.Ftrl(params, lr=0.5)
+
+
 def data(n, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, FEATURES, generator=g)
@@ -74,7 +98,8 @@ def train_step(iterator, net, optimizer, step):
 
 
 def accuracy(state):
-    net = SparseNet() if any(k.startswith("buckets") for k in state) else make_net()
+    net = (SparseNet() if any(k.startswith("buckets") for k in state) else
+           NotedNet() if "table" in state else make_net())
     net.load_state_dict(state)
     x, y = data(2000, 7)
     return float((net(x).argmax(1) == y).float().mean())

@@ -2,7 +2,7 @@
 
     python coordinator_task.py CLUSTER_JSON ps|worker INDEX
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --steps N
-        [--model_dir D] [--save-and-crash-at N] [--restore] [--sparse]
+        [--model_dir D] [--save-and-crash-at N] [--restore] [--sparse] [--noted]
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --semantics
 
 The chief is the coordinator: it schedules `coordinator_model.train_step`
@@ -12,7 +12,9 @@ result, the accuracy, the queue's counts) at the end. `--save-and-crash-at
 N`: after step N is done, save a checkpoint to --model_dir and die without
 ending training; `--restore`: start from --model_dir's latest checkpoint.
 `--semantics`: the scenarios of `semantics`, written to DIR/semantics.json.
-`--sparse`: `coordinator_model.SparseNet` (a sparse embedding) under Adagrad.
+`--sparse`: `coordinator_model.SparseNet` (a sparse embedding) under Adagrad;
+`--noted`: `coordinator_model.NotedNet` (a dense table, its lookups noted)
+under `est.optimizers.Ftrl`.
 """
 import argparse
 import json
@@ -40,9 +42,11 @@ def coordinate(cluster, args):
     coordinator = distribute.experimental.coordinator.ClusterCoordinator(strategy,
                                                                          lease_secs=2.0)
     with strategy.scope():
-        net = coordinator.create_module("net", model.SparseNet if args.sparse else model.make_net)
+        net = coordinator.create_module("net", model.SparseNet if args.sparse else
+                                        model.NotedNet if args.noted else model.make_net)
         optimizer = coordinator.create_optimizer(
-            "sgd", net, model.make_adagrad if args.sparse else model.make_sgd)
+            "sgd", net, model.make_adagrad if args.sparse else
+            model.make_ftrl if args.noted else model.make_sgd)
     first = 0
     if args.restore:
         path = checkpoint.latest_checkpoint(args.model_dir)
@@ -90,6 +94,10 @@ def coordinate(cluster, args):
            "last_loss": float(results[-1]["loss"]) if results else None,
            "accuracy": model.accuracy(state["modules"]["net"]),
            "stats": coordinator.stats, "first": first}
+    if args.noted:
+        table, first_table = state["modules"]["net"]["table"], model.NotedNet().table
+        out["unread_rows_kept"] = torch.equal(table[30:], first_table[30:])
+        out["read_rows_moved"] = not torch.equal(table[:30], first_table[:30])
     with open(os.path.join(args.out, "result.json"), "w") as f:
         json.dump(out, f)
     coordinator.shutdown()
@@ -161,6 +169,7 @@ def main():
     parser.add_argument("--restore", action="store_true")
     parser.add_argument("--semantics", action="store_true")
     parser.add_argument("--sparse", action="store_true")
+    parser.add_argument("--noted", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"{args.role}:{args.index} %(message)s")
     cluster = json.loads(args.cluster)

@@ -5,8 +5,8 @@ Run by the launcher (estimator.launch) with TF_CONFIG set:
 
     python tests/support/ps_task.py MODEL_DIR --steps 200 [--legacy] [--die-at STEP]
         [--partition] [--placement by_size] [--out OUT_DIR] [--step-secs S]
-        [--kill-ps-at STEP] [--decay-steps N] [--batch-norm] [--canned] [--warm-start CKPT]
-        [--user-model]
+        [--kill-ps-at STEP] [--decay-steps N] [--batch-norm] [--canned] [--canned-tables]
+        [--warm-start CKPT] [--user-model]
 
 Trains a small MLP classifier (est.get_module "mlp") with Adam under
 train_and_evaluate. `--legacy` gives no train_distribute (TF_CONFIG's ps
@@ -18,7 +18,8 @@ every step last that much longer; `--kill-ps-at N` makes the chief kill ps 1
 every N steps (TF1's exponential_decay given to the optimizer);
 `--batch-norm` adds a BatchNorm1d (buffers: moving averages); `--canned`
 trains `canned_estimator` (a DNNLinearCombinedClassifier: Ftrl and Adagrad
-on the ps tasks) instead of the MLP; `--warm-start CKPT` warm-starts every
+on the ps tasks) instead of the MLP, `--canned-tables` its variant with
+bucketized tables under RMSProp and Ftrl; `--warm-start CKPT` warm-starts every
 variable from CKPT (`vars_to_warm_start=[".*"]`); `--user-model` trains
 `user_model_fn` instead. Each task writes its pid to
 MODEL_DIR/<task type><index>.pid (chief0.pid, ps1.pid, ...).
@@ -124,12 +125,21 @@ def user_model_fn(features, labels, mode, params):
     return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def canned_estimator(config):
-    """Wide & deep over the features, with TF1's two default optimizers."""
-    columns = [est.feature_column.numeric_column("x", shape=(FEATURES,))]
+def canned_estimator(config, tables=False):
+    """Wide & deep over the features, with TF1's two default optimizers;
+    `tables`: over the features cut in 82 buckets each too (a linear table
+    under RMSProp, an embedding table under Ftrl: TF's sparse applies leave
+    the rows a batch did not read)."""
+    numeric = est.feature_column.numeric_column("x", shape=(FEATURES,))
+    if not tables:
+        return est.DNNLinearCombinedClassifier(
+            linear_feature_columns=[numeric], dnn_feature_columns=[numeric],
+            dnn_hidden_units=[16], n_classes=CLASSES, config=config)
+    buckets = est.feature_column.bucketized_column(numeric, list(np.linspace(-4, 4, 81)))
     return est.DNNLinearCombinedClassifier(
-        linear_feature_columns=columns, dnn_feature_columns=columns, dnn_hidden_units=[16],
-        n_classes=CLASSES, config=config)
+        linear_feature_columns=[buckets], linear_optimizer="RMSProp",
+        dnn_feature_columns=[numeric, est.feature_column.embedding_column(buckets, 3)],
+        dnn_optimizer="Ftrl", dnn_hidden_units=[16], n_classes=CLASSES, config=config)
 
 
 class _DieAt(hooks.SessionRunHook):
@@ -206,6 +216,7 @@ def main():
     parser.add_argument("--decay-steps", type=int)
     parser.add_argument("--batch-norm", action="store_true")
     parser.add_argument("--canned", action="store_true")
+    parser.add_argument("--canned-tables", action="store_true")
     parser.add_argument("--warm-start")
     parser.add_argument("--user-model", action="store_true")
     args = parser.parse_args()
@@ -220,7 +231,8 @@ def main():
                            tf_random_seed=7, save_checkpoints_steps=50,
                            log_step_count_steps=50)
     warm_start = args.warm_start and est.WarmStartSettings(args.warm_start, [".*"])
-    estimator = canned_estimator(config) if args.canned else est.Estimator(
+    estimator = canned_estimator(config, args.canned_tables) if (
+        args.canned or args.canned_tables) else est.Estimator(
         user_model_fn if args.user_model else model_fn, config=config,
         params={"lr": 3e-3, "decay_steps": args.decay_steps, "batch_norm": args.batch_norm},
         warm_start_from=warm_start)
