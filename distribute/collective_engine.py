@@ -649,9 +649,11 @@ class _CollectiveExtended(StrategyExtended):
         if (scope, len(modules)) != self._tables_of:   # (a new training, or a new module:
             self._tables_of = (scope, len(modules))    # their feature-column tables)
             self._tables = lookups.tables(modules.values())
+            self._step_flags = torch.zeros(5 + len(self._tables), dtype=torch.float64)
+        flags = self._step_flags
         if self._tables:   # the rows every replica read, for the optimizers' sparse apply
             lookups.agree(self._tables, self._group.main)
-        flags = self._step_flags
+            flags[5:] = torch.tensor(lookups.asks(self._tables), dtype=torch.float64)
         flags[1] = 1.0 if self._vote else 0.0
         flags[2] = 1.0 if self._train_input is not None and self._train_input.exhausted else 0.0
         flags[3] = 1.0 if self._preempt_vote else 0.0
@@ -675,6 +677,8 @@ class _CollectiveExtended(StrategyExtended):
         work, self._step_work = self._step_work, None
         work.wait()
         flags = self._step_flags
+        if self._tables:   # (whether any replica's optimizer asked for their rows)
+            lookups.asked(self._tables, flags[5:].tolist())
         stop = bool(flags[1].item())
         moved_late = bool(flags[4].item())
         if buffers or stop:

@@ -5,13 +5,14 @@ it read, and the optimizers' sparse applies update those rows alone (a row
 read whose gradient is zero included). A dense gradient says only which rows
 are non-zero, so a lookup notes the ids it read on the table (`note`: kept
 as they are, made a mask of rows when an optimizer asks, `rows`), and
-they are cleared when an optimizer steps the table or a step is skipped
-(`clear`): the rows of several micro-batches before a step are all its
-rows. A table made by a feature column is declared where it is made
-(`declare`): under a data-parallel strategy the Estimator's step makes its
-rows the union over the replicas (`agree`), as TF's reduction of
-IndexedSlices gathers every replica's rows; a table only noted is known to
-each replica alone (`agreed` is False).
+they are cleared when an optimizer steps the table (`stepped`) or a step
+is skipped (`clear`): the rows of several micro-batches before a step are
+all its rows. A table made by a feature column is declared where it is
+made (`declare`): under a data-parallel strategy the Estimator's step makes
+its rows the union over the replicas (`agree`), as TF's reduction of
+IndexedSlices gathers every replica's rows, while an optimizer asks for
+them (`asks`); a table only noted is known to each replica alone (`agreed`
+is False).
 """
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ _AGREED = "_rows_read_agreed"  # on it: the mask is the union over the replicas
 _DECLARED = "_rows_read_declared"
 _UNASKED = "_rows_read_unasked"  # on it: no optimizer asks for them (torch's own)
 _NOTES = "_rows_read_notes"    # on it: notes since an optimizer last asked or cleared
+_ASKED = "_rows_read_asked"    # on it: an optimizer asked for its rows since `asks`
+_SINCE_ASKED = "_rows_read_since_asked"  # on it: agreements in a row nobody asked for
 _PENDING = 64                  # ids kept as they are before they are made the mask
 _UNASKED_AFTER = 4096          # notes nothing asked for before a table's are not kept
+_LEFT_OUT_AFTER = 100          # agreements nobody asked for before a table is left out
 
 
 def declare(table: torch.Tensor) -> torch.Tensor:
@@ -74,6 +78,7 @@ def rows(table: torch.Tensor) -> Optional[torch.Tensor]:
         return None
     d.pop(_UNASKED, None)
     d[_NOTES] = 0
+    d[_ASKED] = True
     return _mask(table)
 
 
@@ -122,6 +127,14 @@ def clear(table: torch.Tensor) -> None:
     d[_NOTES] = 0
 
 
+def stepped(table: torch.Tensor) -> None:
+    """An optimizer that takes the rows read (TF's sparse apply, whether it
+    needed them this step or not) stepped `table`: `clear`, and count its
+    rows asked for (`asks`)."""
+    clear(table)
+    table.__dict__[_ASKED] = True
+
+
 def tables(modules) -> List[torch.Tensor]:
     """The declared tables among the parameters of `modules`."""
     return [p for m in modules for p in m.parameters() if _DECLARED in p.__dict__]
@@ -130,8 +143,13 @@ def tables(modules) -> List[torch.Tensor]:
 def agree(declared: List[torch.Tensor], group=None) -> None:
     """Make the rows read of the `declared` tables (the same, in the same
     order, on every replica) the union over the replicas of `group`: one
-    all-reduce."""
-    masks = [rows(t) for t in declared]
+    all-reduce. A table whose rows no replica's optimizer asked for in its
+    last 100 agreements (one of torch's optimizers steps it: see `asks`) is
+    left out until one asks again (that step, the rows with a gradient)."""
+    declared = [t for t in declared if t.__dict__.get(_SINCE_ASKED, 0) < _LEFT_OUT_AFTER]
+    if not declared:
+        return
+    masks = [_mask(t) for t in declared]
     flat = torch.cat(masks).to(torch.uint8)
     dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
     offset = 0
@@ -139,3 +157,19 @@ def agree(declared: List[torch.Tensor], group=None) -> None:
         mask.copy_(flat[offset:offset + len(mask)].bool())
         setattr(table, _AGREED, True)
         offset += len(mask)
+
+
+def asks(declared: List[torch.Tensor]) -> List[float]:
+    """For each of the `declared` tables, 1.0 if an optimizer asked for its
+    rows (`rows`, `stepped`) since the last call, else 0.0: summed over the replicas
+    (with the step's other flags) and given to `asked`, every replica
+    learns whether any asked, as central storage's replica 0 alone steps."""
+    return [1.0 if t.__dict__.pop(_ASKED, False) else 0.0 for t in declared]
+
+
+def asked(declared: List[torch.Tensor], sums) -> None:
+    """`asks`' flags summed over the replicas: a table nobody asked for
+    counts one more agreement unused (the same count on every replica)."""
+    for table, n in zip(declared, sums):
+        d = table.__dict__
+        d[_SINCE_ASKED] = 0 if n > 0 else d.get(_SINCE_ASKED, 0) + 1

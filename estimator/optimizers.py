@@ -133,7 +133,7 @@ class _PerParameter(torch.optim.Optimizer):
                 else:
                     self._update(group, w, w.grad, state)
                 if table:
-                    lookups.clear(w)   # (the next step's)
+                    lookups.stepped(w)   # (the rows read: the next step's)
         return loss
 
     def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:

@@ -285,6 +285,41 @@ def test_tables_of_ones_own_on_replicas(tmp_path, kind):
     assert (rms[6:] == 1.0).all() and (rms[:6] < 1.0).any()   # the rows read alone
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["mirrored", "central"])
+def test_a_table_whose_rows_no_optimizer_asks_for_on_replicas(tmp_path, kind):
+    """Wide & deep, 2 replicas, 110 steps: an embedding table under torch's
+    Adagrad (the canned DNN's default, which takes no rows read) is left out
+    of the replicas' agreement after 100 steps, every replica alike (under
+    CentralStorageStrategy replica 0's optimizer alone steps; a replica
+    leaving it out alone would abort gloo), a linear table under RMSProp
+    still agreed: both trained as in one process."""
+    fc = est.feature_column
+    vocab = fc.categorical_column_with_vocabulary_list("s", [f"v{i}" for i in range(10)])
+    rng = np.random.RandomState(0)
+    batches = [([f"v{i}" for i in rng.randint(0, 6, 2)], rng.randint(0, 2, 2).tolist())
+               for _ in range(220)]
+
+    def train(model_dir, batches, strategy=None):
+        e = est.DNNLinearCombinedClassifier(
+            linear_feature_columns=[vocab], linear_optimizer="RMSProp",
+            dnn_feature_columns=[fc.embedding_column(vocab, 2)], dnn_hidden_units=[3],
+            config=est.RunConfig(model_dir=str(model_dir), tf_random_seed=3,
+                                 train_distribute=strategy, log_step_count_steps=None))
+        e.train(lambda: [({"s": np.array(s)}, np.array(y)) for s, y in batches])
+        return e
+    replicas = train(tmp_path / "replicas", batches, _strategy(kind))
+    one = train(tmp_path / "one", _pairs(batches))
+    assert replicas.get_variable_value("global_step") == 110
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(replicas.get_variable_value(name),
+                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    rms = one.get_variable_value("linear_optimizer/linear/linear_model/s/weights/rms")
+    assert _rows_touched(rms) == list(range(6))
+
+
 def _rows_touched(rms):
     return [i for i, row in enumerate(np.asarray(rms).reshape(len(rms), -1)) if (row != 1.0).any()]
 
