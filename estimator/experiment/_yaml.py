@@ -123,6 +123,24 @@ class Tree:
         return node
 
 
+def _line_without_colon(error: yaml.MarkedYAMLError, lines: list, opened) -> Optional[int]:
+    """The index of the line of a mapping that has no ':' (`lr 0.1`), where
+    PyYAML's error is about the line after it: a key it could not finish
+    there, or the next key's ':' taken for a second one on a line."""
+    if error.context == "while scanning a simple key" and opened is not None:
+        return opened.line if opened.line < len(lines) else None
+    mark = error.problem_mark
+    if mark is None or not (error.problem == "mapping values are not allowed here" or (
+            error.problem or "").startswith("expected <block end>")):
+        return None
+    before = [i for i in range(min(mark.line, len(lines))) if lines[i].strip()
+              and not lines[i].lstrip().startswith("#")]
+    if not before:
+        return None
+    line = lines[before[-1]].split(" #")[0].strip()
+    return before[-1] if ":" not in line and not line.startswith(("-", "[", "{")) else None
+
+
 def _syntax_error(source: str, text: str, error: yaml.MarkedYAMLError) -> ExperimentError:
     mark, opened = error.problem_mark or error.context_mark, error.context_mark
     what = error.problem or error.context or "cannot parse"
@@ -134,10 +152,16 @@ def _syntax_error(source: str, text: str, error: yaml.MarkedYAMLError) -> Experi
     column = f" at column {mark.column + 1}" if mark else ""
     lines = text.splitlines()
     marked = [lines[m.line] for m in (mark, opened) if m and m.line < len(lines)]
+    no_colon = _line_without_colon(error, lines, opened if earlier else None)
+    if no_colon is not None:   # (PyYAML says so at the next line)
+        return ExperimentError([Problem(Location(source, no_colon + 1), "", (
+            f"malformed YAML: {lines[no_colon].strip()!r} is not a 'key: value' pair; put "
+            "': ' after the key (or, for a value continued from the line above, indent it "
+            "under that key)"))])
     if any("${" in line for line in marked):
         fix = ("quote a ${...} reference inside {...} or [...] ('${a.b}'): unquoted, its "
                "braces are YAML's")
-    elif earlier:   # (a bracket left open)
+    elif earlier and "flow" in error.context:   # (a bracket left open)
         fix = (f"close the bracket opened on line {opened.line + 1}, or fix the YAML syntax "
                "on this line")
     else:

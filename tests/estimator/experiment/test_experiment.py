@@ -196,6 +196,12 @@ BAD = [
      "   max_steps: 5\n",
      "{f}:4: malformed YAML: mapping values are not allowed here at column 13; fix the YAML "
      "syntax on this line (indentation, ':' after each key, closed quotes and brackets)"),
+    ("a key without its colon", HEAD + "params:\n  layers: 2\n  lr 0.1\n  seed: 3\n",
+     "{f}:6: malformed YAML: 'lr 0.1' is not a 'key: value' pair; put ': ' after the key (or, "
+     "for a value continued from the line above, indent it under that key)"),
+    ("a first key without its colon", HEAD + "params:\n  lr 0.1\n  # seed\n\n  seed: 3\n",
+     "{f}:5: malformed YAML: 'lr 0.1' is not a 'key: value' pair; put ': ' after the key (or, "
+     "for a value continued from the line above, indent it under that key)"),
     ("unclosed bracket", HEAD + "params: {lr: 0.1\n",
      "{f}:5: malformed YAML: expected ',' or '}}', but got '<stream end>' (while parsing a flow "
      "mapping started on line 4) at column 1; close the bracket opened on line 4, or fix the "
