@@ -2,6 +2,7 @@
 import json
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -138,6 +139,10 @@ def bad_model_fn(kind):
             return loss
         if kind == "wrong_mode":
             return est.EstimatorSpec(est.ModeKeys.EVAL, loss=loss)
+        if kind == "scaffold_init_fn":   # (a port's tf.train.Scaffold(init_fn=...))
+            scaffold = types.SimpleNamespace(init_fn=lambda scaffold, session: None,
+                                             saver=None, init_op=None)
+            return est.EstimatorSpec(mode, loss=loss, train_op=opt, scaffold=scaffold)
     return model_fn
 
 
@@ -148,6 +153,9 @@ def bad_model_fn(kind):
                     r"got a tensor of shape"),
     ("not_a_spec", r"must return an EstimatorSpec, got Tensor"),
     ("wrong_mode", r"called in mode 'train' but returned an EstimatorSpec for mode 'eval'"),
+    ("scaffold_init_fn", r"scaffold's init_fn cannot run here \(there is no graph or "
+                         r"tf.Session\); instead: init_fn: load pretrained values in "
+                         r"get_module's factory, or warm_start_from\. Leave scaffold out"),
 ])
 def test_bad_spec_is_an_error_before_anything_is_written(tmp_path, kind, message):
     model_dir = tmp_path / "bad"
@@ -155,6 +163,12 @@ def test_bad_spec_is_an_error_before_anything_is_written(tmp_path, kind, message
     with pytest.raises((ValueError, TypeError), match=message):
         e.train(regression_input_fn(), steps=3)
     assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+def test_an_empty_scaffold_is_accepted():
+    spec = est.EstimatorSpec("infer", predictions={"y": torch.ones(2)},
+                             scaffold=types.SimpleNamespace(init_fn=None, saver=None))
+    assert spec.scaffold is not None
 
 
 def test_a_loss_of_one_element_is_a_scalar_as_in_tf(tmp_path):
