@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from hooks.mode_keys import ModeKeys
+from hooks.scaffold import check_scaffold
 
 from ._checks import is_host_feature
 
@@ -65,7 +66,7 @@ class EstimatorSpec:
         self.training_chief_hooks = tuple(training_chief_hooks) if training_chief_hooks else ()
         self.training_hooks = tuple(training_hooks) if training_hooks else ()
         if scaffold is not None:
-            _check_scaffold(scaffold)
+            check_scaffold(scaffold, "EstimatorSpec")
         self.scaffold = scaffold
         self.evaluation_hooks = tuple(evaluation_hooks) if evaluation_hooks else ()
         self.prediction_hooks = tuple(prediction_hooks) if prediction_hooks else ()
@@ -99,30 +100,6 @@ def _check_called_bare(train_op) -> None:
         return
     if code is not None:
         _CALLED_BARE_OK.add(code)
-
-
-# tf.compat.v1.train.Scaffold's parts, and what takes their place here
-_SCAFFOLD_PARTS = {
-    "init_fn": "load pretrained values in get_module's factory, or warm_start_from",
-    "init_op": "initialize in get_module's factory",
-    "init_feed_dict": "initialize in get_module's factory",
-    "ready_op": "nothing to wait for: the model is ready when get_module returns",
-    "ready_for_local_init_op": "nothing to wait for",
-    "local_init_op": "initialize in get_module's factory",
-    "saver": "RunConfig(keep_checkpoint_max=..., keep_checkpoint_every_n_hours=...)",
-    "summary_op": "est.summary.* calls in the model_fn, written every save_summary_steps",
-}
-
-
-def _check_scaffold(scaffold) -> None:
-    """Refuse a Scaffold whose parts would be ignored: its init_fn not run
-    (pretrained weights never loaded) would train from scratch unsaid."""
-    used = [name for name in _SCAFFOLD_PARTS if getattr(scaffold, name, None) is not None]
-    if used:
-        raise ValueError(
-            "EstimatorSpec: scaffold's " + ", ".join(used) + " cannot run here (there is no "
-            "graph or tf.Session); instead: " + "; ".join(
-                f"{name}: {_SCAFFOLD_PARTS[name]}" for name in used) + ". Leave scaffold out")
 
 
 def _validate(mode, predictions, loss, train_op, eval_metric_ops, export_outputs) -> None:

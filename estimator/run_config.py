@@ -253,9 +253,14 @@ class RunConfig:
     torchrun or SLURM's srun, the rank gives `task_type`, `task_id`, `is_chief` (rank 0
     alone), `global_id_in_cluster` and `num_worker_replicas`.
     `session_config`, `device_fn`, `protocol`, `checkpoint_save_graph_def` and
-    `experimental_max_worker_delay_secs` are kept for API compatibility and do
+    `session_creation_timeout_secs` are kept for API compatibility and do
     nothing (there are no sessions or graphs here; the transport is
-    torch.distributed); setting one of the first four logs a warning.
+    torch.distributed; `session_config`'s device count, visible devices and
+    thread pools are CUDA_VISIBLE_DEVICES and torch.set_num_threads):
+    setting one of the first three logs a warning.
+    `experimental_max_worker_delay_secs=cap`: a worker task of a
+    parameter-server job waits min(cap, 5 * (task_id + 1)) seconds before
+    training, as TF's; without it, none (TF waits as with cap 60).
     `random_seed` is an alias of `tf_random_seed`.
     `experimental_async_checkpoint`: checkpoints made durable by a background
     writer process with the same guarantees (TF2's
@@ -288,9 +293,7 @@ class RunConfig:
                              % (_SAVE_CKPT_ERR, save_checkpoints_steps, save_checkpoints_secs))
         ignored = [name for name, value in (
             ("session_config", session_config), ("device_fn", device_fn),
-            ("protocol", protocol),
-            ("experimental_max_worker_delay_secs", experimental_max_worker_delay_secs))
-            if value is not None]
+            ("protocol", protocol)) if value is not None]
         if ignored:
             logger.warning("RunConfig: %s %s accepted for TF compatibility and ignored (there "
                            "is no session, graph placement or gRPC here; the transport is "

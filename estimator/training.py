@@ -55,7 +55,6 @@ from .run_config import remote_cluster
 
 logger = logging.getLogger(__name__)
 
-_MAX_DELAY_SECS = 60
 _DELAY_SECS_PER_WORKER = 5
 COMPLETION_MARKER = "training_complete.json"
 FAILURE_MARKER = "training_failed.json"

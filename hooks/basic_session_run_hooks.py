@@ -15,6 +15,7 @@ from distribute.host_arrays import to_numpy
 
 from . import checkpoint, model_scope
 
+from .scaffold import check_scaffold
 from .session_run_hook import NEVER, SessionRunArgs, SessionRunHook
 
 logger = logging.getLogger(__name__)
@@ -135,7 +136,9 @@ class CheckpointSaverHook(SessionRunHook):
     only in the process that checkpoints (the session's chief: replica 0 of
     a MirroredStrategy, which TF runs as one process); elsewhere it does
     nothing. Given to an Estimator, it saves instead of RunConfig's saver
-    and takes `saving_listeners`, as in TF."""
+    and takes `saving_listeners`, as in TF. `scaffold` is accepted empty
+    (its `saver`: give `saver=checkpoint.Saver(dir, max_to_keep=...)`);
+    `save_graph_def` does nothing (no graph)."""
 
     def __init__(self, checkpoint_dir: str, save_secs: Optional[float] = None,
                  save_steps: Optional[int] = None, saver: Optional[checkpoint.Saver] = None,
@@ -144,6 +147,7 @@ class CheckpointSaverHook(SessionRunHook):
         if checkpoint_basename != checkpoint.PREFIX:
             raise ValueError(f"CheckpointSaverHook: checkpoint_basename must be "
                              f"{checkpoint.PREFIX!r}, got {checkpoint_basename!r}")
+        check_scaffold(scaffold, "CheckpointSaverHook")
         self._saver = saver or checkpoint.Saver(checkpoint_dir)
         self._own_saver = saver is None   # a session shares one per directory
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)

@@ -30,6 +30,7 @@ from distribute.host_arrays import to_numpy_value
 from . import checkpoint, model_scope, preemption
 from . import summary as _summary
 from .mode_keys import ModeKeys
+from .scaffold import check_scaffold
 
 from .session_run_hook import (NEVER, SessionRunArgs, SessionRunContext, SessionRunHook,
                                SessionRunValues, check_hooks)
@@ -62,8 +63,14 @@ class _Coordinator:
 
     def __init__(self):
         self._stop = False
+        self.error: Optional[BaseException] = None
 
     def request_stop(self, ex=None):
+        """Stop; `ex` (an exception, or `sys.exc_info()`), the first given, is
+        raised when the session closes, after the hooks' `end` (TF's
+        Coordinator.join)."""
+        if ex is not None and self.error is None:
+            self.error = ex[1] if isinstance(ex, tuple) else ex
         self._stop = True
 
     def should_stop(self) -> bool:
@@ -153,6 +160,7 @@ class MonitoredSession:
         self._quiet = not (self._always_before or self._always_after)   # every hook scheduled
         self._wake_step = self._wake_run = self._wake_time = NEVER
         self._stop = False
+        self._stop_error = None   # a hook's coord.request_stop(ex): raised at the close
         self._uncounted = False   # this step left the global step as it was
         self._entered = False
         self._lock = None   # MonitoredTrainingSession's model_dir lock, released at the end
@@ -172,6 +180,7 @@ class MonitoredSession:
             for hook in self._hooks:
                 hook.after_create_session(self._session, coord)
             self._stop = coord.should_stop()
+            self._stop_error = coord.error
             self._reschedule(self._scheduled)
         except BaseException:
             self._leave()
@@ -183,6 +192,8 @@ class MonitoredSession:
             if exc_type is None or issubclass(exc_type, StopIteration):
                 for hook in self._hooks:
                     hook.end(self._session)
+                if self._stop_error is not None:   # (a hook's coord.request_stop(ex))
+                    raise self._stop_error
             else:   # no `end` on an error (as TF), but work a hook started completes
                 for hook in self._hooks:
                     settle = getattr(hook, "settle", None)
@@ -553,13 +564,15 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None,
     `save_summaries_steps` or `save_summaries_secs`, by TF's rules: neither
     given, 600 seconds and 100 steps; one given, the other off; None, off. `strategy`
     defaults to the current one; `is_chief` to its `should_checkpoint`.
-    TF's arguments in TF's order; `master`, `scaffold`, `config`,
+    TF's arguments in TF's order; `master`, `config`,
     `stop_grace_period_secs`, `max_wait_secs` and `save_graph_def` do nothing
     here (no graph, no session to create or wait for): setting one logs a
-    warning. `keep_checkpoint_max` and `strategy` are this project's.
+    warning; a `scaffold` with a part set is refused (`hooks.scaffold`).
+    `keep_checkpoint_max` and `strategy` are this project's.
     """
+    check_scaffold(scaffold, "MonitoredTrainingSession")
     ignored = [name for name, value, default in (
-        ("master", master, ""), ("scaffold", scaffold, None), ("config", config, None),
+        ("master", master, ""), ("config", config, None),
         ("stop_grace_period_secs", stop_grace_period_secs, 120),
         ("max_wait_secs", max_wait_secs, 7200), ("save_graph_def", save_graph_def, True))
         if value != default]

@@ -27,6 +27,7 @@ from . import summary as _summary
 
 from .basic_session_run_hooks import BEFORE_SAVE, SecondOrStepTimer
 from .event_files import EVENT_FILE_PATTERN
+from .scaffold import check_scaffold
 from .session_run_hook import SessionRunArgs, SessionRunHook
 
 logger = logging.getLogger(__name__)
@@ -348,8 +349,9 @@ class SummarySaverHook(_WritesSummaries):
     at the first (TensorBoard then drops what an interrupted run wrote past
     it). `summary_op` (TF: the summary tensor
     to run) here names the tags to write, a string or a list; default all.
-    `scaffold` is accepted for compatibility and unused. The
-    Estimator adds this hook on the chief only.
+    `scaffold` is accepted empty (one with a part set, its `summary_op`,
+    is refused: `hooks.scaffold`). The Estimator adds this hook on the
+    chief only.
     """
 
     def __init__(self, save_steps: Optional[int] = None, save_secs: Optional[float] = None,
@@ -360,6 +362,7 @@ class SummarySaverHook(_WritesSummaries):
                              f"be given, got save_steps={save_steps}, save_secs={save_secs}")
         if scaffold is not None and summary_op is not None:
             raise ValueError("SummarySaverHook: give at most one of scaffold or summary_op")
+        check_scaffold(scaffold, "SummarySaverHook")
         super().__init__("SummarySaverHook", output_dir, summary_writer)
         if not self._has_writer():
             raise ValueError("SummarySaverHook: one of output_dir or summary_writer "

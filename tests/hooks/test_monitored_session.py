@@ -89,6 +89,33 @@ def test_exception_skips_end_and_propagates():
     assert model_scope._current is None
 
 
+class _FailsToSetUp(Recorder):
+    def after_create_session(self, session, coord):
+        super().after_create_session(session, coord)
+        try:
+            raise ValueError("setup failed")
+        except ValueError as e:
+            coord.request_stop(e)
+
+
+def test_a_hooks_request_stop_with_an_error_raises_it_after_the_ends_as_tf(tmp_path):
+    """`coord.request_stop(e)` in after_create_session: no step, the hooks'
+    `end`, then `train` raises `e` (TF 2.15: the Coordinator's join). It
+    stopped training as if done."""
+    hook = _FailsToSetUp()
+    e = est.Estimator(_linear_model_fn, model_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="^setup failed$"):
+        e.train(lambda: [({"x": torch.ones(2, 1)}, torch.ones(2, 1))] * 5, hooks=[hook])
+    assert hook.calls == ["begin", ("after_create_session", 0), ("end", 0)]
+
+
+def _linear_model_fn(features, labels, mode):
+    net = est.get_module("net", lambda: torch.nn.Linear(1, 1))
+    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+    return est.EstimatorSpec(mode, loss=loss,
+                             train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+
+
 def test_eval_mode_does_not_increment_the_step():
     with session([], est.ModeKeys.EVAL) as sess:
         sess.run(step)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 import zlib
 
 import numpy as np
@@ -350,6 +351,18 @@ def test_bad_summary_calls_are_clear_errors(call, error, message):
                                       summary_op="a"), "at most one of scaffold or summary_op"),
     (lambda d: hooks.SummarySaverHook(save_steps=1, output_dir=d, summary_op=[3]),
      "summary_op names the tags"),
+    # a ported tf.train.Scaffold's parts, which would be ignored
+    (lambda d: hooks.SummarySaverHook(save_steps=1, output_dir=d, scaffold=types.SimpleNamespace(
+        summary_op="merged")), r"SummarySaverHook: scaffold's summary_op cannot run here "
+                               r".*SummarySaverHook\(summary_op=\[tags\]\) picks some"),
+    (lambda d: hooks.CheckpointSaverHook(d, save_steps=1, scaffold=types.SimpleNamespace(
+        saver="a Saver(max_to_keep=None)")),
+     r"CheckpointSaverHook: scaffold's saver cannot run here .*"
+     r"CheckpointSaverHook\(saver=checkpoint.Saver\(dir, max_to_keep=...\)\)"),
+    (lambda d: hooks.MonitoredTrainingSession(checkpoint_dir=d, scaffold=types.SimpleNamespace(
+        init_fn=lambda scaffold, session: None, saver=None)),
+     r"MonitoredTrainingSession: scaffold's init_fn cannot run here .*warm_start_from\. "
+     r"Leave scaffold out"),
     (lambda d: hooks.SummarySaverHook(save_steps=1, summary_writer=d), "must be a torch"),
     (lambda d: hooks.SummarySaverHook(save_steps=0, output_dir=d), "every_steps must be > 0"),
     (lambda d: hooks.StepCounterHook(every_n_steps=None), "exactly one of every_n_steps"),
