@@ -5,9 +5,10 @@ it read, and the optimizers' sparse applies update those rows alone (a row
 read whose gradient is zero included). A dense gradient says only which rows
 are non-zero, so a lookup notes the ids it read on the table (`note`: kept
 as they are, made a mask of rows when an optimizer asks, `rows`), and
-they are cleared when an optimizer steps the table (`stepped`) or a step
-is skipped (`clear`): the rows of several micro-batches before a step are
-all its rows. A table made by a feature column is declared where it is
+they are cleared when an optimizer steps the table (`stepped`), a step
+is skipped (`clear`) or a lookup after a backward pass finds the table's
+gradient set aside: the rows of several micro-batches before a step are
+all its rows, those of a gradient set aside are not. A table made by a feature column is declared where it is
 made (`declare`): under a data-parallel strategy the Estimator's step makes
 its rows the union over the replicas (`agree`), as TF's reduction of
 IndexedSlices gathers every replica's rows, while an optimizer asks for
@@ -29,6 +30,7 @@ _UNASKED = "_rows_read_unasked"  # on it: no optimizer asks for them (torch's ow
 _NOTES = "_rows_read_notes"    # on it: notes since an optimizer last asked or cleared
 _ASKED = "_rows_read_asked"    # on it: an optimizer asked for its rows since `asks`
 _SINCE_ASKED = "_rows_read_since_asked"  # on it: agreements in a row nobody asked for
+_BACKWARD = "_rows_read_backward"  # on it: a backward pass reached it since the last note
 _PENDING = 64                  # ids kept as they are before they are made the mask
 _UNASKED_AFTER = 4096          # notes nothing asked for before a table's are not kept
 _LEFT_OUT_AFTER = 100          # agreements nobody asked for before a table is left out
@@ -55,6 +57,14 @@ def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None
     pending = d.get(_IDS)
     if pending is None:
         pending = d[_IDS] = []
+        table.register_post_accumulate_grad_hook(_backward_reached)
+    elif d.get(_BACKWARD):   # the first lookup since a backward pass reached the table:
+        d[_BACKWARD] = False
+        if table.grad is None:   # its gradient set aside since (a step not taken with
+            pending.clear()      # `.grad = None`, zero_grad): so are the rows read for it
+            if _ROWS in d:
+                d[_ROWS].zero_()
+            d[_AGREED] = False
     pending.append((ids, first_row))
     d[_NOTES] = d.get(_NOTES, 0) + 1
     if d[_NOTES] > _UNASKED_AFTER:   # nothing asks for them (an optimizer of torch's):
@@ -62,6 +72,10 @@ def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None
         d[_UNASKED] = True
     elif len(pending) > _PENDING:
         _mask(table)
+
+
+def _backward_reached(table: torch.Tensor) -> None:
+    table.__dict__[_BACKWARD] = True
 
 
 def noted(table: torch.Tensor) -> bool:
@@ -146,7 +160,13 @@ def agree(declared: List[torch.Tensor], group=None) -> None:
     all-reduce. A table whose rows no replica's optimizer asked for in its
     last 100 agreements (one of torch's optimizers steps it: see `asks`) is
     left out until one asks again (that step, the rows with a gradient)."""
-    declared = [t for t in declared if t.__dict__.get(_SINCE_ASKED, 0) < _LEFT_OUT_AFTER]
+    kept = []
+    for table in declared:
+        if table.__dict__.get(_SINCE_ASKED, 0) < _LEFT_OUT_AFTER:
+            kept.append(table)
+        else:   # (each replica's own rows now)
+            setattr(table, _AGREED, False)
+    declared = kept
     if not declared:
         return
     masks = [_mask(t) for t in declared]

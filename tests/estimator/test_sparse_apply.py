@@ -320,6 +320,110 @@ def test_a_table_whose_rows_no_optimizer_asks_for_on_replicas(tmp_path, kind):
     assert _rows_touched(rms) == list(range(6))
 
 
+class _LateTable(torch.nn.Module):
+    """A declared table read by two lookups a step, or as
+    `nn.Embedding(sparse=True)` (TF's IndexedSlices): the reference."""
+
+    def __init__(self, sparse=False):
+        super().__init__()
+        self.weight = torch.nn.Parameter(
+            torch.randn(4000, 3, generator=torch.Generator().manual_seed(0)) * 0.1)
+        self.sparse = sparse
+        if not sparse:
+            est.optimizers.looked_up(self.weight)
+
+    def forward(self, ids):
+        if self.sparse:
+            return torch.nn.functional.embedding(ids, self.weight, sparse=True)
+        out = []
+        for j in range(ids.shape[1]):   # (two lookups a step: the rows of both)
+            est.optimizers.looked_up(self.weight, ids[:, j])
+            out.append(self.weight[ids[:, j]])
+        return torch.stack(out, 1)
+
+
+def _late_model_fn(first_step, sparse=False, accumulate=False, zero_first=False):
+    """A head trained from the first step, a table by its own RMSProp from
+    `first_step` (kept from the steps before, its gradients set to None;
+    `accumulate`: added up until then); `zero_first`: the first lookup's
+    rows get zero gradients (read all the same: TF's apply updates them)."""
+    def model_fn(features, labels, mode):
+        table = est.get_module("emb", lambda: _LateTable(sparse))
+        head = est.get_module("head", lambda: torch.nn.Linear(3, 1))
+        x = table(torch.as_tensor(features["ids"]))
+        x = x[:, 1] + (0.0 if zero_first else 1.0) * x[:, 0]
+        loss = ((head(x).squeeze(1) - torch.as_tensor(labels)) ** 2).mean()
+        h = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.05), name="head",
+                              var_list=head)
+        t = est.get_optimizer(lambda p: est.optimizers.RMSProp(p, 0.05), name="emb",
+                              var_list=table)
+        step = est.get_global_step()
+
+        def train_op():
+            loss.backward()
+            h.step()
+            if step >= first_step:
+                t.step()
+            h.zero_grad()
+            if step >= first_step or not accumulate:
+                t.zero_grad()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return model_fn
+
+
+def _train_late(model_dir, batches, first_step, strategy=None, sparse=False,
+                accumulate=False, zero_first=False):
+    config = est.RunConfig(model_dir=str(model_dir), train_distribute=strategy,
+                           log_step_count_steps=None, tf_random_seed=3)
+    e = est.Estimator(_late_model_fn(first_step, sparse, accumulate, zero_first), config=config)
+    e.train(lambda: [({"ids": np.array(i, dtype=np.int64)}, np.array(y, np.float32))
+                     for i, y in batches])
+    return e
+
+
+def _late_batches(n):
+    rng = np.random.RandomState(1)
+    return [(rng.randint(0, 4000, (2, 2)).tolist(), rng.randn(2).tolist()) for _ in range(n)]
+
+
+def test_rows_read_while_a_table_is_kept_from_training_are_not_stepped_later(tmp_path):
+    """A table kept from training (its gradient set to None) for 4 steps,
+    then stepped: its first step updates the rows that step read, as TF's
+    sparse apply (the rows read since the first step were all updated:
+    RMSProp's mean square of rows read only then decayed), those of both its
+    lookups (one with zero gradients)."""
+    batches = _late_batches(6)
+    noted = _train_late(tmp_path / "noted", batches, 4, zero_first=True)
+    sparse = _train_late(tmp_path / "sparse", batches, 4, sparse=True, zero_first=True)
+    for name in sparse.get_variable_names():
+        np.testing.assert_allclose(noted.get_variable_value(name),
+                                   sparse.get_variable_value(name), rtol=1e-6, err_msg=name)
+    rms = noted.get_variable_value("emb/emb/weight/rms")
+    assert _rows_touched(rms) == sorted({i for ids, _ in batches[4:] for row in ids
+                                         for i in row})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["mirrored", "central"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_table_first_stepped_after_its_rows_were_left_out_on_replicas(
+        tmp_path, kind, accumulate):
+    """A declared table left out of the replicas' agreement (for 100 steps
+    no optimizer asked for its rows), then stepped by RMSProp from step 104,
+    its gradients set aside or added up until then: as in one process
+    (before, with them set aside, each replica took its own rows read since
+    the first step, as agreed: the replicas updated different rows)."""
+    batches = _late_batches(2 * 106)
+    replicas = _train_late(tmp_path / "replicas", batches, 104, _strategy(kind),
+                           accumulate=accumulate)
+    one = _train_late(tmp_path / "one", _pairs(batches), 104, accumulate=accumulate)
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(replicas.get_variable_value(name),
+                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
 def _rows_touched(rms):
     return [i for i, row in enumerate(np.asarray(rms).reshape(len(rms), -1)) if (row != 1.0).any()]
 
