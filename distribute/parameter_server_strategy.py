@@ -418,6 +418,7 @@ class _ParameterServerExtended(StrategyExtended):
                 groups[ps].append((index, hparams, i))
         self._client.ensure_optimizer(name, type(optimizer), optimizer.defaults, groups)
         self._optimizers[name] = (optimizer, variables)
+        self._gathered = None   # (a snapshot without it)
         self._sent_hparams[name] = _hparams(optimizer)
         optimizer.step = types.MethodType(_pushing_step(self, name), optimizer)
         optimizer.register_state_dict_post_hook(self._optimizer_state_hook(name))
@@ -499,6 +500,7 @@ class _ParameterServerExtended(StrategyExtended):
                         per_ps[part.ps][part.id] = {k: ps_placement.slice_of(v, part, var)
                                                     for k, v in state.items()}
                 self._client.set_optimizer_state(name, per_ps)
+                self._gathered = None
             optimizer.state.clear()
         return hook
 
@@ -634,9 +636,12 @@ class _ParameterServerExtended(StrategyExtended):
         return out
 
     def run_train_op(self, train_op: Callable, loss=None) -> None:
-        if self._client is not None and self._scope is not None:
-            self._prefetch_ticket()
+        if self._client is None or self._scope is None:
+            return train_op()
+        self._prefetch_ticket()
         train_op()
+        if self._ticket is None:   # no optimizer stepped (gradient accumulation): the
+            self._step_ticket()    # global step counts the call all the same
 
     def all_agree_to_stop(self, stop: bool, preempted: bool = False) -> bool:
         """After each step: the step's ticket is done; stop when the global

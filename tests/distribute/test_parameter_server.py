@@ -317,6 +317,26 @@ def test_a_users_model_on_two_ps_tasks_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_gradient_accumulation_on_ps_tasks_counts_calls_as_one_process(tmp_path):
+    """A callable train_op stepping every second call: the global step
+    counts the calls (batches), as in one process, and the weights are
+    one process's (the ps counted the pushes: 19 calls to reach step 10)."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    config = est.RunConfig(model_dir=str(here), tf_random_seed=7, save_checkpoints_steps=50,
+                           log_step_count_steps=None)
+    a = est.Estimator(ps_task.user_model_fn, config=config, params={"every": 2})
+    a.train(ps_task.train_input_fn, max_steps=20)
+    status, output = _launch(there, "--steps", "20", "--user-model", "--every", "2",
+                             workers=0, ps=2)
+    assert status == 0, output
+    b = est.Estimator(ps_task.user_model_fn, model_dir=str(there), params={"every": 2})
+    assert b.get_variable_value("global_step") == 20
+    for name in a.get_variable_names():
+        np.testing.assert_allclose(a.get_variable_value(name), b.get_variable_value(name),
+                                   rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.slow
 def test_a_list_warm_start_on_ps_tasks_continues_as_one_process(tmp_path):
     """A chief alone on 2 ps tasks warm-started with `[".*"]` from a
     one-process checkpoint of step 20: TF's list form takes every variable,
@@ -334,6 +354,32 @@ def test_a_list_warm_start_on_ps_tasks_continues_as_one_process(tmp_path):
     for name in a.get_variable_names():
         np.testing.assert_array_equal(a.get_variable_value(name), b.get_variable_value(name),
                                       err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_list_warm_start_of_two_optimizers_on_ps_tasks_continues_as_one_process(tmp_path):
+    """DNNLinearCombinedClassifier (two optimizers) warm-started with `[".*"]`
+    from a one-process checkpoint on 2 ps tasks continues as the one process
+    resumed (it failed: KeyError 'linear_optimizer', the checkpoint's
+    gathering cached before the second optimizer was made)."""
+    def single(model_dir, steps):
+        config = est.RunConfig(model_dir=str(model_dir), tf_random_seed=7,
+                               save_checkpoints_steps=50, log_step_count_steps=None)
+        estimator = ps_task.canned_estimator(config)
+        estimator.train(ps_task.train_input_fn, max_steps=steps)
+        return estimator
+    here, there = tmp_path / "here", tmp_path / "there"
+    single(here, 20)
+    a = single(here, 40)
+    status, output = _launch(there, "--steps", "40", "--partition", "--canned", "--warm-start",
+                             str(here / "model.ckpt-20"), workers=0, ps=2)
+    assert status == 0, output
+    b = ps_task.canned_estimator(est.RunConfig(model_dir=str(there)))
+    names = [n for n in a.get_variable_names() if not n.startswith("eval")]
+    assert "linear_optimizer/linear/linear_model/x/weights/accum" in names
+    for name in names:
+        np.testing.assert_allclose(a.get_variable_value(name), b.get_variable_value(name),
+                                   rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 @pytest.mark.slow

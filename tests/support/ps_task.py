@@ -6,7 +6,7 @@ Run by the launcher (estimator.launch) with TF_CONFIG set:
     python tests/support/ps_task.py MODEL_DIR --steps 200 [--legacy] [--die-at STEP]
         [--partition] [--placement by_size] [--out OUT_DIR] [--step-secs S]
         [--kill-ps-at STEP] [--decay-steps N] [--batch-norm] [--canned] [--canned-tables]
-        [--warm-start CKPT] [--user-model]
+        [--warm-start CKPT] [--user-model [--every K]]
 
 Trains a small MLP classifier (est.get_module "mlp") with Adam under
 train_and_evaluate. `--legacy` gives no train_distribute (TF_CONFIG's ps
@@ -21,8 +21,9 @@ trains `canned_estimator` (a DNNLinearCombinedClassifier: Ftrl and Adagrad
 on the ps tasks) instead of the MLP, `--canned-tables` its variant with
 bucketized tables under RMSProp and Ftrl; `--warm-start CKPT` warm-starts every
 variable from CKPT (`vars_to_warm_start=[".*"]`); `--user-model` trains
-`user_model_fn` instead. Each task writes its pid to
-MODEL_DIR/<task type><index>.pid (chief0.pid, ps1.pid, ...).
+`user_model_fn` instead (`--every K`: its optimizers step every K-th call).
+Each task writes its pid to MODEL_DIR/<task type><index>.pid (chief0.pid,
+ps1.pid, ...).
 """
 import argparse
 import json
@@ -118,14 +119,17 @@ def user_model_fn(features, labels, mode, params):
     sparse = est.get_optimizer(lambda p: est.optimizers.Ftrl(p, 0.1), name="emb",
                                var_list=emb)
 
-    def train_op():
+    every, step = params.get("every") or 1, est.get_global_step()
+
+    def train_op():   # (`every` > 1: gradient accumulation, a step every that many calls)
         loss.backward()
-        opt.step()
-        sparse.step()
+        if step % every == every - 1:
+            opt.step()
+            sparse.step()
     return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def canned_estimator(config, tables=False):
+def canned_estimator(config, tables=False, warm_start_from=None):
     """Wide & deep over the features, with TF1's two default optimizers;
     `tables`: over the features cut in 82 buckets each too (a linear table
     under RMSProp, an embedding table under Ftrl: TF's sparse applies leave
@@ -134,12 +138,14 @@ def canned_estimator(config, tables=False):
     if not tables:
         return est.DNNLinearCombinedClassifier(
             linear_feature_columns=[numeric], dnn_feature_columns=[numeric],
-            dnn_hidden_units=[16], n_classes=CLASSES, config=config)
+            dnn_hidden_units=[16], n_classes=CLASSES, config=config,
+            warm_start_from=warm_start_from)
     buckets = est.feature_column.bucketized_column(numeric, list(np.linspace(-4, 4, 81)))
     return est.DNNLinearCombinedClassifier(
         linear_feature_columns=[buckets], linear_optimizer="RMSProp",
         dnn_feature_columns=[numeric, est.feature_column.embedding_column(buckets, 3)],
-        dnn_optimizer="Ftrl", dnn_hidden_units=[16], n_classes=CLASSES, config=config)
+        dnn_optimizer="Ftrl", dnn_hidden_units=[16], n_classes=CLASSES, config=config,
+        warm_start_from=warm_start_from)
 
 
 class _DieAt(hooks.SessionRunHook):
@@ -219,6 +225,7 @@ def main():
     parser.add_argument("--canned-tables", action="store_true")
     parser.add_argument("--warm-start")
     parser.add_argument("--user-model", action="store_true")
+    parser.add_argument("--every", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     strategy = None
@@ -231,10 +238,11 @@ def main():
                            tf_random_seed=7, save_checkpoints_steps=50,
                            log_step_count_steps=50)
     warm_start = args.warm_start and est.WarmStartSettings(args.warm_start, [".*"])
-    estimator = canned_estimator(config, args.canned_tables) if (
+    estimator = canned_estimator(config, args.canned_tables, warm_start) if (
         args.canned or args.canned_tables) else est.Estimator(
         user_model_fn if args.user_model else model_fn, config=config,
-        params={"lr": 3e-3, "decay_steps": args.decay_steps, "batch_norm": args.batch_norm},
+        params={"lr": 3e-3, "decay_steps": args.decay_steps, "batch_norm": args.batch_norm,
+                "every": args.every},
         warm_start_from=warm_start)
     train_hooks = [_Sleep(args.step_secs)] if args.step_secs else []
     if args.die_at and config.task_type == "worker" and config.task_id == 0:
