@@ -262,6 +262,7 @@ class _CollectiveExtended(StrategyExtended):
         self._first_used = []        # [(name, DDP module)] called for the first time in TRAIN
         self._not_called = {}        # {name: DDP module} not called in TRAIN yet
         self._check_due = True       # the next step checks (_check_used)
+        self._called_due = False     # a callable train_op's optimizer step checks (_check_called)
         self._tables_of, self._tables = None, []   # (scope, modules), its tables (lookups)
 
     # -- TF's public surface ---------------------------------------------------------
@@ -468,16 +469,8 @@ class _CollectiveExtended(StrategyExtended):
         together and would fail only at the next forward); so are gradients
         in a module not called (a submodule called directly, past DDP, whose
         gradients DDP would silently leave unaveraged)."""
+        self._check_called()
         strategy = type(self._container_strategy).__name__
-        for name, ddp in self._not_called.items():
-            bypassed = [n for n, p in ddp.module.named_parameters() if p.grad is not None]
-            if bypassed:
-                raise ValueError(
-                    f"module {name!r}: its parameters {', '.join(bypassed)} have gradients "
-                    "but the module was not called in this training step (a submodule "
-                    f"called directly, as `{name}.head(x)`?). Under {strategy} the "
-                    "replicas' gradients are averaged by the module's own call: call the "
-                    "module, or make the part a module of its own (another est.get_module)")
         self._check_due = False
         used, self._first_used = self._first_used, []
         for name, ddp in used:
@@ -495,6 +488,28 @@ class _CollectiveExtended(StrategyExtended):
                     "in the loss: make the part the loss does not use (a head only "
                     "predictions need) a module of its own, another est.get_module, that "
                     "the training step does not call (`if mode != est.ModeKeys.TRAIN`)")
+
+    def _check_called(self) -> None:
+        """Gradients in a module not called (`_check_used`): an error."""
+        strategy = type(self._container_strategy).__name__
+        for name, ddp in self._not_called.items():
+            bypassed = [n for n, p in ddp.module.named_parameters() if p.grad is not None]
+            if bypassed:
+                raise ValueError(
+                    f"module {name!r}: its parameters {', '.join(bypassed)} have gradients "
+                    "but the module was not called in this training step (a submodule "
+                    f"called directly, as `{name}.head(x)`, or a parameter read as "
+                    f"`{name}.weight[ids]`?). Under {strategy} the replicas' gradients are "
+                    "averaged by the module's own call: call the module (its forward "
+                    "doing the reading), or make the part a module of its own (another "
+                    "est.get_module)")
+
+    def _check_called_in_user_step(self, optimizer, args, kwargs) -> None:
+        """Before the first optimizer step of a callable train_op's first
+        training step: `_check_called` (DDP's own error stands for the rest)."""
+        if self._user_step and self._called_due:
+            self._called_due = False
+            self._check_called()
 
     def _frozen_since(self, name: str, ddp) -> Optional[ValueError]:
         """The error for `ddp`'s parameters frozen (requires_grad False) after
@@ -532,6 +547,7 @@ class _CollectiveExtended(StrategyExtended):
         self._synchronized.add(optimizer)
         if self._group is not None:
             self._hook_user_steps(optimizer)
+            optimizer.register_step_pre_hook(self._check_called_in_user_step)
             frozen = [p for group in optimizer.param_groups for p in group["params"]
                       if id(p) in self._frozen_at_wrap]
             if frozen:   # (one check a step, only for such an optimizer)
@@ -599,12 +615,13 @@ class _CollectiveExtended(StrategyExtended):
             # the moving buffers' mean after it: its backward needs them as
             # the forward pass left them.
             moved_late = self._finish_step(buffers=False)
-            self._first_used, self._check_due = [], False   # (DDP's own error stands)
+            self._called_due = self._check_due   # (the rest: DDP's own error stands)
+            self._first_used, self._check_due = [], False
             self._user_step = True
             try:
                 train_op()
             finally:
-                self._user_step = False
+                self._user_step = self._called_due = False
             self._moving_buffers.finish(self._group, step_made=True, moved_late=moved_late)
         except RuntimeError as e:
             raise self._explain(e, "the train_op") from e

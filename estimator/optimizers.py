@@ -56,8 +56,11 @@ def looked_up(param: torch.Tensor, ids: Optional[torch.Tensor] = None) -> None:
     The feature columns' tables (an embedding column's
     ``embedding_weights``, a linear model's categorical ``weights``) do this
     themselves; a table of your own read with ``param[ids]`` may
-    (``nn.Embedding(sparse=True)``, a sparse gradient, needs nothing).
-    Nothing without gradients or for a frozen table.
+    (``nn.Embedding(sparse=True)``, a sparse gradient, needs nothing): read
+    it in its module's forward, which under MirroredStrategy averages its
+    gradients over the replicas. Nothing without gradients or for a frozen
+    table; the rows noted while a table's gradient is set aside (set to
+    None before a step it does not take) are dropped with it.
 
     `looked_up(param)`, without ids, where the table is made (the module's
     factory): under a data-parallel strategy the Estimator's step then takes

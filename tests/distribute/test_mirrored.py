@@ -380,29 +380,39 @@ def _weight_decay_model_fn(features, labels, mode, params):
     out = net[2](net[1](net[0](x))) if params["direct"] else net(x)
     loss = (torch.nn.functional.mse_loss(out, labels)
             + 1e-2 * net[0].weight.pow(2).sum() / 2 + 0 * len(net))
-    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
-        lambda p: torch.optim.SGD(p, lr=0.1)))
+    optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+
+    def train_op():
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return est.EstimatorSpec(mode, loss=loss,
+                             train_op=train_op if params.get("callable") else optimizer)
 
 
 def test_a_module_s_layers_are_reached_as_in_one_process(tmp_path):
     """`est.get_module` gives a DDP wrapper under Mirrored: `net[0]` (or
     `net.head`) failed there while it worked in one process. Now it works, and
     the run equals one process; calling the layers one by one, past DDP (whose
-    gradients it would leave unaveraged), is refused at the first step."""
+    gradients it would leave unaveraged), is refused at the first step, with
+    a callable train_op too."""
     data = batches(n=64, batch_size=8)
 
-    def build(name, strategy, direct=False):
-        return est.Estimator(_weight_decay_model_fn, params={"direct": direct},
+    def build(name, strategy, direct=False, callable_train_op=False):
+        return est.Estimator(_weight_decay_model_fn,
+                             params={"direct": direct, "callable": callable_train_op},
                              config=est.RunConfig(model_dir=str(tmp_path / name),
                                                   train_distribute=strategy, tf_random_seed=3))
     two, one = build("two", STRATEGIES["mirrored"]()), build("one", None)
     two.train(lambda: data, steps=3)
     one.train(lambda: concatenated(data, 2), steps=3)
     assert_same_variables(two, one)
-    with pytest.raises(ValueError, match=r"module 'net': its parameters 0.weight, 0.bias, "
-                                         r"2.weight, 2.bias have gradients but the module "
-                                         r"was not called"):
-        build("direct", STRATEGIES["mirrored"](), direct=True).train(lambda: data, steps=3)
+    for callable_train_op in (False, True):   # (with a callable train_op, the replicas
+        with pytest.raises(ValueError, match=r"module 'net': its parameters 0.weight, 0.bias, "
+                                             r"2.weight, 2.bias have gradients but the module "
+                                             r"was not called"):   # trained apart, unsaid)
+            build(f"direct{callable_train_op}", STRATEGIES["mirrored"](), direct=True,
+                  callable_train_op=callable_train_op).train(lambda: data, steps=3)
 
 
 _COLORS = {"red": 0, "green": 1, "blue": 2}
