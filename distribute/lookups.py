@@ -8,12 +8,12 @@ as they are, made a mask of rows when an optimizer asks, `rows`), and
 they are cleared when an optimizer steps the table (`stepped`), a step
 is skipped (`clear`) or a lookup after a backward pass finds the table's
 gradient set aside: the rows of several micro-batches before a step are
-all its rows, those of a gradient set aside are not. A table made by a feature column is declared where it is
-made (`declare`): under a data-parallel strategy the Estimator's step makes
-its rows the union over the replicas (`agree`), as TF's reduction of
-IndexedSlices gathers every replica's rows, while an optimizer asks for
-them (`asks`); a table only noted is known to each replica alone (`agreed`
-is False).
+all its rows, those of a gradient set aside are not. A table made by a
+feature column is declared where it is made (`declare`): under a
+data-parallel strategy the Estimator's step makes its rows the union over
+the replicas (`agree`), as TF's reduction of IndexedSlices gathers every
+replica's rows, while an optimizer asks for them (`asks`); a table only
+noted is known to each replica alone (`agreed` is False).
 """
 from __future__ import annotations
 
