@@ -356,21 +356,24 @@ def test_a_list_warm_start_on_ps_tasks_continues_as_one_process(tmp_path):
                                       err_msg=name)
 
 
+def _single_canned(model_dir, steps):
+    """`ps_task.canned_estimator` trained in one process to `steps`."""
+    config = est.RunConfig(model_dir=str(model_dir), tf_random_seed=7,
+                           save_checkpoints_steps=50, log_step_count_steps=None)
+    estimator = ps_task.canned_estimator(config)
+    estimator.train(ps_task.train_input_fn, max_steps=steps)
+    return estimator
+
+
 @pytest.mark.slow
 def test_a_list_warm_start_of_two_optimizers_on_ps_tasks_continues_as_one_process(tmp_path):
     """DNNLinearCombinedClassifier (two optimizers) warm-started with `[".*"]`
     from a one-process checkpoint on 2 ps tasks continues as the one process
     resumed (it failed: KeyError 'linear_optimizer', the checkpoint's
     gathering cached before the second optimizer was made)."""
-    def single(model_dir, steps):
-        config = est.RunConfig(model_dir=str(model_dir), tf_random_seed=7,
-                               save_checkpoints_steps=50, log_step_count_steps=None)
-        estimator = ps_task.canned_estimator(config)
-        estimator.train(ps_task.train_input_fn, max_steps=steps)
-        return estimator
     here, there = tmp_path / "here", tmp_path / "there"
-    single(here, 20)
-    a = single(here, 40)
+    _single_canned(here, 20)
+    a = _single_canned(here, 40)
     status, output = _launch(there, "--steps", "40", "--partition", "--canned", "--warm-start",
                              str(here / "model.ckpt-20"), workers=0, ps=2)
     assert status == 0, output
@@ -387,16 +390,10 @@ def test_a_canned_wide_and_deep_on_two_ps_tasks_equals_one_process(tmp_path):
     """DNNLinearCombinedClassifier (Ftrl and Adagrad, each over its part, both
     rebuilt on the ps tasks from their hyperparameters), one trainer on 2 ps
     tasks from a one-process checkpoint: the weights of one process."""
-    def single(model_dir, steps):
-        config = est.RunConfig(model_dir=str(model_dir), tf_random_seed=7,
-                               save_checkpoints_steps=50, log_step_count_steps=None)
-        estimator = ps_task.canned_estimator(config)
-        estimator.train(ps_task.train_input_fn, max_steps=steps)
-        return estimator
     here, there = tmp_path / "here", tmp_path / "there"
-    single(here, 20)
-    single(there, 20)
-    a = single(here, 60)
+    _single_canned(here, 20)
+    _single_canned(there, 20)
+    a = _single_canned(here, 60)
     status, output = _launch(there, "--steps", "60", "--partition", "--canned", workers=0, ps=2)
     assert status == 0, output
     b = ps_task.canned_estimator(est.RunConfig(model_dir=str(there)))

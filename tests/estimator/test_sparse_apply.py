@@ -127,6 +127,13 @@ def _strategy(kind):
         cross_device_ops=distribute.ReductionToOneDevice() if kind == "to_one" else None)
 
 
+def _assert_same_variables(replicas, one):
+    for name in one.get_variable_names():
+        np.testing.assert_allclose(replicas.get_variable_value(name),
+                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
 def _pairs(batches):
     """One process's batches: each two replicas' batches joined."""
     return [tuple(a + b for a, b in zip(batches[i], batches[i + 1]))
@@ -153,10 +160,7 @@ def test_tables_on_replicas_are_updated_as_in_one_process(tmp_path, kind):
     replicas = train(tmp_path / "replicas", batches, _strategy(kind))
     one = train(tmp_path / "one", _pairs(batches))
     assert replicas.get_variable_value("global_step") == 4
-    for name in one.get_variable_names():
-        np.testing.assert_allclose(replicas.get_variable_value(name),
-                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+    _assert_same_variables(replicas, one)
     assert one.get_variable_value("linear/linear_model/t_embedding/embedding_weights")[3].tolist(
         ) == pytest.approx(TF["embedding"][3])   # "w": read by no batch
 
@@ -196,10 +200,7 @@ def test_a_sparse_embedding_on_replicas_trains_as_in_one_process(tmp_path, kind)
     replicas = train(tmp_path / "replicas", batches, _strategy(kind))
     one = train(tmp_path / "one", [(torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]]))
                                    for a, b in zip(batches[::2], batches[1::2])])
-    for name in one.get_variable_names():
-        np.testing.assert_allclose(replicas.get_variable_value(name),
-                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+    _assert_same_variables(replicas, one)
     # rows 20-49, read by no batch, keep their initial values (dense Ftrl: zeros)
     assert not np.isclose(one.get_variable_value("emb/weight")[20:], 0.0).any()
 
@@ -277,10 +278,7 @@ def test_tables_of_ones_own_on_replicas(tmp_path, kind):
     one = train(tmp_path / "one", [tuple(torch.cat([x, z]) for x, z in zip(
         batches[i], batches[i + 1])) for i in range(0, 8, 2)])
     assert replicas.get_variable_value("global_step") == 4
-    for name in one.get_variable_names():
-        np.testing.assert_allclose(replicas.get_variable_value(name),
-                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+    _assert_same_variables(replicas, one)
     rms = one.get_variable_value("late/late/t/rms")
     assert (rms[6:] == 1.0).all() and (rms[:6] < 1.0).any()   # the rows read alone
 
@@ -312,10 +310,7 @@ def test_a_table_whose_rows_no_optimizer_asks_for_on_replicas(tmp_path, kind):
     replicas = train(tmp_path / "replicas", batches, _strategy(kind))
     one = train(tmp_path / "one", _pairs(batches))
     assert replicas.get_variable_value("global_step") == 110
-    for name in one.get_variable_names():
-        np.testing.assert_allclose(replicas.get_variable_value(name),
-                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+    _assert_same_variables(replicas, one)
     rms = one.get_variable_value("linear_optimizer/linear/linear_model/s/weights/rms")
     assert _rows_touched(rms) == list(range(6))
 
@@ -418,10 +413,7 @@ def test_a_table_first_stepped_after_its_rows_were_left_out_on_replicas(
     replicas = _train_late(tmp_path / "replicas", batches, 104, _strategy(kind),
                            accumulate=accumulate)
     one = _train_late(tmp_path / "one", _pairs(batches), 104, accumulate=accumulate)
-    for name in one.get_variable_names():
-        np.testing.assert_allclose(replicas.get_variable_value(name),
-                                   one.get_variable_value(name), rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+    _assert_same_variables(replicas, one)
 
 
 def _rows_touched(rms):
