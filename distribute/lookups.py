@@ -6,9 +6,9 @@ read whose gradient is zero included). A dense gradient says only which rows
 are non-zero, so a lookup notes the ids it read on the table (`note`: kept
 as they are, made a mask of rows when an optimizer asks, `rows`), and
 they are cleared when an optimizer steps the table (`stepped`), a step
-is skipped (`clear`) or a lookup after a backward pass finds the table's
-gradient set aside: the rows of several micro-batches before a step are
-all its rows, those of a gradient set aside are not. A table made by a
+is skipped (`clear`) or a backward pass finds the table's gradient set
+aside since the last one: the rows of several micro-batches before a step
+are all its rows, those of a gradient set aside are not. A table made by a
 feature column is declared where it is made (`declare`): under a
 data-parallel strategy the Estimator's step makes its rows the union over
 the replicas (`agree`), as TF's reduction of IndexedSlices gathers every
@@ -17,6 +17,7 @@ noted is known to each replica alone (`agreed` is False).
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional
 
 import torch
@@ -30,7 +31,9 @@ _UNASKED = "_rows_read_unasked"  # on it: no optimizer asks for them (torch's ow
 _NOTES = "_rows_read_notes"    # on it: notes since an optimizer last asked or cleared
 _ASKED = "_rows_read_asked"    # on it: an optimizer asked for its rows since `asks`
 _SINCE_ASKED = "_rows_read_since_asked"  # on it: agreements in a row nobody asked for
-_BACKWARD = "_rows_read_backward"  # on it: a backward pass reached it since the last note
+_TAKEN = "_rows_read_taken"    # on it: how many of its first notes a backward pass took
+_MASK_HOLDS = "_rows_read_mask_holds"  # on it: the mask's rows: None, "taken" (by a
+                                       # backward pass) or "mixed" (some not yet)
 _PENDING = 64                  # ids kept as they are before they are made the mask
 _UNASKED_AFTER = 4096          # notes nothing asked for before a table's are not kept
 _LEFT_OUT_AFTER = 100          # agreements nobody asked for before a table is left out
@@ -57,14 +60,8 @@ def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None
     pending = d.get(_IDS)
     if pending is None:
         pending = d[_IDS] = []
-        table.register_post_accumulate_grad_hook(_backward_reached)
-    elif d.get(_BACKWARD):   # the first lookup since a backward pass reached the table:
-        d[_BACKWARD] = False
-        if table.grad is None:   # its gradient set aside since (a step not taken with
-            pending.clear()      # `.grad = None`, zero_grad): so are the rows read for it
-            if _ROWS in d:
-                d[_ROWS].zero_()
-            d[_AGREED] = False
+        table.register_hook(functools.partial(_backward_begins, table))
+        table.register_post_accumulate_grad_hook(_backward_took)
     pending.append((ids, first_row))
     d[_NOTES] = d.get(_NOTES, 0) + 1
     if d[_NOTES] > _UNASKED_AFTER:   # nothing asks for them (an optimizer of torch's):
@@ -74,8 +71,26 @@ def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None
         _mask(table)
 
 
-def _backward_reached(table: torch.Tensor) -> None:
-    table.__dict__[_BACKWARD] = True
+def _backward_begins(table: torch.Tensor, grad: torch.Tensor) -> None:
+    """A backward pass reaches `table`: with its gradient set aside since
+    the last one (`.grad = None`, `zero_grad()`: a step not taken), the rows
+    read for that gradient are dropped with it, those read since kept."""
+    d = table.__dict__
+    taken, holds = d.get(_TAKEN, 0), d.get(_MASK_HOLDS)
+    if table.grad is None and (taken or holds == "taken"):
+        del d[_IDS][:taken]
+        d[_TAKEN] = 0
+        if holds == "taken":   # (a mixed one is kept whole: more than 64 lookups since)
+            d[_ROWS].zero_()
+            d[_MASK_HOLDS] = None
+
+
+def _backward_took(table: torch.Tensor) -> None:
+    """A backward pass added the gradient of the rows noted so far."""
+    d = table.__dict__
+    d[_TAKEN] = len(d[_IDS])
+    if d.get(_MASK_HOLDS):
+        d[_MASK_HOLDS] = "taken"
 
 
 def noted(table: torch.Tensor) -> bool:
@@ -103,7 +118,19 @@ def _mask(table: torch.Tensor) -> torch.Tensor:
     if mask is None or mask.device != table.device:
         mask = torch.zeros(len(table), dtype=torch.bool, device=table.device)
         setattr(table, _ROWS, mask)
-    for ids, first_row in d.get(_IDS, ()):
+    pending = d.get(_IDS, ())
+    if pending:
+        d[_MASK_HOLDS] = "taken" if (d.get(_MASK_HOLDS) in (None, "taken")
+                                     and d.get(_TAKEN, 0) == len(pending)) else "mixed"
+    d[_TAKEN] = 0
+    _fold(mask, pending)
+    d.get(_IDS, []).clear()
+    return mask
+
+
+def _fold(mask: torch.Tensor, notes) -> torch.Tensor:
+    """`mask` with the rows of `notes` ([(ids, first row)]) set."""
+    for ids, first_row in notes:
         if ids.dtype == torch.bool:
             mask |= ids
             continue
@@ -112,7 +139,6 @@ def _mask(table: torch.Tensor) -> torch.Tensor:
             ids = ids - first_row
             ids = ids[(ids >= 0) & (ids < len(mask))]
         mask.index_fill_(0, ids, True)
-    d.get(_IDS, []).clear()
     return mask
 
 
@@ -135,6 +161,8 @@ def clear(table: torch.Tensor) -> None:
     """Forget the rows read (a step made with them, or skipped)."""
     d = table.__dict__
     d.get(_IDS, []).clear()
+    d[_TAKEN] = 0
+    d[_MASK_HOLDS] = None
     if _ROWS in d:
         d[_ROWS].zero_()
     d[_AGREED] = False
@@ -169,14 +197,28 @@ def agree(declared: List[torch.Tensor], group=None) -> None:
     declared = kept
     if not declared:
         return
-    masks = [_mask(t) for t in declared]
-    flat = torch.cat(masks).to(torch.uint8)
+    # Per table: the rows a backward pass took (dropped with a gradient set
+    # aside), those read since, and whether the first holds some of those.
+    parts = []
+    for table in declared:
+        d = table.__dict__
+        pending, taken = d.get(_IDS, []), d.get(_TAKEN, 0)
+        d[_IDS], d[_TAKEN] = pending[:taken], taken
+        mask = _mask(table)
+        parts += [mask, _fold(torch.zeros_like(mask), pending[taken:]),
+                  torch.tensor([d.get(_MASK_HOLDS) == "mixed"], device=mask.device)]
+    flat = torch.cat(parts).to(torch.uint8)
     dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
     offset = 0
-    for table, mask in zip(declared, masks):
-        mask.copy_(flat[offset:offset + len(mask)].bool())
-        setattr(table, _AGREED, True)
-        offset += len(mask)
+    for table, mask, since, _ in zip(declared, parts[::3], parts[1::3], parts[2::3]):
+        n = len(mask)
+        mask.copy_(flat[offset:offset + n].bool())
+        since.copy_(flat[offset + n:offset + 2 * n].bool())
+        d = table.__dict__
+        d[_IDS] = [(since, None)]   # (not taken yet)
+        d[_MASK_HOLDS] = "mixed" if flat[offset + 2 * n] else "taken"
+        d[_AGREED] = True
+        offset += 2 * n + 1
 
 
 def asks(declared: List[torch.Tensor]) -> List[float]:

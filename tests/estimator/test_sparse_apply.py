@@ -337,11 +337,14 @@ class _LateTable(torch.nn.Module):
         return torch.stack(out, 1)
 
 
-def _late_model_fn(first_step, sparse=False, accumulate=False, zero_first=False):
+def _late_model_fn(first_step, sparse=False, accumulate=False, zero_first=False,
+                   zero_grad_first=False):
     """A head trained from the first step, a table by its own RMSProp from
-    `first_step` (kept from the steps before, its gradients set to None;
-    `accumulate`: added up until then); `zero_first`: the first lookup's
-    rows get zero gradients (read all the same: TF's apply updates them)."""
+    `first_step` (kept from the steps before, its gradients set to None at
+    the end of the train_op, or with `zero_grad_first` at its start, as
+    PyTorch's `zero_grad(); backward(); step()`; `accumulate`: added up until
+    then); `zero_first`: the first lookup's rows get zero gradients (read
+    all the same: TF's apply updates them)."""
     def model_fn(features, labels, mode):
         table = est.get_module("emb", lambda: _LateTable(sparse))
         head = est.get_module("head", lambda: torch.nn.Linear(3, 1))
@@ -355,22 +358,25 @@ def _late_model_fn(first_step, sparse=False, accumulate=False, zero_first=False)
         step = est.get_global_step()
 
         def train_op():
+            if zero_grad_first:
+                h.zero_grad()
+                t.zero_grad()
             loss.backward()
             h.step()
             if step >= first_step:
                 t.step()
-            h.zero_grad()
-            if step >= first_step or not accumulate:
-                t.zero_grad()
+            if not zero_grad_first:
+                h.zero_grad()
+                if step >= first_step or not accumulate:
+                    t.zero_grad()
         return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
     return model_fn
 
 
-def _train_late(model_dir, batches, first_step, strategy=None, sparse=False,
-                accumulate=False, zero_first=False):
+def _train_late(model_dir, batches, first_step, strategy=None, **kwargs):
     config = est.RunConfig(model_dir=str(model_dir), train_distribute=strategy,
                            log_step_count_steps=None, tf_random_seed=3)
-    e = est.Estimator(_late_model_fn(first_step, sparse, accumulate, zero_first), config=config)
+    e = est.Estimator(_late_model_fn(first_step, **kwargs), config=config)
     e.train(lambda: [({"ids": np.array(i, dtype=np.int64)}, np.array(y, np.float32))
                      for i, y in batches])
     return e
@@ -381,15 +387,20 @@ def _late_batches(n):
     return [(rng.randint(0, 4000, (2, 2)).tolist(), rng.randn(2).tolist()) for _ in range(n)]
 
 
-def test_rows_read_while_a_table_is_kept_from_training_are_not_stepped_later(tmp_path):
+@pytest.mark.parametrize("zero_grad_first", [False, True])
+def test_rows_read_while_a_table_is_kept_from_training_are_not_stepped_later(
+        tmp_path, zero_grad_first):
     """A table kept from training (its gradient set to None) for 4 steps,
     then stepped: its first step updates the rows that step read, as TF's
     sparse apply (the rows read since the first step were all updated:
     RMSProp's mean square of rows read only then decayed), those of both its
-    lookups (one with zero gradients)."""
+    lookups (one with zero gradients), whether the train_op zeroes the
+    gradients before its backward pass or after its step."""
     batches = _late_batches(6)
-    noted = _train_late(tmp_path / "noted", batches, 4, zero_first=True)
-    sparse = _train_late(tmp_path / "sparse", batches, 4, sparse=True, zero_first=True)
+    noted = _train_late(tmp_path / "noted", batches, 4, zero_first=True,
+                        zero_grad_first=zero_grad_first)
+    sparse = _train_late(tmp_path / "sparse", batches, 4, sparse=True, zero_first=True,
+                         zero_grad_first=zero_grad_first)
     for name in sparse.get_variable_names():
         np.testing.assert_allclose(noted.get_variable_value(name),
                                    sparse.get_variable_value(name), rtol=1e-6, err_msg=name)
@@ -399,20 +410,37 @@ def test_rows_read_while_a_table_is_kept_from_training_are_not_stepped_later(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["mirrored", "central"])
+def test_rows_read_while_a_table_is_kept_from_training_on_replicas(tmp_path, kind):
+    """The test above on 2 replicas, the gradients zeroed first: the rows any
+    replica read for the step the table is first stepped, those of its
+    zero-gradient lookup too (agreed over the replicas), alone; as in one
+    process on the joined batches."""
+    batches = _late_batches(12)
+    how = {"zero_first": True, "zero_grad_first": True}
+    replicas = _train_late(tmp_path / "replicas", batches, 4, _strategy(kind), **how)
+    one = _train_late(tmp_path / "one", _pairs(batches), 4, **how)
+    _assert_same_variables(replicas, one)
+    rms = one.get_variable_value("emb/emb/weight/rms")
+    assert _rows_touched(rms) == sorted({i for ids, _ in batches[8:] for row in ids
+                                         for i in row})
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("kind", ["mirrored", "central"])
-@pytest.mark.parametrize("accumulate", [False, True])
-def test_a_table_first_stepped_after_its_rows_were_left_out_on_replicas(
-        tmp_path, kind, accumulate):
+@pytest.mark.parametrize("how", ["set aside", "zero_grad first", "accumulate"])
+def test_a_table_first_stepped_after_its_rows_were_left_out_on_replicas(tmp_path, kind, how):
     """A declared table left out of the replicas' agreement (for 100 steps
     no optimizer asked for its rows), then stepped by RMSProp from step 104,
     its gradients set aside or added up until then: as in one process
     (before, with them set aside, each replica took its own rows read since
     the first step, as agreed: the replicas updated different rows)."""
     batches = _late_batches(2 * 106)
-    replicas = _train_late(tmp_path / "replicas", batches, 104, _strategy(kind),
-                           accumulate=accumulate)
-    one = _train_late(tmp_path / "one", _pairs(batches), 104, accumulate=accumulate)
+    how = {"accumulate": how == "accumulate", "zero_grad_first": how == "zero_grad first"}
+    replicas = _train_late(tmp_path / "replicas", batches, 104, _strategy(kind), **how)
+    one = _train_late(tmp_path / "one", _pairs(batches), 104, **how)
     _assert_same_variables(replicas, one)
 
 
