@@ -32,8 +32,8 @@ _NOTES = "_rows_read_notes"    # on it: notes since an optimizer last asked or c
 _ASKED = "_rows_read_asked"    # on it: an optimizer asked for its rows since `asks`
 _SINCE_ASKED = "_rows_read_since_asked"  # on it: agreements in a row nobody asked for
 _TAKEN = "_rows_read_taken"    # on it: how many of its first notes a backward pass took
-_MASK_HOLDS = "_rows_read_mask_holds"  # on it: the mask's rows: None, "taken" (by a
-                                       # backward pass) or "mixed" (some not yet)
+# on it: the mask's rows: None, "taken" (by a backward pass) or "mixed" (some not yet)
+_MASK_HOLDS = "_rows_read_mask_holds"
 _PENDING = 64                  # ids kept as they are before they are made the mask
 _UNASKED_AFTER = 4096          # notes nothing asked for before a table's are not kept
 _LEFT_OUT_AFTER = 100          # agreements nobody asked for before a table is left out

@@ -66,9 +66,11 @@ class _Coordinator:
         self.error: Optional[BaseException] = None
 
     def request_stop(self, ex=None):
-        """Stop; `ex` (an exception, or `sys.exc_info()`), the first given, is
-        raised when the session closes, after the hooks' `end` (TF's
-        Coordinator.join)."""
+        """Stop after the step in flight (from a hook's thread too); `ex` (an
+        exception, or `sys.exc_info()`), the first given, is raised when the
+        session closes, after the hooks' `end` (TF's Coordinator.join). The
+        session's close stops it too (a hook's thread waiting on
+        `should_stop()` ends)."""
         if ex is not None and self.error is None:
             self.error = ex[1] if isinstance(ex, tuple) else ex
         self._stop = True
@@ -160,7 +162,7 @@ class MonitoredSession:
         self._quiet = not (self._always_before or self._always_after)   # every hook scheduled
         self._wake_step = self._wake_run = self._wake_time = NEVER
         self._stop = False
-        self._stop_error = None   # a hook's coord.request_stop(ex): raised at the close
+        self._coord = _Coordinator()   # the hooks' `coord`: its stop and error are this one's
         self._uncounted = False   # this step left the global step as it was
         self._entered = False
         self._lock = None   # MonitoredTrainingSession's model_dir lock, released at the end
@@ -176,11 +178,9 @@ class MonitoredSession:
         try:
             for hook in self._hooks:
                 hook.begin()
-            coord = _Coordinator()
             for hook in self._hooks:
-                hook.after_create_session(self._session, coord)
-            self._stop = coord.should_stop()
-            self._stop_error = coord.error
+                hook.after_create_session(self._session, self._coord)
+            self._stop = self._coord.should_stop()
             self._reschedule(self._scheduled)
         except BaseException:
             self._leave()
@@ -192,8 +192,9 @@ class MonitoredSession:
             if exc_type is None or issubclass(exc_type, StopIteration):
                 for hook in self._hooks:
                     hook.end(self._session)
-                if self._stop_error is not None:   # (a hook's coord.request_stop(ex))
-                    raise self._stop_error
+                self._coord.request_stop()
+                if self._coord.error is not None:   # (a hook's coord.request_stop(ex))
+                    raise self._coord.error
             else:   # no `end` on an error (as TF), but work a hook started completes
                 for hook in self._hooks:
                     settle = getattr(hook, "settle", None)
@@ -204,6 +205,7 @@ class MonitoredSession:
                             logger.error("%s could not finish after the error: %s",
                                          type(hook).__name__, e)
         finally:
+            self._coord.request_stop()
             self._leave()
         return exc_type is not None and issubclass(exc_type, StopIteration)
 
@@ -265,7 +267,7 @@ class MonitoredSession:
                     scope.step_uncounted = False
                 else:
                     scope.global_step += 1
-            if (self._agree_to_stop is None and not scope.named_tensors
+            if (self._agree_to_stop is None and not scope.named_tensors and not self._coord._stop
                     and not self._due_after_step() and self._preemption.signalled is None):
                 self._last_outputs, self._last_named = outputs, scope.named_tensors
                 self._session._runs += 1
@@ -341,7 +343,7 @@ class MonitoredSession:
         session._runs += 1
         if woken:
             self._reschedule([h for h in self._scheduled if id(h) in woken])
-        stop = context is not None and context._stop_requested
+        stop = context is not None and context._stop_requested or self._coord._stop
         preempted = self._preemption.signalled is not None
         if self._agree_to_stop is not None:   # every replica stops at one step
             stop = self._agree_to_stop(stop or preempted, preempted)

@@ -1,4 +1,7 @@
 """The session loop: hook call order, fetches by name, stopping, errors."""
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -107,6 +110,57 @@ def test_a_hooks_request_stop_with_an_error_raises_it_after_the_ends_as_tf(tmp_p
     with pytest.raises(ValueError, match="^setup failed$"):
         e.train(lambda: [({"x": torch.ones(2, 1)}, torch.ones(2, 1))] * 5, hooks=[hook])
     assert hook.calls == ["begin", ("after_create_session", 0), ("end", 0)]
+
+
+class _Feeder(Recorder):
+    """TF's Coordinator pattern: a thread started in after_create_session
+    works until `coord.should_stop()`, and reports its error with
+    `coord.request_stop(e)` (`fail_at`: at that iteration)."""
+
+    def __init__(self, fail_at=None):
+        super().__init__()
+        self.fail_at, self.thread = fail_at, None
+
+    def after_create_session(self, session, coord):
+        super().after_create_session(session, coord)
+
+        def work():
+            try:
+                n = 0
+                while not coord.should_stop():
+                    n += 1
+                    if n == self.fail_at:
+                        raise OSError("the feeder failed")
+                    time.sleep(0.005)
+            except OSError as e:
+                coord.request_stop(e)
+        self.thread = threading.Thread(target=work, daemon=True)
+        self.thread.start()
+
+    def after_run(self, run_context, run_values):
+        super().after_run(run_context, run_values)
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("fail_at", [None, 3])
+def test_a_hooks_thread_on_the_coordinator_ends_with_the_session_or_stops_it_as_tf(
+        tmp_path, fail_at):
+    """A thread waiting on `coord.should_stop()` ends when training does (it
+    spun on: the process never exited); its `coord.request_stop(e)` stops
+    training after the step in flight and `train` raises `e` after the
+    hooks' end, as TF 2.15 (training went on to max_steps)."""
+    hook = _Feeder(fail_at)
+    e = est.Estimator(_linear_model_fn, model_dir=str(tmp_path))
+    data = [({"x": torch.ones(2, 1)}, torch.ones(2, 1))] * 200
+    if fail_at is None:
+        e.train(lambda: data, hooks=[hook], max_steps=5)
+        assert e.get_variable_value("global_step") == 5
+    else:
+        with pytest.raises(OSError, match="the feeder failed"):
+            e.train(lambda: data, hooks=[hook])
+        assert e.get_variable_value("global_step") < 100 and hook.calls[-1][0] == "end"
+    hook.thread.join(5)
+    assert not hook.thread.is_alive()
 
 
 def _linear_model_fn(features, labels, mode):
