@@ -144,7 +144,11 @@ class _Replicated(_AnswersForModule, torch.nn.parallel.DistributedDataParallel):
     finished reduction") is said as `_frozen_since(ddp)` finds it: frozen
     after the module was made (a freeze window starting at a later step)."""
 
+    _first_forward = None   # (`_watch_first_use`: called by a training forward)
+
     def forward(self, *args, **kwargs):
+        if self._first_forward is not None and torch.is_grad_enabled():
+            self._first_forward()   # (here, not in a pre-hook: `ddp.forward(x)` counts)
         try:
             return super().forward(*args, **kwargs)
         except RuntimeError as e:
@@ -452,14 +456,13 @@ class _CollectiveExtended(StrategyExtended):
         """Have the first training step that calls `ddp` check that its loss
         reached every trainable parameter (`_check_used`); the hook is removed
         after that forward."""
-        def first_forward(module, args):
-            if torch.is_grad_enabled():
-                handle.remove()
-                self._not_called.pop(name, None)
-                self._first_used.append((name, ddp))
-                self._check_due = True
+        def first_forward():
+            ddp._first_forward = None
+            self._not_called.pop(name, None)
+            self._first_used.append((name, ddp))
+            self._check_due = True
         self._not_called[name] = ddp
-        handle = ddp.register_forward_pre_hook(first_forward)
+        ddp._first_forward = first_forward
 
     def _check_used(self) -> None:
         """After the backward pass of a module's first training step: a

@@ -377,7 +377,8 @@ def _weight_decay_model_fn(features, labels, mode, params):
     net = est.get_module("net", lambda: torch.nn.Sequential(
         torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)))
     x = features["x"]
-    out = net[2](net[1](net[0](x))) if params["direct"] else net(x)
+    out = (net[2](net[1](net[0](x))) if params["direct"] else
+           net.forward(x) if params.get("explicit") else net(x))
     loss = (torch.nn.functional.mse_loss(out, labels)
             + 1e-2 * net[0].weight.pow(2).sum() / 2 + 0 * len(net))
     optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
@@ -395,18 +396,22 @@ def test_a_module_s_layers_are_reached_as_in_one_process(tmp_path):
     `net.head`) failed there while it worked in one process. Now it works, and
     the run equals one process; calling the layers one by one, past DDP (whose
     gradients it would leave unaveraged), is refused at the first step, with
-    a callable train_op too."""
+    a callable train_op too; `net.forward(x)` is a call of the module."""
     data = batches(n=64, batch_size=8)
 
-    def build(name, strategy, direct=False, callable_train_op=False):
+    def build(name, strategy, direct=False, callable_train_op=False, explicit=False):
         return est.Estimator(_weight_decay_model_fn,
-                             params={"direct": direct, "callable": callable_train_op},
+                             params={"direct": direct, "callable": callable_train_op,
+                                     "explicit": explicit},
                              config=est.RunConfig(model_dir=str(tmp_path / name),
                                                   train_distribute=strategy, tf_random_seed=3))
     two, one = build("two", STRATEGIES["mirrored"]()), build("one", None)
     two.train(lambda: data, steps=3)
     one.train(lambda: concatenated(data, 2), steps=3)
     assert_same_variables(two, one)
+    explicit = build("explicit", STRATEGIES["mirrored"](), callable_train_op=True, explicit=True)
+    explicit.train(lambda: data, steps=3)   # (`net.forward(x)`: DDP's forward, refused before)
+    assert_same_variables(explicit, one)
     for callable_train_op in (False, True):   # (with a callable train_op, the replicas
         with pytest.raises(ValueError, match=r"module 'net': its parameters 0.weight, 0.bias, "
                                              r"2.weight, 2.bias have gradients but the module "
