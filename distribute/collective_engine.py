@@ -751,6 +751,12 @@ class _CollectiveExtended(StrategyExtended):
                                    / self._group.world_size)
         return self._loss_mean
 
+    def stop_before_first_step(self) -> bool:
+        if self._group is None:
+            return True
+        self._vote = True   # (carried by the first step, as a hook's stop: no update)
+        return False
+
     def all_agree_to_stop(self, stop: bool, preempted: bool = False) -> bool:
         """Called after every training step: True when this replica stops now,
         and then every replica does at the same global step."""

@@ -154,8 +154,8 @@ class StrategyExtended:
     - input: `distribute_input`, `to_device` (a function, called every step).
     - the model_fn: `in_replica_context(fn)`.
     - the step: `apply_gradients`, `run_train_op`, `reduce_loss`,
-      `all_agree_to_stop` (None on one replica), `preempted`, `set_last_step`,
-      `end_training`.
+      `all_agree_to_stop` (None on one replica), `stop_before_first_step`,
+      `preempted`, `set_last_step`, `end_training`.
     - evaluation: `reduce_metrics`.
     - a ps task: `serve(stop_when)` (parameter-server strategies).
     """
@@ -311,6 +311,13 @@ class StrategyExtended:
     def set_last_step(self, last_step: Optional[int]) -> None:
         """The global step training stops at (StopAtStepHook tells it), for
         strategies whose trainers share one global step (parameter servers)."""
+
+    def stop_before_first_step(self) -> bool:
+        """A stop asked before the first training step (a hook's
+        `coord.request_stop()` in `after_create_session`, maybe on the chief
+        alone): True if this trainer stops at once; a strategy whose replicas
+        agree on each step carries it in the first one (no update made)."""
+        return True
 
     def run_train_op(self, train_op: Callable, loss: Optional[torch.Tensor] = None) -> None:
         """Run a custom `train_op` callable (several optimizers, a GAN step);

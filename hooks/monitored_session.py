@@ -180,7 +180,9 @@ class MonitoredSession:
                 hook.begin()
             for hook in self._hooks:
                 hook.after_create_session(self._session, self._coord)
-            self._stop = self._coord.should_stop()
+            self._stop = self._coord.should_stop() and (
+                self._agree_to_stop is None   # (else every replica stops at its first step)
+                or self._scope.strategy.extended.stop_before_first_step())
             self._reschedule(self._scheduled)
         except BaseException:
             self._leave()

@@ -964,6 +964,28 @@ def test_train_and_evaluate_locally_with_hooks_gathering_in_the_replicas(tmp_pat
     assert len(losses.losses) == 8 and all(np.isfinite(losses.losses))
 
 
+class _StopsAtCreation(hooks.SessionRunHook):
+    def after_create_session(self, session, coord):
+        coord.request_stop()
+
+
+def test_a_chief_hook_stopping_at_session_creation_stops_every_replica(tmp_path):
+    """A training_chief_hooks hook's coord.request_stop() in
+    after_create_session (the chief alone): every replica stops at the
+    first step, which makes no update, as TF's one process stops before it
+    (the chief left, the other replica waited in that step until the
+    collective timeout: 30 minutes by default)."""
+    def model_fn(features, labels, mode, params):
+        spec = regression_model_fn(features, labels, mode, params)
+        return spec._replace(training_chief_hooks=[_StopsAtCreation()])
+    e = est.Estimator(model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), train_distribute=STRATEGIES["mirrored"]()))
+    start = time.monotonic()
+    e.train(lambda: batches(n=16, batch_size=8), steps=10)
+    assert time.monotonic() - start < 20
+    assert e.get_variable_value("global_step") == 0
+
+
 def test_a_users_checkpoint_saver_hook_saves_from_the_chief_alone(tmp_path):
     """TF runs a MirroredStrategy's hooks in one process; here each replica
     runs them, and a user's CheckpointSaverHook saved from both (two writers
