@@ -209,16 +209,19 @@ def agree(declared: List[torch.Tensor], group=None) -> None:
                   torch.tensor([d.get(_MASK_HOLDS) == "mixed"], device=mask.device)]
     flat = torch.cat(parts).to(torch.uint8)
     dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
-    offset = 0
-    for table, mask, since, _ in zip(declared, parts[::3], parts[1::3], parts[2::3]):
+    offset, flags = 0, []
+    for mask, since in zip(parts[::3], parts[1::3]):
         n = len(mask)
         mask.copy_(flat[offset:offset + n].bool())
         since.copy_(flat[offset + n:offset + 2 * n].bool())
+        flags.append(offset + 2 * n)
+        offset += 2 * n + 1
+    mixed = flat[flags].tolist()   # (one read to the host, not one a table)
+    for table, since, holds_mixed in zip(declared, parts[1::3], mixed):
         d = table.__dict__
         d[_IDS] = [(since, None)]   # (not taken yet)
-        d[_MASK_HOLDS] = "mixed" if flat[offset + 2 * n] else "taken"
+        d[_MASK_HOLDS] = "mixed" if holds_mixed else "taken"
         d[_AGREED] = True
-        offset += 2 * n + 1
 
 
 def asks(declared: List[torch.Tensor]) -> List[float]:
