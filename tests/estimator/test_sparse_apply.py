@@ -338,13 +338,14 @@ class _LateTable(torch.nn.Module):
 
 
 def _late_model_fn(first_step, sparse=False, accumulate=False, zero_first=False,
-                   zero_grad_first=False):
+                   zero_grad_first=False, set_to_none=True):
     """A head trained from the first step, a table by its own RMSProp from
     `first_step` (kept from the steps before, its gradients set to None at
     the end of the train_op, or with `zero_grad_first` at its start, as
-    PyTorch's `zero_grad(); backward(); step()`; `accumulate`: added up until
-    then); `zero_first`: the first lookup's rows get zero gradients (read
-    all the same: TF's apply updates them)."""
+    PyTorch's `zero_grad(); backward(); step()`; `set_to_none=False`: zeroed
+    in place; `accumulate`: added up until then); `zero_first`: the first
+    lookup's rows get zero gradients (read all the same: TF's apply updates
+    them)."""
     def model_fn(features, labels, mode):
         table = est.get_module("emb", lambda: _LateTable(sparse))
         head = est.get_module("head", lambda: torch.nn.Linear(3, 1))
@@ -360,7 +361,7 @@ def _late_model_fn(first_step, sparse=False, accumulate=False, zero_first=False,
         def train_op():
             if zero_grad_first:
                 h.zero_grad()
-                t.zero_grad()
+                t.zero_grad(set_to_none=set_to_none)
             loss.backward()
             h.step()
             if step >= first_step:
@@ -368,7 +369,7 @@ def _late_model_fn(first_step, sparse=False, accumulate=False, zero_first=False,
             if not zero_grad_first:
                 h.zero_grad()
                 if step >= first_step or not accumulate:
-                    t.zero_grad()
+                    t.zero_grad(set_to_none=set_to_none)
         return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
     return model_fn
 
@@ -391,20 +392,21 @@ def _late_batches(n):
     return [(rng.randint(0, 4000, (2, 2)).tolist(), rng.randn(2).tolist()) for _ in range(n)]
 
 
+@pytest.mark.parametrize("set_to_none", [True, False])
 @pytest.mark.parametrize("zero_grad_first", [False, True])
 def test_rows_read_while_a_table_is_kept_from_training_are_not_stepped_later(
-        tmp_path, zero_grad_first):
+        tmp_path, zero_grad_first, set_to_none):
     """A table kept from training (its gradient set to None) for 4 steps,
     then stepped: its first step updates the rows that step read, as TF's
     sparse apply (the rows read since the first step were all updated:
     RMSProp's mean square of rows read only then decayed), those of both its
     lookups (one with zero gradients), whether the train_op zeroes the
-    gradients before its backward pass or after its step."""
+    gradients before its backward pass or after its step, setting them to
+    None or zeroing them in place (`zero_grad(set_to_none=False)`)."""
     batches = _late_batches(6)
-    noted = _train_late(tmp_path / "noted", batches, 4, zero_first=True,
-                        zero_grad_first=zero_grad_first)
-    sparse = _train_late(tmp_path / "sparse", batches, 4, sparse=True, zero_first=True,
-                         zero_grad_first=zero_grad_first)
+    how = {"zero_first": True, "zero_grad_first": zero_grad_first, "set_to_none": set_to_none}
+    noted = _train_late(tmp_path / "noted", batches, 4, **how)
+    sparse = _train_late(tmp_path / "sparse", batches, 4, sparse=True, **how)
     for name in sparse.get_variable_names():
         np.testing.assert_allclose(noted.get_variable_value(name),
                                    sparse.get_variable_value(name), rtol=1e-6, err_msg=name)
