@@ -119,7 +119,9 @@ class _PerParameter(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for w in group["params"]:
-                if w.grad is None:
+                if w.grad is None:   # (rows read by lookups the loss did not reach:
+                    if self._rows_alone and lookups.noted(w):   # no gradient, as
+                        lookups.stepped(w)   # TF's, whose apply has no IndexedSlices)
                     continue
                 state = self.state[w]
                 if w.grad.is_sparse:   # a repeated row's gradients summed first,

@@ -414,6 +414,57 @@ def test_rows_read_while_a_table_is_kept_from_training_are_not_stepped_later(
     assert _rows_touched(rms) == _ids_read(batches[4:])
 
 
+def _branch_model_fn(sparse):
+    """A table looked up every step whose lookups reach the loss on even
+    global steps alone (a branch some steps take), one RMSProp for all."""
+    def model_fn(features, labels, mode):
+        table = est.get_module("emb", lambda: _LateTable(sparse))
+        head = est.get_module("head", lambda: torch.nn.Linear(3, 1))
+        x = table(torch.as_tensor(features["ids"])).sum(1)
+        if est.get_global_step() % 2:
+            x = torch.ones_like(x.detach())
+        loss = ((head(x).squeeze(1) - torch.as_tensor(labels)) ** 2).mean()
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: est.optimizers.RMSProp(p, 0.05)))
+    return model_fn
+
+
+def _train_branch(model_dir, batches, sparse=False, strategy=None):
+    e = est.Estimator(_branch_model_fn(sparse), config=est.RunConfig(
+        model_dir=str(model_dir), log_step_count_steps=None, tf_random_seed=3,
+        train_distribute=strategy))
+    e.train(lambda: [({"ids": np.array(i, dtype=np.int64)}, np.array(y, np.float32))
+                     for i, y in batches])
+    return e
+
+
+def test_rows_read_by_lookups_the_loss_does_not_reach_are_not_stepped(tmp_path):
+    """Rows read in a step whose loss does not reach the table have no
+    gradient (TF: no IndexedSlices, nothing applied): the next step updates
+    its own rows alone, not those too."""
+    batches = _late_batches(6)
+    noted = _train_branch(tmp_path / "noted", batches)
+    sparse = _train_branch(tmp_path / "sparse", batches, sparse=True)
+    for name in sparse.get_variable_names():
+        np.testing.assert_allclose(noted.get_variable_value(name),
+                                   sparse.get_variable_value(name), rtol=1e-6, err_msg=name)
+    rms = noted.get_variable_value("optimizer/emb/weight/rms")
+    assert _rows_touched(rms) == _ids_read(batches[::2])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["mirrored", "central"])
+def test_rows_read_by_lookups_the_loss_does_not_reach_on_replicas(tmp_path, kind):
+    """The test above on 2 replicas: as in one process on the joined batches."""
+    batches = _late_batches(12)
+    replicas = _train_branch(tmp_path / "replicas", batches, strategy=_strategy(kind))
+    one = _train_branch(tmp_path / "one", _pairs(batches))
+    _assert_same_variables(replicas, one)
+    rms = one.get_variable_value("optimizer/emb/weight/rms")
+    assert _rows_touched(rms) == _ids_read(_pairs(batches)[::2])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["mirrored", "central"])
