@@ -192,11 +192,13 @@ class MonitoredSession:
     def __exit__(self, exc_type, exc, tb):
         try:
             if exc_type is None or issubclass(exc_type, StopIteration):
-                for hook in self._hooks:
-                    hook.end(self._session)
-                self._coord.request_stop()
-                if self._coord.error is not None:   # (a hook's coord.request_stop(ex))
-                    raise self._coord.error
+                try:
+                    for hook in self._hooks:
+                        hook.end(self._session)
+                finally:   # (TF: the coordinator's join, after the ends, raising or not)
+                    self._coord.request_stop()
+                    if self._coord.error is not None:   # (a hook's coord.request_stop(ex))
+                        raise self._coord.error
             else:   # no `end` on an error (as TF), but work a hook started completes
                 for hook in self._hooks:
                     settle = getattr(hook, "settle", None)

@@ -112,6 +112,23 @@ def test_a_hooks_request_stop_with_an_error_raises_it_after_the_ends_as_tf(tmp_p
     assert hook.calls == ["begin", ("after_create_session", 0), ("end", 0)]
 
 
+class _EndFails(Recorder):
+    def end(self, session):
+        super().end(session)
+        raise RuntimeError("end failed")
+
+
+def test_a_hooks_request_stop_with_an_error_is_raised_over_an_end_s_error_as_tf(tmp_path):
+    """A hook's `end` raising after a `coord.request_stop(e)`: `train` raises
+    `e`, the end's error its context (TF 2.15: the Coordinator's join in the
+    session's close, after the ends)."""
+    e = est.Estimator(_linear_model_fn, model_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="^setup failed$") as raised:
+        e.train(lambda: [({"x": torch.ones(2, 1)}, torch.ones(2, 1))] * 5,
+                hooks=[_FailsToSetUp(), _EndFails()])
+    assert str(raised.value.__context__) == "end failed"
+
+
 class _Feeder(Recorder):
     """TF's Coordinator pattern: a thread started in after_create_session
     works until `coord.should_stop()`, and reports its error with
