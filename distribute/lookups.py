@@ -34,7 +34,6 @@ _SINCE_ASKED = "_rows_read_since_asked"  # on it: agreements in a row nobody ask
 _TAKEN = "_rows_read_taken"    # on it: how many of its first notes a backward pass took
 # on it: the mask's rows: None, "taken" (by a backward pass) or "mixed" (some not yet)
 _MASK_HOLDS = "_rows_read_mask_holds"
-_GRAD_VERSION = "_rows_read_grad_version"  # on it: its gradient's version after a backward pass
 _PENDING = 64                  # ids kept as they are before they are made the mask
 _UNASKED_AFTER = 4096          # notes nothing asked for before a table's are not kept
 _LEFT_OUT_AFTER = 100          # agreements nobody asked for before a table is left out
@@ -74,12 +73,20 @@ def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None
 
 def _backward_begins(table: torch.Tensor, grad: torch.Tensor) -> None:
     """A backward pass reaches `table`: with its gradient set aside since
-    the last one (`.grad = None`, `zero_grad()`: a step not taken; or zeroed
-    in place, `zero_grad(set_to_none=False)`), the rows read for that
-    gradient are dropped with it, those read since kept."""
+    the last one (`.grad = None`, `zero_grad()`: a step not taken), the rows
+    read for that gradient are dropped with it, those read since kept."""
+    if table.grad is None:
+        set_aside(table)
+
+
+def set_aside(table: torch.Tensor) -> None:
+    """`table`'s gradient is set aside (a step not taken): the rows a
+    backward pass took for it are dropped, those read since kept; called by
+    a backward pass finding it None, and by an optimizer zeroing it in place
+    (`zero_grad(set_to_none=False)`) without a step."""
     d = table.__dict__
     taken, holds = d.get(_TAKEN, 0), d.get(_MASK_HOLDS)
-    if (taken or holds == "taken") and _set_aside(table, d):
+    if taken or holds == "taken":
         del d[_IDS][:taken]
         d[_TAKEN] = 0
         if holds == "taken":   # (a mixed one is kept whole: more than 64 lookups since)
@@ -87,23 +94,10 @@ def _backward_begins(table: torch.Tensor, grad: torch.Tensor) -> None:
             d[_MASK_HOLDS] = None
 
 
-def _set_aside(table: torch.Tensor, d: dict) -> bool:
-    """Whether the gradient a backward pass left on `table` is gone: None,
-    or changed in place since and all zeros (a read of the device, made only
-    where rows were taken and no optimizer stepped them)."""
-    grad = table.grad
-    if grad is None:
-        return True
-    if grad._version == d.get(_GRAD_VERSION):
-        return False
-    return not bool((grad._values() if grad.is_sparse else grad).any())
-
-
 def _backward_took(table: torch.Tensor) -> None:
     """A backward pass added the gradient of the rows noted so far."""
     d = table.__dict__
     d[_TAKEN] = len(d[_IDS])
-    d[_GRAD_VERSION] = table.grad._version
     if d.get(_MASK_HOLDS):
         d[_MASK_HOLDS] = "taken"
 

@@ -111,6 +111,16 @@ class _PerParameter(torch.optim.Optimizer):
 
     _rows_alone = True   # TF's sparse apply leaves the rows not in the gradient
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As torch's; gradients zeroed in place (``set_to_none=False``) are
+        set aside as None ones are: the rows read for them are not stepped."""
+        if not set_to_none and self._rows_alone:
+            for group in self.param_groups:
+                for w in group["params"]:
+                    if w.grad is not None and lookups.noted(w):
+                        lookups.set_aside(w)
+        super().zero_grad(set_to_none)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
