@@ -467,14 +467,15 @@ def test_rows_read_by_lookups_the_loss_does_not_reach_on_replicas(tmp_path, kind
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("set_to_none", [True, False])
 @pytest.mark.parametrize("kind", ["mirrored", "central"])
-def test_rows_read_while_a_table_is_kept_from_training_on_replicas(tmp_path, kind):
+def test_rows_read_while_a_table_is_kept_from_training_on_replicas(tmp_path, kind, set_to_none):
     """The test above on 2 replicas, the gradients zeroed first: the rows any
     replica read for the step the table is first stepped, those of its
     zero-gradient lookup too (agreed over the replicas), alone; as in one
     process on the joined batches."""
     batches = _late_batches(12)
-    how = {"zero_first": True, "zero_grad_first": True}
+    how = {"zero_first": True, "zero_grad_first": True, "set_to_none": set_to_none}
     replicas = _train_late(tmp_path / "replicas", batches, 4, _strategy(kind), **how)
     one = _train_late(tmp_path / "one", _pairs(batches), 4, **how)
     _assert_same_variables(replicas, one)
