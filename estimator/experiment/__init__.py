@@ -46,6 +46,7 @@ import difflib
 import inspect
 import logging
 import os
+import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from hooks.files import atomic_write_bytes
@@ -276,15 +277,42 @@ def _absolute_paths(config: dict, model_dir: str) -> dict:
 
 class SaveExperimentHook(SessionRunHook):
     """Writes an experiment's record (`Experiment.save_hook`), atomically,
-    when the training session is created."""
+    when the training session is created. A record there of another
+    experiment (a rerun with other settings) is kept beside it as
+    `experiment.<its time>.yaml`: the checkpoints may be its run's (one
+    failing before its first save writes none)."""
 
     def __init__(self, path: str, text: str):
         self.path, self.text = path, text
 
     def after_create_session(self, session, coord) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        kept = self._keep_other_record()
         atomic_write_bytes(self.path, self.text.encode("utf-8"))
-        logger.info("Saved the resolved experiment to %s", self.path)
+        logger.info("Saved the resolved experiment to %s%s", self.path,
+                    f" (the earlier one, of other settings, kept as {kept})" if kept else "")
+
+    def _keep_other_record(self) -> Optional[str]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                old = f.read()
+            when = time.strftime("%Y%m%dT%H%M%S", time.localtime(os.path.getmtime(self.path)))
+        except (OSError, UnicodeDecodeError):
+            return None   # (none yet, or unreadable: written over as before)
+        if _body(old) == _body(self.text):
+            return None
+        base, ext = os.path.splitext(self.path)
+        kept, n = f"{base}.{when}{ext}", 1
+        while os.path.exists(kept):
+            n += 1
+            kept = f"{base}.{when}-{n}{ext}"
+        os.replace(self.path, kept)
+        return kept
+
+
+def _body(record: str) -> str:
+    """An experiment record without its header comments (time, command)."""
+    return "".join(line for line in record.splitlines(True) if not line.startswith("#"))
 
 
 def _context(estimator) -> dict:

@@ -160,10 +160,12 @@ def _guarded(name: str, handler):
             for problem in e.problems:
                 print(f"estimator {name}: error: {problem}", file=sys.stderr)
             return 2
-        except (ValueError, TypeError, OSError, RuntimeError) as e:
+        except (ValueError, TypeError, OSError, RuntimeError, KeyError) as e:
             if not _ours_alone(e):
                 raise
-            print(f"estimator {name}: error: " + " ".join([str(e), *getattr(e, "__notes__", ())]),
+            message = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else str(e)
+            print(f"estimator {name}: error: " + " ".join([str(message),
+                                                           *getattr(e, "__notes__", ())]),
                   file=sys.stderr)   # (one line: the notes, "(raised in replica 1 ...)", after it)
             return 1
     return run

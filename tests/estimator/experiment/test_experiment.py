@@ -576,6 +576,42 @@ def test_a_rerun_that_cannot_resume_keeps_the_experiment_file(tmp_path, capsys):
     assert experiment.load(record).params["hidden_units"] == [16, 16]
 
 
+def test_a_rerun_with_other_settings_keeps_the_earlier_experiment_file(tmp_path, capsys):
+    """A rerun with another learning rate that fails before its first save
+    (a hook's unknown tensor: one line, not a traceback of the library's
+    frames) wrote over experiment.yaml: the checkpoints' run's settings were
+    lost. The earlier record is kept beside it; a rerun of the same settings
+    keeps none."""
+    _, _, model_dir = _run_config("iris.yaml", tmp_path, capsys,
+                                  "--set", "train_spec.max_steps=20")
+    record = os.path.join(model_dir, "experiment.yaml")
+    before = open(record).read()
+    assert cli.main(["run", os.path.join(CONFIGS, "iris.yaml"), "-q",
+                     "--set", f"run_config.model_dir={model_dir}",
+                     "--set", "params.learning_rate=5.0", "--set", "train_spec.max_steps=40",
+                     "--set", "train_spec.hooks=[{LoggingTensorHook: "
+                     "{tensors: [nope], every_n_iter: 5}}]"]) == 1
+    err = capsys.readouterr().err   # (one line, as the library's other errors)
+    assert err.startswith("estimator run: error: LoggingTensorHook fetches 'nope', which")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    kept = [f for f in os.listdir(model_dir)
+            if f.startswith("experiment.") and f != "experiment.yaml"]
+    assert len(kept) == 1 and open(os.path.join(model_dir, kept[0])).read() == before
+    assert experiment.load(record).params["learning_rate"] == 5.0
+    _run_config("iris.yaml", tmp_path, capsys, "--set", "train_spec.max_steps=30",
+                "--set", "params.learning_rate=5.0")
+    assert len([f for f in os.listdir(model_dir) if f.startswith("experiment.")]) == 3
+    text = open(record).read()
+    again = experiment.SaveExperimentHook(record, "# written again\n" + _body_of(text))
+    again.after_create_session(None, None)
+    assert len([f for f in os.listdir(model_dir) if f.startswith("experiment.")]) == 3
+    assert open(record).read().startswith("# written again")
+
+
+def _body_of(record):
+    return "".join(line for line in record.splitlines(True) if not line.startswith("#"))
+
+
 # -- every config in configs/ runs ------------------------------------------------------------
 def _final_evaluation(out: str) -> dict:
     lines = [l for l in out.splitlines() if l.startswith("Final evaluation at global step")]
