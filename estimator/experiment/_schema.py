@@ -577,12 +577,44 @@ def check(tree: _yaml.Tree, base_dir: str):
                                        f"keys (model_fn, params, run_config, train_spec, "
                                        f"eval_spec, ...), but this file is {what}; start "
                                        f"with model_fn: package.module:model_fn")])
-    _yaml.interpolate(tree, _suggest_path)
+    try:
+        _yaml.interpolate(tree, _suggest_path)
+    except ExperimentError:
+        _raise_mistakes_before_references(tree, base_dir)
+        raise
     checker = _Checker(tree, base_dir)
     config = _check(checker, tree.data)
     if checker.problems:
         raise ExperimentError(checker.problems)
     return config, checker.objects
+
+
+def _raise_mistakes_before_references(tree: _yaml.Tree, base_dir: str) -> None:
+    """A reference (`${run_config.model_dir}`) that does not resolve is often
+    a key misspelt (`runconfig:`) or of the wrong kind (a list): raise those
+    mistakes, found in the file as written (but for values holding
+    references), rather than the reference's error, which follows from them."""
+    checker = _Checker(tree, base_dir)
+    _check(checker, tree.data)
+    mistakes = [p for p in checker.problems if p.message.startswith("unknown key")
+                or not _holds_reference(tree, p.path)]
+    if mistakes:
+        raise ExperimentError(mistakes)
+
+
+def _holds_reference(tree: _yaml.Tree, path: str) -> bool:
+    try:
+        value = tree.get(_yaml.parse_path(path)) if path else tree.data
+    except ValueError:
+        return True
+    stack = [value]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str) and "${" in value:
+            return True
+        stack.extend(value.values() if isinstance(value, dict) else
+                     value if isinstance(value, list) else ())
+    return False
 
 
 def _check(checker: _Checker, data: dict) -> dict:

@@ -97,6 +97,15 @@ def write(workdir, text, name="exp.yaml"):
 
 
 # -- the bad-file table: the exact error, with file, line, key path and fix ------------
+RUN_CONFIG_KEYS = (
+    "model_dir", "tf_random_seed", "save_summary_steps", "save_checkpoints_steps",
+    "save_checkpoints_secs", "session_config", "keep_checkpoint_max",
+    "keep_checkpoint_every_n_hours", "log_step_count_steps", "train_distribute", "device_fn",
+    "protocol", "eval_distribute", "experimental_distribute",
+    "experimental_max_worker_delay_secs", "session_creation_timeout_secs",
+    "checkpoint_save_graph_def", "random_seed", "experimental_async_checkpoint",
+    "experimental_prefetch_batches")
+
 _NO_CUDA = (f"this machine has {torch.cuda.device_count()} CUDA device(s); "
             + (f"use cuda:0..cuda:{torch.cuda.device_count() - 1}"
                if torch.cuda.device_count() else "use cpu or cpu:N replicas"))
@@ -224,6 +233,15 @@ BAD = [
      "eval_spec: {input_fn: mod.py:input_fn, name: '${run_config.modeldir}'}\n",
      "{f}:5: eval_spec.name: ${{run_config.modeldir}} refers to run_config.modeldir, which is "
      "not in the experiment; did you mean ${{run_config.model_dir}}?"),
+    # A reference that fails because a key is misspelt or of the wrong kind:
+    # that mistake, not the reference's error (which said to use the typo).
+    ("a misspelt key a reference names", HEAD + "runconfig: {model_dir: /tmp/x}\n"
+     "eval_spec: {input_fn: mod.py:input_fn, name: '${run_config.model_dir}'}\n",
+     "{f}:4: runconfig: unknown key 'runconfig'; did you mean 'run_config'?"),
+    ("a list where a reference names a key", HEAD + "run_config: [{model_dir: /tmp/x}]\n"
+     "eval_spec: {input_fn: mod.py:input_fn, name: '${run_config.model_dir}'}\n",
+     "{f}:4: run_config: expected a mapping of keys (" + ", ".join(RUN_CONFIG_KEYS) + "), got "
+     "a list [{{'model_dir': '/tmp/x'}}]; indent its keys under run_config:"),
     ("interpolation cycle", HEAD + "params: {a: '${params.b}', b: '${params.a}'}\n",
      "{f}:4: params.a: interpolation cycle: params.a -> params.b -> params.a; make one of these "
      "a plain value"),
