@@ -635,13 +635,33 @@ def _input_notes(features, labels, mode, error: Exception) -> list:
     if labels is None and mode != ModeKeys.PREDICT:
         notes.append("(the input_fn gave features alone, so model_fn got labels=None, as in "
                      "TF; give (features, labels) pairs to train with labels)")
-    strings = sorted(str(k) for k, v in features.items() if host_transform.is_host_value(v)
-                     ) if isinstance(features, dict) and isinstance(error, TypeError) else []
+    host = sorted((str(k), v) for k, v in features.items() if host_transform.is_host_value(v)
+                  ) if isinstance(features, dict) and isinstance(error, TypeError) else []
+    lists = [k for k, v in host if isinstance(v, (list, tuple)) and not _holds_strings(v)]
+    strings = [k for k, _ in host if k not in lists]
     if strings:
         notes.append(f"(features {strings} are strings, given to model_fn as numpy arrays on "
                      "the host: map them to ids (a feature column, a vocabulary) before a "
                      "torch layer)")
+    if lists:
+        notes.append(f"(features {lists} are Python lists, given to model_fn as they are: "
+                     "have the input_fn give arrays or tensors, e.g. np.asarray(values, "
+                     "np.float32))")
     return notes
+
+
+def _holds_strings(rows) -> bool:
+    """Whether a list of a feature's values (nested lists) holds strings."""
+    stack = list(rows)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (str, bytes)):
+            return True
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, np.ndarray) and item.dtype.kind in "USO":
+            return True
+    return False
 
 
 def _run(strategy, body: Callable, shared: list, *args):

@@ -373,6 +373,24 @@ def test_strings_given_to_a_torch_layer_are_named_in_its_error(tmp_path):
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")
+def test_python_lists_of_numbers_given_to_a_torch_layer_are_not_called_strings(tmp_path):
+    """A list of floats was said to be strings, to map to ids."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("linear", lambda: torch.nn.Linear(2, 1))
+        return est.EstimatorSpec(mode, loss=net(features["x"]).mean(),
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=1)))
+    with pytest.raises(TypeError, match="must be Tensor") as info:
+        est.Estimator(model_fn, str(tmp_path)).train(
+            lambda: [({"x": [[1.0, 2.0], [3.0, 4.0]], "city": [["a"], ["b"]]},
+                      torch.ones(2, 1))], steps=1)
+    assert info.value.__notes__ == [
+        "(features ['city'] are strings, given to model_fn as numpy arrays on the host: map "
+        "them to ids (a feature column, a vocabulary) before a torch layer)",
+        "(features ['x'] are Python lists, given to model_fn as they are: have the input_fn "
+        "give arrays or tensors, e.g. np.asarray(values, np.float32))"]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")
 def test_a_checkpoint_that_does_not_fit_says_nothing_of_string_features(tmp_path):
     """A rerun whose model no longer fits the checkpoint was told to map its
     string features to ids, which it did."""
