@@ -101,10 +101,9 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
     length. The export runs model_fn's PREDICT path on it: where 0 is padding
     or a length (an all-padding sequence breaks a padding mask or
     pack_padded_sequence), trace with ``fill_value=1``. `name` is accepted
-    for TF's signature (the receiver's key names the input)."""
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"placeholder: dtype must be a torch.dtype (torch.float32, "
-                         f"torch.int64, ...), got {dtype!r}")
+    for TF's signature (the receiver's key names the input). A numpy dtype
+    (`np.float32`, "int64") is taken as its torch one, as TF takes them."""
+    dtype = _torch_dtype(dtype)
     if shape is None:
         raise ValueError("placeholder: give a shape, a list with None for a dimension of any "
                          "size (an input of unknown rank cannot be exported)")
@@ -119,6 +118,22 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
                           for i, d in enumerate(dims)], fill_value, dtype=dtype)
     _mark_any_size(example, tuple(i for i, d in enumerate(dims) if d is None and i > 0))
     return example
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    as_numpy = None
+    if isinstance(dtype, (str, np.dtype)) or (
+            isinstance(dtype, type) and issubclass(dtype, np.generic)):
+        try:
+            as_numpy = np.dtype(dtype)
+        except TypeError:
+            pass
+    if as_numpy is not None and as_numpy.kind in "biufc":
+        return torch.from_numpy(np.zeros(0, as_numpy)).dtype
+    raise ValueError(f"placeholder: dtype must be a torch.dtype (torch.float32, "
+                     f"torch.int64, ...) or a numeric numpy one, got {dtype!r}")
 
 
 def _mark_any_size(tensor, dims: tuple) -> None:

@@ -246,14 +246,30 @@ def _run(args) -> int:
         return 0
     result, exports = outcome
     if result is None:
-        print(f"No evaluation ran (nothing new to train in {estimator.model_dir}); "
-              f"evaluate with: estimator evaluate {args.config}")
+        print(_nothing_trained(estimator, train_spec.max_steps, eval_spec, args.config))
         return 0
     print(_format_result("Final evaluation", result, eval_spec.name))
     for path in exports or ():
         if path:
             print(f"Exported: {_text(path)}")
     return 0
+
+
+def _nothing_trained(estimator, max_steps, eval_spec, config: str) -> str:
+    """Why `run` evaluated nothing: model_dir was at max_steps already, or
+    training stopped before its first step (an input_fn that gave no data)."""
+    try:
+        step = int(estimator.get_variable_value("global_step"))
+    except ValueError:   # (no checkpoint)
+        step = 0
+    then = f"evaluate with: estimator evaluate {config}" + (
+        f"; export with: estimator export {config}" if eval_spec.exporters else "")
+    if max_steps is not None and step >= max_steps:
+        return (f"No evaluation ran (nothing new to train in {estimator.model_dir}: at global "
+                f"step {step}, max_steps {max_steps}); {then}")
+    return (f"No evaluation ran: training stopped before its first step, at global step "
+            f"{step} (max_steps {max_steps}); the warnings above say why (an input_fn that "
+            f"gave no data, a hook that stopped it)")
 
 
 def _train(args) -> int:

@@ -151,7 +151,11 @@ def test_beside_string_inputs_a_dimension_of_any_size_is_refused(trained, tmp_pa
     ({"shape": [None, 0]}, r"placeholder: shape\[1\] must be None or a positive int, got 0"),
     ({"shape": [None, "n"]}, r"placeholder: shape\[1\] must be None or a positive int, "
                              r"got 'n'"),
-    ({"dtype": "int64", "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
+    ({"dtype": "string", "shape": [None]}, "placeholder: dtype must be a torch.dtype "
+                                           r"\(torch.float32, torch.int64, ...\) or a numeric "
+                                           "numpy one, got 'string'"),
+    ({"dtype": None, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
+    ({"dtype": float, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
 ])
 def test_bad_placeholders_are_named(args, error):
     with pytest.raises(ValueError, match=error):
@@ -162,6 +166,15 @@ def test_a_placeholder_is_zeros_of_its_shape_with_the_batch_at_two_rows():
     t = est.export.placeholder(torch.int64, [None, None, 3])
     assert t.dtype == torch.int64 and t.shape == (2, 8, 3) and not t.any()
     assert est.export.placeholder(shape=[5, 4]).shape == (5, 4)
+
+
+@pytest.mark.parametrize("dtype, expected", [
+    (np.float32, torch.float32), (np.int64, torch.int64), ("int32", torch.int32),
+    (np.dtype("float64"), torch.float64), (np.bool_, torch.bool)])
+def test_a_placeholder_takes_numpy_dtypes_as_tf(dtype, expected):
+    """`tf.compat.v1.placeholder(np.float32, ...)` ports as it is (it was an
+    error)."""
+    assert est.export.placeholder(dtype, [None, 2]).dtype == expected
 
 
 @pytest.mark.parametrize("canned", ["linear", "dnn"])

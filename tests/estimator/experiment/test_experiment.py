@@ -59,6 +59,14 @@ def file_input_fn(path):
     return []
 
 
+def empty_input_fn(params, mode):
+    return []
+
+
+def serve_nothing():
+    features = {"x": est.export.placeholder(torch.float32, [None, 2])}   # (no return)
+
+
 class CountingHook(hooks.SessionRunHook):
     """Counts steps; a hook class of the user's, named by file path."""
     instances = []
@@ -200,7 +208,7 @@ BAD = [
      "  exporters:\n    - LatestExporter: {name: x, serving_input_receiver_fn: mod.py:serve}\n",
      "{f}:7: eval_spec.exporters[0].LatestExporter.serving_input_receiver_fn: cannot import "
      "'mod.py:serve': mod.py has no 'serve'; it defines: CountingHook, bad_model_fn, "
-     "file_input_fn, input_fn, model_fn"),
+     "empty_input_fn, file_input_fn, input_fn, model_fn, serve_nothing"),
     ("malformed YAML", "model_fn: mod.py:model_fn\ntrain_spec:\n  input_fn: mod.py:input_fn\n"
      "   max_steps: 5\n",
      "{f}:4: malformed YAML: mapping values are not allowed here at column 13; fix the YAML "
@@ -229,6 +237,11 @@ BAD = [
     ("RunConfig rejects a value", HEAD + "run_config:\n  keep_checkpoint_every_n_hours: 0\n",
      "{f}:5: run_config.keep_checkpoint_every_n_hours: RunConfig rejected it: "
      "keep_checkpoint_every_n_hours should be > 0, got 0"),
+    ("a serving_input_receiver_fn returning None", HEAD + "export: "
+     "{serving_input_receiver_fn: mod.py:serve_nothing}\n",
+     "{f}:4: export.serving_input_receiver_fn: mod.py:serve_nothing: returned NoneType, not a "
+     "ServingInputReceiver; return est.export.ServingInputReceiver(features, receiver_tensors) "
+     "(or build_raw_serving_input_receiver_fn(...)())"),
     ("interpolation of a missing key", HEAD + "run_config: {model_dir: /tmp/x}\n"
      "eval_spec: {input_fn: mod.py:input_fn, name: '${run_config.modeldir}'}\n",
      "{f}:5: eval_spec.name: ${{run_config.modeldir}} refers to run_config.modeldir, which is "
@@ -538,7 +551,10 @@ def test_the_cli_in_a_configured_process_leaves_its_root_logger(workdir, capsys)
 
 # -- saving the resolved experiment ----------------------------------------------------------
 def test_saved_experiment_reruns_from_anywhere(workdir, tmp_path_factory):
-    (workdir / "serve.py").write_text("def receiver():\n    pass\n")
+    (workdir / "serve.py").write_text(
+        "import torch\nimport estimator as est\n\n\ndef receiver():\n"
+        "    return est.export.build_raw_serving_input_receiver_fn(\n"
+        "        {'x': est.export.placeholder(torch.float32, [None, 2])})()\n")
     path = write(workdir, HEAD + "  max_steps: 4\nrun_config: {model_dir: rel/run}\n"
                  "export: {serving_input_receiver_fn: serve.py:receiver,\n"
                  "         export_dir_base: '${run_config.model_dir}/exports'}\n"
@@ -628,6 +644,28 @@ def test_a_rerun_with_other_settings_keeps_the_earlier_experiment_file(tmp_path,
 
 def _body_of(record):
     return "".join(line for line in record.splitlines(True) if not line.startswith("#"))
+
+
+def test_a_run_that_evaluated_nothing_says_why(workdir, tmp_path, capsys):
+    """An input_fn that gave no data was said to leave "nothing new to train"
+    (as for a model_dir at max_steps), with exit status 0 either way."""
+    path = write(workdir, "model_fn: mod.py:model_fn\ntrain_spec:\n"
+                 "  input_fn: mod.py:empty_input_fn\n  max_steps: 20\n"
+                 "eval_spec: {input_fn: mod.py:input_fn}\n")
+    assert cli.main(["run", path, "-q", "--set", f"run_config.model_dir={tmp_path / 'e'}"]) == 0
+    assert capsys.readouterr().out == (
+        "No evaluation ran: training stopped before its first step, at global step 0 "
+        "(max_steps 20); the warnings above say why (an input_fn that gave no data, a hook "
+        "that stopped it)\n")
+    _, _, model_dir = _run_config("iris.yaml", tmp_path, capsys, "--set",
+                                  "train_spec.max_steps=20")
+    config = os.path.join(CONFIGS, "iris.yaml")
+    assert cli.main(["run", config, "-q", "--set", f"run_config.model_dir={model_dir}",
+                     "--set", "train_spec.max_steps=20"]) == 0
+    assert capsys.readouterr().out == (
+        f"No evaluation ran (nothing new to train in {model_dir}: at global step 20, max_steps "
+        f"20); evaluate with: estimator evaluate {config}; export with: estimator export "
+        f"{config}\n")
 
 
 # -- every config in configs/ runs ------------------------------------------------------------
