@@ -142,6 +142,21 @@ NON_NEGATIVE_INT = _Scalar((int,), "an integer >= 0", "2", minimum=0)
 NUMBER = _Scalar((int, float), "a number", "0.5")
 NON_NEGATIVE = _Scalar((int, float), "a number >= 0", "60", minimum=0)
 STR = _Scalar((str,), "a string", "text")
+
+
+class _FilePath(_Scalar):
+    """A file or directory: a leading `~` is the home directory (as in a
+    shell; it made a directory named `~`)."""
+
+    def __init__(self):
+        super().__init__((str,), "a path", "runs/x")
+
+    def check(self, value, ctx, path):
+        value = super().check(value, ctx, path)
+        return os.path.expanduser(value) if isinstance(value, str) else value
+
+
+PATH = _FilePath()
 BOOL = _Scalar((bool,), "true or false", "true")
 MAPPING = _Mapping()
 ANY = _Type()
@@ -197,7 +212,7 @@ _STRATEGY = _Optional(_Component("strategy"))
 # are accepted as they are (`ANY`) and RunConfig itself checks them (and warns
 # that TF-only ones, such as session_config, do nothing here).
 _RUN_CONFIG_TYPES = {
-    "model_dir": _Optional(STR), "tf_random_seed": _Optional(INT), "random_seed": _Optional(INT),
+    "model_dir": _Optional(PATH), "tf_random_seed": _Optional(INT), "random_seed": _Optional(INT),
     "save_summary_steps": _Optional(NON_NEGATIVE_INT),
     "save_checkpoints_steps": _Optional(POSITIVE_INT),
     "save_checkpoints_secs": _Optional(NON_NEGATIVE),
@@ -249,7 +264,7 @@ def _run_config_fields() -> Dict[str, _Field]:
 
 
 def _warm_start_fields() -> Dict[str, _Field]:
-    return {"ckpt_to_initialize_from": _Field(STR, _REQUIRED),
+    return {"ckpt_to_initialize_from": _Field(PATH, _REQUIRED),
             "vars_to_warm_start": _Field(_Optional(_ListOf(STR, allow_single=True)), ".*"),
             "var_name_to_prev_var_name": _Field(MAPPING, {}),
             "var_name_to_vocab_info": _Field(MAPPING, {})}
@@ -267,12 +282,12 @@ def _schema() -> Dict[str, Any]:
         "eval_spec": (_spec_fields(EvalSpec), False),
         "predict_spec": ({"input_fn": _Field(_Ref("input_fn"), _REQUIRED),
                           "predict_keys": _Field(_Optional(_ListOf(STR, allow_single=True)), None),
-                          "checkpoint_path": _Field(_Optional(STR), None),
+                          "checkpoint_path": _Field(_Optional(PATH), None),
                           "hooks": _Field(_HOOKS, [])}, False),
         "export": ({"serving_input_receiver_fn": _Field(_Ref("serving_input_receiver_fn"),
                                                         _REQUIRED),
-                    "export_dir_base": _Field(_Optional(STR), None),
-                    "checkpoint_path": _Field(_Optional(STR), None)}, False),
+                    "export_dir_base": _Field(_Optional(PATH), None),
+                    "checkpoint_path": _Field(_Optional(PATH), None)}, False),
         "warm_start": "warm_start",
     }
 

@@ -468,7 +468,22 @@ class _Interpolator:
                     "it alone as the whole value")])
             return "null" if value is None else str(value).lower() if isinstance(value, bool) \
                 else str(value)
+        self.check_closed(path, text)
         return _REF.sub(one, text)
+
+    def check_closed(self, path: Path, text: str) -> None:
+        """A `${` no `}` closes (it was kept as text: a model_dir named
+        `${run_config.seed`) is an error."""
+        spans = [m.span() for m in _REF.finditer(text)]
+        start = text.find("${")
+        while start >= 0:
+            if not any(a <= start < b or a <= start - 1 < b for a, b in spans):
+                raise ExperimentError([Problem(
+                    self.tree.where(path), format_path(path),
+                    f"{text!r}: the ${{ at character {start + 1} is not closed; close it "
+                    f"with }} (a reference: ${{section.key}}), or write $${{ for a literal "
+                    f"${{")])
+            start = text.find("${", start + 2)
 
     def lookup(self, path: Path, ref: str):
         where, at = self.tree.where(path), format_path(path)

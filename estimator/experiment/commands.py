@@ -354,6 +354,8 @@ def _predict(args) -> int:
     hooks = exp.hooks(section, estimator) if section == "predict_spec" else []
     ckpt = args.checkpoint or (spec.get("checkpoint_path") if section == "predict_spec" else None)
     fmt = args.format or _format_of(args.output)
+    if args.output != "-":
+        _check_output(args.output)
     predictions = estimator.predict(exp.function(section, "input_fn"), predict_keys=keys,
                                     hooks=hooks, checkpoint_path=ckpt)
     write = _write_csv if fmt == "csv" else _write_jsonl
@@ -372,6 +374,20 @@ def _predict(args) -> int:
     where = "stdout" if args.output == "-" else args.output
     print(f"Wrote {count} predictions ({fmt}) to {where}", file=sys.stderr)
     return 0
+
+
+def _check_output(output: str) -> None:
+    """A FILE predictions can be written to, said before predicting (the
+    error named the temp file written first)."""
+    if os.path.isdir(output):
+        raise ValueError(f"--output {output} is a directory; name a file (in it: "
+                         f"{os.path.join(output, 'predictions.jsonl')})")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise ValueError(f"--output {output}: directory {parent} does not exist; create it "
+                         f"first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {output}: directory {parent} is not writable")
 
 
 def _format_of(output: str) -> str:

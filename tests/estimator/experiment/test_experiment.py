@@ -255,6 +255,10 @@ BAD = [
      "eval_spec: {input_fn: mod.py:input_fn, name: '${run_config.model_dir}'}\n",
      "{f}:4: run_config: expected a mapping of keys (" + ", ".join(RUN_CONFIG_KEYS) + "), got "
      "a list [{{'model_dir': '/tmp/x'}}]; indent its keys under run_config:"),
+    ("an unclosed reference", HEAD + "run_config: {model_dir: 'runs/${params.seed'}\n",
+     "{f}:4: run_config.model_dir: 'runs/${{params.seed': the ${{ at character 6 is not "
+     "closed; close it with }} (a reference: ${{section.key}}), or write $${{ for a literal "
+     "${{"),
     ("interpolation cycle", HEAD + "params: {a: '${params.b}', b: '${params.a}'}\n",
      "{f}:4: params.a: interpolation cycle: params.a -> params.b -> params.a; make one of these "
      "a plain value"),
@@ -278,6 +282,16 @@ def test_bad_experiment_file_gives_the_exact_error(workdir, text, expected):
         experiment.load(path)
     assert str(info.value) == expected.format(f=path, d=workdir)
     assert len(info.value.problems) == 1
+
+
+def test_a_path_from_the_home_directory_is_taken_as_a_shell_takes_it(workdir, monkeypatch):
+    """`model_dir: ~/runs/x` made a directory named `~` where the command ran."""
+    monkeypatch.setenv("HOME", str(workdir / "home"))
+    exp = experiment.load(write(workdir, HEAD + "run_config: {model_dir: ~/runs/x}\n"
+                                "warm_start: ~/old/model.ckpt-5\n"))
+    assert exp.estimator().model_dir == str(workdir / "home" / "runs" / "x")
+    assert exp.config["warm_start"]["ckpt_to_initialize_from"] == str(
+        workdir / "home" / "old" / "model.ckpt-5")
 
 
 def test_integral_float_steps_are_taken_as_trainspec_takes_them(workdir):
@@ -918,6 +932,21 @@ def test_cli_predict_that_fails_leaves_the_output_file_as_it_was(trained, tmp_pa
     assert cli.main(["predict", *args, "--output", str(tmp_path / "p.xlsx")]) == 0
     assert "writing JSON lines to" in capsys.readouterr().err
     assert json.loads((tmp_path / "p.xlsx").read_text().splitlines()[0])["class_ids"] in (0, 1, 2)
+
+
+def test_cli_predict_to_a_place_it_cannot_write_says_so_first(trained, tmp_path, capsys):
+    """The error named the temp file written first (`p.csv.tmp-<pid>-0`), or
+    a rename, after predicting."""
+    _, args = trained
+    missing = tmp_path / "no_such_dir" / "p.csv"
+    assert cli.main(["predict", *args, "--output", str(missing)]) == 1
+    assert capsys.readouterr().err == (
+        f"estimator predict: error: --output {missing}: directory {missing.parent} does not "
+        f"exist; create it first\n")
+    assert cli.main(["predict", *args, "--output", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"estimator predict: error: --output {tmp_path} is a directory; name a file (in it: "
+        f"{tmp_path / 'predictions.jsonl'})\n")
 
 
 def test_cli_export_loads_with_torch_alone(trained, tmp_path, capsys):
