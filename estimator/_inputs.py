@@ -95,6 +95,9 @@ def split_batch(batch, mode: str, predict: bool):
                              f"{len(batch)} (TF: input_fn should return (features, labels) as "
                              "a len 2 tuple)")
         return batch[0], None if predict else batch[1]
+    if batch is None:
+        raise ValueError(f"In mode {mode!r} each batch must be (features, labels) or "
+                         "features alone, got None")
     return batch, None
 
 

@@ -161,6 +161,8 @@ def _syntax_error(source: str, text: str, error: yaml.MarkedYAMLError) -> Experi
     if any("${" in line for line in marked):
         fix = ("quote a ${...} reference inside {...} or [...] ('${a.b}'): unquoted, its "
                "braces are YAML's")
+    elif "'\\t'" in what:
+        fix = "indent with spaces: YAML does not take tabs for indentation"
     elif earlier and "flow" in error.context:   # (a bracket left open)
         fix = (f"close the bracket opened on line {opened.line + 1}, or fix the YAML syntax "
                "on this line")

@@ -111,7 +111,7 @@ def add_parsers(subparsers) -> None:
                        help="print the resolved experiment and exit without running")
         p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
         if name == "train":
-            p.add_argument("--steps", type=int, default=None,
+            p.add_argument("--steps", type=_positive_int, default=None,
                            help="train this many more steps instead of up to max_steps")
         if name in ("evaluate", "predict", "export"):
             p.add_argument("--checkpoint", default=None, metavar="PATH",
@@ -145,6 +145,16 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print everything as one JSON object")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     p.set_defaults(handler=_guarded("inspect", _inspect))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
 
 
 def _guarded(name: str, handler):
@@ -483,8 +493,10 @@ def _inspect(args) -> int:
     else:
         model_dir = target
     if not os.path.isdir(model_dir):
-        print(f"estimator inspect: error: {model_dir} is not a directory (a model_dir or an "
-              f"experiment file)", file=sys.stderr)
+        why = (f"{target}: model_dir {model_dir} does not exist yet (nothing trained "
+               f"there; train with: estimator run {target})" if model_dir != target else
+               f"{model_dir} is not a directory (a model_dir or an experiment file)")
+        print(f"estimator inspect: error: {why}", file=sys.stderr)
         return 2
     report = _describe_model_dir(model_dir, args.checkpoint)
     if args.json:

@@ -355,6 +355,9 @@ def test_an_input_of_features_alone_trains_and_evaluates_with_labels_none(tmp_pa
     with pytest.raises(ValueError, match=r"In mode 'train' each batch must be \(features, "
                                          r"labels\) or features alone, got a tuple of length 3"):
         e.train(lambda: [({"x": x}, x, x)], steps=1)
+    with pytest.raises(ValueError, match=r"In mode 'train' each batch must be \(features, "
+                                         r"labels\) or features alone, got None$"):
+        e.train(lambda: [None], steps=1)   # (it was the model_fn's TypeError on None)
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")

@@ -216,6 +216,10 @@ BAD = [
     ("a key without its colon", HEAD + "params:\n  layers: 2\n  lr 0.1\n  seed: 3\n",
      "{f}:6: malformed YAML: 'lr 0.1' is not a 'key: value' pair; put ': ' after the key (or, "
      "for a value continued from the line above, indent it under that key)"),
+    ("a tab for indentation", HEAD + "params:\n\tlr: 0.1\n",
+     "{f}:5: malformed YAML: found character '\\t' that cannot start any token (while "
+     "scanning for the next token) at column 1; indent with spaces: YAML does not take tabs "
+     "for indentation"),
     ("a first key without its colon", HEAD + "params:\n  lr 0.1\n  # seed\n\n  seed: 3\n",
      "{f}:5: malformed YAML: 'lr 0.1' is not a 'key: value' pair; put ': ' after the key (or, "
      "for a value continued from the line above, indent it under that key)"),
@@ -957,6 +961,28 @@ def test_cli_export_loads_with_torch_alone(trained, tmp_path, capsys):
     program = torch.export.load(os.path.join(export_dir, "model.pt2")).module()
     out = program(x=torch.tensor([[5.1, 3.3, 1.7, 0.5], [6.9, 3.1, 5.4, 2.1]]))
     assert out["probabilities"].shape == (2, 3)
+
+
+def test_cli_train_steps_not_positive_is_an_argument_error(workdir, capsys):
+    path = write(workdir, HEAD)
+    for steps, why in (("-5", "must be > 0, got -5"),
+                       ("x", "expected a positive integer, got 'x'")):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["train", path, "--steps", steps])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.endswith(
+            f"estimator train: error: argument --steps: {why}\n")
+
+
+def test_cli_inspect_of_an_experiment_not_trained_yet_says_so(workdir, capsys):
+    path = write(workdir, HEAD + "run_config: {model_dir: runs/never}\n")
+    assert cli.main(["inspect", path]) == 2
+    assert capsys.readouterr().err == (
+        f"estimator inspect: error: {path}: model_dir runs/never does not exist yet (nothing "
+        f"trained there; train with: estimator run {path})\n")
+    assert cli.main(["inspect", "runs/never"]) == 2
+    assert capsys.readouterr().err == ("estimator inspect: error: runs/never is not a "
+                                       "directory (a model_dir or an experiment file)\n")
 
 
 def test_cli_inspect(trained, capsys):
