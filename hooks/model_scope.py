@@ -63,6 +63,29 @@ def _refuse_rounding(name: str, state: dict, module: torch.nn.Module, path) -> N
                 "torch.autocast, which keeps the weights in float32")
 
 
+def _misfit(name: str, module: torch.nn.Module, state: dict) -> Optional[str]:
+    """How a checkpoint's state does not fit `module` (a changed model), by
+    variable names as `estimator inspect` shows them, with the fix; None
+    where names and shapes fit (another error)."""
+    own = module.state_dict()
+    lines = []
+    for key in sorted(set(own) | set(state)):
+        var = f"{name}/{key.replace('.', '/')}"
+        if key not in own:
+            lines.append(f"{var} is in the checkpoint, not in the model")
+        elif key not in state:
+            lines.append(f"{var} is in the model, not in the checkpoint")
+        elif isinstance(state[key], torch.Tensor) and state[key].shape != own[key].shape:
+            lines.append(f"{var} is {list(state[key].shape)} in the checkpoint, "
+                         f"{list(own[key].shape)} in the model")
+    if not lines:
+        return None
+    shown = "; ".join(lines[:6]) + (f"; and {len(lines) - 6} more" if len(lines) > 6 else "")
+    return (f"the model no longer fits the checkpoints of this model_dir ({shown}); train "
+            f"the changed model in a new model_dir (warm_start_from=<this checkpoint> starts "
+            f"it from the variables that still fit)")
+
+
 def _by_variable_names(name: str, module: torch.nn.Module, saved: dict, path):
     """The checkpoint's state of module `name`; where it lacks some of the
     module's variables, or is not there, those gathered by variable name from
@@ -192,7 +215,8 @@ class ModelScope:
                 original.load_state_dict(state)
             except RuntimeError as e:
                 raise ValueError(f"get_module({name!r}): cannot restore from "
-                                 f"{self._restore_path}: {e}") from None
+                                 f"{self._restore_path}: "
+                                 f"{_misfit(name, original, state) or e}") from None
         elif self._warm_start is not None:
             self._warm_start.apply(name, original)
         self.raw_modules[name] = original

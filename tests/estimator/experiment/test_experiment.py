@@ -620,7 +620,11 @@ def test_a_rerun_that_cannot_resume_keeps_the_experiment_file(tmp_path, capsys):
                                        "--set", "train_spec.max_steps=20")
     record = os.path.join(model_dir, "experiment.yaml")
     before = open(record).read()
-    with pytest.raises(Exception, match="size mismatch|shape"):
+    with pytest.raises(ValueError, match=r"the model no longer fits the checkpoints of this "
+                                         r"model_dir \(dnn/0/bias is \[16\] in the checkpoint, "
+                                         r"\[32\] in the model; .*dnn/4/weight is in the "
+                                         r"checkpoint, not in the model\); train the changed "
+                                         r"model in a new model_dir"):
         cli.main(["run", os.path.join(CONFIGS, "iris.yaml"), "-q",
                   "--set", f"run_config.model_dir={model_dir}",
                   "--set", "params.hidden_units=[32]", "--set", "train_spec.max_steps=40"])
