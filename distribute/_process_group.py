@@ -26,6 +26,7 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 _GRACE_SECS = 5.0   # how long a failing replica waits for the others to report
+_WAIT_LOG_SECS = 60.0   # a rendezvous still waiting says so this often (or 4 times)
 _SUM = dist.AllreduceOptions()
 _MAX = dist.AllreduceOptions()
 _MAX.reduceOp = dist.ReduceOp.MAX
@@ -124,7 +125,8 @@ class ProcessGroup:
         `timeout` seconds, and initialize torch.distributed."""
         address = f"{host}:{port}"
         if store is None:
-            store = _connect(host, port, is_host, timeout, store_host or describe(0))
+            store = _connect(host, port, is_host, timeout, store_host or describe(0),
+                             describe(rank))
         incarnation = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         if incarnation:   # torchrun keeps its store across restarts: no stale keys
             store = dist.PrefixStore(f"restart{incarnation}", store)
@@ -208,29 +210,51 @@ class ProcessGroup:
 _EXIT_WAIT_SECS = 10.0
 
 
-def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str):
-    try:
-        if is_host:
+def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str,
+             me: str = "this replica"):
+    """The rendezvous's store: hosted here, or reached at `host:port` within
+    `timeout` s (saying every minute that it still waits: a chief that is
+    not there, or that failed and ended its job, is otherwise silence)."""
+    if is_host:
+        try:
             return host_store(host, port, timeout)
-        return dist.TCPStore(host, port, None, False, _timeout(timeout),
-                             wait_for_workers=False)
-    except (RuntimeError, dist.DistError) as e:
-        if is_host:
+        except (RuntimeError, dist.DistError) as e:
             raise RuntimeError(f"{host_name} cannot listen at {host}:{port} for the "
                                f"rendezvous: {e}") from None
-        raise TimeoutError(f"Rendezvous failed: {host_name} at {host}:{port} could not be "
-                           f"reached within {timeout:g} s ({str(e).splitlines()[0]})") from None
+    if f"{host}:{port}" not in host_name:
+        host_name = f"{host_name} at {host}:{port}"
+    start, every = time.monotonic(), min(_WAIT_LOG_SECS, timeout / 4)
+    while True:
+        left = timeout - (time.monotonic() - start)
+        try:
+            return dist.TCPStore(host, port, None, False,
+                                 _timeout(max(0.1, min(left, every))),
+                                 wait_for_workers=False)
+        except (RuntimeError, dist.DistError) as e:
+            waited = time.monotonic() - start
+            if waited >= timeout - 0.05:
+                raise TimeoutError(f"Rendezvous failed: {host_name} could not be reached within "
+                                   f"{timeout:g} s ({str(e).splitlines()[0]})") from None
+            logger.warning("%s: waiting for %s for the rendezvous (%.0f s of %g s); if it "
+                           "failed and its job ended, restart the whole job", me, host_name,
+                           waited, timeout)
 
 
 def _wait_for_all(store, world_size: int, timeout: float, describe, address: str) -> None:
     keys = [f"arrived/{r}" for r in range(world_size)]
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    said, every = start, min(_WAIT_LOG_SECS, timeout / 4)
     while True:
         missing = [r for r, key in enumerate(keys) if not store.check([key])]
         if not missing:
             return
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now - start > timeout:
             names = ", ".join(describe(r) for r in missing)
             raise TimeoutError(f"Rendezvous at {address} timed out after {timeout:g} s: "
                                f"{names} did not arrive")
+        if now - said >= every:
+            said = now
+            logger.warning("Rendezvous at %s: waiting for %s (%.0f s of %g s)", address,
+                           ", ".join(describe(r) for r in missing), now - start, timeout)
         time.sleep(0.05)

@@ -227,7 +227,11 @@ class Estimator:
         seeded, warm-started."""
         latest, state = checkpoint.restore_latest(self._model_dir)
         if latest is not None:
-            logger.info("Resuming from %s (model_dir %s)", latest, self._model_dir)
+            if strategy.extended.uses_parameter_servers and not self._is_chief(strategy):
+                logger.info("Found %s in model_dir %s; the ps tasks' values and global step, "
+                            "as they are now, take its place", latest, self._model_dir)
+            else:
+                logger.info("Resuming from %s (model_dir %s)", latest, self._model_dir)
             # The checkpoint's random state where another process wrote it (a
             # restart) or the training's stream is its own (tf_random_seed);
             # where unseeded training in this process ended there, the

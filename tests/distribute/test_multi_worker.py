@@ -117,6 +117,23 @@ def test_a_task_that_does_not_arrive_is_named_with_its_address(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_a_worker_waiting_for_a_chief_that_is_not_there_says_so(tmp_path):
+    """A worker restarted after its chief failed waited in silence for the
+    rendezvous timeout (30 minutes by default); it says it waits, four
+    times a timeout at most (every minute), and then fails naming the chief."""
+    results, cluster = run_cluster(tmp_path, [str(tmp_path / "m"), str(tmp_path),
+                                              "--timeout", "4"], tasks=("worker",), timeout=60)
+    code, output = results[0]
+    assert code != 0
+    waits = [line for line in output.splitlines() if
+             f"waiting for chief:0 at {cluster['chief'][0]} for the rendezvous" in line]
+    assert 1 <= len(waits) <= 4, output
+    assert "if it failed and its job ended, restart the whole job" in waits[0]
+    assert f"chief:0 at {cluster['chief'][0]} could not be reached within 4 s" in output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("fail", ["die", "hang"])
 def test_a_dead_or_hung_worker_fails_the_chief_naming_it(tmp_path, fail):
     start = time.monotonic()

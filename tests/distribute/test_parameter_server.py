@@ -448,6 +448,8 @@ def test_a_dead_worker_restarts_and_rejoins(tmp_path):
     worker = _lines(output, "worker 0")
     assert worker.count("worker:0: connected to 2 ps task(s)") == 2, output
     assert re.search(r"ps 0: worker:0 rejoined at global step \d+", output), output
+    # (a checkpoint it finds is not what it trains from: "Resuming from" misled)
+    assert "Resuming from" not in worker, output
     done = re.findall(r"worker:0: did (\d+) of the global steps", worker)
     assert len(done) == 1 and int(done[0]) > 0, output   # the restarted one trained
     assert checkpoint.step_of(checkpoint.latest_checkpoint(str(model_dir))) == 500
