@@ -360,35 +360,36 @@ def test_an_input_of_features_alone_trains_and_evaluates_with_labels_none(tmp_pa
         e.train(lambda: [None], steps=1)   # (it was the model_fn's TypeError on None)
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")
-def test_strings_given_to_a_torch_layer_are_named_in_its_error(tmp_path):
-    """torch said only "linear(): argument 'input' must be Tensor, not numpy.ndarray"."""
+_STRINGS_NOTE = ("(features ['city'] are strings, given to model_fn as numpy arrays on the "
+                 "host: map them to ids (a feature column, a vocabulary) before a torch layer)")
+
+
+def _notes_of_a_linear_layer_fed(tmp_path, features, width):
+    """The notes on the TypeError of a Linear layer given the first of
+    `features` in a first training step."""
     def model_fn(features, labels, mode):
-        net = est.get_module("linear", lambda: torch.nn.Linear(1, 1))
-        return est.EstimatorSpec(mode, loss=net(features["city"]).mean(),
+        net = est.get_module("linear", lambda: torch.nn.Linear(width, 1))
+        return est.EstimatorSpec(mode, loss=net(next(iter(features.values()))).mean(),
                                  train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=1)))
     with pytest.raises(TypeError, match="must be Tensor") as info:
         est.Estimator(model_fn, str(tmp_path)).train(
-            lambda: [({"city": np.array([["a"], ["b"]])}, torch.ones(2, 1))], steps=1)
-    assert info.value.__notes__ == [
-        "(features ['city'] are strings, given to model_fn as numpy arrays on the host: map "
-        "them to ids (a feature column, a vocabulary) before a torch layer)"]
+            lambda: [(features, torch.ones(2, 1))], steps=1)
+    return info.value.__notes__
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")
+def test_strings_given_to_a_torch_layer_are_named_in_its_error(tmp_path):
+    """torch said only "linear(): argument 'input' must be Tensor, not numpy.ndarray"."""
+    assert _notes_of_a_linear_layer_fed(tmp_path, {"city": np.array([["a"], ["b"]])}, 1) == [
+        _STRINGS_NOTE]
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")
 def test_python_lists_of_numbers_given_to_a_torch_layer_are_not_called_strings(tmp_path):
     """A list of floats was said to be strings, to map to ids."""
-    def model_fn(features, labels, mode):
-        net = est.get_module("linear", lambda: torch.nn.Linear(2, 1))
-        return est.EstimatorSpec(mode, loss=net(features["x"]).mean(),
-                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=1)))
-    with pytest.raises(TypeError, match="must be Tensor") as info:
-        est.Estimator(model_fn, str(tmp_path)).train(
-            lambda: [({"x": [[1.0, 2.0], [3.0, 4.0]], "city": [["a"], ["b"]]},
-                      torch.ones(2, 1))], steps=1)
-    assert info.value.__notes__ == [
-        "(features ['city'] are strings, given to model_fn as numpy arrays on the host: map "
-        "them to ids (a feature column, a vocabulary) before a torch layer)",
+    features = {"x": [[1.0, 2.0], [3.0, 4.0]], "city": [["a"], ["b"]]}
+    assert _notes_of_a_linear_layer_fed(tmp_path, features, 2) == [
+        _STRINGS_NOTE,
         "(features ['x'] are Python lists, given to model_fn as they are: have the input_fn "
         "give arrays or tensors, e.g. np.asarray(values, np.float32))"]
 
