@@ -223,13 +223,16 @@ def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str
                                f"rendezvous: {e}") from None
     if f"{host}:{port}" not in host_name:
         host_name = f"{host_name} at {host}:{port}"
-    start, every = time.monotonic(), min(_WAIT_LOG_SECS, timeout / 4)
+    # (an attempt given t s takes about 2t: torch's client retries once within it)
+    start, attempt = time.monotonic(), min(_WAIT_LOG_SECS, timeout / 4) / 2
     while True:
         left = timeout - (time.monotonic() - start)
         try:
-            return dist.TCPStore(host, port, None, False,
-                                 _timeout(max(0.1, min(left, every))),
-                                 wait_for_workers=False)
+            store = dist.TCPStore(host, port, None, False,
+                                  _timeout(max(0.1, min(left, attempt))),
+                                  wait_for_workers=False)
+            store.set_timeout(_timeout(timeout))   # (its waits after this: the whole timeout)
+            return store
         except (RuntimeError, dist.DistError) as e:
             waited = time.monotonic() - start
             if waited >= timeout - 0.05:
