@@ -208,6 +208,10 @@ class MonitoredSession:
                         except Exception as e:   # the error in flight is the one to see
                             logger.error("%s could not finish after the error: %s",
                                          type(hook).__name__, e)
+                error = self._coord.error
+                if error is not None and error is not exc:   # (TF: the coordinator's join
+                    error.__context__ = exc                  # raises it, the step's error
+                    raise error                              # its context)
         finally:
             self._coord.request_stop()
             self._leave()

@@ -129,6 +129,37 @@ def test_a_hooks_request_stop_with_an_error_is_raised_over_an_end_s_error_as_tf(
     assert str(raised.value.__context__) == "end failed"
 
 
+@pytest.mark.parametrize("step_error", [RuntimeError, KeyboardInterrupt])
+def test_a_hooks_request_stop_with_an_error_is_raised_over_a_step_s_error_as_tf(
+        tmp_path, step_error):
+    """A hook's thread fails (`coord.request_stop(e)`) and so does the step
+    that needed it: `train` raises `e`, the step's error its context (TF
+    2.15: the coordinator's join in the session's close); it raised the
+    step's error, the root cause nowhere."""
+    stepping, stopped = threading.Event(), threading.Event()
+
+    class Feeder(hooks.SessionRunHook):
+        def after_create_session(self, session, coord):
+            def work():
+                stepping.wait(10)
+                coord.request_stop(OSError("the feeder failed"))
+                stopped.set()
+            threading.Thread(target=work, daemon=True).start()
+
+    def model_fn(features, labels, mode):
+        spec = _linear_model_fn(features, labels, mode)
+
+        def train_op():
+            stepping.set()
+            stopped.wait(10)
+            raise step_error("no input: the feeder is gone")
+        return spec._replace(train_op=train_op)
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    with pytest.raises(OSError, match="^the feeder failed$") as raised:
+        e.train(lambda: [({"x": torch.ones(2, 1)}, torch.ones(2, 1))] * 5, hooks=[Feeder()])
+    assert type(raised.value.__context__) is step_error
+
+
 class _Feeder(Recorder):
     """TF's Coordinator pattern: a thread started in after_create_session
     works until `coord.should_stop()`, and reports its error with
