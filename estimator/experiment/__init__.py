@@ -117,6 +117,24 @@ class Experiment:
                                            f"{examples.get(s, s + ': ...')}")
                                    for s in missing])
 
+    def check_receivers(self, section: str) -> None:
+        """Call each `serving_input_receiver_fn` of `section` (eval_spec's
+        exporters, export) once, before the work that exports with it: an
+        ExperimentError at its key where one returns no ServingInputReceiver
+        (said after training otherwise). One that raises is left to the
+        export, which may need what training makes."""
+        problems, seen = [], {}
+        for path, fn in self._objects.items():
+            if path[0] != section or path[-1] != "serving_input_receiver_fn":
+                continue
+            if id(fn) not in seen:
+                seen[id(fn)] = _receiver_problem(fn)
+            if seen[id(fn)]:
+                problems.append(Problem(self._tree.where(path), _yaml.format_path(path),
+                                        f"{self._tree.get(path)}: {seen[id(fn)]}"))
+        if problems:
+            raise ExperimentError(problems)
+
     def to_yaml(self) -> str:
         """The resolved experiment as YAML (what `--print-config` shows and
         `experiment.yaml` holds)."""
@@ -273,6 +291,22 @@ def _absolute_paths(config: dict, model_dir: str) -> dict:
     for keys in _PATH_KEYS:
         config = walk(config, keys)
     return config
+
+
+def _receiver_problem(fn) -> Optional[str]:
+    """Why a serving_input_receiver_fn, called now with no arguments (and
+    again at the export), returns no ServingInputReceiver, or None (one
+    that raises is left to the export: it may need what training makes)."""
+    from ..export import ServingInputReceiver
+    try:
+        receiver = fn()
+    except Exception:
+        return None
+    if isinstance(receiver, ServingInputReceiver):
+        return None
+    return (f"returned {type(receiver).__name__}, not a ServingInputReceiver; return "
+            f"est.export.ServingInputReceiver(features, receiver_tensors) (or "
+            f"build_raw_serving_input_receiver_fn(...)())")
 
 
 class SaveExperimentHook(SessionRunHook):

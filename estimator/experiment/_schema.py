@@ -389,7 +389,7 @@ class _Checker:
             self.problem(path, f"{ref!r} is {type(obj).__name__}, not a function; name the "
                                f"{role} function itself")
             return _INVALID
-        message = _signature_problem(obj, role) or _receiver_problem(obj, role)
+        message = _signature_problem(obj, role)
         if message:
             self.problem(path, f"{ref}: {message}")
             return _INVALID
@@ -530,25 +530,6 @@ def _signature_problem(fn, role: str) -> Optional[str]:
         return (f"{role} is called with no arguments but takes "
                 f"{', '.join(map(repr, required))}; give them defaults")
     return None
-
-
-def _receiver_problem(fn, role: str) -> Optional[str]:
-    """A serving_input_receiver_fn returning no ServingInputReceiver, said
-    now rather than at the export after training (it is called with no
-    arguments, and again then). One that raises is left to the export: it
-    may need what training makes."""
-    if role != "serving_input_receiver_fn":
-        return None
-    from ..export import ServingInputReceiver
-    try:
-        receiver = fn()
-    except Exception:
-        return None
-    if isinstance(receiver, ServingInputReceiver):
-        return None
-    return (f"returned {type(receiver).__name__}, not a ServingInputReceiver; return "
-            f"est.export.ServingInputReceiver(features, receiver_tensors) (or "
-            f"build_raw_serving_input_receiver_fn(...)())")
 
 
 def _normalize_device(text: str):

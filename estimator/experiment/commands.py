@@ -243,6 +243,7 @@ def _run(args) -> int:
     if exp is None:
         return 0
     exp.require("train_spec", "eval_spec", command="estimator run")
+    exp.check_receivers("eval_spec")   # (its exporters' export comes after training)
     estimator = exp.estimator()
     train_spec, eval_spec = exp.train_spec(estimator), exp.eval_spec(estimator)
     record = exp.save_hook(estimator, "run")   # experiment.yaml, once training starts
@@ -465,6 +466,7 @@ def _export(args) -> int:
     if exp is None:
         return 0
     exp.require("export", command="estimator export")
+    exp.check_receivers("export")
     spec = exp.section("export")
     estimator = exp.estimator()
     base = args.export_dir or spec.get("export_dir_base") or \

@@ -241,11 +241,6 @@ BAD = [
     ("RunConfig rejects a value", HEAD + "run_config:\n  keep_checkpoint_every_n_hours: 0\n",
      "{f}:5: run_config.keep_checkpoint_every_n_hours: RunConfig rejected it: "
      "keep_checkpoint_every_n_hours should be > 0, got 0"),
-    ("a serving_input_receiver_fn returning None", HEAD + "export: "
-     "{serving_input_receiver_fn: mod.py:serve_nothing}\n",
-     "{f}:4: export.serving_input_receiver_fn: mod.py:serve_nothing: returned NoneType, not a "
-     "ServingInputReceiver; return est.export.ServingInputReceiver(features, receiver_tensors) "
-     "(or build_raw_serving_input_receiver_fn(...)())"),
     ("interpolation of a missing key", HEAD + "run_config: {model_dir: /tmp/x}\n"
      "eval_spec: {input_fn: mod.py:input_fn, name: '${run_config.modeldir}'}\n",
      "{f}:5: eval_spec.name: ${{run_config.modeldir}} refers to run_config.modeldir, which is "
@@ -666,6 +661,32 @@ def test_a_rerun_with_other_settings_keeps_the_earlier_experiment_file(tmp_path,
 
 def _body_of(record):
     return "".join(line for line in record.splitlines(True) if not line.startswith("#"))
+
+
+def test_a_serving_input_receiver_fn_returning_none_is_said_before_training(
+        workdir, tmp_path, capsys):
+    """It failed after training, naming neither the key nor the function;
+    `run` and `export` call it once first (other commands not at all)."""
+    path = write(workdir, "model_fn: mod.py:model_fn\ntrain_spec:\n"
+                 "  input_fn: mod.py:input_fn\n  max_steps: 20\n"
+                 "eval_spec:\n  input_fn: mod.py:input_fn\n  exporters:\n"
+                 "    - LatestExporter: {name: x, serving_input_receiver_fn: "
+                 "'${export.serving_input_receiver_fn}'}\n"
+                 "export: {serving_input_receiver_fn: mod.py:serve_nothing}\n")
+    model_dir = tmp_path / "m"
+    fix = ("returned NoneType, not a ServingInputReceiver; return est.export."
+           "ServingInputReceiver(features, receiver_tensors) (or "
+           "build_raw_serving_input_receiver_fn(...)())")
+    assert cli.main(["run", path, "-q", "--set", f"run_config.model_dir={model_dir}"]) == 2
+    assert capsys.readouterr().err == (
+        f"estimator run: error: {path}:8: eval_spec.exporters[0].LatestExporter."
+        f"serving_input_receiver_fn: mod.py:serve_nothing: {fix}\n")
+    assert not model_dir.exists()   # (before training)
+    assert cli.main(["export", path, "-q", "--set", f"run_config.model_dir={model_dir}"]) == 2
+    assert capsys.readouterr().err == (
+        f"estimator export: error: {path}:9: export.serving_input_receiver_fn: "
+        f"mod.py:serve_nothing: {fix}\n")
+    assert cli.main(["train", path, "-q", "--set", f"run_config.model_dir={model_dir}"]) == 0
 
 
 def test_a_run_that_evaluated_nothing_says_why(workdir, tmp_path, capsys):
