@@ -408,6 +408,7 @@ def _kind(value) -> str:
 
 # -- interpolation ---------------------------------------------------------------------
 _REF = re.compile(r"\$(\$?)\{([^{}]*)\}")
+_REF_OR_ESCAPED = re.compile(r"\$(\$?)\{([^{}]*)\}|\$\$\{")   # ($${ alone: a literal ${)
 
 
 def interpolate(tree: Tree, suggest) -> None:
@@ -460,6 +461,8 @@ class _Interpolator:
             return copy.deepcopy(value)
 
         def one(m):
+            if m.group(2) is None:   # (`$${` that nothing closes)
+                return "${"
             if m.group(1):
                 return "${" + m.group(2) + "}"
             value = self.lookup(path, m.group(2).strip())
@@ -471,15 +474,15 @@ class _Interpolator:
             return "null" if value is None else str(value).lower() if isinstance(value, bool) \
                 else str(value)
         self.check_closed(path, text)
-        return _REF.sub(one, text)
+        return _REF_OR_ESCAPED.sub(one, text)
 
     def check_closed(self, path: Path, text: str) -> None:
         """A `${` no `}` closes (it was kept as text: a model_dir named
         `${run_config.seed`) is an error."""
-        spans = [m.span() for m in _REF.finditer(text)]
+        spans = [m.span() for m in _REF_OR_ESCAPED.finditer(text)]
         start = text.find("${")
         while start >= 0:
-            if not any(a <= start < b or a <= start - 1 < b for a, b in spans):
+            if not any(a <= start < b for a, b in spans):
                 raise ExperimentError([Problem(
                     self.tree.where(path), format_path(path),
                     f"{text!r}: the ${{ at character {start + 1} is not closed; close it "
@@ -546,7 +549,7 @@ def _represent_reference(dumper, data):
     return dumper.represent_str(str(data))
 
 
-_LITERAL_REF = re.compile(r"\$\{[^{}]*\}")   # what interpolation would replace
+_LITERAL_REF = re.compile(r"\$\{")   # what interpolation would read (written $${)
 _Dumper.add_representer(list, _represent_list)
 _Dumper.add_representer(str, _represent_str)
 _Dumper.add_representer(Reference, _represent_reference)

@@ -441,13 +441,15 @@ def test_saved_strings_read_back_as_they_were(workdir):
     path = write(workdir, HEAD + "  max_steps: 5\n" + textwrap.dedent("""\
         params:
           out: "preds_$${params.n}.csv"
+          price: "cost $${x and $${ ${params.n}"
           n: 16
           tags: ["1e-3", "+1E3", "2e5", "1e+3", "yes", "${params.n}"]
           rate: 1e-3
         """))
     exp = experiment.load(path, overrides=['params.rev="8e12"'])
     assert exp.params == {"out": "preds_${params.n}.csv", "n": 16, "rate": 0.001, "rev": "8e12",
-                          "tags": ["1e-3", "+1E3", "2e5", "1e+3", "yes", 16]}
+                          "tags": ["1e-3", "+1E3", "2e5", "1e+3", "yes", 16],
+                          "price": "cost ${x and ${ 16"}   # (a literal ${ nothing closes)
     again = experiment.load(write(workdir, exp.to_yaml(), "again.yaml"))
     assert again.params == exp.params
 
