@@ -102,7 +102,8 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
     or a length (an all-padding sequence breaks a padding mask or
     pack_padded_sequence), trace with ``fill_value=1``. `name` is accepted
     for TF's signature (the receiver's key names the input). A numpy dtype
-    (`np.float32`, "int64") is taken as its torch one, as TF takes them."""
+    (`np.float32`, "int64") or Python type (`float`: float32) is taken as
+    TF takes it."""
     dtype = _torch_dtype(dtype)
     if shape is None:
         raise ValueError("placeholder: give a shape, a list with None for a dimension of any "
@@ -120,9 +121,14 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
     return example
 
 
+_PYTHON_DTYPES = {float: torch.float32, bool: torch.bool}   # (TF 2.15's as_dtype takes these)
+
+
 def _torch_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
+    if isinstance(dtype, type) and dtype in _PYTHON_DTYPES:
+        return _PYTHON_DTYPES[dtype]
     as_numpy = None
     if isinstance(dtype, (str, np.dtype)) or (
             isinstance(dtype, type) and issubclass(dtype, np.generic)):
@@ -131,7 +137,7 @@ def _torch_dtype(dtype) -> torch.dtype:
         except TypeError:
             pass
     if as_numpy is not None and as_numpy.kind in "biufc":
-        return torch.from_numpy(np.zeros(0, as_numpy)).dtype
+        return torch.from_numpy(np.zeros(0, as_numpy.newbyteorder("="))).dtype
     raise ValueError(f"placeholder: dtype must be a torch.dtype (torch.float32, "
                      f"torch.int64, ...) or a numeric numpy one, got {dtype!r}")
 

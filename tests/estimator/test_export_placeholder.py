@@ -155,7 +155,8 @@ def test_beside_string_inputs_a_dimension_of_any_size_is_refused(trained, tmp_pa
                                            r"\(torch.float32, torch.int64, ...\) or a numeric "
                                            "numpy one, got 'string'"),
     ({"dtype": None, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
-    ({"dtype": float, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
+    ({"dtype": object, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
+    ({"dtype": int, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),   # (TF too)
 ])
 def test_bad_placeholders_are_named(args, error):
     with pytest.raises(ValueError, match=error):
@@ -170,10 +171,11 @@ def test_a_placeholder_is_zeros_of_its_shape_with_the_batch_at_two_rows():
 
 @pytest.mark.parametrize("dtype, expected", [
     (np.float32, torch.float32), (np.int64, torch.int64), ("int32", torch.int32),
-    (np.dtype("float64"), torch.float64), (np.bool_, torch.bool)])
+    (np.dtype("float64"), torch.float64), (np.bool_, torch.bool), (np.dtype(">f4"), torch.float32),
+    (float, torch.float32), (bool, torch.bool)])
 def test_a_placeholder_takes_numpy_dtypes_as_tf(dtype, expected):
     """`tf.compat.v1.placeholder(np.float32, ...)` ports as it is (it was an
-    error)."""
+    error), Python's types as TF's `as_dtype` takes them (`float`: float32)."""
     assert est.export.placeholder(dtype, [None, 2]).dtype == expected
 
 
