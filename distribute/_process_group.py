@@ -190,8 +190,15 @@ class ProcessGroup:
                 f"{what} failed on {me} ({first_line}), and the rendezvous store at "
                 f"{self.address} is unreachable: its host, {self.store_host}, died or hung")
         if not missing:
+            why = ""
+            if "time" in first_line.lower():   # (timed out, timeout)
+                why = ("; each waited for the others: their steps did not make the same "
+                       "collectives. Under DDP a common cause is a parameter the loss reaches "
+                       "on some replicas only (a branch their data decides): every replica's "
+                       "loss must reach the same parameters each step (weight the branch by a "
+                       "mask rather than skip it)")
             return ReplicaFailedError(f"{what} failed on {me}: {first_line} (every replica "
-                                      "reported a failure: see their logs)")
+                                      f"reported a failure: see their logs){why}")
         names = ", ".join(self.describe(r) for r in missing)
         return ReplicaFailedError(
             f"{what} failed on {me}: {names} did not respond (died, or hung for more than "

@@ -145,6 +145,7 @@ class _Replicated(_AnswersForModule, torch.nn.parallel.DistributedDataParallel):
     after the module was made (a freeze window starting at a later step)."""
 
     _first_forward = None   # (`_watch_first_use`: called by a training forward)
+    _explain = None         # (the engine's: a transport failure named)
 
     def forward(self, *args, **kwargs):
         if self._first_forward is not None and torch.is_grad_enabled():
@@ -155,6 +156,9 @@ class _Replicated(_AnswersForModule, torch.nn.parallel.DistributedDataParallel):
             frozen = "Expected to have finished reduction" in str(e) and self._frozen_since(self)
             if frozen:
                 raise frozen from e
+            explained = self._explain(e, "DDP's forward") if self._explain else e
+            if explained is not e:   # (a transport failure: who did not respond, and why)
+                raise explained from e
             raise
 
 
@@ -444,6 +448,7 @@ class _CollectiveExtended(StrategyExtended):
         # the Estimator's steps leave none pending.
         ddp.register_forward_pre_hook(self._before_forward)
         ddp._frozen_since = functools.partial(self._frozen_since, name)
+        ddp._explain = self._explain
         self._watch_first_use(name, ddp)
         return ddp
 

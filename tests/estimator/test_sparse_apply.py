@@ -454,6 +454,44 @@ def test_rows_read_by_lookups_the_loss_does_not_reach_are_not_stepped(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_a_table_some_replicas_loss_skips_is_named_as_a_cause_of_the_hang(tmp_path):
+    """A branch the data decides leaves the table out of one replica's loss:
+    the replicas waited on each other until the timeout, which ended in
+    gloo's own "Timed out waiting ... for recv" from DDP's forward; the error
+    now says the replicas waited on each other, and the likely cause."""
+    def model_fn(features, labels, mode):
+        table = est.get_module("emb", lambda: _LateTable())
+        head = est.get_module("head", lambda: torch.nn.Linear(3, 1))
+        labels = torch.as_tensor(labels)
+        x = table(torch.as_tensor(features["ids"])).sum(1)
+        if labels[0] <= 0:   # (a branch this replica's batch decides)
+            x = torch.ones_like(x.detach())
+        loss = ((head(x).squeeze(1) - labels) ** 2).mean()
+        opt = est.get_optimizer(lambda p: est.optimizers.RMSProp(p, 0.05))
+
+        def train_op():   # (a callable one: the first step's check of the
+            loss.backward()   # parameters the loss reaches is DDP's own then)
+            opt.step()
+            opt.zero_grad()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    batches = _late_batches(8)
+    for i, (_, y) in enumerate(batches):   # (replica 0's batches reach the table, 1's not)
+        y[0] = abs(y[0]) if i % 2 == 0 else -abs(y[0])
+    import distribute
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+            timeout_seconds=4))
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path),
+                                                     train_distribute=strategy))
+    with pytest.raises(distribute.ReplicaFailedError, match=r"each waited for the others: "
+                       r"their steps did not make the same collectives. Under DDP a common "
+                       r"cause is a parameter the loss reaches on some replicas only"):
+        e.train(lambda: [({"ids": np.array(i, dtype=np.int64)}, np.array(y, np.float32))
+                         for i, y in batches])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["mirrored", "central"])
 def test_rows_read_by_lookups_the_loss_does_not_reach_on_replicas(tmp_path, kind):
     """The test above on 2 replicas: as in one process on the joined batches."""
