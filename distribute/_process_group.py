@@ -191,7 +191,7 @@ class ProcessGroup:
                 f"{self.address} is unreachable: its host, {self.store_host}, died or hung")
         if not missing:
             why = ""
-            if "time" in first_line.lower():   # (timed out, timeout)
+            if any(t in first_line.lower() for t in ("timed out", "timeout")):
                 why = ("; each waited for the others: their steps did not make the same "
                        "collectives. Under DDP a common cause is a parameter the loss reaches "
                        "on some replicas only (a branch their data decides): every replica's "
