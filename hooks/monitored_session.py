@@ -195,10 +195,8 @@ class MonitoredSession:
                 try:
                     for hook in self._hooks:
                         hook.end(self._session)
-                finally:   # (TF: the coordinator's join, after the ends, raising or not)
-                    self._coord.request_stop()
-                    if self._coord.error is not None:   # (a hook's coord.request_stop(ex))
-                        raise self._coord.error
+                finally:   # (after the ends, raising or not)
+                    self._raise_coordinator_error()
             else:   # no `end` on an error (as TF), but work a hook started completes
                 for hook in self._hooks:
                     settle = getattr(hook, "settle", None)
@@ -208,14 +206,22 @@ class MonitoredSession:
                         except Exception as e:   # the error in flight is the one to see
                             logger.error("%s could not finish after the error: %s",
                                          type(hook).__name__, e)
-                error = self._coord.error
-                if error is not None and error is not exc:   # (TF: the coordinator's join
-                    error.__context__ = exc                  # raises it, the step's error
-                    raise error                              # its context)
+                self._raise_coordinator_error(exc)
         finally:
             self._coord.request_stop()
             self._leave()
         return exc_type is not None and issubclass(exc_type, StopIteration)
+
+    def _raise_coordinator_error(self, context: Optional[BaseException] = None) -> None:
+        """TF's coordinator join in the session's close: a hook's
+        `coord.request_stop(e)` raises `e`, whatever else ended the session
+        (`context`, or an error in flight: its context)."""
+        self._coord.request_stop()
+        error = self._coord.error
+        if error is not None and error is not context:
+            if context is not None:
+                error.__context__ = context
+            raise error
 
     def close(self) -> None:
         self.__exit__(None, None, None)
