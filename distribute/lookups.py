@@ -32,9 +32,8 @@ _NOTES = "_rows_read_notes"    # on it: notes since an optimizer last asked or c
 _ASKED = "_rows_read_asked"    # on it: an optimizer asked for its rows since `asks`
 _SINCE_ASKED = "_rows_read_since_asked"  # on it: agreements in a row nobody asked for
 _TAKEN = "_rows_read_taken"    # on it: how many of its first notes a backward pass took
-# on it: the mask's rows: None, "taken" (by a backward pass) or "mixed" (some not yet)
-_MASK_HOLDS = "_rows_read_mask_holds"
-_PENDING = 64                  # ids kept as they are before they are made the mask
+_HOOKED = "_rows_read_hooked"  # on it: the backward hooks below are registered
+_PENDING = 64                  # notes kept as they are before those taken join the mask
 _UNASKED_AFTER = 4096          # notes nothing asked for before a table's are not kept
 _LEFT_OUT_AFTER = 100          # agreements nobody asked for before a table is left out
 
@@ -57,18 +56,18 @@ def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None
     d = table.__dict__
     if d.get(_UNASKED):
         return
-    pending = d.get(_IDS)
-    if pending is None:
-        pending = d[_IDS] = []
+    if _HOOKED not in d:   # (the agreement of the replicas may have made _IDS before)
+        d[_HOOKED] = True
         table.register_hook(functools.partial(_backward_begins, table))
         table.register_post_accumulate_grad_hook(_backward_took)
+    pending = d.setdefault(_IDS, [])
     pending.append((ids, first_row))
     d[_NOTES] = d.get(_NOTES, 0) + 1
     if d[_NOTES] > _UNASKED_AFTER:   # nothing asks for them (an optimizer of torch's):
         clear(table)                 # not kept (until something asks)
         d[_UNASKED] = True
-    elif len(pending) > _PENDING:
-        _mask(table)
+    elif len(pending) > _PENDING:   # (the mask holds rows taken by backward passes
+        _fold_taken(table)           # alone: those read since stay apart)
 
 
 def _backward_begins(table: torch.Tensor, grad: torch.Tensor) -> None:
@@ -85,21 +84,16 @@ def set_aside(table: torch.Tensor) -> None:
     a backward pass finding it None, and by an optimizer zeroing it in place
     (`zero_grad(set_to_none=False)`) without a step."""
     d = table.__dict__
-    taken, holds = d.get(_TAKEN, 0), d.get(_MASK_HOLDS)
-    if taken or holds == "taken":
-        del d[_IDS][:taken]
-        d[_TAKEN] = 0
-        if holds == "taken":   # (a mixed one is kept whole: more than 64 lookups since)
-            d[_ROWS].zero_()
-            d[_MASK_HOLDS] = None
+    del d[_IDS][:d.get(_TAKEN, 0)]
+    d[_TAKEN] = 0
+    if _ROWS in d:
+        d[_ROWS].zero_()
 
 
 def _backward_took(table: torch.Tensor) -> None:
     """A backward pass added the gradient of the rows noted so far."""
     d = table.__dict__
     d[_TAKEN] = len(d[_IDS])
-    if d.get(_MASK_HOLDS):
-        d[_MASK_HOLDS] = "taken"
 
 
 def noted(table: torch.Tensor) -> bool:
@@ -120,21 +114,26 @@ def rows(table: torch.Tensor) -> Optional[torch.Tensor]:
     return _mask(table)
 
 
-def _mask(table: torch.Tensor) -> torch.Tensor:
-    """The table's mask with the ids noted since made part of it."""
+def _mask(table: torch.Tensor, notes: Optional[int] = None) -> torch.Tensor:
+    """The table's mask with its first `notes` notes (all by default) made
+    part of it. Outside an optimizer's step (which clears it), it holds rows
+    taken by backward passes alone."""
     d = table.__dict__
     mask = d.get(_ROWS)
     if mask is None or mask.device != table.device:
         mask = torch.zeros(len(table), dtype=torch.bool, device=table.device)
         setattr(table, _ROWS, mask)
-    pending = d.get(_IDS, ())
-    if pending:
-        d[_MASK_HOLDS] = "taken" if (d.get(_MASK_HOLDS) in (None, "taken")
-                                     and d.get(_TAKEN, 0) == len(pending)) else "mixed"
+    pending = d.get(_IDS, [])
+    _fold(mask, pending[:notes])
+    del pending[:notes]
     d[_TAKEN] = 0
-    _fold(mask, pending)
-    d.get(_IDS, []).clear()
     return mask
+
+
+def _fold_taken(table: torch.Tensor) -> None:
+    """The notes a backward pass took made part of the mask."""
+    if table.__dict__.get(_TAKEN, 0):
+        _mask(table, table.__dict__[_TAKEN])
 
 
 def _fold(mask: torch.Tensor, notes) -> torch.Tensor:
@@ -171,7 +170,6 @@ def clear(table: torch.Tensor) -> None:
     d = table.__dict__
     d.get(_IDS, []).clear()
     d[_TAKEN] = 0
-    d[_MASK_HOLDS] = None
     if _ROWS in d:
         d[_ROWS].zero_()
     d[_AGREED] = False
@@ -206,31 +204,21 @@ def agree(declared: List[torch.Tensor], group=None) -> None:
     declared = kept
     if not declared:
         return
-    # Per table: the rows a backward pass took (dropped with a gradient set
-    # aside), those read since, and whether the first holds some of those.
+    # Per table: the rows backward passes took (dropped with a gradient set
+    # aside) and those read since, apart.
     parts = []
     for table in declared:
-        d = table.__dict__
-        pending, taken = d.get(_IDS, []), d.get(_TAKEN, 0)
-        d[_IDS], d[_TAKEN] = pending[:taken], taken
-        mask = _mask(table)
-        parts += [mask, _fold(torch.zeros_like(mask), pending[taken:]),
-                  torch.tensor([d.get(_MASK_HOLDS) == "mixed"], device=mask.device)]
+        mask = _mask(table, table.__dict__.get(_TAKEN, 0))
+        parts += [mask, _fold(torch.zeros_like(mask), table.__dict__.get(_IDS, []))]
     flat = torch.cat(parts).to(torch.uint8)
     dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
-    offset, flags = 0, []
-    for mask, since in zip(parts[::3], parts[1::3]):
-        n = len(mask)
-        mask.copy_(flat[offset:offset + n].bool())
-        since.copy_(flat[offset + n:offset + 2 * n].bool())
-        flags.append(offset + 2 * n)
-        offset += 2 * n + 1
-    mixed = flat[flags].tolist()   # (one read to the host, not one a table)
-    for table, since, holds_mixed in zip(declared, parts[1::3], mixed):
-        d = table.__dict__
-        d[_IDS] = [(since, None)]   # (not taken yet)
-        d[_MASK_HOLDS] = "mixed" if holds_mixed else "taken"
-        d[_AGREED] = True
+    offset = 0
+    for table, part in zip(declared, parts[1::2]):
+        table.__dict__[_ROWS].copy_(flat[offset:offset + len(part)].bool())
+        part.copy_(flat[offset + len(part):offset + 2 * len(part)].bool())
+        offset += 2 * len(part)
+        table.__dict__[_IDS] = [(part, None)]   # (not taken yet)
+        table.__dict__[_AGREED] = True
 
 
 def asks(declared: List[torch.Tensor]) -> List[float]:

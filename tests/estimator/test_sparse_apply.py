@@ -338,18 +338,20 @@ class _LateTable(torch.nn.Module):
 
 
 def _late_model_fn(first_step, sparse=False, accumulate=False, zero_first=False,
-                   zero_grad_first=False, set_to_none=True):
+                   zero_grad_first=False, set_to_none=True, read_from=0):
     """A head trained from the first step, a table by its own RMSProp from
     `first_step` (kept from the steps before, its gradients set to None at
     the end of the train_op, or with `zero_grad_first` at its start, as
     PyTorch's `zero_grad(); backward(); step()`; `set_to_none=False`: zeroed
     in place; `accumulate`: added up until then); `zero_first`: the first
     lookup's rows get zero gradients (read all the same: TF's apply updates
-    them)."""
+    them); `read_from`: the table is not read before that step (its
+    lookups' output replaced by zeros)."""
     def model_fn(features, labels, mode):
         table = est.get_module("emb", lambda: _LateTable(sparse))
         head = est.get_module("head", lambda: torch.nn.Linear(3, 1))
-        x = table(torch.as_tensor(features["ids"]))
+        ids = torch.as_tensor(features["ids"])
+        x = table(ids) if est.get_global_step() >= read_from else torch.zeros(*ids.shape, 3)
         x = x[:, 1] + (0.0 if zero_first else 1.0) * x[:, 0]
         loss = ((head(x).squeeze(1) - torch.as_tensor(labels)) ** 2).mean()
         h = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.05), name="head",
@@ -387,9 +389,10 @@ def _ids_read(batches):
     return sorted({i for ids, _ in batches for row in ids for i in row})
 
 
-def _late_batches(n):
+def _late_batches(n, lookups=2):
     rng = np.random.RandomState(1)
-    return [(rng.randint(0, 4000, (2, 2)).tolist(), rng.randn(2).tolist()) for _ in range(n)]
+    return [(rng.randint(0, 4000, (2, lookups)).tolist(), rng.randn(2).tolist())
+            for _ in range(n)]
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
@@ -407,6 +410,21 @@ def test_rows_read_while_a_table_is_kept_from_training_are_not_stepped_later(
     how = {"zero_first": True, "zero_grad_first": zero_grad_first, "set_to_none": set_to_none}
     noted = _train_late(tmp_path / "noted", batches, 4, **how)
     sparse = _train_late(tmp_path / "sparse", batches, 4, sparse=True, **how)
+    for name in sparse.get_variable_names():
+        np.testing.assert_allclose(noted.get_variable_value(name),
+                                   sparse.get_variable_value(name), rtol=1e-6, err_msg=name)
+    rms = noted.get_variable_value("emb/emb/weight/rms")
+    assert _rows_touched(rms) == _ids_read(batches[4:])
+
+
+def test_rows_read_by_many_lookups_while_a_table_is_kept_from_training_are_not_stepped(
+        tmp_path):
+    """As above with 70 lookups a step (a sequence model's lookup a time
+    step): the rows read in the steps the table was kept from training were
+    all stepped at its first step (noted past 64 lookups, they were kept)."""
+    batches = _late_batches(6, lookups=70)
+    noted = _train_late(tmp_path / "noted", batches, 4)
+    sparse = _train_late(tmp_path / "sparse", batches, 4, sparse=True)
     for name in sparse.get_variable_names():
         np.testing.assert_allclose(noted.get_variable_value(name),
                                    sparse.get_variable_value(name), rtol=1e-6, err_msg=name)
@@ -505,15 +523,32 @@ def test_rows_read_by_lookups_the_loss_does_not_reach_on_replicas(tmp_path, kind
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("set_to_none, lookups", [(True, 2), (False, 2), (True, 70)])
 @pytest.mark.parametrize("kind", ["mirrored", "central"])
-def test_rows_read_while_a_table_is_kept_from_training_on_replicas(tmp_path, kind, set_to_none):
+def test_rows_read_while_a_table_is_kept_from_training_on_replicas(tmp_path, kind, set_to_none,
+                                                                   lookups):
     """The test above on 2 replicas, the gradients zeroed first: the rows any
     replica read for the step the table is first stepped, those of its
     zero-gradient lookup too (agreed over the replicas), alone; as in one
-    process on the joined batches."""
-    batches = _late_batches(12)
+    process on the joined batches; with 70 lookups a step too."""
+    batches = _late_batches(12, lookups)
     how = {"zero_first": True, "zero_grad_first": True, "set_to_none": set_to_none}
+    replicas = _train_late(tmp_path / "replicas", batches, 4, _strategy(kind), **how)
+    one = _train_late(tmp_path / "one", _pairs(batches), 4, **how)
+    _assert_same_variables(replicas, one)
+    rms = one.get_variable_value("emb/emb/weight/rms")
+    assert _rows_touched(rms) == _ids_read(batches[8:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["mirrored", "central"])
+def test_a_table_read_from_a_later_step_kept_from_training_on_replicas(tmp_path, kind):
+    """As above with the table first read at the second step (the replicas'
+    agreement of its rows came before any lookup): the rows read while it is
+    kept from training are dropped all the same."""
+    batches = _late_batches(12)
+    how = {"zero_grad_first": True, "read_from": 1}
     replicas = _train_late(tmp_path / "replicas", batches, 4, _strategy(kind), **how)
     one = _train_late(tmp_path / "one", _pairs(batches), 4, **how)
     _assert_same_variables(replicas, one)
