@@ -230,24 +230,31 @@ def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str
                                f"rendezvous: {e}") from None
     if f"{host}:{port}" not in host_name:
         host_name = f"{host_name} at {host}:{port}"
-    # (an attempt given t s takes about 2t: torch's client retries once within it)
-    start, attempt = time.monotonic(), min(_WAIT_LOG_SECS, timeout / 4) / 2
+    # Until the host listens, a plain socket asks (torch's client would print
+    # a C++ stack trace for each refused attempt); then the store is reached.
+    start, every = time.monotonic(), min(_WAIT_LOG_SECS, timeout / 4)
+    said, error = start, None
     while True:
         left = timeout - (time.monotonic() - start)
+        if left <= 0.05:
+            reason = str(error).splitlines()[0] if error else "no answer"
+            raise TimeoutError(f"Rendezvous failed: {host_name} could not be reached within "
+                               f"{timeout:g} s ({reason})") from None
         try:
-            store = dist.TCPStore(host, port, None, False,
-                                  _timeout(max(0.1, min(left, attempt))),
+            socket.create_connection((host, port), timeout=min(left, 5.0)).close()
+            store = dist.TCPStore(host, port, None, False, _timeout(left),
                                   wait_for_workers=False)
             store.set_timeout(_timeout(timeout))   # (its waits after this: the whole timeout)
             return store
-        except (RuntimeError, dist.DistError) as e:
-            waited = time.monotonic() - start
-            if waited >= timeout - 0.05:
-                raise TimeoutError(f"Rendezvous failed: {host_name} could not be reached within "
-                                   f"{timeout:g} s ({str(e).splitlines()[0]})") from None
+        except (OSError, RuntimeError, dist.DistError) as e:
+            error = e
+        now = time.monotonic()
+        if now - said >= every:
+            said = now
             logger.warning("%s: waiting for %s for the rendezvous (%.0f s of %g s); if it "
                            "failed and its job ended, restart the whole job", me, host_name,
-                           waited, timeout)
+                           now - start, timeout)
+        time.sleep(min(0.2, max(0.0, timeout - (now - start))))
 
 
 def _wait_for_all(store, world_size: int, timeout: float, describe, address: str) -> None:
