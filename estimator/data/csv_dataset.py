@@ -167,7 +167,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         shards, index = self.sharding
         worker = torch.utils.data.get_worker_info()
         if worker is not None:
-            shards, index = shards * worker.num_workers, index * worker.num_workers + worker.id
+            shards, index = shards * worker.num_workers, index + shards * worker.id
         for i, batch in enumerate(self._batches()):
             if i % shards == index:
                 yield self._parse(batch)

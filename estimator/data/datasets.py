@@ -74,7 +74,7 @@ class _ShardedFiles(torch.utils.data.IterableDataset):
         shards, index = self.num_shards, self.index
         worker = torch.utils.data.get_worker_info()
         if worker is not None:
-            shards, index = shards * worker.num_workers, index * worker.num_workers + worker.id
+            shards, index = shards * worker.num_workers, index + shards * worker.id
         for i, record in enumerate(self._records()):
             if i % shards == index:
                 yield record

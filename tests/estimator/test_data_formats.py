@@ -144,7 +144,9 @@ def test_missing_file_and_bad_options():
 
 def test_input_contexts_and_dataloader_workers_read_each_record_once(tmp_path):
     """Two input pipelines (InputContext(2, i)), each read by a DataLoader with
-    two workers, over three files: every record exactly once."""
+    two workers, over three files: every record exactly once; and so with
+    pipelines of other worker counts (a pipeline's records were those of
+    its worker count: 7 duplicated and 7 lost with 2 workers and none)."""
     files = []
     for f in range(3):
         path = tmp_path / f"part-{f}.tfrecord"
@@ -152,14 +154,14 @@ def test_input_contexts_and_dataloader_workers_read_each_record_once(tmp_path):
             for i in range(7 + f):
                 writer.write(f"{f}-{i}".encode())
         files.append(str(path))
-    seen = []
-    for pipeline in range(2):
-        context = distribute.InputContext(2, pipeline)
-        dataset = est.data.TFRecordDataset(files, input_context=context)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
-        seen += list(loader)
     expected = [f"{f}-{i}".encode() for f in range(3) for i in range(7 + f)]
-    assert sorted(seen) == sorted(expected) and len(seen) == len(expected)
+    for workers in ((2, 2), (2, 0), (0, 3)):
+        seen = []
+        for pipeline, n in enumerate(workers):
+            context = distribute.InputContext(2, pipeline)
+            dataset = est.data.TFRecordDataset(files, input_context=context)
+            seen += list(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=n))
+        assert sorted(seen) == sorted(expected) and len(seen) == len(expected), workers
     shards = [list(est.data.TFRecordDataset(files).shard(3, i)) for i in range(3)]
     assert sorted(sum(shards, [])) == sorted(expected)
 
@@ -526,13 +528,18 @@ def test_make_csv_dataset_without_a_seed_shuffles_by_torchs_generator(tmp_path):
     workers = ids(torch.utils.data.DataLoader(made(7), batch_size=None, num_workers=2))
     assert sorted(workers) == sorted(order)   # (the workers' batches in turn: one order)
     assert workers == ids(torch.utils.data.DataLoader(made(7), batch_size=None, num_workers=2))
-    pipelines = []
-    for pipeline in range(2):   # (each the process of a replica, started alike)
-        torch.manual_seed(7)
-        dataset = est.data.make_csv_dataset(path, batch_size=2, label_name="label", num_epochs=1,
-                                            input_context=distribute.InputContext(2, pipeline))
-        pipelines += ids(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2))
-    assert sorted(pipelines) == list(range(16))
+    # (pipelines of other worker counts: in order, as a shuffle with workers
+    # follows the DataLoader's base seed)
+    for workers, shuffle in (((2, 2), True), ((2, 0), False)):
+        pipelines = []
+        for pipeline, n in enumerate(workers):   # (each the process of a replica, started alike)
+            torch.manual_seed(7)
+            dataset = est.data.make_csv_dataset(
+                path, batch_size=2, label_name="label", num_epochs=1, shuffle=shuffle,
+                input_context=distribute.InputContext(2, pipeline))
+            pipelines += ids(torch.utils.data.DataLoader(dataset, batch_size=None,
+                                                         num_workers=n))
+        assert sorted(pipelines) == list(range(16)), workers
     dataset = made(7)
     assert sorted(sum((ids(dataset.shard(3, i)) for i in range(3)), [])) == sorted(order)
 
