@@ -12,17 +12,24 @@ import numpy as np
 import torch
 
 from ..io._records import open_stream
-from ..io.csv import DecodeCSVError, decode_csv
+from ..io.csv import DecodeCSVError, _decode, check_field_delim
 from .datasets import _interleave, cycle_length, list_files
 
 _INFERENCE_ROWS = 100
 logger = logging.getLogger(__name__)
 
 
-def _header(path: str, delim: str, compression_type) -> list:
+def _reader(lines, delim: str, quoted: bool):
+    """Python's csv reader as TF's make_csv_dataset reads the header and the
+    rows it infers types from (quotes as text without `use_quote_delim`)."""
+    return csv.reader(lines, delimiter=delim,
+                      quoting=csv.QUOTE_MINIMAL if quoted else csv.QUOTE_NONE)
+
+
+def _header(path: str, delim: str, quoted: bool, compression_type) -> list:
     with open_stream(path, compression_type) as f:
         first = f.readline().decode("utf-8", "surrogateescape").rstrip("\r\n")
-    return next(csv.reader([first], delimiter=delim))
+    return next(_reader([first], delim, quoted))
 
 
 def _infer_default(name: str, values: Sequence[str], na_value: str):
@@ -57,13 +64,7 @@ _STRING = len(_VALID) - 1
 
 
 def _warn_if_mostly_numbers(name: str, values: Sequence[str], na_value: str) -> None:
-    odd = []
-    for v in values:
-        try:
-            float(v)
-        except ValueError:
-            if v not in ("", na_value):
-                odd.append(v)
+    odd = [v for v in values if v not in ("", na_value) and not _VALID[_STRING - 1](v)]
     numbers = sum(v not in ("", na_value) for v in values) - len(odd)
     if numbers > len(odd):
         logger.warning(
@@ -78,7 +79,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
 
     def __init__(self, files, batch_size, column_names, defaults, label_name, select,
                  csv_format, header, num_epochs, shuffling, compression_type,
-                 drop_final_batch, cycle_length=1, shard=(1, 0)):
+                 drop_final_batch, cycle_length=1, shard=(1, 0), ignore_errors=False):
         self.files, self.batch_size, self.column_names = files, batch_size, column_names
         self.defaults, self.label_name, self.select = defaults, label_name, select
         self.field_delim, self.use_quote_delim, self.na_value = csv_format
@@ -86,6 +87,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
             compression_type
         self.shuffle, self.shuffle_buffer_size, self.shuffle_seed = shuffling
         self.drop_final_batch = drop_final_batch
+        self.ignore_errors = ignore_errors   # rows that cannot be read left out
         self.cycle_length = cycle_length   # files read in turn (TF's num_parallel_reads)
         self.sharding = shard   # (input pipelines, this one's id): its every n-th batch
         self._iterations = 0   # of the dataset here, each shuffled otherwise
@@ -96,9 +98,27 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         return _interleave(self.files, self._file_lines, self.cycle_length)
 
     def _file_lines(self, path: str):
-        """(record, file, line number) of each data record of `path`: a line,
-        or the lines a quoted field with line breaks spans (RFC 4180, as TF's
-        CsvDataset reads them), numbered by its first."""
+        """(record, file, line number) of each data record of `path`: a line
+        (a blank one too, as TF's CsvDataset reads it), or the lines a quoted
+        field with line breaks spans (RFC 4180, as TF's), numbered by its
+        first; with `ignore_errors`, only those that can be read."""
+        records = self._file_records(path)
+        if not self.ignore_errors:
+            return records
+        return (r for r in records if self._readable(r[0]))
+
+    def _readable(self, record: str) -> bool:
+        try:
+            self._decode([record])
+        except DecodeCSVError:
+            return False
+        return True
+
+    def _decode(self, records):
+        return _decode(records, self.defaults, self.field_delim, self.use_quote_delim,
+                       self.na_value, self.select, blank_line=True)
+
+    def _file_records(self, path: str):
         with open_stream(path, self.compression_type) as f:
             lines = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape",
                                      newline="")
@@ -108,13 +128,13 @@ class _CsvBatches(torch.utils.data.IterableDataset):
             for number, line in enumerate(lines, 1 + self.header):
                 if record is not None:   # inside a quoted field: its line break too
                     record += line
-                elif line.rstrip("\r\n"):
+                else:
                     record, first = line, number
-                if record is None or (self.use_quote_delim and record.count('"') % 2):
+                if self.use_quote_delim and record.count('"') % 2:
                     continue
                 yield record.rstrip("\r\n"), path, first
                 record = None
-            if record is not None:   # (TF's CsvDataset fails on it too)
+            if record is not None and not self.ignore_errors:   # (TF's CsvDataset fails too)
                 raise ValueError(f"make_csv_dataset: {path}, line {first}: a quoted field "
                                  "opened on this line is not closed before the end of "
                                  "the file")
@@ -186,9 +206,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         names = ([self.column_names[i] for i in self.select] if self.select is not None
                  else self.column_names)
         try:
-            columns = decode_csv([line for line, _, _ in batch], self.defaults,
-                                 self.field_delim, self.use_quote_delim, self.na_value,
-                                 select_cols=self.select)
+            columns = self._decode([line for line, _, _ in batch])
         except DecodeCSVError as e:   # TF names the record in the batch; here its line
             line, path, number = batch[e.record]
             where = f"column {names[e.field]!r} {e.problem}" if e.field is not None \
@@ -225,20 +243,23 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
     replica and DataLoader worker, which each keep every n-th batch of the
     one order). Strings are bytes, as TF's. `num_parallel_reads` files are
     read in turn, a row from each, as TF's interleave. `input_context` (not
-    TF's): keep this input pipeline's batches. `prefetch_buffer_size`,
-    `sloppy` and `ignore_errors` are accepted for TF's signature (errors are
-    raised)."""
-    del prefetch_buffer_size, sloppy, ignore_errors
+    TF's): keep this input pipeline's batches. A blank line is a row of one
+    empty field, as TF reads it (the default in a file of one column, an
+    error in one of more); `ignore_errors` leaves out the rows that cannot
+    be read (each is read once more on its own to know: slower), as TF's.
+    `prefetch_buffer_size` and `sloppy` are accepted for TF's signature."""
+    del prefetch_buffer_size, sloppy
+    check_field_delim(field_delim)
     files = list_files(file_pattern)
     if column_names is None:
         if not header:
             raise ValueError("Cannot infer column names without a header line.")
-        column_names = _header(files[0], field_delim, compression_type)
+        column_names = _header(files[0], field_delim, use_quote_delim, compression_type)
         if not column_names:
             raise ValueError(f"make_csv_dataset: {files[0]} has no header line to name the "
                              "columns (it is empty, or its first line is)")
         for path in files[1:]:   # (each file is read by the first one's header)
-            other = _header(path, field_delim, compression_type)
+            other = _header(path, field_delim, use_quote_delim, compression_type)
             if other != column_names:
                 raise ValueError(
                     f"make_csv_dataset: all input CSV files should have the same column names "
@@ -256,10 +277,9 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
         raise ValueError(f"`label_name` provided must be one of the columns: "
                          f"{[column_names[i] for i in wanted]}; got {label_name!r}")
     if column_defaults is None:
-        sample = _sample_rows(files, header, field_delim, num_rows_for_inference,
-                              compression_type)
-        column_defaults = [_infer_default(column_names[i], [row[i] if i < len(row) else ""
-                                                            for row in sample], na_value)
+        sample = _sample_rows(files, header, (field_delim, use_quote_delim),
+                              num_rows_for_inference, len(column_names), compression_type)
+        column_defaults = [_infer_default(column_names[i], [row[i] for row in sample], na_value)
                            for i in wanted]
     elif select is not None and len(column_defaults) == len(column_names):
         column_defaults = [column_defaults[i] for i in select]
@@ -277,7 +297,7 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
     return _CsvBatches(files, batch_size, column_names, list(column_defaults), label_name,
                        select, (field_delim, use_quote_delim, na_value), header, num_epochs,
                        (shuffle, shuffle_buffer_size, shuffle_seed), compression_type,
-                       drop_final_batch, cycle_length(num_parallel_reads), shard)
+                       drop_final_batch, cycle_length(num_parallel_reads), shard, ignore_errors)
 
 
 def _check_selected(select_columns, column_names):
@@ -291,9 +311,10 @@ def _check_selected(select_columns, column_names):
     return select_columns
 
 
-def _sample_rows(files, header, delim, n, compression_type) -> list:
+def _sample_rows(files, header, csv_format, n, columns, compression_type) -> list:
     """The first `n` rows of the files, in order (TF's inference reads on
-    into the next file)."""
+    into the next file); a row of another number of fields (a blank line:
+    none) is TF's error, with its file and line."""
     rows = []
     for path in files:
         with open_stream(path, compression_type) as f:
@@ -301,9 +322,15 @@ def _sample_rows(files, header, delim, n, compression_type) -> list:
                                      newline="")
             if header:
                 next(lines, None)
-            for row in csv.reader(lines, delimiter=delim):
+            reader, line = _reader(lines, *csv_format), 1 + header
+            for number, row in enumerate(reader, 1 + header):   # (TF's row numbers)
                 if len(rows) >= n:
                     return rows
-                if row:
-                    rows.append(row)
+                if len(row) != columns:
+                    raise ValueError(
+                        f"make_csv_dataset: {path}, line {line}: Problem inferring types: CSV "
+                        f"row {number} has {len(row)} number of fields. Expected: {columns}. "
+                        "(Give column_defaults to read the file without inferring its types)")
+                rows.append(row)
+                line = reader.line_num + 1 + header
     return rows

@@ -95,6 +95,21 @@ def decode_csv(records, record_defaults: Sequence, field_delim: str = ",",
     required column. An empty field (or `na_value`) takes the default; a
     required one missing, a bad number or a wrong field count is an error
     naming the field and the record. `select_cols`: the columns to read."""
+    return _decode(records, record_defaults, field_delim, use_quote_delim, na_value,
+                   select_cols, blank_line=False)
+
+
+def check_field_delim(field_delim) -> None:
+    if not isinstance(field_delim, str) or len(field_delim) != 1:
+        raise ValueError(f"field_delim should be only 1 char, got {field_delim!r}")   # (TF's)
+
+
+def _decode(records, record_defaults, field_delim, use_quote_delim, na_value, select_cols,
+            blank_line: bool) -> List[np.ndarray]:
+    """`decode_csv`; an empty record has no field (TF's decode_csv) or, with
+    `blank_line`, one empty field (a CSV file's blank line, as TF's
+    CsvDataset reads it: the default in a file of one column)."""
+    check_field_delim(field_delim)
     if isinstance(records, (str, bytes)):
         records = [records]
     kinds = [_column_kind(d, i) for i, d in enumerate(record_defaults)]
@@ -109,10 +124,11 @@ def decode_csv(records, record_defaults: Sequence, field_delim: str = ",",
     for r, record in enumerate(records):
         line = record.decode("utf-8", "surrogateescape") if isinstance(record, bytes) \
             else str(record)
-        fields = _fields(line, field_delim, use_quote_delim, r)
+        fields = _fields(line, field_delim, use_quote_delim, r) if line or blank_line else []
         if select_cols is not None:
-            if select_cols and select_cols[-1] >= len(fields):
-                problem = f"Expect {select_cols[-1] + 1} fields but have {len(fields)}"
+            if select_cols and select_cols[-1] >= len(fields):   # (TF's count: those selected)
+                problem = (f"Expect {len(select_cols)} fields but have "
+                           f"{sum(c < len(fields) for c in select_cols)}")
                 raise DecodeCSVError(f"{problem} in record {r}", r, None, problem)
             fields = [fields[i] for i in select_cols]
         elif len(fields) != len(kinds):
