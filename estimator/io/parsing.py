@@ -183,11 +183,11 @@ def _sequence(rows, key, spec: FixedLenSequenceFeature, kind: str) -> np.ndarray
         b"" if kind == "string" else 0)
     if kind == "string":
         pad = _as_bytes(pad)
+    if not spec.allow_missing:   # (TF's words: its parse_example refuses the spec)
+        raise ValueError(f"Unsupported: FixedLenSequenceFeature requires allow_missing to be "
+                         f"True (key {key!r})")
     lengths = []
     for i, row in enumerate(rows):
-        if row is None and not spec.allow_missing:
-            raise ValueError(f"Name: example {i}, Feature list: {key}: missing; set "
-                             "allow_missing=True to read it as empty")
         row = row or []
         if len(row) % size:
             raise ValueError(f"Name: example {i}, Key: {key}, Index: 0. Number of "

@@ -168,6 +168,15 @@ def test_input_contexts_and_dataloader_workers_read_each_record_once(tmp_path):
 
 
 # -- tf.Example ----------------------------------------------------------------------------
+def test_a_sequence_feature_must_allow_missing_as_tf():
+    """TF 2.15's parse_example refuses FixedLenSequenceFeature(allow_missing=False)
+    (it parsed the examples that had the feature)."""
+    spec = {"seq": est.io.FixedLenSequenceFeature([2], torch.float32)}
+    with pytest.raises(ValueError, match="^Unsupported: FixedLenSequenceFeature requires "
+                       "allow_missing to be True \\(key 'seq'\\)$"):
+        est.io.parse_example(RECORDS, spec)
+
+
 def test_parse_example_gives_tfs_values():
     parsed = est.io.parse_example(RECORDS, SPEC)
     tf_batch = TF["parse"]["batch"]
