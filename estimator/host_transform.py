@@ -107,7 +107,7 @@ def example_of(values: Dict[str, Any], spec: Dict[str, Any]) -> bytes:
             if kind == "string":
                 feature.bytes_list.value.extend(_text(v) for v in items)
             elif kind.startswith(("float", "bfloat", "half", "double")):
-                feature.float_list.value.extend(float(v) for v in items)
+                feature.float_list.value.extend(_number(v) for v in items)
             else:
                 feature.int64_list.value.extend(_integer(v) for v in items)
         except (TypeError, ValueError) as e:
@@ -141,10 +141,19 @@ def _text(value) -> bytes:
     return value.encode("utf-8")
 
 
+def _number(value) -> float:
+    """A float feature's value: a JSON number, never a bool or a string (TF
+    Serving makes those features of another kind, which the spec refuses)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("expected a number")
+    return float(value)
+
+
 def _integer(value) -> int:
-    """An int64 feature's value: an integer (2.0 too), never a truncated 2.7
-    or a bool (TF Serving rejects both)."""
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+    """An int64 feature's value: an integer (2.0 too), never a truncated 2.7,
+    a bool or a string (TF Serving rejects them)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not value.is_integer()):
         raise ValueError("expected an integer")
     return int(value)
 

@@ -160,7 +160,14 @@ class Model:
         outputs = self._run(name, self._examples(body))
         if "outputs" not in outputs:
             raise RequestError(f"signature {name!r} has no regression 'outputs'")
-        return {"result": outputs["outputs"].reshape(-1).tolist()}
+        values = outputs["outputs"]
+        if values.ndim not in (1, 2) or values.ndim == 2 and values.shape[1] != 1:
+            # (TF Serving's regressor: a value per example; label_dimension > 1 is
+            # for :predict, whose "predictions" keep each example's values)
+            raise RequestError(f"Expected output Tensor shape to be either [batch_size] or "
+                               f"[batch_size, 1] but got {list(values.shape)}; :predict "
+                               "answers with every value of each example")
+        return {"result": values.reshape(-1).tolist()}
 
     # -- helpers ---------------------------------------------------------------------
     def _inputs_of(self, signature: str) -> Dict[str, dict]:

@@ -438,3 +438,35 @@ def test_export_into_a_file_says_so(exported, tmp_path):
                                          r"directory"):
         _raw_export(exported[0], str(afile))
     assert afile.read_text() == "kept"
+
+
+def test_regress_refuses_several_values_an_example_as_tf_serving(tmp_path):
+    """A regressor of label_dimension 2: TF Serving's :regress answers 400 (a
+    value per example); it gave a flat list of twice the examples (interop probe)."""
+    estimator = est.LinearRegressor([fc.numeric_column("a"), fc.numeric_column("b")],
+                                    label_dimension=2, model_dir=str(tmp_path / "model"))
+    estimator.train(lambda: [({"a": np.ones(4, np.float32), "b": np.zeros(4, np.float32)},
+                              np.ones((4, 2), np.float32))], steps=1)
+    model = est.serving.Model(_raw_export(estimator, str(tmp_path / "export")))
+    examples = [{"a": 1.0, "b": 2.0}] * 3
+    with pytest.raises(est.serving.RequestError, match=re.escape(
+            "Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
+            "[3, 2]")):
+        model.regress({"signature_name": "regression", "examples": examples})
+    predictions = model.predict({"signature_name": "predict", "instances": examples})
+    assert np.shape(predictions["predictions"]) == (3, 2)
+
+
+def test_example_values_of_another_kind_are_refused_as_tf_serving():
+    """A bool or a string for a float feature, a string for an int64 one:
+    TF Serving's JSON makes them features of another kind, which the spec
+    refuses (400); they were taken as 1.0 and 2.0 (interop probe)."""
+    spec = {"x": est.io.FixedLenFeature([1], torch.float32),
+            "n": est.io.FixedLenFeature([1], torch.int64)}
+    est.host_transform.example_of({"x": 2, "n": 2.0}, spec)
+    for values, said in (({"x": True}, "feature 'x': True is not a float32 value"),
+                         ({"x": "2.0"}, "feature 'x': '2.0' is not a float32 value"),
+                         ({"n": "10090"}, "feature 'n': '10090' is not a int64 value")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            est.host_transform.example_of(values, spec)
+
