@@ -523,32 +523,20 @@ def test_rows_read_by_lookups_the_loss_does_not_reach_on_replicas(tmp_path, kind
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("set_to_none, lookups", [(True, 2), (False, 2), (True, 70)])
+@pytest.mark.parametrize("set_to_none, lookups, read_from",
+                         [(True, 2, 0), (False, 2, 0), (True, 70, 0), (True, 2, 1)])
 @pytest.mark.parametrize("kind", ["mirrored", "central"])
 def test_rows_read_while_a_table_is_kept_from_training_on_replicas(tmp_path, kind, set_to_none,
-                                                                   lookups):
+                                                                   lookups, read_from):
     """The test above on 2 replicas, the gradients zeroed first: the rows any
     replica read for the step the table is first stepped, those of its
     zero-gradient lookup too (agreed over the replicas), alone; as in one
-    process on the joined batches; with 70 lookups a step too."""
+    process on the joined batches; with 70 lookups a step too, and with the
+    table first read at the second step (the replicas' agreement of its
+    rows came before any lookup: they were kept)."""
     batches = _late_batches(12, lookups)
-    how = {"zero_first": True, "zero_grad_first": True, "set_to_none": set_to_none}
-    replicas = _train_late(tmp_path / "replicas", batches, 4, _strategy(kind), **how)
-    one = _train_late(tmp_path / "one", _pairs(batches), 4, **how)
-    _assert_same_variables(replicas, one)
-    rms = one.get_variable_value("emb/emb/weight/rms")
-    assert _rows_touched(rms) == _ids_read(batches[8:])
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["mirrored", "central"])
-def test_a_table_read_from_a_later_step_kept_from_training_on_replicas(tmp_path, kind):
-    """As above with the table first read at the second step (the replicas'
-    agreement of its rows came before any lookup): the rows read while it is
-    kept from training are dropped all the same."""
-    batches = _late_batches(12)
-    how = {"zero_grad_first": True, "read_from": 1}
+    how = {"zero_first": True, "zero_grad_first": True, "set_to_none": set_to_none,
+           "read_from": read_from}
     replicas = _train_late(tmp_path / "replicas", batches, 4, _strategy(kind), **how)
     one = _train_late(tmp_path / "one", _pairs(batches), 4, **how)
     _assert_same_variables(replicas, one)
