@@ -595,6 +595,18 @@ def _check_rate(value, name: str) -> float:
     return float(value)
 
 
+def _rate(hits: torch.Tensor, misses: torch.Tensor) -> torch.Tensor:
+    """hits / (hits + misses + 1e-7) in float32, as TF's: the rates nearest a
+    target are then TF's (in float64 the 1e-7 broke a tie of two rates
+    0.25 from it, another threshold picked)."""
+    hits = hits.float()
+    return hits / (hits + misses.float() + 1e-7)
+
+
+def _float32(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32)
+
+
 class SensitivityAtSpecificity(_AtThresholds):
     """The sensitivity at the threshold whose specificity is nearest to
     `specificity` (the first such; TF: `metrics.sensitivity_at_specificity`)."""
@@ -606,8 +618,8 @@ class SensitivityAtSpecificity(_AtThresholds):
 
     def result(self) -> torch.Tensor:
         tp, fn = self.true_positives, self.false_negatives
-        specificity = self.true_negatives / (self.true_negatives + self.false_positives + 1e-7)
-        i = (specificity - self.config["specificity"]).abs().argmin()
+        specificity = _rate(self.true_negatives, self.false_positives)
+        i = (specificity - _float32(self.config["specificity"])).abs().argmin()
         return tp[i] / (tp[i] + fn[i] + 1e-7)
 
 
@@ -623,8 +635,8 @@ class SpecificityAtSensitivity(_AtThresholds):
 
     def result(self) -> torch.Tensor:
         tn, fp = self.true_negatives, self.false_positives
-        sensitivity = self.true_positives / (self.true_positives + self.false_negatives + 1e-7)
-        gap = (sensitivity - self.config["sensitivity"]).abs()
+        sensitivity = _rate(self.true_positives, self.false_negatives)
+        gap = (sensitivity - _float32(self.config["sensitivity"])).abs()
         i = (gap == gap.min()).nonzero()[-1, 0]
         return tn[i] / (tn[i] + fp[i] + 1e-7)
 
@@ -636,6 +648,19 @@ def _class_ids(labels, predictions, device, weights):
     w = _weights(weights, labels.shape, device)
     w = torch.ones(labels.shape, dtype=_F64, device=device) if w is None else w
     return labels.reshape(-1), predictions.reshape(-1), w.reshape(-1)
+
+
+def check_range(ids: torch.Tensor, high: int, message: str, hint: str = "") -> None:
+    """Raise ValueError(`message`, the first id outside [0, high], `hint`)
+    where `ids` has one (TF's assert ops): on the host for CPU ids, a
+    device-side assertion elsewhere (no sync)."""
+    if ids.device.type != "cpu":
+        torch._assert_async(((ids >= 0) & (ids <= high)).all(), message)
+    elif ids.numel():
+        bounds = torch.aminmax(ids)
+        if bounds.min.item() < 0 or bounds.max.item() > high:
+            bad = ids[(ids < 0) | (ids > high)].reshape(-1)[0].item()
+            raise ValueError(f"{message}; got {bad}{hint}")
 
 
 def _check_num_classes(num_classes) -> int:
@@ -675,6 +700,9 @@ class MeanIoU(Metric):
     def update_state(self, labels, predictions, weights=None) -> None:
         labels, predictions, w = _class_ids(labels, predictions, self.device, weights)
         n = self.config["num_classes"]
+        for name, ids in (("labels", labels), ("predictions", predictions)):   # (TF's checks:
+            check_range(ids, n - 1, f"{name} out of bound: not in [0, num_classes - 1] = "   # a
+                        f"[0, {n - 1}]")   # pair out of range made another's cell count)
         self.total_confusion_matrix.view(-1).scatter_add_(0, labels * n + predictions, w)
 
     def result(self) -> torch.Tensor:

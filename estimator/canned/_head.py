@@ -456,16 +456,8 @@ class ClassificationHead(Head):
         """TF's ``_assert_range``: labels in [0, n_classes - 1]; on the host for
         CPU labels, a device-side assertion elsewhere (no sync)."""
         high = self._n_classes - 1
-        if ids.device.type == "cpu":
-            bounds = torch.aminmax(ids) if ids.numel() else None
-            if bounds is not None and (bounds.min.item() < 0 or bounds.max.item() > high):
-                bad = ids[(ids < 0) | (ids > high)].reshape(-1)[0].item()
-                raise ValueError(f"Labels must be in [0, n_classes - 1] = [0, {high}]; got "
-                                 f"{bad} (set n_classes, or label_vocabulary for string "
-                                 "labels)")
-        else:
-            torch._assert_async(((ids >= 0) & (ids <= high)).all(),
-                                f"Labels must be in [0, n_classes - 1] = [0, {high}]")
+        metrics.check_range(ids, high, f"Labels must be in [0, n_classes - 1] = [0, {high}]",
+                            " (set n_classes, or label_vocabulary for string labels)")
 
     def _unreduced_loss(self, labels, logits) -> torch.Tensor:
         if self._n_classes == 2:

@@ -92,6 +92,13 @@ def test_nothing_counted_and_ties():
     (lambda: metrics.true_positives_at_thresholds([1], [0.5], []), ValueError,
      "thresholds must not be empty"),
     (lambda: metrics.ConditionCount("hits"), ValueError, "condition must be one of"),
+    # TF's confusion matrix refuses ids out of range (a pair was counted in
+    # another's cell: predictions 3 as label 1's of class 0)
+    (lambda: metrics.mean_iou([0, 1, 2, 0, 1], [3, 1, 2, 0, 1], 3), ValueError,
+     r"^predictions out of bound: not in \[0, num_classes - 1\] = \[0, 2\]; got 3$"),
+    (lambda: metrics.mean_iou([1, 1, 2, 0, 1], [-1, 1, 2, 0, 1], 3), ValueError,
+     "predictions out of bound.*; got -1$"),
+    (lambda: metrics.mean_iou([3, 1], [0, 1], 3), ValueError, "labels out of bound.*; got 3$"),
 ])
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):

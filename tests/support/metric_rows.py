@@ -33,6 +33,14 @@ LABEL_SETS[6] = [2, 2, 2]                                          # duplicates
 SOME_WITHOUT = LABEL_SETS.copy()
 SOME_WITHOUT[7] = [-1, 5, -1]                                      # no label in range
 
+# Ties: 4 negatives scored .9, .6, .6, .1 (specificities 0, .25, .75, 1: a
+# target of .5 is .25 from two), then 4 positives scored .95, .55, .55, .15
+# (sensitivities 1, .75, .25, 0), among others of the other class
+TIE_LABELS = np.array([0, 0, 0, 0] + [1] * 19, np.int64)
+TIE_SCORES = np.concatenate([[0.9, 0.6, 0.6, 0.1], _rng.uniform(0.0, 1.0, 19)]).astype(np.float32)
+TIE_LABELS_2 = 1 - TIE_LABELS
+TIE_SCORES_2 = np.concatenate([[0.95, 0.55, 0.55, 0.15], _rng.uniform(0, 1, 19)]).astype(np.float32)
+
 _classes = dict(labels=CLASS_LABELS, predictions=CLASS_PREDICTIONS)
 _decisions = dict(labels=BINARY, predictions=DECISIONS)
 _scores = dict(labels=BINARY, predictions=SCORES)
@@ -85,4 +93,8 @@ CASES = {
         labels=LABEL_SETS, predictions=CLASS_SCORES), dict(k=5)),
     "average_precision_at_2_a_row_without_labels": ("average_precision_at_k", dict(
         labels=SOME_WITHOUT, predictions=CLASS_SCORES), dict(k=2)),
+    "sensitivity_at_specificity_tie": ("sensitivity_at_specificity", dict(
+        labels=TIE_LABELS, predictions=TIE_SCORES), dict(specificity=0.5)),
+    "specificity_at_sensitivity_tie": ("specificity_at_sensitivity", dict(
+        labels=TIE_LABELS_2, predictions=TIE_SCORES_2), dict(sensitivity=0.5)),
 }
