@@ -23,6 +23,7 @@ global batch's sum, as TF reports it.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -93,9 +94,11 @@ def mean_squared_error(labels, predictions, weights=1.0, scope=None,
 
 def huber_loss(labels, predictions, weights=1.0, delta=1.0, scope=None,
                loss_collection=GraphKeys.LOSSES, reduction=_DEFAULT):
-    """0.5 * error^2 where |error| <= delta, else 0.5 * delta^2 + delta * (|error| - delta)."""
+    """0.5 * error^2 where |error| <= delta, else 0.5 * delta^2 + delta * (|error| - delta)
+    (delta 0: zero, as TF's; torch's refuses it)."""
     labels, predictions = _pair(labels, predictions)
-    losses = torch.nn.functional.huber_loss(predictions, labels, reduction="none", delta=delta)
+    losses = torch.nn.functional.huber_loss(predictions, labels, reduction="none", delta=delta) \
+        if delta != 0 else (predictions - labels) * 0.0
     return _finish(losses, weights, reduction, loss_collection, scope, "huber_loss")
 
 
@@ -172,6 +175,8 @@ def sparse_softmax_cross_entropy(labels, logits, weights=1.0, scope=None,
     labels = torch.as_tensor(labels, device=logits.device)
     if labels.dim() == logits.dim():   # TF's remove_squeezable_dimensions
         labels = labels.squeeze(-1)
+    if not isinstance(weights, (torch.Tensor, np.ndarray, numbers.Number)):
+        weights = np.asarray(weights)   # (a list: squeezed as an array)
     if isinstance(weights, (torch.Tensor, np.ndarray)) and weights.ndim == labels.dim() + 1:
         weights = weights.squeeze(-1)
     if labels.dim() != logits.dim() - 1 or labels.shape != logits.shape[:-1]:

@@ -27,8 +27,8 @@ def _arg(value):
 def _case_id(case):
     args = case["args"]
     weights = args["weights"]
-    shape = "scalar" if not isinstance(weights, str) else "x".join(
-        map(str, np.shape(TF["arrays"][weights[1:]]["values"])))
+    shape = "scalar" if not isinstance(weights, (str, list)) else "list" if isinstance(
+        weights, list) else "x".join(map(str, np.shape(TF["arrays"][weights[1:]]["values"])))
     extra = [f"{k}={v}" for k, v in args.items()
              if k in ("delta", "epsilon", "label_smoothing") or k == "labels" and
              isinstance(v, str) and TF["arrays"][v[1:]]["dtype"] == "int64"
