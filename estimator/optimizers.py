@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from distribute import lookups
 
-__all__ = ["Ftrl", "RMSProp", "Adam", "ProximalAdagrad", "ProximalGradientDescent",
+__all__ = ["Ftrl", "RMSProp", "Adam", "Momentum", "ProximalAdagrad", "ProximalGradientDescent",
            "looked_up", "optimizer_factory", "OPTIMIZER_NAMES"]
 
 
@@ -510,6 +510,44 @@ class ProximalGradientDescent(_PerParameter):
 
     def _rows_matter(self, group: dict, w: torch.Tensor, state: dict) -> bool:
         return _shrinks(group)
+
+
+class Momentum(_PerParameter):
+    """``tf.compat.v1.train.MomentumOptimizer``, whose sparse apply (a sparse
+    gradient, or a table whose lookups are noted, `looked_up`) updates the
+    rows read alone, where ``torch.optim.SGD(momentum=...)`` moves every row
+    of a table by its momentum::
+
+        accum = momentum * accum + g
+        w    -= learning_rate * accum   (use_nesterov: g * lr + accum * momentum * lr)
+
+    State per parameter: ``momentum_buffer`` (TF's slot ``<var>/Momentum``,
+    from zeros; torch's SGD's name). `use_nesterov` is keyword-only (TF1 has
+    `use_locking` and `name` before it); `lr=` is accepted for `learning_rate`.
+    """
+
+    def __init__(self, params: Iterable, learning_rate: Optional[float] = None,
+                 momentum: Optional[float] = None, *, use_nesterov: bool = False,
+                 lr: Optional[float] = None):
+        learning_rate = _learning_rate(learning_rate, lr, "Momentum")
+        if momentum is None:
+            raise TypeError("Momentum needs momentum")
+        super().__init__(params, dict(lr=learning_rate, momentum=momentum,
+                                      use_nesterov=use_nesterov))
+
+    def _init_state(self, group: dict, w: torch.Tensor, state: dict) -> None:
+        state["momentum_buffer"] = torch.zeros_like(w, memory_format=torch.preserve_format)
+
+    def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
+        if not state:
+            self._init_state(group, w, state)
+        f = _in_dtype(w.dtype)
+        lr, momentum = f(group["lr"]), f(group["momentum"])
+        accum = state["momentum_buffer"].mul_(momentum).add_(g)
+        if group["use_nesterov"]:   # (TF's kernel's order: (accum * momentum) * lr)
+            w.sub_(torch.mul(g, lr).add_(accum.mul(momentum).mul_(lr)))
+        else:
+            w.sub_(torch.mul(accum, lr))
 
 
 def _adagrad(params, learning_rate):

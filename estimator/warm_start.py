@@ -121,7 +121,7 @@ class WarmStartSettings:
       optimizer slots into the state of torch's Adagrad (`<var>/Adagrad`),
       Adam (`<var>/Adam`, `<var>/Adam_1`, with `beta1_power`) and SGD with
       momentum (`<var>/Momentum`), and of `est.optimizers`' `Ftrl`, `Adam`,
-      `RMSProp` (`<var>/RMSProp`, `_1`, `_2` when centered) and
+      `RMSProp` (`<var>/RMSProp`, `_1`, `_2` when centered), `Momentum` and
       `ProximalAdagrad`;
       other optimizers' state starts fresh (a warning names TF slots left
       so); from this library's checkpoints, an optimizer of the same kind
@@ -169,7 +169,7 @@ def _settings(warm_start_from) -> Optional[WarmStartSettings]:
 def _slot_names(optimizer) -> Dict[str, str]:
     """{our state key: TF's slot name} of the optimizers whose state TF's
     slots make: torch's Adagrad, Adam and SGD with momentum, and this
-    library's Ftrl, Adam, RMSProp and ProximalAdagrad (TF1's rules)."""
+    library's Ftrl, Adam, RMSProp, Momentum and ProximalAdagrad (TF1's rules)."""
     from . import optimizers   # (a sibling module; imported here to keep this one light)
     if isinstance(optimizer, torch.optim.Adagrad):
         return {"sum": "Adagrad"}
@@ -186,7 +186,7 @@ def _slot_names(optimizer) -> Dict[str, str]:
         return {"accumulator": "ProximalAdagrad"}
     if type(optimizer) is torch.optim.Adam:
         return {"exp_avg": "Adam", "exp_avg_sq": "Adam_1"}
-    if isinstance(optimizer, torch.optim.SGD) and \
+    if isinstance(optimizer, optimizers.Momentum) or isinstance(optimizer, torch.optim.SGD) and \
             all(g["momentum"] and not g["dampening"] for g in optimizer.param_groups):
         return {"momentum_buffer": "Momentum"}
     return {}
@@ -459,7 +459,7 @@ class _WarmStarter:
                 "Warm-start: the checkpoint's optimizer slots %s%s are not warm-started into "
                 "%s, whose state starts fresh (TF's list warm start restores them; slots are "
                 "taken by torch's Adagrad, Adam and SGD with momentum, and est.optimizers' "
-                "Adam, Ftrl, RMSProp and ProximalAdagrad)", left[:4],
+                "Adam, Ftrl, RMSProp, Momentum and ProximalAdagrad)", left[:4],
                 " ..." if len(left) > 4 else "", type(optimizer).__name__)
 
     def _apply_own_slots(self, optimizer, var_names: Sequence[str], name: str) -> None:

@@ -30,6 +30,8 @@ OPTIMIZERS = {
     "Adagrad": "Adagrad",
     "Adam": "Adam",
     "SGD": "SGD",
+    "Momentum": lambda p: est.optimizers.Momentum(p, LR, 0.9),
+    "Momentum_nesterov": lambda p: est.optimizers.Momentum(p, LR, 0.9, use_nesterov=True),
 }
 SLOTS = {  # our optimizer state -> TF's slot suffix
     "RMSProp": {"rms": "RMSProp", "momentum": "RMSProp_1"},
@@ -40,6 +42,8 @@ SLOTS = {  # our optimizer state -> TF's slot suffix
     "Adagrad": {"sum": "Adagrad"},
     "Adam": {"m": "Adam", "v": "Adam_1"},
     "SGD": {},
+    "Momentum": {"momentum_buffer": "Momentum"},
+    "Momentum_nesterov": {"momentum_buffer": "Momentum"},
 }
 
 

@@ -24,6 +24,7 @@ with open(os.path.join(FIXTURES, "tf_warm_start_slots.json"), encoding="utf-8") 
 
 OPTIMIZERS = {"adam": lambda p: est.optimizers.Adam(p, 0.1),
               "momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+              "est_momentum": lambda p: est.optimizers.Momentum(p, 0.1, 0.9),
               "torch_adam": lambda p: torch.optim.Adam(p, lr=0.1),
               "rmsprop": lambda p: est.optimizers.RMSProp(p, 0.1),
               "centered": lambda p: est.optimizers.RMSProp(p, 0.1, momentum=0.9, centered=True),
@@ -66,14 +67,17 @@ def warm_started(tmp_path, name, recorded):
     return e
 
 
-@pytest.mark.parametrize("name", ["adam", "momentum", "two_adams", "adam_1200", "rmsprop",
-                                  "centered", "proximal"])
-def test_a_list_warm_start_carries_the_slots_as_tf(tmp_path, name):
+@pytest.mark.parametrize("optimizer, name", [
+    ("adam", "adam"), ("momentum", "momentum"), ("est_momentum", "momentum"),
+    ("two_adams", "two_adams"), ("adam", "adam_1200"), ("rmsprop", "rmsprop"),
+    ("centered", "centered"), ("proximal", "proximal")])
+def test_a_list_warm_start_carries_the_slots_as_tf(tmp_path, optimizer, name):
     """two_adams: the second Adam's powers are `beta1_power_1` (it took the
     first's: 2-5% off TF after 20 steps); adam_1200: beta1^1201 is 0;
     RMSProp's slots (they started fresh: a canned DNN continued from TF's
-    checkpoint was 10-23% off in its slots at the next step)."""
-    e = warm_started(tmp_path, name if name != "adam_1200" else "adam", name)
+    checkpoint was 10-23% off in its slots at the next step); TF's Momentum
+    into torch's SGD and into est.optimizers.Momentum."""
+    e = warm_started(tmp_path, optimizer, name)
     assert e.get_variable_value("global_step") == TF[name]["global_step"]
     np.testing.assert_allclose(e.get_variable_value("dense/weight").ravel(), TF[name]["kernel"],
                                rtol=1e-6, atol=1e-7)
@@ -101,7 +105,8 @@ def test_slots_an_optimizer_cannot_take_are_said(tmp_path, caplog):
                     "'dense/kernel/Adam_1', 'dense/bias/Adam', 'dense/bias/Adam_1'] are not "
                     "warm-started into RMSprop, whose state starts fresh (TF's list warm start "
                     "restores them; slots are taken by torch's Adagrad, Adam and SGD with "
-                    "momentum, and est.optimizers' Adam, Ftrl, RMSProp and ProximalAdagrad)"]
+                    "momentum, and est.optimizers' Adam, Ftrl, RMSProp, Momentum and "
+                    "ProximalAdagrad)"]
 
 
 # -- from this library's own checkpoints ------------------------------------------
