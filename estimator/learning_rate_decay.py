@@ -20,7 +20,6 @@ for each step). A rate changed by arithmetic (`2 * lr`, a warmup blended in)
 is another number and stays fixed in the optimizer (warned, a step after the
 schedule moves); set `group["lr"]` each step for those. TF
 computes in float32; these in float64 (they agree to float32's precision).
-`noisy_linear_cosine_decay` (random) is not here.
 """
 from __future__ import annotations
 
@@ -161,6 +160,11 @@ def cosine_decay_restarts(learning_rate, global_step, first_decay_steps, t_mul=2
         restart = math.floor(fraction)
         fraction -= restart
     else:
+        if 1.0 - fraction * (1.0 - t_mul) <= 0.0:   # (t_mul < 1: TF's rate is NaN from here)
+            raise ValueError(
+                f"cosine_decay_restarts: with t_mul={t_mul} < 1 the periods add up to "
+                f"{first_decay_steps / (1.0 - t_mul):g} steps, and step {global_step} is past "
+                "their end")
         restart = math.floor(math.log(1.0 - fraction * (1.0 - t_mul)) / math.log(t_mul))
         done = (1.0 - t_mul ** restart) / (1.0 - t_mul)
         fraction = (fraction - done) / t_mul ** restart
@@ -176,5 +180,26 @@ def linear_cosine_decay(learning_rate, global_step, decay_steps, num_periods=0.5
     decay_steps = _positive(decay_steps, "decay_steps", "linear_cosine_decay")
     step = min(_step(global_step, "linear_cosine_decay"), decay_steps)
     linear = (decay_steps - step) / decay_steps
+    cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_periods * step / decay_steps))
+    return learning_rate * ((alpha + linear) * cosine + beta)
+
+
+@_followed
+def noisy_linear_cosine_decay(learning_rate, global_step, decay_steps, initial_variance=1.0,
+                              variance_decay=0.55, num_periods=0.5, alpha=0.0, beta=0.001,
+                              name=None) -> float:
+    """`linear_cosine_decay` with Gaussian noise of variance `initial_variance
+    / (1 + step) ** variance_decay` added to `linear`. A step's noise comes
+    from a generator seeded by torch's seed (`tf_random_seed`) and the step,
+    not from torch's stream (dropout draws as without it): the same however
+    often the step's rate is computed, another at each step."""
+    decay_steps = _positive(decay_steps, "decay_steps", "noisy_linear_cosine_decay")
+    given = _step(global_step, "noisy_linear_cosine_decay")
+    step = min(given, decay_steps)
+    linear = (decay_steps - step) / decay_steps
+    seed = (torch.initial_seed() * 1_000_003 + int(given)) % 2**63
+    noise = torch.randn((), dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(seed)).item()
+    linear += noise * math.sqrt(initial_variance / (1.0 + step) ** variance_decay)
     cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_periods * step / decay_steps))
     return learning_rate * ((alpha + linear) * cosine + beta)

@@ -117,6 +117,9 @@ def test_a_rate_computed_in_the_factory_from_another_step_is_refused(tmp_path):
      "The length of boundaries should be 1 less than the length of values"),
     (lambda: decay.piecewise_constant(3, [20, 10], [1.0, 0.5, 0.1]), ValueError,
      "boundaries must be increasing"),
+    # (TF's rate is NaN past the periods' end; it was Python's "math domain error")
+    (lambda: decay.cosine_decay_restarts(0.1, 80, 40, t_mul=0.5), ValueError,
+     "with t_mul=0.5 < 1 the periods add up to 80 steps, and step 80 is past their end"),
 ])
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
@@ -179,3 +182,23 @@ def test_a_rate_made_by_arithmetic_is_followed_and_one_no_optimizer_takes_is_war
     else:
         np.testing.assert_array_equal(weight, initial.get_variable_value("net/weight"))
         assert len(warned) == 1 and "stays at 0.0" in warned[0].getMessage()
+
+
+def test_noisy_linear_cosine_decay_is_linear_cosine_decay_with_tfs_noise():
+    """It was not here (an AttributeError for a TF program using it): the
+    noise's variance decays as TF's, each step draws anew, the same step the
+    same (however often computed), repeatable with torch's seed."""
+    torch.manual_seed(3)
+    args = dict(decay_steps=1000, initial_variance=0.5, variance_decay=0.55)
+    noisy = np.array([decay.noisy_linear_cosine_decay(1.0, s, **args) for s in range(1000)])
+    plain = np.array([decay.linear_cosine_decay(1.0, s, 1000) for s in range(1000)])
+    cosine = 0.5 * (1.0 + np.cos(np.pi * np.arange(1000) / 1000))
+    noise = (noisy - plain) / np.where(cosine > 1e-3, cosine, np.nan)
+    scaled = noise / np.sqrt(0.5 / (1.0 + np.arange(1000)) ** 0.55)
+    scaled = scaled[np.isfinite(scaled)]
+    assert abs(scaled.mean()) < 0.1 and abs(scaled.std() - 1.0) < 0.1   # (N(0, 1))
+    assert decay.noisy_linear_cosine_decay(1.0, 7, **args) == noisy[7]
+    torch.manual_seed(3)
+    assert decay.noisy_linear_cosine_decay(1.0, 7, **args) == noisy[7]
+    torch.manual_seed(4)
+    assert decay.noisy_linear_cosine_decay(1.0, 7, **args) != noisy[7]
