@@ -42,6 +42,20 @@ from .warm_start import _settings, _WarmStarter
 logger = logging.getLogger(__name__)
 
 
+def _saved_past(latest: Optional[str], max_steps: int) -> bool:
+    """Whether `latest` is a checkpoint at `max_steps` or past it, and loads:
+    a damaged one is passed over by the restore (with a warning), training
+    then going on from the one before it (it was skipped: the run said done,
+    its model 10 steps short)."""
+    if not latest or checkpoint.step_of(latest) < max_steps:
+        return False
+    try:
+        checkpoint.load(latest)
+    except (OSError, ValueError):   # (as restore_latest: it says what it found)
+        return False
+    return True
+
+
 class Estimator:
     """Trains, evaluates and predicts with a `model_fn` (tf.estimator.Estimator).
 
@@ -136,8 +150,7 @@ class Estimator:
         if steps is not None and max_steps is not None:
             raise ValueError("Can not provide both steps and max_steps.")
         steps, max_steps = _checks.steps(steps, "steps"), _checks.steps(max_steps, "max_steps")
-        latest = self.latest_checkpoint()
-        if max_steps is not None and latest and checkpoint.step_of(latest) >= max_steps:
+        if max_steps is not None and _saved_past(self.latest_checkpoint(), max_steps):
             logger.info("Skipping training since max_steps has already saved.")
             return self
         strategy = self._config.train_distribute or distribute.get_strategy()

@@ -163,9 +163,12 @@ class CheckpointSaverHook(SessionRunHook):
             listener.begin()
         # What is on disk already: a session that makes no step (a warm start
         # past max_steps, a hook stopping at once) still leaves its state
-        # saved at the end, as TF's saver at session start does.
+        # saved at the end, as TF's saver at session start does; one that
+        # restored an older checkpoint than the latest (damaged, passed over)
+        # saves at its end the step the latest claims.
         latest = checkpoint.latest_checkpoint(self._saver.model_dir)
-        self._last_saved = checkpoint.step_of(latest) if latest else None
+        restored = latest and checkpoint.step_of(latest) == session.global_step
+        self._last_saved = session.global_step if restored else None
         self._timer.update_last_triggered_step(session.global_step)
 
     def after_run(self, run_context, run_values):

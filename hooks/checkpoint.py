@@ -72,7 +72,8 @@ _TEMP_RE = re.compile(r"^(model\.ckpt-\d+(\.crc32c|\.sha256)?|checkpoint)\.tmp-"
 
 # -- the index ----------------------------------------------------------------
 def _read_index(model_dir: str) -> Tuple[Optional[str], List[Tuple[str, float]]]:
-    """(latest name, [(name, timestamp), ...] oldest first) from the index."""
+    """(latest name, [(name, timestamp), ...] oldest first) from the index,
+    each a name in `model_dir` where it is one (`_here`)."""
     path = os.path.join(model_dir, INDEX)
     if not os.path.exists(path):
         return None, []
@@ -95,7 +96,21 @@ def _read_index(model_dir: str) -> Tuple[Optional[str], List[Tuple[str, float]]]
             else:
                 raise ValueError(f"{path}:{lineno}: unknown entry {key!r} in the checkpoint index")
     stamps += [0.0] * (len(names) - len(stamps))
-    return latest, list(zip(names, stamps))
+    return _here(model_dir, latest), [(_here(model_dir, n), t) for n, t in zip(names, stamps)]
+
+
+def _here(model_dir: str, name: Optional[str]) -> Optional[str]:
+    """An index entry as the name of a file of `model_dir` where it is one
+    (TF writes absolute paths, and a model_dir copied or moved keeps them: a
+    file of the same name here is this model_dir's own); else as it is (a
+    checkpoint elsewhere, absolute: read, never deleted, not listed again)."""
+    if name is None or not os.path.isabs(name):
+        return name
+    base = os.path.basename(name)
+    if os.path.dirname(os.path.realpath(name)) == os.path.realpath(model_dir) or \
+            os.path.isfile(os.path.join(model_dir, base)):
+        return base
+    return name
 
 
 def _index(latest: str, kept: List[Tuple[str, float]]) -> bytes:
@@ -133,12 +148,30 @@ def _candidates(model_dir: str, warn: bool) -> List[str]:
         if latest not in listed and warn:
             logger.warning("The checkpoint index %s names %r, which does not exist; using %s",
                            index, latest, listed[0])
+        elif warn and os.path.isabs(latest):
+            logger.warning("The checkpoint index %s names %s, outside %s (an index copied from "
+                           "another model_dir?): restoring from it, which stays as it is; the "
+                           "checkpoints written from here on are this model_dir's", index,
+                           latest, model_dir)
+        newer = sorted((n for n in listed[1:] if _step_in(n) > _step_in(listed[0])),
+                       key=_step_in)
+        if warn and newer:   # (TF's way to roll a run back, by hand: done, but said)
+            logger.warning("The checkpoint index %s names %s as the latest, while it lists the "
+                           "newer %s: restoring from %s, as TF does; the checkpoints training "
+                           "writes from there replace the newer ones", index, listed[0],
+                           ", ".join(os.path.basename(n) for n in newer), listed[0])
         return [os.path.join(model_dir, n) for n in listed]
     files = _on_disk(model_dir)
     if files and warn:
         logger.warning("The checkpoint index %s %s; using the checkpoint files in %s "
                        "(newest: %s)", index, problem, model_dir, files[0])
     return [os.path.join(model_dir, n) for n in files]
+
+
+def _step_in(name: str) -> int:
+    """The step of a checkpoint's name, -1 for a name of another form."""
+    m = _CKPT_RE.match(os.path.basename(name))
+    return int(m.group(1)) if m else -1
 
 
 def latest_checkpoint(model_dir: str) -> Optional[str]:
@@ -487,11 +520,13 @@ class Saver:
                 logger.warning("Could not remove %s, a checkpoint no index lists: %s", name, e)
 
     def _listed(self) -> List[Tuple[str, float]]:
-        """What the index on disk lists; nothing if it cannot be read (as TF's
-        Saver, whose get_checkpoint_state is then None: the files on disk stay,
-        unlisted, rather than be deleted as the oldest, hourly ones with them)."""
+        """What the index on disk lists of `model_dir`'s own checkpoints (one
+        elsewhere, `_here`, is another model_dir's: never deleted here);
+        nothing if it cannot be read (as TF's Saver, whose get_checkpoint_state
+        is then None: the files on disk stay, unlisted, rather than be deleted
+        as the oldest, hourly ones with them)."""
         try:
-            return _read_index(self.model_dir)[1]
+            return [(n, t) for n, t in _read_index(self.model_dir)[1] if not os.path.isabs(n)]
         except (OSError, ValueError, UnicodeDecodeError):
             return []
 

@@ -307,6 +307,69 @@ def test_a_damaged_index_or_checkpoint_falls_back_to_the_newest_good_one(tmp_pat
         caplog.text
 
 
+def test_a_damaged_checkpoint_at_max_steps_is_trained_again(tmp_path, caplog):
+    """train(max_steps=30) over a damaged model.ckpt-30 said "Skipping training
+    since max_steps has already saved" and returned: the model stayed at step
+    20 (chaos probe). It trains from 20 again, with the warning, and saves 30
+    at its end (the saver took the damaged 30 for saved)."""
+    def train_to(max_steps, every):
+        est.Estimator(regression_model_fn, config=est.RunConfig(
+            model_dir=str(tmp_path), save_checkpoints_steps=every), params={"lr": 0.1}
+        ).train(regression_input_fn(), max_steps=max_steps)
+    train_to(30, 10)
+    _flip_a_byte(tmp_path / "model.ckpt-30")
+    with caplog.at_level("WARNING"):
+        train_to(30, 100)
+    assert "model.ckpt-30' is damaged" in caplog.text and "falling back to model.ckpt-20" \
+        in caplog.text
+    assert checkpoint.load(str(tmp_path / "model.ckpt-30"))["global_step"] == 30   # (good)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        train_to(30, 100)
+    assert "Skipping training since max_steps has already saved" in caplog.text
+
+
+def test_an_index_rolled_back_by_hand_is_followed_and_said(tmp_path, caplog):
+    """An index whose latest is older than checkpoints it lists (TF's way to
+    roll a run back, by editing it): restored from, as TF, with a warning
+    that the newer ones will be replaced (it was silent; chaos probe)."""
+    train(tmp_path, 30, save_checkpoints_steps=10)
+    index = tmp_path / "checkpoint"
+    index.write_text(index.read_text().replace('model_checkpoint_path: "model.ckpt-30"',
+                                               'model_checkpoint_path: "model.ckpt-10"'))
+    with caplog.at_level("WARNING"):
+        assert _resumed_step(tmp_path) == 10
+    assert "names model.ckpt-10 as the latest, while it lists the newer model.ckpt-20, " \
+        "model.ckpt-30: restoring from model.ckpt-10, as TF does" in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("copied", [True, False])
+def test_an_index_naming_another_model_dir_never_deletes_its_checkpoints(tmp_path, caplog,
+                                                                          copied):
+    """TF writes absolute paths in the index, and a model_dir copied (or one
+    given another's index) keeps them: training there evicted (deleted) the
+    other model_dir's listed checkpoints (chaos probe). A copy resumes from
+    its own files; without them it restores the other's, saying so, and
+    lists and evicts only its own."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(a, 30, save_checkpoints_steps=10, keep_checkpoint_max=3)   # 10, 20, 30
+    before = sorted(os.listdir(a))
+    b.mkdir()
+    if copied:
+        for name in before:
+            if name.startswith("model.ckpt-"):
+                (b / name).write_bytes((a / name).read_bytes())
+    (b / "checkpoint").write_text((a / "checkpoint").read_text().replace(
+        '"model.ckpt', f'"{a}/model.ckpt'))
+    with caplog.at_level("WARNING"):
+        train(b, 20, save_checkpoints_steps=10, keep_checkpoint_max=3)   # from 30: 40, 50
+    assert ("outside" in caplog.text) != copied, caplog.text
+    assert sorted(os.listdir(a)) == before   # (and a's index still lists them all)
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(a))] == [10, 20, 30]
+    assert checkpoint.all_checkpoints(str(b)) == [
+        str(b / f"model.ckpt-{step}") for step in ((30, 40, 50) if copied else (40, 50))]
+
+
 def test_a_damaged_checkpoint_passed_over_does_not_evict_a_good_one(tmp_path):
     """keep_checkpoint_max=2 over [4, 6] with 6 damaged: the restart restores
     4 and saves 5, unlisting and deleting 6; the damaged 6 used to stay listed
