@@ -344,8 +344,8 @@ def test_an_index_rolled_back_by_hand_is_followed_and_said(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("copied", [True, False])
-def test_an_index_naming_another_model_dir_never_deletes_its_checkpoints(tmp_path, caplog,
-                                                                          copied):
+def test_an_index_naming_another_model_dir_never_deletes_its_checkpoints(
+        tmp_path, caplog, copied):
     """TF writes absolute paths in the index, and a model_dir copied (or one
     given another's index) keeps them: training there evicted (deleted) the
     other model_dir's listed checkpoints (chaos probe). A copy resumes from
