@@ -446,7 +446,9 @@ class NanTensorHook(SessionRunHook):
     that way, on the steps where LoggingTensorHook fetches the loss anyway
     (`RunConfig.log_step_count_steps`), so a NaN is caught up to N-1 steps
     late and a checkpoint saved in between may hold the diverged state. Add
-    `NanTensorHook()` yourself to check every step.
+    `NanTensorHook()` yourself to check every step. One with
+    `fail_on_nan_loss=False` in a session that also has one that fails (the
+    Estimator's) raises on its behalf: in TF both see the NaN at that step.
     """
 
     def __init__(self, loss_tensor: str = "loss", fail_on_nan_loss: bool = True,
@@ -460,6 +462,10 @@ class NanTensorHook(SessionRunHook):
         self._every_n_iter = every_n_iter
         self._args = SessionRunArgs(loss_tensor)
         self._due = False
+
+    def after_create_session(self, session, coord):
+        if self._fail_on_nan_loss:
+            session.fails_on_nan = True
 
     def before_run(self, run_context):   # steps counted by the session, as in LoggingTensorHook
         self._due = run_context.session._runs % self._every_n_iter == 0
@@ -475,8 +481,8 @@ class NanTensorHook(SessionRunHook):
         session = run_context.session
         step = session.global_step
         failure_message = f"Model diverged with loss = NaN (global step {step})."
-        if self._fail_on_nan_loss:
-            logger.error(failure_message)
+        if self._fail_on_nan_loss or session.fails_on_nan:   # (the other one's, checking
+            logger.error(failure_message)                     # less often: it returned)
             raise NanLossDuringTrainingError(step)
         logger.warning(failure_message)
         session.diverged_at_step = step

@@ -89,6 +89,7 @@ class _Session:
         self.model_dir = model_dir
         self.is_chief = is_chief
         self.diverged_at_step: Optional[int] = None  # set by NanTensorHook: save no checkpoint
+        self.fails_on_nan = False   # a NanTensorHook(fail_on_nan_loss=True) is in the session
         self._fetch_last = fetch_last
         self._preempted = preempted or (lambda: None)
         self._runs = 0   # steps run in this session (hooks' iteration count)

@@ -196,20 +196,46 @@ def test_nan_hook_raises_before_a_nan_checkpoint(tmp_path):
     assert math.isfinite(float(e.get_variable_value("linear/weight").sum()))
 
 
-def test_nan_hook_warns_stops_and_saves_no_nan_checkpoint(tmp_path, caplog):
+def test_a_nan_hook_not_failing_under_the_estimator_raises_as_tf(tmp_path, caplog):
+    """TF's Estimator has its own NanTensorHook, which fails: it sees the NaN
+    at the step the user's (fail_on_nan_loss=False) does, and train raises.
+    Ours checks every log_step_count_steps, so the user's stopped the session
+    first and train returned normally, no checkpoint of the NaN saved but
+    none said wrong (hooks probe)."""
     e = make(tmp_path, nan_model_fn, save_checkpoints_steps=1)
     ends = []
 
     class End(hooks.SessionRunHook):
         def end(self, session):
             ends.append(session.global_step)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), pytest.raises(
+            hooks.NanLossDuringTrainingError, match=rf"\(global step {NAN_AT}\)"):
         e.train(regression_input_fn(), steps=20,
                 hooks=[hooks.NanTensorHook("loss", fail_on_nan_loss=False), End()])
-    assert ends == [NAN_AT]                       # stopped at once; end hooks ran
+    assert ends == []                             # no hook's end, as TF
     assert checkpoint_steps(e.model_dir)[-1] == NAN_AT - 1
     assert f"Model diverged with loss = NaN (global step {NAN_AT})" in caplog.text
-    assert f"Not saving a checkpoint at step {NAN_AT}" in caplog.text
+
+
+def test_a_nan_hook_not_failing_warns_stops_and_saves_no_nan_checkpoint(tmp_path, caplog):
+    """In a session of one's own with no failing NaN check: a warning, a stop,
+    the hooks' end run, and no checkpoint of the diverged state."""
+    ends = []
+
+    class End(hooks.SessionRunHook):
+        def end(self, session):
+            ends.append(session.global_step)
+    saver = hooks.CheckpointSaverHook(str(tmp_path), save_steps=1)
+    with caplog.at_level(logging.WARNING):
+        with session([hooks.NanTensorHook("loss", fail_on_nan_loss=False), saver, End()],
+                     model_dir=str(tmp_path), is_chief=True) as sess:
+            run_steps(sess, 2)
+            run_steps(sess, 5, step, math.nan)
+            assert sess.should_stop()
+    assert ends == [3]                            # stopped at once; end hooks ran
+    assert checkpoint_steps(str(tmp_path))[-1] == 2
+    assert "Model diverged with loss = NaN (global step 3)" in caplog.text
+    assert "Not saving a checkpoint at step 3" in caplog.text
 
 
 def test_default_nan_check_rides_on_the_logging_steps(tmp_path):
