@@ -80,9 +80,9 @@ class ProfilerHook(SessionRunHook):
         step = run_context.session.global_step if self._train else self._count
         if self._profile is not None:
             self._stop_and_save(step)
-        elif not self._started:
-            self._started = True
-            self._timer.update_last_triggered_step(step)
+        elif not self._started:   # (TF's timer starts from the step before the first:
+            self._started = True   # its trace of every 10 steps is the 10th's, timeline-10)
+            self._timer.update_last_triggered_step(step - 1)
 
     def end(self, session):
         if self._profile is not None:   # the input ran out during a profiled step
