@@ -326,6 +326,11 @@ class MonitoredSession:
         finally:
             if feeds:
                 scope.feed_dict = None
+        if feeds and not feeds.keys() <= scope.named_tensors.keys():   # (TF: a feed_dict key
+            name = min(feeds.keys() - scope.named_tensors.keys())   # no tensor has: an error)
+            raise KeyError(f"A hook feeds {name!r}, which this step does not expose; "
+                           f"available: {sorted(scope.named_tensors)}. Name the tensor to feed "
+                           "in the model_fn with est.named_tensor(name, tensor)")
         self._uncounted = False
         if self._train:
             scope.check_left_out()

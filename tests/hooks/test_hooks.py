@@ -383,6 +383,12 @@ def test_feed_fn_hook_errors():
     with session(twice) as sess:
         with pytest.raises(RuntimeError, match=r"Same tensor is fed by two hooks: \['b'\]"):
             sess.run(step)
+    # a name the step does not expose (a typo): TF's feed_dict refuses it; it was
+    # dropped, the step run unfed (hooks probe)
+    with session([hooks.FeedFnHook(lambda: {"doubel": 1.0})]) as sess:
+        with pytest.raises(KeyError, match="A hook feeds 'doubel', which this step does not "
+                           r"expose; available: \['double'\]"):
+            sess.run(step)
 
 
 # -- ProfilerHook ---------------------------------------------------------------------
