@@ -424,8 +424,10 @@ class NanLossDuringTrainingError(RuntimeError):
 
     def __str__(self):
         where = "" if self.global_step is None else f" (global step {self.global_step})"
-        what = f": {self.detail}; no checkpoint of it was saved" if self.detail else ""
-        return f"NaN loss during training{where}{what}."
+        if self.detail:   # (found at a save, maybe steps after the loss went NaN)
+            return (f"The model diverged: at the save of global step {self.global_step}, "
+                    f"{self.detail}; no checkpoint of it was saved.")
+        return f"NaN loss during training{where}."
 
 
 class NanTensorHook(SessionRunHook):
