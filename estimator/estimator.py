@@ -49,6 +49,8 @@ def _saved_past(latest: Optional[str], max_steps: int) -> bool:
     its model 10 steps short)."""
     if not latest or checkpoint.step_of(latest) < max_steps:
         return False
+    if not os.path.isfile(latest):   # (a TF checkpoint's prefix: not one of ours to check)
+        return True
     try:
         checkpoint.load(latest)
     except (OSError, ValueError):   # (as restore_latest: it says what it found)
