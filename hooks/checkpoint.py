@@ -630,7 +630,8 @@ def load(path: str) -> dict:
     """Load a checkpoint file safely (weights_only=True), its content digest
     checked when it has one; a damaged file is a DataLossError naming it."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"Checkpoint {path!r} does not exist")
+        raise FileNotFoundError(f"Checkpoint {path!r} " + (
+            "is a directory, not a checkpoint file" if os.path.isdir(path) else "does not exist"))
     with open(path, "rb") as f:
         data = f.read()
     for suffix, digest in _DIGESTS.items():

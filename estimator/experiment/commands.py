@@ -517,7 +517,7 @@ def _describe_model_dir(model_dir: str, ckpt: Optional[str]) -> dict:
         try:   # (each read whole: its digest checked; only the newest good one kept)
             state, damaged, unread = checkpoint.load(path), None, None
             newest_good = newest_good or (path, state)
-        except checkpoint.DataLossError as e:
+        except (checkpoint.DataLossError, OSError) as e:   # (OSError: not a file, unreadable)
             damaged, unread = str(e), None
         except checkpoint.UnsafeCheckpointError as e:   # (classes this process does not allow)
             damaged, unread = None, str(e)

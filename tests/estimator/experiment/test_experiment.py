@@ -1066,6 +1066,13 @@ def test_cli_evaluate_and_inspect_a_model_dir_with_a_damaged_latest(trained, tmp
         assert [(c["step"], bool(c["damaged"])) for c in report["checkpoints"]] == [
             (50, False), (100, True)]
         assert report["variables_of"] == os.path.join(model_dir, "model.ckpt-50")
+    # a checkpoint's path that is a directory: marked, the others shown (inspect
+    # failed whole: "does not exist"; chaos probe)
+    os.remove(latest)
+    os.mkdir(latest)
+    assert cli.main(["inspect", model_dir]) == 0
+    assert f"    DAMAGED: Checkpoint '{latest}' is a directory, not a checkpoint file" in \
+        capsys.readouterr().out
 
 
 def test_cli_print_config_runs_nothing(tmp_path, capsys):
