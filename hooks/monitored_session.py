@@ -426,9 +426,15 @@ class MonitoredSession:
             # (the global step is known without one, as TF's session reads its variable)
             raise RuntimeError(f"session.run({fetches!r}): no step has run in this session, "
                                "so there are no step values to fetch (only global_step)")
+        names = _names(fetches)
+        unknown = sorted(set(feed) - set(names) - set(self._last_named or ())
+                         - {"loss", "global_step", "summaries"})
+        if unknown:   # (TF: a feed_dict key no tensor has is an error; a typo here was lost)
+            raise KeyError(f"session.run feeds {unknown[0]!r}, which the last step does not "
+                           f"expose; available: {sorted(self._last_named or ())}")
         values = {n: feed[n] if n in feed else
                   self._resolve(n, self._last_outputs, self._last_named)
-                  for n in _names(fetches)}
+                  for n in names}
         return _structure(fetches, _to_host(values))
 
     def _resolve(self, name: str, outputs, named: Optional[dict] = None):

@@ -319,6 +319,12 @@ def test_final_ops_hook_names_dicts_callables_and_feeds():
     assert fed_loss.final_ops_values == 42.0
     assert weight.final_ops_values["norm"] == pytest.approx(net.weight.norm().item())
     assert weight.final_ops_values["scale"] == 3.0
+    # a name no step exposes (a typo): TF's session.run refuses it; it was lost
+    typo = hooks.FinalOpsHook(["double"], final_ops_feed_dict={"dubble": 2.0})
+    with pytest.raises(KeyError, match="session.run feeds 'dubble', which the last step does "
+                       r"not expose; available: \['double'\]"):
+        with session([typo]) as sess:
+            sess.run(step)
 
 
 def test_end_values_need_a_step(caplog):
