@@ -74,6 +74,31 @@ def _warn_if_mostly_numbers(name: str, values: Sequence[str], na_value: str) -> 
             name, numbers, len(values), ", ".join(repr(v) for v in sorted(set(odd))[:3]))
 
 
+def _open_quote(record: str, delim: str) -> bool:
+    """Whether `record` ends inside a quoted field (one that starts with a
+    quote, whose line breaks are its own: RFC 4180, TF's CsvDataset). A quote
+    elsewhere in a field opens nothing (decoding refuses it, that record
+    alone: it joined the lines after it to it, and ignore_errors lost them)."""
+    if '"' not in record:
+        return False
+    i, n = 0, len(record)
+    while i < n:
+        if record[i] == '"':   # to the closing quote ("" is a quote in the field)
+            i += 1
+            while True:
+                j = record.find('"', i)
+                if j < 0:
+                    return True
+                i = j + 2 if record.startswith('"', j + 1) else j + 1
+                if i == j + 1:
+                    break
+        j = record.find(delim, i)   # the rest of the field
+        if j < 0:
+            return False
+        i = j + 1
+    return False
+
+
 class _CsvBatches(torch.utils.data.IterableDataset):
     """What `make_csv_dataset` returns: batches of the files' rows, parsed."""
 
@@ -130,7 +155,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
                     record += line
                 else:
                     record, first = line, number
-                if self.use_quote_delim and record.count('"') % 2:
+                if self.use_quote_delim and _open_quote(record, self.field_delim):
                     continue
                 yield record.rstrip("\r\n"), path, first
                 record = None
@@ -210,7 +235,8 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         except DecodeCSVError as e:   # TF names the record in the batch; here its line
             line, path, number = batch[e.record]
             where = f"column {names[e.field]!r} {e.problem}" if e.field is not None \
-                else e.problem
+                else e.problem.replace("quotes/CRLFs", "quotes")   # (TF's CsvDataset's words:
+            # a line break ends a record not quoted)
             raise ValueError(f"make_csv_dataset: {path}, line {number}: {where}\n"
                              f"  {line}") from None
         features = collections.OrderedDict(zip(names, columns))
