@@ -7,9 +7,7 @@ an ``input_fn(input_context)`` receives) or `.shard(n, i)` keeps every n-th
 record; inside a ``torch.utils.data.DataLoader`` with workers, each worker
 keeps every n-th of those. Together the shards read every record exactly once,
 whatever each pipeline's number of workers (`make_csv_dataset`'s shuffled
-rows too where every pipeline has workers or none: with workers, each
-iteration's order follows the DataLoader's base seed, drawn from torch's
-generator).
+rows too: an iteration's order is told by the seed and its number alone).
 
     def input_fn(input_context=None):
         records = est.data.TFRecordDataset(files, input_context=input_context)

@@ -6,6 +6,7 @@ import copy
 import csv
 import io
 import logging
+import multiprocessing
 from typing import Optional, Sequence
 
 import numpy as np
@@ -116,6 +117,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         self.cycle_length = cycle_length   # files read in turn (TF's num_parallel_reads)
         self.sharding = shard   # (input pipelines, this one's id): its every n-th batch
         self._iterations = 0   # of the dataset here, each shuffled otherwise
+        self._worker_starts = multiprocessing.Value("q", 0)   # DataLoader workers' iterations
 
     def _lines(self):
         """(record, file, line number) of each data record, the files read
@@ -167,12 +169,18 @@ class _CsvBatches(torch.utils.data.IterableDataset):
     def _ordered(self):
         """The rows of `num_epochs` passes over the files, shuffled (TF's
         `reshuffle_each_iteration`: each iteration of the dataset, and each
-        epoch within one, another order, alike on every DataLoader worker:
-        a worker's iteration is told by its DataLoader's base seed)."""
+        epoch within one, another order), the order of an iteration told by
+        the seed and its number alone, with DataLoader workers or without
+        (each worker of a DataLoader's iteration counts one start: it was the
+        DataLoader's base seed, drawn from torch's generator, so pipelines of
+        other worker counts or torch seeds read rows twice and others never)."""
         epoch = 0
         worker = torch.utils.data.get_worker_info()
         if worker is not None:
-            iteration = worker.seed - worker.id
+            with self._worker_starts.get_lock():
+                starts = self._worker_starts.value
+                self._worker_starts.value += 1
+            iteration = starts // worker.num_workers
         else:
             iteration, self._iterations = self._iterations, self._iterations + 1
         rng = np.random.RandomState(np.random.SeedSequence(
@@ -202,6 +210,7 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         if not 0 <= index < num_shards:
             raise ValueError(f"index {index} is not in [0, {num_shards})")
         clone = copy.copy(self)
+        clone._worker_starts = multiprocessing.Value("q", 0)
         shards, own = self.sharding
         clone.sharding = (shards * num_shards, own * num_shards + index)
         return clone

@@ -581,18 +581,20 @@ def test_make_csv_dataset_without_a_seed_shuffles_by_torchs_generator(tmp_path):
     workers = ids(torch.utils.data.DataLoader(made(7), batch_size=None, num_workers=2))
     assert sorted(workers) == sorted(order)   # (the workers' batches in turn: one order)
     assert workers == ids(torch.utils.data.DataLoader(made(7), batch_size=None, num_workers=2))
-    # (pipelines of other worker counts: in order, as a shuffle with workers
-    # follows the DataLoader's base seed)
-    for workers, shuffle in (((2, 2), True), ((2, 0), False)):
+    # pipelines of other worker counts, and processes of other torch seeds with
+    # a shuffle_seed: a worker's order followed the DataLoader's base seed, drawn
+    # from torch's generator (rows read twice and others never; attack probe)
+    for workers, seeds in (((2, 2), (7, 7)), ((2, 0), (7, 7)), ((2, 2), (7, 8))):
         pipelines = []
-        for pipeline, n in enumerate(workers):   # (each the process of a replica, started alike)
-            torch.manual_seed(7)
+        for pipeline, n in enumerate(workers):   # (each the process of a replica)
+            torch.manual_seed(seeds[pipeline])
             dataset = est.data.make_csv_dataset(
-                path, batch_size=2, label_name="label", num_epochs=1, shuffle=shuffle,
+                path, batch_size=2, label_name="label", num_epochs=1,
+                shuffle_seed=None if seeds[0] == seeds[1] else 3,
                 input_context=distribute.InputContext(2, pipeline))
             pipelines += ids(torch.utils.data.DataLoader(dataset, batch_size=None,
                                                          num_workers=n))
-        assert sorted(pipelines) == list(range(16)), workers
+        assert sorted(pipelines) == list(range(16)), (workers, seeds)
     dataset = made(7)
     assert sorted(sum((ids(dataset.shard(3, i)) for i in range(3)), [])) == sorted(order)
 
