@@ -111,6 +111,12 @@ class _PerParameter(torch.optim.Optimizer):
 
     _rows_alone = True   # TF's sparse apply leaves the rows not in the gradient
 
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        if self._rows_alone:   # (a table's rows read are kept for its first step, however
+            for w in self.param_groups[-1]["params"]:   # many backward passes before it)
+                lookups.will_ask(w)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's; gradients zeroed in place (``set_to_none=False``) are
         set aside as None ones are: the rows read for them are not stepped."""

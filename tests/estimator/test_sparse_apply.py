@@ -657,6 +657,21 @@ def test_ftrl_takes_the_rows_alone_once_its_rate_changes():
     assert train(sparse=False) == train(sparse=True)
 
 
+def test_rows_read_over_more_than_4096_backward_passes_before_a_step_are_stepped():
+    """A gradient accumulated over 4098 micro-batches (a lookup each) before
+    RMSProp's first step: the rows read with a zero gradient are stepped, as
+    TF's sparse apply (their notes were dropped after 4096 lookups, taken for
+    a table torch's optimizer steps; attack probe)."""
+    table = torch.nn.Parameter(torch.ones(4, 1))
+    opt = est.optimizers.RMSProp([table], 0.1)
+    for i in range(4098):   # row 0 with a gradient, row 1 read with a zero one
+        ids = torch.tensor([i % 2])
+        est.optimizers.looked_up(table, ids)
+        (table[ids] * (1.0 if i % 2 == 0 else 0.0)).sum().backward()
+    opt.step()
+    assert _rows_touched(opt.state[table]["rms"].numpy()) == [0, 1]
+
+
 def test_lookups_many_a_step_and_in_a_compiled_module():
     """70 lookups in one step (a loop over time steps): every row read
     (the notes past 64 were dropped); and noted from a compiled module
