@@ -102,15 +102,17 @@ def _read_index(model_dir: str) -> Tuple[Optional[str], List[Tuple[str, float]]]
 def _here(model_dir: str, name: Optional[str]) -> Optional[str]:
     """An index entry as the name of a file of `model_dir` where it is one
     (TF writes absolute paths, and a model_dir copied or moved keeps them: a
-    file of the same name here is this model_dir's own); else as it is (a
-    checkpoint elsewhere, absolute: read, never deleted, not listed again)."""
-    if name is None or not os.path.isabs(name):
+    file of the same name here is this model_dir's own); else as an absolute
+    path (a checkpoint elsewhere, `../other/model.ckpt-4` too: read, never
+    deleted, not listed again)."""
+    if name is None or os.path.basename(name) == name:
         return name
+    path = os.path.join(model_dir, name)   # (an absolute name stays itself)
     base = os.path.basename(name)
-    if os.path.dirname(os.path.realpath(name)) == os.path.realpath(model_dir) or \
+    if os.path.dirname(os.path.realpath(path)) == os.path.realpath(model_dir) or \
             os.path.isfile(os.path.join(model_dir, base)):
         return base
-    return name
+    return os.path.abspath(path)
 
 
 def _index(latest: str, kept: List[Tuple[str, float]]) -> bytes:

@@ -343,9 +343,9 @@ def test_an_index_rolled_back_by_hand_is_followed_and_said(tmp_path, caplog):
         "model.ckpt-30: restoring from model.ckpt-10, as TF does" in caplog.text, caplog.text
 
 
-@pytest.mark.parametrize("copied", [True, False])
+@pytest.mark.parametrize("copied, relative", [(True, False), (False, False), (False, True)])
 def test_an_index_naming_another_model_dir_never_deletes_its_checkpoints(
-        tmp_path, caplog, copied):
+        tmp_path, caplog, copied, relative):
     """TF writes absolute paths in the index, and a model_dir copied (or one
     given another's index) keeps them: training there evicted (deleted) the
     other model_dir's listed checkpoints (chaos probe). A copy resumes from
@@ -359,8 +359,8 @@ def test_an_index_naming_another_model_dir_never_deletes_its_checkpoints(
         for name in before:
             if name.startswith("model.ckpt-"):
                 (b / name).write_bytes((a / name).read_bytes())
-    (b / "checkpoint").write_text((a / "checkpoint").read_text().replace(
-        '"model.ckpt', f'"{a}/model.ckpt'))
+    (b / "checkpoint").write_text((a / "checkpoint").read_text().replace(   # (relative:
+        '"model.ckpt', f'"{"../a" if relative else a}/model.ckpt'))   # TF's relpath, too)
     with caplog.at_level("WARNING"):
         train(b, 20, save_checkpoints_steps=10, keep_checkpoint_max=3)   # from 30: 40, 50
     assert ("outside" in caplog.text) != copied, caplog.text
