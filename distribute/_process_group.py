@@ -17,6 +17,7 @@ import datetime
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Callable, List, Optional
 
@@ -242,19 +243,41 @@ def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str
                                f"{timeout:g} s ({reason})") from None
         try:
             socket.create_connection((host, port), timeout=min(left, 5.0)).close()
-            store = dist.TCPStore(host, port, None, False, _timeout(left),
-                                  wait_for_workers=False)
+            store = _client_store(host, port, left)
             store.set_timeout(_timeout(timeout))   # (its waits after this: the whole timeout)
             return store
         except (OSError, RuntimeError, dist.DistError) as e:
             error = e
         now = time.monotonic()
-        if now - said >= every:
+        if now - said >= every and now - start < timeout:
             said = now
             logger.warning("%s: waiting for %s for the rendezvous (%.0f s of %g s); if it "
                            "failed and its job ended, restart the whole job", me, host_name,
                            now - start, timeout)
         time.sleep(min(0.2, max(0.0, timeout - (now - start))))
+
+
+def _client_store(host: str, port: int, timeout: float):
+    """A TCPStore client of `host:port`, made within `timeout` s: torch's
+    blocks for good on a port that accepts and never answers (another
+    service there), so it is made on a thread, waited for that long."""
+    made = {}
+
+    def make():
+        try:
+            made["store"] = dist.TCPStore(host, port, None, False, _timeout(timeout),
+                                          wait_for_workers=False)
+        except BaseException as e:   # noqa: BLE001 - any: raised by the caller
+            made["error"] = e
+    thread = threading.Thread(target=make, name="rendezvous-client", daemon=True)
+    thread.start()
+    thread.join(timeout + 2.0)
+    if "error" in made:
+        raise made["error"]
+    if "store" not in made:
+        raise TimeoutError(f"{host}:{port} accepts connections but does not answer as a "
+                           f"rendezvous store within {timeout:g} s (another service there?)")
+    return made["store"]
 
 
 def _wait_for_all(store, world_size: int, timeout: float, describe, address: str) -> None:

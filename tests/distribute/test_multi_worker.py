@@ -22,11 +22,11 @@ from tf_cluster import free_ports, tf_config
 TASK = os.path.join(SUPPORT, "cluster_task.py")
 
 
-def run_cluster(tmp_path, args, tasks=("chief", "worker"), timeout=90, wait=None):
-    """Start one process per task with its TF_CONFIG; wait for those in `wait`
-    (default all), then kill every one left; return [(returncode, output)]
-    in task order."""
-    ports = free_ports(2)
+def run_cluster(tmp_path, args, tasks=("chief", "worker"), timeout=90, wait=None, ports=None):
+    """Start one process per task with its TF_CONFIG (`ports`: the chief's and
+    the worker's, default free ones); wait for those in `wait` (default all),
+    then kill every one left; return [(returncode, output)] in task order."""
+    ports = ports or free_ports(2)
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
     procs = []
     for task in tasks:
@@ -113,6 +113,28 @@ def test_a_task_that_does_not_arrive_is_named_with_its_address(tmp_path):
     code, output = results[0]
     assert code != 0
     assert f"worker:0 at {cluster['worker'][0]} (rank 1) did not arrive" in output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_worker_reaching_a_port_that_never_answers_fails_in_its_timeout(tmp_path):
+    """Another service at the chief's address, accepting connections and never
+    answering: torch's store client waited there for good, in silence
+    (attack probe); the rendezvous fails within its timeout, saying so."""
+    import socket
+    ports = free_ports(2)
+    silent = socket.create_server(("127.0.0.1", ports[0]))   # (the kernel accepts for it)
+    try:
+        start = time.monotonic()
+        results, cluster = run_cluster(tmp_path, [str(tmp_path / "m"), str(tmp_path),
+                                                  "--timeout", "4"], tasks=("worker",),
+                                       timeout=60, ports=ports)
+    finally:
+        silent.close()
+    code, output = results[0]
+    assert code != 0 and time.monotonic() - start < 30
+    assert f"chief:0 at {cluster['chief'][0]} could not be reached within 4 s (127.0.0.1:" \
+        f"{ports[0]} accepts connections but does not answer as a rendezvous store" in output
 
 
 @pytest.mark.slow
