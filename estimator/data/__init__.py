@@ -7,7 +7,8 @@ an ``input_fn(input_context)`` receives) or `.shard(n, i)` keeps every n-th
 record; inside a ``torch.utils.data.DataLoader`` with workers, each worker
 keeps every n-th of those. Together the shards read every record exactly once,
 whatever each pipeline's number of workers (`make_csv_dataset`'s shuffled
-rows too: an iteration's order is told by the seed and its number alone).
+rows too: a sharded one shuffles each of its iterations alike, so that its
+pipelines agree whatever their workers and torch seeds).
 
     def input_fn(input_context=None):
         records = est.data.TFRecordDataset(files, input_context=input_context)

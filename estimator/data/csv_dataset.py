@@ -6,7 +6,6 @@ import copy
 import csv
 import io
 import logging
-import multiprocessing
 from typing import Optional, Sequence
 
 import numpy as np
@@ -117,7 +116,6 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         self.cycle_length = cycle_length   # files read in turn (TF's num_parallel_reads)
         self.sharding = shard   # (input pipelines, this one's id): its every n-th batch
         self._iterations = 0   # of the dataset here, each shuffled otherwise
-        self._worker_starts = multiprocessing.Value("q", 0)   # DataLoader workers' iterations
 
     def _lines(self):
         """(record, file, line number) of each data record, the files read
@@ -169,18 +167,20 @@ class _CsvBatches(torch.utils.data.IterableDataset):
     def _ordered(self):
         """The rows of `num_epochs` passes over the files, shuffled (TF's
         `reshuffle_each_iteration`: each iteration of the dataset, and each
-        epoch within one, another order), the order of an iteration told by
-        the seed and its number alone, with DataLoader workers or without
-        (each worker of a DataLoader's iteration counts one start: it was the
-        DataLoader's base seed, drawn from torch's generator, so pipelines of
-        other worker counts or torch seeds read rows twice and others never)."""
+        epoch within one, another order, alike on every DataLoader worker:
+        a worker's iteration is told by its DataLoader's base seed). A
+        sharded dataset (input pipelines, `.shard`) shuffles each iteration
+        alike: its pipelines agree on the order whatever their workers and
+        torch seeds (with the base seed, pipelines of other worker counts,
+        or processes of other torch seeds with a shuffle_seed, read rows
+        twice and others never; an Estimator's input_fn makes its dataset
+        anew for each train call, as TF's, and sees no difference)."""
         epoch = 0
         worker = torch.utils.data.get_worker_info()
-        if worker is not None:
-            with self._worker_starts.get_lock():
-                starts = self._worker_starts.value
-                self._worker_starts.value += 1
-            iteration = starts // worker.num_workers
+        if self.sharding != (1, 0):
+            iteration = 0
+        elif worker is not None:
+            iteration = worker.seed - worker.id
         else:
             iteration, self._iterations = self._iterations, self._iterations + 1
         rng = np.random.RandomState(np.random.SeedSequence(
@@ -210,7 +210,6 @@ class _CsvBatches(torch.utils.data.IterableDataset):
         if not 0 <= index < num_shards:
             raise ValueError(f"index {index} is not in [0, {num_shards})")
         clone = copy.copy(self)
-        clone._worker_starts = multiprocessing.Value("q", 0)
         shards, own = self.sharding
         clone.sharding = (shards * num_shards, own * num_shards + index)
         return clone
