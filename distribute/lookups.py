@@ -28,14 +28,14 @@ _ROWS = "_rows_read"           # on it: a bool mask of its rows (made by `rows`)
 _AGREED = "_rows_read_agreed"  # on it: the mask is the union over the replicas
 _DECLARED = "_rows_read_declared"
 _UNASKED = "_rows_read_unasked"  # on it: no optimizer asks for them (torch's own)
-_NOTES = "_rows_read_notes"    # on it: backward passes since an optimizer asked or cleared
+_NOTES = "_rows_read_notes"    # on it: notes since an optimizer last asked or cleared
 _ASKED = "_rows_read_asked"    # on it: an optimizer asked for its rows since `asks`
 _SINCE_ASKED = "_rows_read_since_asked"  # on it: agreements in a row nobody asked for
 _EVER_ASKED = "_rows_read_ever_asked"  # on it: an optimizer asked for its rows once
 _TAKEN = "_rows_read_taken"    # on it: how many of its first notes a backward pass took
 _HOOKED = "_rows_read_hooked"  # on it: the backward hooks below are registered
 _PENDING = 64                  # notes kept as they are before those taken join the mask
-_UNASKED_AFTER = 4096          # backward passes nothing asked for: notes no longer kept
+_UNASKED_AFTER = 4096          # notes nothing asked for before a table's are not kept
 _LEFT_OUT_AFTER = 100          # agreements nobody asked for before a table is left out
 
 
@@ -63,8 +63,14 @@ def note(table: torch.Tensor, ids: torch.Tensor, first_row: Optional[int] = None
         table.register_post_accumulate_grad_hook(_backward_took)
     pending = d.setdefault(_IDS, [])
     pending.append((ids, first_row))
-    if len(pending) > _PENDING:   # (the mask holds rows taken by backward passes
-        _fold_taken(table)         # alone: those read since stay apart)
+    d[_NOTES] = d.get(_NOTES, 0) + 1
+    if d[_NOTES] > _UNASKED_AFTER and not d.get(_EVER_ASKED):   # no optimizer asks for
+        clear(table)                                             # them (torch's): not kept
+        d[_UNASKED] = True
+    elif len(pending) > _PENDING:   # (the mask holds rows taken by backward passes
+        _fold_taken(table)           # alone: those read since stay apart)
+        if len(pending) > _UNASKED_AFTER:   # (notes no backward pass takes: bounded)
+            _mask(table)
 
 
 def _backward_begins(table: torch.Tensor, grad: torch.Tensor) -> None:
@@ -88,24 +94,17 @@ def set_aside(table: torch.Tensor) -> None:
 
 
 def _backward_took(table: torch.Tensor) -> None:
-    """A backward pass added the gradient of the rows noted so far. After
-    4096 of them with no optimizer ever asking for the rows (one of torch's
-    steps the table), its lookups note nothing until one asks (it was 4096
-    lookups since one last asked: a gradient accumulated over more lost the
-    rows read)."""
+    """A backward pass added the gradient of the rows noted so far."""
     d = table.__dict__
     d[_TAKEN] = len(d[_IDS])
-    d[_NOTES] = d.get(_NOTES, 0) + 1
-    if d[_NOTES] > _UNASKED_AFTER and not d.get(_EVER_ASKED):
-        clear(table)
-        d[_UNASKED] = True
 
 
 def will_ask(table: torch.Tensor) -> None:
     """An optimizer that takes the rows read (`rows`, `stepped`) steps
     `table`: its lookups' notes are kept however many backward passes come
-    before that optimizer's first step."""
+    before that optimizer's first step (and resume, if they had stopped)."""
     table.__dict__[_EVER_ASKED] = True
+    table.__dict__.pop(_UNASKED, None)
 
 
 def noted(table: torch.Tensor) -> bool:

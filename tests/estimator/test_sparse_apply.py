@@ -670,6 +670,25 @@ def test_rows_read_over_more_than_4096_backward_passes_before_a_step_are_stepped
         (table[ids] * (1.0 if i % 2 == 0 else 0.0)).sum().backward()
     opt.step()
     assert _rows_touched(opt.state[table]["rms"].numpy()) == [0, 1]
+    # made after 5000 lookups stepped by nothing (notes no longer kept): the rows
+    # read once it exists are stepped (notes resumed only at its first step)
+    late = torch.nn.Parameter(torch.ones(4, 1))
+    for i in range(5000):
+        est.optimizers.looked_up(late, torch.tensor([0]))
+        late[torch.tensor([0])].sum().backward()
+    late.grad = None
+    opt = est.optimizers.RMSProp([late], 0.1)
+    ids = torch.tensor([2, 3])
+    est.optimizers.looked_up(late, ids)
+    (late[ids] * torch.tensor([[3.0], [0.0]])).sum().backward()
+    opt.step()
+    assert _rows_touched(opt.state[late]["rms"].numpy()) == [2, 3]
+    # and the notes of a table no optimizer asks for stay bounded, read by lookups
+    # no backward pass takes too (they grew by one a lookup; attack probe)
+    unread = torch.nn.Parameter(torch.ones(4, 1))
+    for i in range(5000):
+        est.optimizers.looked_up(unread, torch.tensor([i % 4]))
+    assert len(unread.__dict__.get("_rows_read_ids", ())) <= 64
 
 
 def test_lookups_many_a_step_and_in_a_compiled_module():
