@@ -83,14 +83,17 @@ def _open_quote(record: str, delim: str) -> bool:
         return False
     i, n = 0, len(record)
     while i < n:
-        if record[i] == '"':   # to the closing quote ("" is a quote in the field)
-            i += 1
+        if record[i] == '"':   # to the closing quote: one followed by the delimiter, a
+            i += 1             # line break or the end, as TF's ("" is a quote; "a"x goes on)
             while True:
                 j = record.find('"', i)
                 if j < 0:
                     return True
-                i = j + 2 if record.startswith('"', j + 1) else j + 1
-                if i == j + 1:
+                if record.startswith('"', j + 1):
+                    i = j + 2
+                    continue
+                i = j + 1
+                if i == n or record[i] in (delim, "\n", "\r"):
                     break
         j = record.find(delim, i)   # the rest of the field
         if j < 0:
