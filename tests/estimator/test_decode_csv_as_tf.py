@@ -40,11 +40,20 @@ def test_records_split_as_tf(case, quoting):
 
 
 def test_make_csv_dataset_names_the_line_of_a_stray_quote(tmp_path):
+    """`"big"ger`: a quote not followed by the delimiter or a line break does
+    not close the field, which goes on to the end of the file, as in TF 2.15
+    ("Reached end of file without closing quoted field"); a quote inside a
+    field not quoted is that record's error alone."""
     path = tmp_path / "data.csv"
     path.write_text('name,size\n"ok",1\n"big"ger,2\n')
     dataset = est.data.make_csv_dataset(str(path), batch_size=4, num_epochs=1, shuffle=False)
-    with pytest.raises(ValueError, match=rf'{path}, line 3: Quote inside a string has to be '
-                                         r'escaped by another quote \(field 0\)'):
+    with pytest.raises(ValueError, match=rf'{path}, line 3: a quoted field opened on this line '
+                                         'is not closed before the end of the file'):
+        list(dataset)
+    path.write_text('name,size\n"ok",1\nbig"ger,2\n')
+    dataset = est.data.make_csv_dataset(str(path), batch_size=4, num_epochs=1, shuffle=False)
+    with pytest.raises(ValueError, match=rf'{path}, line 3: Unquoted fields cannot have quotes '
+                                         r'inside \(field 0\)'):
         list(dataset)
 
 
