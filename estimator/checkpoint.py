@@ -5,13 +5,13 @@ The files are written and read by the session layer (`hooks.checkpoint`, the
 one module that touches them); this is their public face for users.
 """
 from hooks.checkpoint import (DIGEST_SUFFIX, INDEX, PREFIX, DataLossError, Saver, all_checkpoints,
-                              checkpoints_on_disk, flat_variables, latest_checkpoint,
+                              checkpoints_on_disk, digest, flat_variables, latest_checkpoint,
                               list_variables, load, load_variable, missing_slots, optimizer_kind,
                               pin, resolve, restore_latest, restore_rng, rng_preserved, rng_state,
                               step_of, unpin, UnsafeCheckpointError)
 
 __all__ = ["DIGEST_SUFFIX", "INDEX", "PREFIX", "DataLossError", "Saver", "all_checkpoints",
-           "checkpoints_on_disk", "flat_variables", "latest_checkpoint", "list_variables", "load",
-           "load_variable", "missing_slots", "optimizer_kind", "pin", "resolve",
-           "restore_latest", "restore_rng", "rng_preserved", "rng_state", "step_of", "unpin",
-           "UnsafeCheckpointError"]
+           "checkpoints_on_disk", "digest", "flat_variables", "latest_checkpoint",
+           "list_variables", "load", "load_variable", "missing_slots", "optimizer_kind", "pin",
+           "resolve", "restore_latest", "restore_rng", "rng_preserved", "rng_state", "step_of",
+           "unpin", "UnsafeCheckpointError"]

@@ -43,7 +43,7 @@ import numpy as np
 import hooks as hooks_lib
 # Base classes come from the submodules: `hooks` may be half-imported here.
 from hooks.basic_session_run_hooks import CheckpointSaverHook, CheckpointSaverListener
-from hooks.event_files import EVENT_FILE_PATTERN, read_scalars
+from hooks.event_files import EVENT_FILE_PATTERN, read_scalar_events
 from hooks import files
 from hooks.session_run_hook import NEVER, SessionRunHook, check_hooks
 from hooks.training_lock import EvaluationLock
@@ -310,16 +310,15 @@ class _Ledger:
                 out.append(entry)
         return out
 
-    def steps(self) -> set:
-        return {int(e["global_step"]) for e in self.entries()}
+    def evaluated(self) -> dict:
+        """{global step: the content digest of the checkpoint evaluated at it
+        (None in lines of earlier versions)}."""
+        return {int(e["global_step"]): e.get("digest") for e in self.entries()}
 
-    def last_step(self) -> int:
-        return max(self.steps(), default=-1)
-
-    def record(self, checkpoint_path: str, metrics: dict) -> None:
+    def record(self, checkpoint_path: str, metrics: dict, digest: Optional[str]) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         entry = {"checkpoint": os.path.basename(checkpoint_path),
-                 "global_step": checkpoint.step_of(checkpoint_path),
+                 "global_step": checkpoint.step_of(checkpoint_path), "digest": digest,
                  "metrics": {k: _jsonable(v) for k, v in metrics.items()},
                  "time": time.time()}
         line = json.dumps(entry) + "\n"
@@ -364,17 +363,17 @@ class _Evaluator:
         self.ledger = _Ledger(eval_dir)
         # Evaluations whose summaries reached the event files before a crash
         # kept their ledger line from being written: recorded, not repeated.
-        self._summarized = read_scalars(os.path.join(eval_dir, EVENT_FILE_PATTERN))
+        self._summarized = read_scalar_events(os.path.join(eval_dir, EVENT_FILE_PATTERN))
         self.stop_requested = False
 
     def hold(self, checkpoint_path: str) -> tuple:
-        """(held path, contents) of `checkpoint_path`: linked in the pin dir
-        (kept while the chief's Saver deletes it) and read. FileNotFoundError
-        if it was deleted before it could be held, DataLossError if damaged.
-        `evaluate_and_export` lets it go."""
+        """(held path, contents, content digest) of `checkpoint_path`: linked
+        in the pin dir (kept while the chief's Saver deletes it) and read.
+        FileNotFoundError if it was deleted before it could be held,
+        DataLossError if damaged. `evaluate_and_export` lets it go."""
         held = checkpoint.pin(checkpoint_path, self._pin_dir) if self._pin_dir else checkpoint_path
         try:
-            return held, checkpoint.load(held)
+            return held, checkpoint.load(held), checkpoint.digest(held)
         except checkpoint.DataLossError as e:   # (named by its own path, not the link's)
             checkpoint.unpin(held, checkpoint_path)
             raise checkpoint.DataLossError(str(e).replace(held, checkpoint_path)) from None
@@ -382,17 +381,22 @@ class _Evaluator:
             checkpoint.unpin(held, checkpoint_path)
             raise
 
-    def evaluate_and_export(self, checkpoint_path: str, held: str, state: dict):
-        """Evaluate `checkpoint_path` (`hold`'s `held` and `state`), export,
-        record. The export is final (FinalExporter exports) where the step
-        reached max_steps, as TF's: never for a run that ended before it
+    def evaluate_and_export(self, checkpoint_path: str, held: str, state: dict,
+                            digest: Optional[str]):
+        """Evaluate `checkpoint_path` (`hold`'s `held`, `state` and `digest`),
+        export, record. The export is final (FinalExporter exports) where the
+        step reached max_steps, as TF's: never for a run that ended before it
         (early stopping, the input ran out, no max_steps). A checkpoint
         already evaluated by an evaluator that died before its ledger line is
         not evaluated again (no duplicate TensorBoard points): its metrics are
-        read back from the event files, and it is exported and recorded."""
+        read back from the event files (those written after the checkpoint:
+        older ones at its step are of a checkpoint that training started over
+        replaced), and it is exported and recorded."""
         spec = self._eval_spec
         step = checkpoint.step_of(checkpoint_path)
-        summarized = self._summarized.pop(step, None)
+        written, summarized = self._summarized.pop(step, (None, None))
+        if summarized is not None and written < os.stat(held).st_mtime:
+            summarized = None
         try:
             if summarized is not None and "loss" in summarized:
                 logger.info("%s was evaluated before this evaluator restarted (its summaries "
@@ -412,7 +416,7 @@ class _Evaluator:
         finally:
             checkpoint.unpin(held, checkpoint_path)
         result = _EvalResult(metrics, checkpoint_path)
-        self.ledger.record(checkpoint_path, metrics)
+        self.ledger.record(checkpoint_path, metrics, digest)
         self.stop_requested = any(fn() for fn in self._should_stop_fns)
         return result, export_results
 
@@ -550,14 +554,17 @@ class _StopMarkerHook(SessionRunHook):
 
 class _ProtectUnevaluated(CheckpointSaverListener):
     """Makes the chief's checkpoint clean-up keep every checkpoint newer than
-    the last one in the evaluator's ledger (EvalSpec checkpoint_policy="every").
-    hooks' training_hooks hands `protect_checkpoint` to the Saver."""
+    the last one the evaluator's ledger has of these checkpoints (EvalSpec
+    checkpoint_policy="every"). hooks' training_hooks hands
+    `protect_checkpoint` to the Saver."""
 
-    def __init__(self, ledger: _Ledger):
+    def __init__(self, ledger: _Ledger, model_dir: str):
         self._ledger = ledger
+        self._model_dir = model_dir
 
     def protect_checkpoint(self, path: str) -> bool:
-        return checkpoint.step_of(path) > self._ledger.last_step()
+        done = _current(self._ledger.evaluated(), self._model_dir)
+        return checkpoint.step_of(path) > max(done, default=-1)
 
 
 # -- distributed roles ----------------------------------------------------------------
@@ -610,7 +617,8 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
     if eval_spec.checkpoint_policy == "every" and (
             config.save_checkpoints_steps or config.save_checkpoints_secs
             or any(isinstance(h, CheckpointSaverHook) for h in train_hooks)):
-        listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name))))
+        listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name)),
+                                             model_dir))
     heartbeat = _Heartbeat(os.path.join(model_dir, HEARTBEAT))
     untold = False   # training failed, and no marker could say so
     try:
@@ -731,7 +739,8 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
     evaluator = _Evaluator(estimator, eval_spec, max_steps, _early_stopping_fns(train_spec),
                            pin_dir=pin_dir)
     ledger = evaluator.ledger
-    done = ledger.steps()
+    evaluated = ledger.evaluated()   # {step: digest}, of these checkpoints or older ones
+    done = _current(evaluated, model_dir)
     if done:
         logger.info("Evaluator resuming: %d checkpoint(s) already evaluated (last: step %d) "
                     "per %s", len(done), max(done), ledger.path)
@@ -743,6 +752,7 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
     last_warning = None   # not 0.0: the monotonic clock starts at boot, maybe <600 s ago
     start = time.time()
     while True:
+        done = _current(evaluated, model_dir)
         complete = _completion(model_dir, max_steps)
         final_step = complete["global_step"] if complete else None
         if _finished(done, max_steps, final_step):
@@ -769,7 +779,7 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
         last_start = time.monotonic()
         for path, final in zip(pending, is_final):
             try:   # (only the checkpoint's own read: errors of input_fn or hooks stop)
-                held, state = evaluator.hold(path)
+                held, state, digest = evaluator.hold(path)
             except FileNotFoundError:
                 logger.warning("Checkpoint %s was deleted before it could be evaluated "
                                "(keep_checkpoint_max on the chief; use EvalSpec("
@@ -782,10 +792,10 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
                         f"exported: {e}. Train again (training resumes from the newest good "
                         "checkpoint), then restart the evaluator") from None
                 logger.warning("Checkpoint %s is not evaluated: %s", path, e)
-                done.add(checkpoint.step_of(path))
+                evaluated[checkpoint.step_of(path)] = checkpoint.digest(path)
                 continue
-            result, exports = evaluator.evaluate_and_export(path, held, state)
-            done.add(result.metrics["global_step"])
+            result, exports = evaluator.evaluate_and_export(path, held, state, digest)
+            evaluated[checkpoint.step_of(path)] = digest
             last = (result.metrics, exports)
             if evaluator.stop_requested and not _read_marker(model_dir, STOP_MARKER, max_steps):
                 _write_json(os.path.join(model_dir, STOP_MARKER),
@@ -796,7 +806,28 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
                             "on %s", result.metrics["global_step"], STOP_MARKER)
 
 
-def _finished(done: set, max_steps: Optional[int], final_step: Optional[int]) -> bool:
+def _current(evaluated: dict, model_dir: str) -> dict:
+    """The evaluations of `evaluated` ({step: checkpoint digest}) that are of
+    the checkpoints now in model_dir. Where training started over (its
+    checkpoints deleted, or the index rolled back), a checkpoint at an
+    evaluated step has another digest, or the latest is older than evaluated
+    steps: the evaluations from there on were of checkpoints no longer
+    there, and count as not made (as TF's evaluator, which evaluates each
+    new latest path, would evaluate them)."""
+    latest = checkpoint.latest_checkpoint(model_dir)
+    if latest is None:   # (none yet: none of this training's was evaluated)
+        return {}
+    last = checkpoint.step_of(latest)
+    current = {step: digest for step, digest in evaluated.items() if step <= last}
+    for path in checkpoint.all_checkpoints(model_dir) + [latest]:
+        step = checkpoint.step_of(path)
+        was, now = current.get(step), checkpoint.digest(path)
+        if was is not None and now is not None and was != now:
+            current = {s: d for s, d in current.items() if s < step}
+    return current
+
+
+def _finished(done: dict, max_steps: Optional[int], final_step: Optional[int]) -> bool:
     last = max(done, default=None)
     if last is None:
         return False
@@ -805,7 +836,7 @@ def _finished(done: set, max_steps: Optional[int], final_step: Optional[int]) ->
     return final_step is not None and last >= final_step
 
 
-def _pending_checkpoints(model_dir: str, done: set, policy: str) -> list:
+def _pending_checkpoints(model_dir: str, done: dict, policy: str) -> list:
     """Checkpoints to evaluate now, oldest first: the latest one if not yet
     evaluated ("latest"), or every one newer than the last evaluated ("every")."""
     last = max(done, default=-1)

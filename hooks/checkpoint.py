@@ -247,6 +247,20 @@ def checkpoints_on_disk(model_dir: str) -> List[str]:
     return [os.path.join(model_dir, n) for n in reversed(_on_disk(model_dir))]
 
 
+def digest(path: str) -> Optional[str]:
+    """The content digest saved beside checkpoint `path` (`"crc32c:<hex>"`),
+    which names its content: a checkpoint saved again at a step (training
+    started over) has another. None where it has none (copied without it,
+    written by TF)."""
+    for suffix in _DIGESTS:
+        try:
+            with open(path + suffix, "rb") as f:
+                return suffix[1:] + ":" + f.read().strip().decode("ascii", "replace")
+        except FileNotFoundError:
+            continue
+    return None
+
+
 def step_of(path: str) -> int:
     """The global step in a checkpoint's file name."""
     m = _CKPT_RE.match(os.path.basename(path))

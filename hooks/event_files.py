@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import glob
-from typing import Dict
+from typing import Dict, Tuple
 
 EVENT_FILE_PATTERN = "events.out.tfevents.*"
 
@@ -18,9 +18,18 @@ def read_scalars(pattern: str) -> "collections.OrderedDict[int, Dict[str, float]
     0-dimensional numeric tensor (TensorBoard's scalars plugin). A truncated
     record (a file still being written) ends that file's events; no file
     reads as empty."""
+    return collections.OrderedDict(
+        (step, values) for step, (_, values) in read_scalar_events(pattern).items())
+
+
+def read_scalar_events(pattern: str
+                       ) -> "collections.OrderedDict[int, Tuple[float, Dict[str, float]]]":
+    """`read_scalars`, each step's values with the wall time (seconds since
+    the epoch) of the last event that wrote one: {step: (time, {tag: value})}."""
     from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
     from tensorboard.util import tensor_util
     scalars: Dict[int, Dict[str, float]] = collections.defaultdict(dict)
+    times: Dict[int, float] = {}
     for path in sorted(glob.glob(pattern)):
         for event in LegacyEventFileLoader(path).Load():
             if not event.HasField("summary"):
@@ -35,4 +44,6 @@ def read_scalars(pattern: str) -> "collections.OrderedDict[int, Dict[str, float]
                 else:
                     continue
                 scalars[int(event.step)][value.tag] = float(number)
-    return collections.OrderedDict(sorted(scalars.items()))
+                times[int(event.step)] = max(times.get(int(event.step), 0.0), event.wall_time)
+    return collections.OrderedDict(
+        (step, (times[step], values)) for step, values in sorted(scalars.items()))

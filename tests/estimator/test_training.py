@@ -423,6 +423,57 @@ def _loss_points(eval_dir):
     return counts
 
 
+def _start_over(model_dir):
+    """Delete model_dir's checkpoints and index, keeping eval/ (a user
+    training again from scratch in the same model_dir)."""
+    for name in os.listdir(model_dir):
+        if name.startswith("model.ckpt-") or name == checkpoint.INDEX:
+            os.remove(os.path.join(model_dir, name))
+
+
+def test_training_started_over_is_evaluated_again_locally(tmp_path):
+    """Checkpoints deleted, eval/ kept, trained again at another rate: no
+    evaluation ran and the first run's metrics came back (read from the old
+    event files at the same steps). TF evaluates each new checkpoint."""
+    def run(lr):
+        hook = _RecordSteps()
+        e = est.Estimator(regression_model_fn, config=est.RunConfig(
+            model_dir=str(tmp_path / "m"), save_checkpoints_steps=10), params={"lr": lr})
+        metrics, _ = est.train_and_evaluate(e, est.TrainSpec(input_fn, 20), est.EvalSpec(
+            eval_input_fn, steps=None, throttle_secs=0, hooks=[hook]))
+        return hook.steps, metrics
+    steps, first = run(0.1)
+    assert steps == [10, 20]
+    _start_over(str(tmp_path / "m"))
+    steps, second = run(0.01)
+    assert steps == [10, 20] and second["loss"] != first["loss"]
+    assert isinstance(second["loss"], np.float32)
+    assert _loss_points(str(tmp_path / "m" / "eval")) == {10: 2, 20: 2}
+
+
+@pytest.mark.parametrize("policy, evaluated", [("every", [10, 20, 30, 40]), ("latest", [40])])
+def test_an_evaluator_evaluates_training_started_over(tmp_path, monkeypatch, policy, evaluated):
+    """The ledger of an earlier training (its checkpoints since deleted) made
+    the evaluator skip the new checkpoints at its steps, and, with no
+    checkpoint yet, stop at once (its last step at max_steps): each
+    checkpoint is now known by its content digest."""
+    make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
+    assert evaluator(tmp_path, monkeypatch, policy=policy)[0] == evaluated
+    _start_over(str(tmp_path / "m"))
+
+    def chief_trains(secs):   # the evaluator's first poll finds no checkpoint
+        monkeypatch.setattr(training.time, "sleep", lambda secs: None)
+        monkeypatch.delenv("TF_CONFIG")
+        est.Estimator(regression_model_fn, config=est.RunConfig(
+            model_dir=str(tmp_path / "m"), save_checkpoints_steps=10, keep_checkpoint_max=None),
+            params={"lr": 0.01}).train(input_fn, max_steps=40)
+        set_cluster(monkeypatch, "evaluator")
+    monkeypatch.setattr(training.time, "sleep", chief_trains)
+    steps, metrics, _ = evaluator(tmp_path, monkeypatch, policy=policy)
+    assert steps == evaluated and metrics["global_step"] == 40
+    assert ledger_steps(str(tmp_path / "m")) == evaluated * 2
+
+
 def test_evaluator_latest_policy_evaluates_the_newest_only(tmp_path, monkeypatch):
     make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
     steps, metrics, _ = evaluator(tmp_path, monkeypatch, policy="latest")
@@ -458,7 +509,7 @@ def test_the_ledger_writes_float32_metrics_in_their_shortest_digits(tmp_path):
     ledger = training._Ledger(str(tmp_path / "eval"))
     ledger.record(str(tmp_path / "model.ckpt-10"), {
         "loss": np.float32(0.85), "global_step": np.int64(10),
-        "precision": np.array([0.25, 0.5], np.float32)})
+        "precision": np.array([0.25, 0.5], np.float32)}, None)
     assert ledger.entries()[0]["metrics"] == {"loss": 0.85, "global_step": 10,
                                               "precision": [0.25, 0.5]}
     with open(ledger.path) as f:
@@ -470,7 +521,7 @@ def test_a_full_disk_under_the_ledger_names_it(tmp_path, monkeypatch):
     ledger (before: the bare ENOSPC of a write naming no file)."""
     import errno
     ledger = training._Ledger(str(tmp_path / "eval"))
-    ledger.record(str(tmp_path / "model.ckpt-10"), {"loss": 1.0})
+    ledger.record(str(tmp_path / "model.ckpt-10"), {"loss": 1.0}, None)
 
     class Full:   # the ledger file, on a full disk
         def __init__(self, *args):
@@ -490,17 +541,17 @@ def test_a_full_disk_under_the_ledger_names_it(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "open", Full, raising=False)
     with pytest.raises(OSError, match=r"No space left on device: '\S*evaluated_checkpoints"
                                       r".jsonl'") as info:
-        ledger.record(str(tmp_path / "model.ckpt-20"), {"loss": 0.5})
+        ledger.record(str(tmp_path / "model.ckpt-20"), {"loss": 0.5}, None)
     monkeypatch.undo()
     assert info.value.errno == errno.ENOSPC
-    assert ledger.steps() == {10}
+    assert set(ledger.evaluated()) == {10}
 
 
 def test_chief_keeps_checkpoints_the_evaluator_has_not_seen(tmp_path, monkeypatch):
     set_cluster(monkeypatch, "chief")
     model_dir = str(tmp_path / "m")
     training._Ledger(os.path.join(model_dir, "eval")).record(
-        os.path.join(model_dir, "model.ckpt-10"), {"loss": 1.0, "global_step": 10})
+        os.path.join(model_dir, "model.ckpt-10"), {"loss": 1.0, "global_step": 10}, None)
     e = make(tmp_path, keep_checkpoint_max=2)
     est.train_and_evaluate(e, est.TrainSpec(input_fn, 50),
                            est.EvalSpec(input_fn, checkpoint_policy="every"))
