@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import math
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -467,10 +467,12 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
 
     _ids_in_range = True
 
-    def _packed_codes(self, builder) -> Optional[np.ndarray]:
+    def _packed_codes(self, builder) -> Optional[Tuple[np.ndarray, str]]:
         """Each row's input strings as one number (`_memo.pack`) when the cross
-        is of up to three dense string features with one value a row; else None."""
-        codes, batch = [], None
+        is of up to three dense string features with one value a row, and the
+        name of the memo of those numbers (codes come from a table per feature
+        and str / bytes kind: one memo per kinds); else None."""
+        codes, kinds, batch = [], "", None
         for key in self.keys:
             if not isinstance(key, str):
                 return None
@@ -484,18 +486,20 @@ class CrossedColumn(CategoricalColumn, collections.namedtuple(
             if found is None:
                 return None
             codes.append(found)
-        return pack(codes)
+            kinds += feature.array.dtype.kind
+        packed = pack(codes)
+        return None if packed is None else (packed, "(crossed)" + kinds)
 
     def _ids(self, builder):
         def transform():
             packed = self._packed_codes(builder)
             if packed is not None:
-                found = memo_of(self, "(crossed)", KeyMemo).find(packed)
+                found = memo_of(self, packed[1], KeyMemo).find(packed[0])
                 if found is not None:
                     return Ids(found, arange(len(found)), len(found))
             ids = crossed()
             if packed is not None:
-                memo_of(self, "(crossed)", KeyMemo).learn(packed, ids.values)
+                memo_of(self, packed[1], KeyMemo).learn(packed[0], ids.values)
             return ids
 
         def crossed():

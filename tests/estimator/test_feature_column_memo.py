@@ -60,6 +60,20 @@ def test_remembered_ids_equal_the_plain_ones_batch_after_batch(monkeypatch, limi
         assert got == [list(map(int, e)) for e in _expected(list(c), list(j), vocab)], step
 
 
+def test_a_cross_given_bytes_after_str_crosses_the_bytes():
+    """Codes come from one table per feature and str / bytes kind, each
+    numbering its strings from 0: a cross remembered str rows' ids by their
+    codes, and gave a bytes batch's rows those of the str rows of the same
+    codes (b"b" x b"y" crossed as "a" x "x")."""
+    n = next(_fresh)
+    keys = [f"c{n}", f"h{n}"]
+    cross = fc.crossed_column(keys, 1000)
+    batches = [(["a"], ["x"]), ([b"b"], [b"y"]), (["b"], [b"x"]), ([b"a"], ["y"])]
+    for c, h in batches:
+        got = _ids([cross], {keys[0]: np.array(c), keys[1]: np.array(h)})[0]
+        assert got == [_hashing.cross_hash([c, h], 1000)[0][0]], (c, h)
+
+
 def test_a_cross_of_four_features_and_of_a_column_still_matches():
     """Crosses the packed-code memo does not take (more than three features, a
     column among the keys) go the plain way."""
