@@ -568,8 +568,8 @@ class _Embedding(DenseColumn):
         """The embedding lookup's inputs (CPU tensors: ids, offsets, ...), made
         on the host."""
         def make():
-            ids = self.categorical_column._valid_ids(builder,
-                                                     prune_weights=self.combiner != "sum")
+            ids = self.categorical_column._valid_ids(
+                builder, prune_weights=self.combiner != "sum" and self.use_safe_embedding_lookup)
             return bag_inputs(ids.values, ids.rows, ids.batch, ids.weights, self.combiner,
                               builder.general)
         return builder.prepared(("embedding", self), make)
@@ -582,7 +582,7 @@ class _Embedding(DenseColumn):
 class EmbeddingColumn(_Embedding, collections.namedtuple(
         "EmbeddingColumn", ("categorical_column", "dimension", "combiner", "initializer",
                             "ckpt_to_load_from", "tensor_name_in_ckpt", "max_norm",
-                            "trainable"))):
+                            "trainable", "use_safe_embedding_lookup"), defaults=(True,))):
     """See `embedding_column`."""
 
     @property
@@ -594,7 +594,8 @@ class SharedEmbeddingColumn(_Embedding, collections.namedtuple(
         "SharedEmbeddingColumn", ("categorical_column", "dimension", "combiner",
                                   "initializer", "shared_embedding_collection_name",
                                   "ckpt_to_load_from", "tensor_name_in_ckpt", "max_norm",
-                                  "trainable"))):
+                                  "trainable", "use_safe_embedding_lookup"),
+        defaults=(True,))):
     """See `shared_embedding_columns`."""
 
     @property
@@ -886,9 +887,12 @@ def embedding_column(categorical_column, dimension, combiner="mean", initializer
     column). `initializer(shape)` returns the initial values (default TF's:
     truncated normal, mean 0, stddev 1/sqrt(dimension)). `max_norm` clips each
     looked-up vector to that l2 norm. Loading from a TF checkpoint
-    (`ckpt_to_load_from`) is not supported: warm start instead. Lookups are
-    always TF's safe ones (an empty row gives zeros); `use_safe_embedding_lookup`
-    is accepted for TF's signature."""
+    (`ckpt_to_load_from`) is not supported: warm start instead.
+    `use_safe_embedding_lookup=False` is TF's embedding_lookup_sparse: a
+    weighted column's weights <= 0 count in "mean" and "sqrtn" (the safe
+    lookup drops them; a row whose weights add up to 0 gives zeros). Either
+    way an empty row gives zeros and negative ids are dropped, where TF's
+    unsafe lookup fails on them or, for empty last rows, returns fewer rows."""
     if not isinstance(categorical_column, CategoricalColumn):
         raise ValueError("embedding_column needs a categorical column. Given: "
                          f"{categorical_column}")
@@ -896,7 +900,7 @@ def embedding_column(categorical_column, dimension, combiner="mean", initializer
         f"embedding_column({categorical_column.name!r})", dimension, combiner, initializer,
         ckpt_to_load_from, tensor_name_in_ckpt, max_norm)
     return EmbeddingColumn(categorical_column, dimension, combiner, initializer, None, None,
-                           max_norm, bool(trainable))
+                           max_norm, bool(trainable), bool(use_safe_embedding_lookup))
 
 
 def _embedding_arguments(what: str, dimension, combiner, initializer, ckpt_to_load_from,
@@ -972,7 +976,8 @@ def shared_embedding_columns(categorical_columns, dimension, combiner="mean", in
         initializer, ckpt_to_load_from, tensor_name_in_ckpt, max_norm)
     return [SharedEmbeddingColumn(c, dimension, combiner, initializer,
                                   shared_embedding_collection_name, None, None, max_norm,
-                                  bool(trainable)) for c in columns]
+                                  bool(trainable), bool(use_safe_embedding_lookup))
+            for c in columns]
 
 
 def indicator_column(categorical_column) -> IndicatorColumn:

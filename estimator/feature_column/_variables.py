@@ -179,7 +179,8 @@ def _counts(rows: np.ndarray, batch: int) -> np.ndarray:
 
 def _row_scale(rows, batch, weights, combiner) -> Optional[np.ndarray]:
     """The per-row divisor of "mean" / "sqrtn" (1 for an empty row, whose sum
-    is 0); None for "sum"."""
+    is 0; inf for a row of weights adding up to 0, which TF's unsafe lookup
+    divides with div_no_nan: zeros); None for "sum"."""
     if combiner == "sum":
         return None
     counts = _counts(rows, batch)
@@ -192,6 +193,7 @@ def _row_scale(rows, batch, weights, combiner) -> Optional[np.ndarray]:
             total = np.bincount(rows, weights=w, minlength=batch)
         else:
             total = np.sqrt(np.bincount(rows, weights=w * w, minlength=batch))
+    total[total == 0] = np.inf
     total[counts == 0] = 1.0
     return total
 
