@@ -13,6 +13,7 @@ ints with a binary search over the sorted vocabulary.
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional, Sequence
 
 import numpy as np
@@ -81,6 +82,9 @@ class Vocabulary:
         return ids
 
 
+_INT64_LINE = re.compile(rb"[ \t\n\v\f\r]*-?[0-9]+[ \t\n\v\f\r]*")
+
+
 def read_vocabulary_file(path: str, key: str, vocabulary_size: Optional[int],
                          is_string: bool, what: Optional[str] = None) -> list:
     """The first `vocabulary_size` lines of `path` (all when None), one entry a
@@ -115,11 +119,16 @@ def read_vocabulary_file(path: str, key: str, vocabulary_size: Optional[int],
             except UnicodeDecodeError:
                 entries.append(line)
     else:
-        try:
-            entries = [int(line) for line in lines]
-        except ValueError as e:
-            raise ValueError(f"{what}: {path!r} "
-                             f"has a line that is not an integer: {e}") from None
+        entries = []
+        for i, line in enumerate(lines):
+            # TF's safe_strto64: ASCII digits, a minus sign, spaces around
+            # (Python's int() also takes "+7", "1_000" and other scripts' digits)
+            number = int(line) if _INT64_LINE.fullmatch(line) else None
+            if number is None or not -2 ** 63 <= number < 2 ** 63:
+                text = line.decode(errors="replace")
+                raise ValueError(f"{what}: line {i + 1} of {path!r}, {text!r}, is not a valid "
+                                 "int64 (TF's table refuses it)")
+            entries.append(number)
     seen = {}
     for i, entry in enumerate(entries):
         if entry in seen:

@@ -11,6 +11,7 @@ and TF's variable names and shapes.
 import json
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -270,6 +271,35 @@ def test_vocabulary_file_rules(tmp_path):
     ints = fc.categorical_column_with_vocabulary_file("n", str(tmp_path / "ints.txt"),
                                                       dtype=torch.int64, num_oov_buckets=1)
     assert fc.input_layer({"n": [[3, 7, 9]]}, [fc.indicator_column(ints)]).tolist() == [[1, 1, 1]]
+
+
+@pytest.mark.parametrize("content, refused", [
+    (b" 7\n2\t\n-3\n", None), (b"+7\n2\n", "'+7'"), (b"7\n1_000\n", "'1_000'"),
+    ("\u0663\n2\n".encode(), "'\u0663'"), (b"0x10\n", "'0x10'"),
+    (b"2\n99999999999999999999\n", "'99999999999999999999'")])
+def test_integer_vocabulary_file_lines_are_read_as_tf(tmp_path, content, refused):
+    """TF 2.15 (a probe ran it): "Field +7 in line 0 is not a valid int64."
+    for a sign, underscores, other scripts' digits, hex and too big a
+    number, where Python's int() took the first three (1_000 as id 1000);
+    spaces around a number are TF's too."""
+    path = tmp_path / "ints.txt"
+    path.write_bytes(content)
+    col = fc.categorical_column_with_vocabulary_file("n", str(path), dtype=torch.int64)
+    features = {"n": [[7], [2], [-3], [1000]]}
+    if refused is None:
+        assert fc.input_layer(features, [fc.indicator_column(col)]).tolist() == [
+            [1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0]]
+        return
+    with pytest.raises(ValueError, match=rf"line \d of {re.escape(repr(str(path)))}, "
+                                         rf"{re.escape(refused)}, is not a valid int64"):
+        fc.input_layer(features, [fc.indicator_column(col)])
+
+
+def test_a_vocabulary_list_of_a_string_and_its_bytes_is_refused_as_tf():
+    """TF's table refuses the duplicate key (both are one tf.string); "a"
+    took id 0 and b"a" an id no input reaches."""
+    with pytest.raises(ValueError, match="Duplicate keys in vocabulary_list"):
+        fc.categorical_column_with_vocabulary_list("s", ["a", b"a", "b"])
 
 
 @pytest.mark.parametrize("content, tf_position, line", [
