@@ -228,7 +228,7 @@ class Estimator:
                     last = session.run(step) or last
             strategy.extended.end_training()   # replicas return once the chief has saved
             logger.info("Loss for final step: %s.",
-                        _as_tf_prints(_python(strategy.extended.reduce_loss(last.loss))))
+                        _as_tf_prints(_python(scope.reported_loss(last.loss))))
             if session.preempted:   # saved at the agreed step: exit for a restart
                 preempted = TrainingPreempted(scope.global_step, session.preempted,
                                               strategy.extended.preemption_rejoins)

@@ -16,10 +16,11 @@ predictions'); numpy float64 becomes float32, as every input here does.
 
 Replicas: TF1 adds the replicas' gradients of a loss reduced with SUM (its
 optimizer averages them for every other reduction), while the synchronous
-strategies here always average; in training under N replicas a SUM loss is
-therefore the replica's sum times N, so N replicas step as one process on
-the global batch, as TF's do, and the logged loss (the replicas' mean) is the
-global batch's sum, as TF reports it.
+strategies here always average; in training under N replicas a SUM loss's
+gradient is therefore made N times its own (its value stays the replica's
+sum, as TF's), so N replicas step as one process on the global batch, as
+TF's do, and the step reports the replicas' sum, as TF's (the model_fn's
+last loss decides, as TF's `get_loss_reduction`).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from hooks.model_scope import (add_to_collection, get_collection, training_replicas,
+from hooks.model_scope import (add_to_collection, get_collection, note_loss_reduction,
                                unique_name)
 
 
@@ -297,18 +298,16 @@ def _reduce(losses: torch.Tensor, weights, reduction: str) -> torch.Tensor:
     w = _weights(weights, losses)
     weighted = losses * w
     if reduction == Reduction.NONE:
-        return weighted
-    total = weighted.sum()
-    if reduction == Reduction.SUM:
-        replicas = training_replicas()
-        return total * replicas if replicas > 1 else total
-    if reduction == Reduction.SUM_OVER_BATCH_SIZE:
-        return total / losses.numel()
-    if reduction == Reduction.MEAN:
-        denominator = (torch.ones_like(losses) * w).sum()
+        reduced = weighted
+    elif reduction == Reduction.SUM:
+        reduced = weighted.sum()
+    elif reduction == Reduction.SUM_OVER_BATCH_SIZE:
+        reduced = weighted.sum() / losses.numel()
+    elif reduction == Reduction.MEAN:
+        reduced = _div_no_nan(weighted.sum(), (torch.ones_like(losses) * w).sum())
     else:   # the elements of nonzero weight
-        denominator = (torch.ones_like(losses) * (w != 0)).sum()
-    return _div_no_nan(total, denominator)
+        reduced = _div_no_nan(weighted.sum(), (torch.ones_like(losses) * (w != 0)).sum())
+    return note_loss_reduction(reduced, summed=reduction == Reduction.SUM)
 
 
 def _finish(losses, weights, reduction, loss_collection, scope, default_name):

@@ -182,6 +182,9 @@ class ModelScope:
         self.loss_summary = False
         self.name_uses: Dict[str, int] = {}   # default names taken in this model_fn call
         self.collections: Dict[str, list] = {}   # [(name, value)] added in this call
+        # TF1's last loss reduction (`get_loss_reduction`): the model_fn's last
+        # `est.losses` loss was reduced with SUM (`note_loss_reduction`)
+        self.loss_summed = False
         self._restore = restore
         self.initial = restore is None   # variables at their initial values (or warm-started)
         self._restore_path = restore_path
@@ -472,6 +475,14 @@ class ModelScope:
         metric = self.strategy.extended.create_metric(factory())
         self.metrics[name] = metric
         return metric
+
+    def reported_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss a training step reports (logs, summarizes) from this
+        replica's `loss`: the replicas' mean, or, after a loss reduced with
+        SUM, their sum, as TF1's Estimator reduces it for reporting."""
+        reported = self.strategy.extended.reduce_loss(loss)
+        replicas = self.strategy.num_replicas_in_sync
+        return reported * replicas if self.loss_summed and replicas > 1 else reported
 
     def forget_call(self) -> None:
         """Before a new model_fn call: TF's unique names and the collections
@@ -880,13 +891,33 @@ def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def training_replicas() -> int:
-    """The synchronous replicas of the active scope's training, whose
-    gradients the strategy averages (1 outside training or a model scope)."""
+class _GradientTimes(torch.autograd.Function):
+    """`value` itself; its gradient times `times`."""
+
+    @staticmethod
+    def forward(ctx, value, times):
+        ctx.times = times
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.times, None
+
+
+def note_loss_reduction(loss: torch.Tensor, summed: bool) -> torch.Tensor:
+    """`loss`, a `tf.compat.v1.losses`-style loss just reduced (`summed`: with
+    SUM), noted as the model_fn's last loss reduction (TF1's
+    `get_loss_reduction`). In training under N synchronous replicas, whose
+    gradients the strategies average, a summed loss's gradient is made N
+    times its own, so the replicas' gradients add up, as TF1's optimizer
+    leaves them for a SUM loss; its value stays this replica's sum, and the
+    step reports the replicas' sum (`ModelScope.reported_loss`)."""
     scope = _current
     if scope is None or scope.mode != ModeKeys.TRAIN or scope.strategy is None:
-        return 1
-    return scope.strategy.num_replicas_in_sync
+        return loss
+    scope.loss_summed = summed
+    replicas = scope.strategy.num_replicas_in_sync
+    return _GradientTimes.apply(loss, replicas) if summed and replicas > 1 else loss
 
 
 def add_to_collection(key: str, name: str, value) -> None:

@@ -451,7 +451,7 @@ class MonitoredSession:
             if loss is None and isinstance(outputs, dict):
                 loss = outputs.get("loss")
             if loss is not None:
-                return scope.strategy.extended.reduce_loss(loss)
+                return scope.reported_loss(loss)
         exposed = getattr(outputs, "predictions", outputs)
         if isinstance(exposed, dict) and name in exposed:
             return exposed[name]

@@ -326,12 +326,12 @@ class Head:
 
     def _training_loss(self, loss, weights, unreduced) -> torch.Tensor:
         """TRAIN's loss, with TF1's ``average_loss`` summary of a SUM loss (the
-        replica's: its loss is its sum times the replicas, see `est.losses`)."""
+        replica's own)."""
         if self._reduction == Reduction.SUM and summary.should_record_summaries():
             count = (unreduced.numel() if weights is None
                      else (weights * torch.ones_like(unreduced)).sum())
             summary.scalar(self._key("average_loss"),
-                           loss.detach() / (count * model_scope.training_replicas()))
+                           loss.detach() / count)
         return loss
 
     def _weights(self, features, logits) -> Optional[torch.Tensor]:

@@ -766,6 +766,10 @@ def _reduced_model_fn(features, labels, mode, params):
         return layer
     predictions = est.get_module("dense", dense)(features["x"])
     loss = est.losses.mean_squared_error(labels, predictions, reduction=params["reduction"])
+    est.summary.scalar("my_loss", loss)   # (what model code reads of the loss)
+    replica = distribute.get_replica_context().replica_id_in_sync_group
+    with open(os.path.join(params["out"], f"loss-{replica}"), "w") as f:
+        f.write(repr(loss.item()))
     return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
         lambda p: torch.optim.SGD(p, lr=params["lr"])))
 
@@ -777,13 +781,16 @@ def test_a_loss_reduced_with_sum_adds_the_replicas_gradients_up_as_in_tf(
     """A model_fn's `est.losses` loss under two replicas, one step, equals TF's
     recorded step and reported loss: with SUM TF adds the replicas' gradients
     up and reports the sum of their losses; with any other reduction it
-    averages both. Before, SUM was averaged: half TF's step and loss."""
+    averages both. Before, SUM was averaged: half TF's step and loss. The
+    loss the model_fn holds is its replica's, as TF's (a SUM loss read
+    twice its replica's sum: its value was scaled to add the gradients up)."""
     with open(os.path.join(FIXTURES, "tf_sum_loss_replicas.json")) as f:
         tf = json.load(f)
     x, y = np.array(tf["x"], np.float32), np.array(tf["y"], np.float32)
     e = est.Estimator(_reduced_model_fn, config=est.RunConfig(
         model_dir=str(tmp_path), train_distribute=STRATEGIES[kind]()),
-        params={"reduction": getattr(est.losses.Reduction, reduction), "lr": tf["lr"]})
+        params={"reduction": getattr(est.losses.Reduction, reduction), "lr": tf["lr"],
+                "out": str(tmp_path)})
     logged = RecordLoss()
     e.train(lambda: [({"x": x[:8]}, y[:8]), ({"x": x[8:]}, y[8:])], hooks=[logged])
     want = tf[reduction]["mirrored"]
@@ -791,6 +798,10 @@ def test_a_loss_reduced_with_sum_adds_the_replicas_gradients_up_as_in_tf(
                                rtol=1e-5)
     np.testing.assert_allclose(e.get_variable_value("dense/bias"), want["bias"], rtol=1e-5)
     assert logged.losses == [pytest.approx(want["reported_loss"], rel=1e-5)]
+    for i in (0, 1):
+        with open(tmp_path / f"loss-{i}") as f:
+            assert float(f.read()) == pytest.approx(want["replicas"][f"replica_{i}"]["loss"],
+                                                    rel=1e-5)
 
 
 def _replica_context_model_fn(features, labels, mode, params):
