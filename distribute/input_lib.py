@@ -382,11 +382,11 @@ def _empty_like(batch):
 
 class SplitBatches:
     """Each global batch of `dataset`, split along its first dimension
-    (`torch.tensor_split`), replica `index` keeping its part (TF2's
-    experimental_distribute_dataset). Every replica must read the same
-    global batches: read in the input's random `stream`, alike on every
-    replica, a shuffle drawn from torch's default generator is the same
-    (other randomness: seed it)."""
+    (ceil(size / replicas) rows a replica, in order, as TF's), replica
+    `index` keeping its part (TF2's experimental_distribute_dataset). Every
+    replica must read the same global batches: read in the input's random
+    `stream`, alike on every replica, a shuffle drawn from torch's default
+    generator is the same (other randomness: seed it)."""
 
     def __init__(self, dataset, num_replicas: int, index: int, to_device: Callable, stream):
         self._dataset, self._n, self._index = dataset, num_replicas, index
@@ -419,7 +419,9 @@ def _split(obj, n: int, index: int):
     if isinstance(obj, torch.Tensor):
         if obj.dim() == 0:
             return obj
-        return torch.tensor_split(obj, n)[index]
+        size = len(obj)
+        part = -(-size // n)   # (TF's: ceil(size / n) rows a replica, the last few short)
+        return obj[min(index * part, size):(index + 1) * part]
     if isinstance(obj, dict):
         return {k: _split(v, n, index) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -621,3 +621,21 @@ def test_split_batches_split_every_leaf():
     parts = [input_lib._split(batch, 2, i) for i in range(2)]
     assert parts[0][0]["x"].tolist() == [[0, 1], [2, 3]] and parts[1][1].tolist() == [2]
     assert parts[1][2] == "tag"
+
+
+with open(os.path.join(FIXTURES, "tf_distribute_split.json")) as _f:
+    TF_SPLIT = json.load(_f)
+
+
+@pytest.mark.parametrize("case", TF_SPLIT,
+                         ids=lambda c: "R{replicas}-n{n}-b{batch_size}".format(**c))
+def test_a_global_batch_is_split_as_tfs(case):
+    """experimental_distribute_dataset's split of `range(n).batch(b)` over R
+    replicas equals TF 2.15's (record_tf_distribute_split.py): ceil(size / R)
+    rows a replica, in order, the last ones short or empty. torch's
+    tensor_split gave a batch of 4 over 3 replicas [2, 1, 1] (TF: [2, 2, 0]):
+    the replicas' losses, gradients and batch statistics were not TF's."""
+    data = torch.arange(case["n"])
+    got = [[input_lib._split(batch, case["replicas"], i).tolist()
+            for i in range(case["replicas"])] for batch in data.split(case["batch_size"])]
+    assert got == case["rows"]
