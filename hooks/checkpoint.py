@@ -831,10 +831,9 @@ def rounded_by_cast(value: torch.Tensor, dtype: torch.dtype) -> bool:
 def flat_variables(state: dict) -> Dict[str, torch.Tensor]:
     """Flatten a checkpoint into TF-style variable names -> tensors."""
     out: Dict[str, torch.Tensor] = {}
-    for kind in ("modules", "metrics"):
-        for owner, sd in state.get(kind, {}).items():
-            for key, value in sd.items():
-                out[owner + "/" + key.replace(".", "/")] = value
+    for owner, sd in state.get("modules", {}).items():   # (metrics: earlier versions saved
+        for key, value in sd.items():                       # their running state; TF's never)
+            out[owner + "/" + key.replace(".", "/")] = value
     for owner, sd in state.get("optimizers", {}).items():
         var_names = state.get("optimizer_var_names", {}).get(owner, [])
         for index, slots in sd.get("state", {}).items():

@@ -621,7 +621,9 @@ class ModelScope:
 
     # -- saving ----------------------------------------------------------------
     def state(self) -> dict:
-        """The checkpoint contents, all tensors on the CPU."""
+        """The checkpoint contents, all tensors on the CPU. Not the metrics'
+        running state: as TF's metric variables (local variables), they are
+        neither saved nor restored, each session's start from zero."""
         return {
             "modules": {n: _cpu(m.state_dict()) for n, m in self.raw_modules.items()},
             "optimizers": {n: _cpu(o.state_dict()) for n, o in self.optimizers.items()},
@@ -629,7 +631,6 @@ class ModelScope:
             "optimizer_built_with": _cpu(self.optimizer_built_with),
             "optimizer_kinds": {n: checkpoint.optimizer_kind(o)
                                 for n, o in self.optimizers.items()},
-            "metrics": {n: _cpu(m.state_dict()) for n, m in self.metrics.items()},
             "global_step": self.global_step,
             **({"grad_scalers": {n: _cpu(s.state_dict()) for n, s in self.grad_scalers.items()}}
                if self.grad_scalers else {}),

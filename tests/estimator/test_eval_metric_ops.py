@@ -98,6 +98,13 @@ def test_train_time_metric_summary_is_the_running_accuracy(trained):
     assert 0 < events[-1].value < 1
 
 
+def test_a_train_time_metric_is_not_checkpointed_as_tf(trained):
+    """TF's metric variables are local: not in checkpoints. Its running
+    state was saved (on replicas, replica 0's counts) and listed as
+    variables `accuracy/count` and `accuracy/total`."""
+    assert trained.get_variable_names() == ["global_step", "net/bias", "net/weight"]
+
+
 def test_custom_metric_and_scalar_tensor_are_exact_over_uneven_batches(trained):
     results = trained.evaluate(_batches)
     want = _expected(trained)
