@@ -138,7 +138,8 @@ class LinearModelVariables(torch.nn.Module):
             table = self._cat(self._tables)
             self._note_lookups(ids)
             if offsets is None:
-                terms.append(table[ids].sum(1))
+                # (not table[ids]: its CPU backward adds in an order that varies)
+                terms.append(F.embedding(ids, table).sum(1))
             else:
                 terms.append(F.embedding_bag(ids, table, offsets, mode="sum",
                                              per_sample_weights=weights))
