@@ -311,14 +311,17 @@ class _Ledger:
         return out
 
     def evaluated(self) -> dict:
-        """{global step: the content digest of the checkpoint evaluated at it
-        (None in lines of earlier versions)}."""
-        return {int(e["global_step"]): e.get("digest") for e in self.entries()}
+        """{global step: what was seen of the checkpoint evaluated at it
+        (`_seen`'s digest and mtime_ns: None in lines of earlier versions) and
+        when (time)}."""
+        return {int(e["global_step"]): {"digest": e.get("digest"),
+                                        "mtime_ns": e.get("mtime_ns"), "time": e.get("time")}
+                for e in self.entries()}
 
-    def record(self, checkpoint_path: str, metrics: dict, digest: Optional[str]) -> None:
+    def record(self, checkpoint_path: str, metrics: dict, seen: dict) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         entry = {"checkpoint": os.path.basename(checkpoint_path),
-                 "global_step": checkpoint.step_of(checkpoint_path), "digest": digest,
+                 "global_step": checkpoint.step_of(checkpoint_path), **seen,
                  "metrics": {k: _jsonable(v) for k, v in metrics.items()},
                  "time": time.time()}
         line = json.dumps(entry) + "\n"
@@ -367,13 +370,13 @@ class _Evaluator:
         self.stop_requested = False
 
     def hold(self, checkpoint_path: str) -> tuple:
-        """(held path, contents, content digest) of `checkpoint_path`: linked
+        """(held path, contents, `_seen` of it) of `checkpoint_path`: linked
         in the pin dir (kept while the chief's Saver deletes it) and read.
         FileNotFoundError if it was deleted before it could be held,
         DataLossError if damaged. `evaluate_and_export` lets it go."""
         held = checkpoint.pin(checkpoint_path, self._pin_dir) if self._pin_dir else checkpoint_path
         try:
-            return held, checkpoint.load(held), checkpoint.digest(held)
+            return held, checkpoint.load(held), _seen(held)
         except checkpoint.DataLossError as e:   # (named by its own path, not the link's)
             checkpoint.unpin(held, checkpoint_path)
             raise checkpoint.DataLossError(str(e).replace(held, checkpoint_path)) from None
@@ -381,9 +384,8 @@ class _Evaluator:
             checkpoint.unpin(held, checkpoint_path)
             raise
 
-    def evaluate_and_export(self, checkpoint_path: str, held: str, state: dict,
-                            digest: Optional[str]):
-        """Evaluate `checkpoint_path` (`hold`'s `held`, `state` and `digest`),
+    def evaluate_and_export(self, checkpoint_path: str, held: str, state: dict, seen: dict):
+        """Evaluate `checkpoint_path` (`hold`'s `held`, `state` and `seen`),
         export, record. The export is final (FinalExporter exports) where the
         step reached max_steps, as TF's: never for a run that ended before it
         (early stopping, the input ran out, no max_steps). A checkpoint
@@ -416,7 +418,7 @@ class _Evaluator:
         finally:
             checkpoint.unpin(held, checkpoint_path)
         result = _EvalResult(metrics, checkpoint_path)
-        self.ledger.record(checkpoint_path, metrics, digest)
+        self.ledger.record(checkpoint_path, metrics, seen)
         self.stop_requested = any(fn() for fn in self._should_stop_fns)
         return result, export_results
 
@@ -561,10 +563,28 @@ class _ProtectUnevaluated(CheckpointSaverListener):
     def __init__(self, ledger: _Ledger, model_dir: str):
         self._ledger = ledger
         self._model_dir = model_dir
+        self._last = (None, -1)   # (the ledger's and index's stat, the last step evaluated)
 
     def protect_checkpoint(self, path: str) -> bool:
-        done = _current(self._ledger.evaluated(), self._model_dir)
-        return checkpoint.step_of(path) > max(done, default=-1)
+        return checkpoint.step_of(path) > self._last_evaluated()
+
+    def _last_evaluated(self) -> int:
+        """Read again only when the ledger or the index changed (a save asks
+        for each checkpoint it may delete)."""
+        key = tuple(_stat_key(p) for p in (self._ledger.path,
+                                           os.path.join(self._model_dir, checkpoint.INDEX)))
+        if key != self._last[0]:
+            done = _current(self._ledger.evaluated(), self._model_dir)
+            self._last = (key, max(done, default=-1))
+        return self._last[1]
+
+
+def _stat_key(path: str) -> Optional[tuple]:
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
 
 # -- distributed roles ----------------------------------------------------------------
@@ -779,7 +799,7 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
         last_start = time.monotonic()
         for path, final in zip(pending, is_final):
             try:   # (only the checkpoint's own read: errors of input_fn or hooks stop)
-                held, state, digest = evaluator.hold(path)
+                held, state, seen = evaluator.hold(path)
             except FileNotFoundError:
                 logger.warning("Checkpoint %s was deleted before it could be evaluated "
                                "(keep_checkpoint_max on the chief; use EvalSpec("
@@ -792,10 +812,10 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
                         f"exported: {e}. Train again (training resumes from the newest good "
                         "checkpoint), then restart the evaluator") from None
                 logger.warning("Checkpoint %s is not evaluated: %s", path, e)
-                evaluated[checkpoint.step_of(path)] = checkpoint.digest(path)
+                evaluated[checkpoint.step_of(path)] = dict(_seen(path), time=time.time())
                 continue
-            result, exports = evaluator.evaluate_and_export(path, held, state, digest)
-            evaluated[checkpoint.step_of(path)] = digest
+            result, exports = evaluator.evaluate_and_export(path, held, state, seen)
+            evaluated[checkpoint.step_of(path)] = dict(seen, time=time.time())
             last = (result.metrics, exports)
             if evaluator.stop_requested and not _read_marker(model_dir, STOP_MARKER, max_steps):
                 _write_json(os.path.join(model_dir, STOP_MARKER),
@@ -806,24 +826,45 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
                             "on %s", result.metrics["global_step"], STOP_MARKER)
 
 
+def _seen(path: str) -> dict:
+    """What tells checkpoint `path` from another saved at its step: its
+    content digest (None without one) and its file's mtime (ns; a checkpoint
+    saved again, even with the same content, has another)."""
+    return {"digest": checkpoint.digest(path), "mtime_ns": os.stat(path).st_mtime_ns}
+
+
 def _current(evaluated: dict, model_dir: str) -> dict:
-    """The evaluations of `evaluated` ({step: checkpoint digest}) that are of
-    the checkpoints now in model_dir. Where training started over (its
-    checkpoints deleted, or the index rolled back), a checkpoint at an
-    evaluated step has another digest, or the latest is older than evaluated
-    steps: the evaluations from there on were of checkpoints no longer
-    there, and count as not made (as TF's evaluator, which evaluates each
-    new latest path, would evaluate them)."""
+    """The evaluations of `evaluated` (`_Ledger.evaluated`'s) that are of the
+    training whose checkpoints are now in model_dir. Where training started
+    over (its checkpoints deleted, the index rolled back), the checkpoint at
+    an evaluated step is another, or one at or before it was written after
+    it (the file mtimes compared, one clock; a line of an earlier version
+    has only the evaluation's time), or the latest is older: those
+    evaluations were of checkpoints no longer there, and count as not made
+    (as TF's evaluator, which evaluates each new latest path, would make
+    them)."""
     latest = checkpoint.latest_checkpoint(model_dir)
     if latest is None:   # (none yet: none of this training's was evaluated)
         return {}
-    last = checkpoint.step_of(latest)
-    current = {step: digest for step, digest in evaluated.items() if step <= last}
+    now = {}
     for path in checkpoint.all_checkpoints(model_dir) + [latest]:
-        step = checkpoint.step_of(path)
-        was, now = current.get(step), checkpoint.digest(path)
-        if was is not None and now is not None and was != now:
-            current = {s: d for s, d in current.items() if s < step}
+        try:
+            now[checkpoint.step_of(path)] = _seen(path)
+        except FileNotFoundError:   # (deleted since the index was read)
+            continue
+    last = checkpoint.step_of(latest)
+    current = {}
+    for step, was in evaluated.items():
+        if step > last:
+            continue
+        same = now.get(step)
+        if same is not None and any(was[k] is not None and same[k] is not None
+                                    and was[k] != same[k] for k in ("digest", "mtime_ns")):
+            continue
+        written = was["mtime_ns"] if was["mtime_ns"] is not None else (was["time"] or 0) * 1e9
+        if any(s <= step and seen["mtime_ns"] > written for s, seen in now.items()):
+            continue
+        current[step] = was
     return current
 
 

@@ -451,27 +451,58 @@ def test_training_started_over_is_evaluated_again_locally(tmp_path):
     assert _loss_points(str(tmp_path / "m" / "eval")) == {10: 2, 20: 2}
 
 
-@pytest.mark.parametrize("policy, evaluated", [("every", [10, 20, 30, 40]), ("latest", [40])])
-def test_an_evaluator_evaluates_training_started_over(tmp_path, monkeypatch, policy, evaluated):
+@pytest.mark.parametrize("policy, every, lr, evaluated", [
+    ("every", 10, 0.01, [10, 20, 30, 40]), ("latest", 10, 0.01, [40]),
+    ("every", 7, 0.01, [7, 14, 21, 28, 35, 40]),   # other steps: 10, 20, 30 no longer there
+    ("every", 10, 0.1, [10, 20, 30, 40]),          # the same digests: saved again, evaluated
+    ("every", 10, "old ledger", [10, 20, 30, 40])])   # lines of earlier versions: no digest
+def test_an_evaluator_evaluates_training_started_over(tmp_path, monkeypatch, policy, every, lr,
+                                                      evaluated):
     """The ledger of an earlier training (its checkpoints since deleted) made
     the evaluator skip the new checkpoints at its steps, and, with no
-    checkpoint yet, stop at once (its last step at max_steps): each
-    checkpoint is now known by its content digest."""
-    make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
-    assert evaluator(tmp_path, monkeypatch, policy=policy)[0] == evaluated
-    _start_over(str(tmp_path / "m"))
+    checkpoint yet, stop at once (its last step at max_steps); with other
+    checkpoint steps, those before the earlier training's last (an attack
+    probe). An evaluation counts only for the checkpoint it saw (digest and
+    file mtime), and while no checkpoint at or before its step was written
+    after it."""
+    make(tmp_path, keep_checkpoint_max=None, tf_random_seed=3).train(input_fn, max_steps=40)
+    assert evaluator(tmp_path, monkeypatch, policy=policy)[0] == ([40] if policy == "latest"
+                                                                  else [10, 20, 30, 40])
+    model_dir = str(tmp_path / "m")
+    if lr == "old ledger":
+        path = os.path.join(model_dir, "eval", training.LEDGER)
+        lines = [json.loads(line) for line in open(path)]
+        with open(path, "w") as f:
+            f.writelines(json.dumps({k: v for k, v in e.items() if k not in (
+                "digest", "mtime_ns")}) + "\n" for e in lines)
+        lr = 0.01
+    _start_over(model_dir)
 
     def chief_trains(secs):   # the evaluator's first poll finds no checkpoint
         monkeypatch.setattr(training.time, "sleep", lambda secs: None)
         monkeypatch.delenv("TF_CONFIG")
         est.Estimator(regression_model_fn, config=est.RunConfig(
-            model_dir=str(tmp_path / "m"), save_checkpoints_steps=10, keep_checkpoint_max=None),
-            params={"lr": 0.01}).train(input_fn, max_steps=40)
+            model_dir=model_dir, save_checkpoints_steps=every, keep_checkpoint_max=None,
+            tf_random_seed=3), params={"lr": lr}).train(input_fn, max_steps=40)
         set_cluster(monkeypatch, "evaluator")
     monkeypatch.setattr(training.time, "sleep", chief_trains)
     steps, metrics, _ = evaluator(tmp_path, monkeypatch, policy=policy)
     assert steps == evaluated and metrics["global_step"] == 40
-    assert ledger_steps(str(tmp_path / "m")) == evaluated * 2
+
+
+def test_the_chief_keeps_the_checkpoints_of_training_started_over_unevaluated(
+        tmp_path, monkeypatch):
+    """An earlier training's ledger (steps 10..40) let the chief of one
+    started over with checkpoints every 7 steps delete 7 and 14 unseen."""
+    make(tmp_path, keep_checkpoint_max=None).train(input_fn, max_steps=40)
+    evaluator(tmp_path, monkeypatch)
+    _start_over(str(tmp_path / "m"))
+    set_cluster(monkeypatch, "chief")
+    est.train_and_evaluate(make(tmp_path, save_checkpoints_steps=7, keep_checkpoint_max=2),
+                           est.TrainSpec(input_fn, 35),
+                           est.EvalSpec(input_fn, checkpoint_policy="every"))
+    kept = [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path / "m"))]
+    assert kept == [7, 14, 21, 28, 35]
 
 
 def test_evaluator_latest_policy_evaluates_the_newest_only(tmp_path, monkeypatch):
@@ -509,7 +540,7 @@ def test_the_ledger_writes_float32_metrics_in_their_shortest_digits(tmp_path):
     ledger = training._Ledger(str(tmp_path / "eval"))
     ledger.record(str(tmp_path / "model.ckpt-10"), {
         "loss": np.float32(0.85), "global_step": np.int64(10),
-        "precision": np.array([0.25, 0.5], np.float32)}, None)
+        "precision": np.array([0.25, 0.5], np.float32)}, {})
     assert ledger.entries()[0]["metrics"] == {"loss": 0.85, "global_step": 10,
                                               "precision": [0.25, 0.5]}
     with open(ledger.path) as f:
@@ -521,7 +552,7 @@ def test_a_full_disk_under_the_ledger_names_it(tmp_path, monkeypatch):
     ledger (before: the bare ENOSPC of a write naming no file)."""
     import errno
     ledger = training._Ledger(str(tmp_path / "eval"))
-    ledger.record(str(tmp_path / "model.ckpt-10"), {"loss": 1.0}, None)
+    ledger.record(str(tmp_path / "model.ckpt-10"), {"loss": 1.0}, {})
 
     class Full:   # the ledger file, on a full disk
         def __init__(self, *args):
@@ -541,7 +572,7 @@ def test_a_full_disk_under_the_ledger_names_it(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "open", Full, raising=False)
     with pytest.raises(OSError, match=r"No space left on device: '\S*evaluated_checkpoints"
                                       r".jsonl'") as info:
-        ledger.record(str(tmp_path / "model.ckpt-20"), {"loss": 0.5}, None)
+        ledger.record(str(tmp_path / "model.ckpt-20"), {"loss": 0.5}, {})
     monkeypatch.undo()
     assert info.value.errno == errno.ENOSPC
     assert set(ledger.evaluated()) == {10}
@@ -550,9 +581,11 @@ def test_a_full_disk_under_the_ledger_names_it(tmp_path, monkeypatch):
 def test_chief_keeps_checkpoints_the_evaluator_has_not_seen(tmp_path, monkeypatch):
     set_cluster(monkeypatch, "chief")
     model_dir = str(tmp_path / "m")
-    training._Ledger(os.path.join(model_dir, "eval")).record(
-        os.path.join(model_dir, "model.ckpt-10"), {"loss": 1.0, "global_step": 10}, None)
     e = make(tmp_path, keep_checkpoint_max=2)
+    e.train(input_fn, max_steps=10)
+    ten = os.path.join(model_dir, "model.ckpt-10")
+    training._Ledger(os.path.join(model_dir, "eval")).record(
+        ten, {"loss": 1.0, "global_step": 10}, training._seen(ten))
     est.train_and_evaluate(e, est.TrainSpec(input_fn, 50),
                            est.EvalSpec(input_fn, checkpoint_policy="every"))
     kept = sorted(est.checkpoint.step_of(p) for p in est.checkpoint.all_checkpoints(model_dir))
