@@ -301,8 +301,8 @@ def _reduce(losses: torch.Tensor, weights, reduction: str) -> torch.Tensor:
         reduced = weighted
     elif reduction == Reduction.SUM:
         reduced = weighted.sum()
-    elif reduction == Reduction.SUM_OVER_BATCH_SIZE:
-        reduced = weighted.sum() / losses.numel()
+    elif reduction == Reduction.SUM_OVER_BATCH_SIZE:   # (TF's div_no_nan: 0 for no rows)
+        reduced = weighted.sum() / losses.numel() if losses.numel() else weighted.sum()
     elif reduction == Reduction.MEAN:
         reduced = _div_no_nan(weighted.sum(), (torch.ones_like(losses) * w).sum())
     else:   # the elements of nonzero weight

@@ -898,7 +898,7 @@ class _GradientTimes(torch.autograd.Function):
     @staticmethod
     def forward(ctx, value, times):
         ctx.times = times
-        return value.view_as(value)
+        return value.clone()   # (not a view: model code may change it in place)
 
     @staticmethod
     def backward(ctx, grad):

@@ -758,7 +758,8 @@ def categorical_column_with_vocabulary_list(key, vocabulary_list, dtype=None, de
                          f"{key}")
     if isinstance(vocabulary_list, np.ndarray):
         vocabulary_list = vocabulary_list.tolist()
-    if len({v.encode() if isinstance(v, str) else v for v in vocabulary_list}
+    if len({v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v
+            for v in vocabulary_list}
            ) != len(vocabulary_list):   # ("a" and b"a": one TF string)
         raise ValueError(f"Duplicate keys in vocabulary_list {vocabulary_list}, column_name: "
                          f"{key}")

@@ -194,6 +194,11 @@ def _row_scale(rows, batch, weights, combiner) -> Optional[np.ndarray]:
             total = np.bincount(rows, weights=w, minlength=batch)
         else:
             total = np.sqrt(np.bincount(rows, weights=w * w, minlength=batch))
+    if weights is not None and combiner == "mean" and (weights <= 0).any():
+        # (unsafe lookups: TF adds a row's weights in float32, in order)
+        total32 = np.zeros(batch, np.float32)
+        np.add.at(total32, rows, weights.astype(np.float32))
+        total[total32 == 0] = np.inf
     total[total == 0] = np.inf
     total[counts == 0] = 1.0
     return total

@@ -123,7 +123,8 @@ def read_vocabulary_file(path: str, key: str, vocabulary_size: Optional[int],
         for i, line in enumerate(lines):
             # TF's safe_strto64: ASCII digits, a minus sign, spaces around
             # (Python's int() also takes "+7", "1_000" and other scripts' digits)
-            number = int(line) if _INT64_LINE.fullmatch(line) else None
+            number = (int(line) if _INT64_LINE.fullmatch(line) and len(line.strip()) <= 20
+                      else None)   # (past 20 characters no int64; int() refuses 4300 digits)
             if number is None or not -2 ** 63 <= number < 2 ** 63:
                 text = line.decode(errors="replace")
                 raise ValueError(f"{what}: line {i + 1} of {path!r}, {text!r}, is not a valid "

@@ -766,6 +766,7 @@ def _reduced_model_fn(features, labels, mode, params):
         return layer
     predictions = est.get_module("dense", dense)(features["x"])
     loss = est.losses.mean_squared_error(labels, predictions, reduction=params["reduction"])
+    loss *= 1.0   # (in place, as a user may: the SUM loss was a view that refused it)
     est.summary.scalar("my_loss", loss)   # (what model code reads of the loss)
     replica = distribute.get_replica_context().replica_id_in_sync_group
     with open(os.path.join(params["out"], f"loss-{replica}"), "w") as f:

@@ -297,7 +297,9 @@ def test_vocabulary_file_rules(tmp_path):
 @pytest.mark.parametrize("content, refused", [
     (b" 7\n2\t\n-3\n", None), (b"+7\n2\n", "'+7'"), (b"7\n1_000\n", "'1_000'"),
     ("\u0663\n2\n".encode(), "'\u0663'"), (b"0x10\n", "'0x10'"),
-    (b"2\n99999999999999999999\n", "'99999999999999999999'")])
+    (b"2\n99999999999999999999\n", "'99999999999999999999'"),
+    (b"7\n" + b"9" * 5000 + b"\n", "'" + "9" * 5000 + "'")],
+    ids=["spaces", "plus", "underscores", "arabic_digit", "hex", "too_big", "5000_digits"])
 def test_integer_vocabulary_file_lines_are_read_as_tf(tmp_path, content, refused):
     """TF 2.15 (a probe ran it): "Field +7 in line 0 is not a valid int64."
     for a sign, underscores, other scripts' digits, hex and too big a
@@ -321,6 +323,7 @@ def test_a_vocabulary_list_of_a_string_and_its_bytes_is_refused_as_tf():
     took id 0 and b"a" an id no input reaches."""
     with pytest.raises(ValueError, match="Duplicate keys in vocabulary_list"):
         fc.categorical_column_with_vocabulary_list("s", ["a", b"a", "b"])
+    assert fc.categorical_column_with_vocabulary_list("s", ["\ud800", "b"]).num_buckets == 2
 
 
 @pytest.mark.parametrize("content, tf_position, line", [
