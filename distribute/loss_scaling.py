@@ -38,8 +38,8 @@ def compute_average_loss(per_example_loss: torch.Tensor, sample_weight=None,
         raise ValueError(f"compute_average_loss: global_batch_size must be a positive "
                          f"integer, got {global_batch_size!r}")
     if global_batch_size == 0:   # (an empty last batch: TF's div_no_nan gives 0, not NaN)
-        return _gradients_summed(losses.sum() * 0.0, replicas)
-    return _gradients_summed(losses.sum() / global_batch_size, replicas)
+        return gradients_summed(losses.sum() * 0.0, replicas)
+    return gradients_summed(losses.sum() / global_batch_size, replicas)
 
 
 def scale_regularization_loss(regularization_loss) -> torch.Tensor:
@@ -50,7 +50,7 @@ def scale_regularization_loss(regularization_loss) -> torch.Tensor:
     else:
         total = torch.as_tensor(regularization_loss).sum()
     replicas = _replicas("scale_regularization_loss")
-    return _gradients_summed(total / replicas, replicas)
+    return gradients_summed(total / replicas, replicas)
 
 
 def _replicas(name: str) -> int:
@@ -60,8 +60,9 @@ def _replicas(name: str) -> int:
     return get_strategy().num_replicas_in_sync
 
 
-def _gradients_summed(loss: torch.Tensor, replicas: int) -> torch.Tensor:
-    """`loss`'s value, its gradient times `replicas` (`x - x.detach()` is 0)."""
+def gradients_summed(loss: torch.Tensor, replicas: int) -> torch.Tensor:
+    """`loss`'s value, its gradient times `replicas` (`x - x.detach()` is 0):
+    under strategies that average the replicas' gradients, theirs add up."""
     if replicas == 1:
         return loss
     extra = loss * (replicas - 1)

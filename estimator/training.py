@@ -759,7 +759,7 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
     evaluator = _Evaluator(estimator, eval_spec, max_steps, _early_stopping_fns(train_spec),
                            pin_dir=pin_dir)
     ledger = evaluator.ledger
-    evaluated = ledger.evaluated()   # {step: digest}, of these checkpoints or older ones
+    evaluated = ledger.evaluated()   # of these checkpoints, or of older ones (`_current`)
     done = _current(evaluated, model_dir)
     if done:
         logger.info("Evaluator resuming: %d checkpoint(s) already evaluated (last: step %d) "

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from distribute import lookups
+from distribute.loss_scaling import gradients_summed
 
 from . import checkpoint
 from ._factory_inputs import FactoryInputs
@@ -892,19 +893,6 @@ def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-class _GradientTimes(torch.autograd.Function):
-    """`value` itself; its gradient times `times`."""
-
-    @staticmethod
-    def forward(ctx, value, times):
-        ctx.times = times
-        return value.clone()   # (not a view: model code may change it in place)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.times, None
-
-
 def note_loss_reduction(loss: torch.Tensor, summed: bool) -> torch.Tensor:
     """`loss`, a `tf.compat.v1.losses`-style loss just reduced (`summed`: with
     SUM), noted as the model_fn's last loss reduction (TF1's
@@ -918,7 +906,7 @@ def note_loss_reduction(loss: torch.Tensor, summed: bool) -> torch.Tensor:
         return loss
     scope.loss_summed = summed
     replicas = scope.strategy.num_replicas_in_sync
-    return _GradientTimes.apply(loss, replicas) if summed and replicas > 1 else loss
+    return gradients_summed(loss, replicas) if summed else loss
 
 
 def add_to_collection(key: str, name: str, value) -> None:
