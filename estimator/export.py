@@ -720,9 +720,11 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
     if path is not None:
         scope = model_scope.ModelScope(ModeKeys.PREDICT, strategy, restore=state,
                                        restore_path=path)
+        source = os.path.basename(path)
     else:   # TF exports what it warm-starts from when model_dir has no checkpoint
         scope, warm = estimator._initial_scope(ModeKeys.PREDICT, strategy)
         path = warm.path
+        source = f"the model warm-started from {path}"
     call = estimator._call_model_fn
     any_size = {n: dims for n, t in receiver.receiver_tensors.items()
                 if (dims := _any_size_of(t))}
@@ -819,8 +821,7 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
             raise OSError(e.errno, f"{e.strerror or e} writing the export {final} (nothing "
                                    "was exported; the temp directory is removed)") from e
         raise
-    logger.info("Exported %s (global step %d) to %s", os.path.basename(path),
-                scope.global_step, final)
+    logger.info("Exported %s (global step %d) to %s", source, scope.global_step, final)
     return final
 
 

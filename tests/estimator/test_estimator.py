@@ -778,7 +778,7 @@ def test_resume_wins_over_warm_start(tmp_path, caplog):
     assert e.get_variable_value("global_step") == 4
 
 
-def test_warm_start_applies_to_predict_evaluate_and_export_before_any_training(tmp_path):
+def test_warm_start_applies_to_predict_evaluate_and_export_before_any_training(tmp_path, caplog):
     """TF's evaluate, predict and export warm-start when model_dir has no
     checkpoint (_maybe_warm_start; the export is of the warm-start
     checkpoint). They used the initial model, and the export raised."""
@@ -793,9 +793,13 @@ def test_warm_start_applies_to_predict_evaluate_and_export_before_any_training(t
     got = e.evaluate(data)
     assert got["loss"] == pytest.approx(src.evaluate(data)["loss"], rel=1e-6)
     assert got["global_step"] == 0   # (as TF: the step is not warm-started)
-    export_dir = e.export_saved_model(str(tmp_path / "export"),
-                                      est.export.build_raw_serving_input_receiver_fn(
-                                          {"x": torch.zeros(1, 3)}))
+    with caplog.at_level("INFO", logger="estimator.export"):
+        export_dir = e.export_saved_model(str(tmp_path / "export"),
+                                          est.export.build_raw_serving_input_receiver_fn(
+                                              {"x": torch.zeros(1, 3)}))
+    # (it said "Exported model.ckpt-20 (global step 0)", naming another model_dir's file)
+    assert (f"Exported the model warm-started from {src.model_dir}/model.ckpt-20 (global step "
+            f"0) to {export_dir}") in caplog.text
     served = est.export.load(export_dir).signatures["serving_default"](x=torch.tensor(x))
     np.testing.assert_allclose(served["y"].numpy(), want, rtol=1e-6)
     assert e.latest_checkpoint() is None
