@@ -33,6 +33,9 @@ _MAX = dist.AllreduceOptions()
 _MAX.reduceOp = dist.ReduceOp.MAX
 
 
+_FORMED = "formed"   # a store key: its group is formed, no rank joins it any more
+
+
 class ReplicaFailedError(RuntimeError):
     """A collective failed because another replica died or hung (no TF
     analogue: TF raises UnavailableError/DeadlineExceededError)."""
@@ -131,10 +134,20 @@ class ProcessGroup:
         incarnation = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         if incarnation:   # torchrun keeps its store across restarts: no stale keys
             store = dist.PrefixStore(f"restart{incarnation}", store)
+        if store.check([_FORMED]):
+            # (its arrivals all there, this rank would join a group whose others are
+            # gone or never come back: torch's rendezvous then waits out the timeout)
+            raise RuntimeError(
+                f"Rendezvous at {address}: the group there was formed before {describe(rank)} "
+                f"arrived, by an earlier run of the job whose {store_host or describe(0)} has "
+                "not exited yet (failing after a task died?). Start this task again once it "
+                "has exited, or restart the whole job")
         store.set(f"arrived/{rank}", describe(rank))
         _wait_for_all(store, world_size, timeout, describe, address)
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=world_size, timeout=_timeout(timeout))
+        if rank == 0:
+            store.set(_FORMED, "1")
         group = cls(rank, world_size, backend, store, address, describe, timeout, store_host)
         group.main = dist.group.WORLD
         group.control = group.main if backend == "gloo" else dist.new_group(backend="gloo")

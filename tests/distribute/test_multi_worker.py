@@ -158,6 +158,42 @@ def test_a_worker_waiting_for_a_chief_that_is_not_there_says_so(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_a_worker_reaching_a_group_formed_before_it_fails_at_once_saying_so(tmp_path):
+    """A worker restarted at once after a kill -9 reached its chief, still
+    failing, and joined the group the chief had formed with the worker that
+    died: it waited in torch's rendezvous, in silence, for the collective
+    timeout (30 minutes by default; chaos probe, 3 runs of 5)."""
+    ports = free_ports(2)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
+    args = [sys.executable, TASK, str(tmp_path / "m"), str(tmp_path), "--steps", "10",
+            "--fail", "hang", "--timeout", "60"]   # (the worker hangs: the group stays)
+    logs, procs = [], []
+    try:
+        for task in ("chief", "worker", "worker"):
+            logs.append(tmp_path / f"{task}-{len(procs)}.log")
+            env = dict(os.environ, TF_CONFIG=tf_config(cluster, task), OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen(args, env=env, stdout=open(logs[-1], "w"),
+                                          stderr=subprocess.STDOUT))
+            if len(procs) == 2:   # the late worker starts once the group is formed
+                deadline = time.monotonic() + 60
+                while "rank 0 of 2" not in logs[0].read_text():
+                    assert time.monotonic() < deadline and procs[0].poll() is None, \
+                        logs[0].read_text()[-3000:]
+                    time.sleep(0.2)
+        start = time.monotonic()
+        code = procs[2].wait(timeout=40)
+        late = logs[2].read_text()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert code != 0 and time.monotonic() - start < 30, late[-3000:]
+    assert (f"Rendezvous at {cluster['chief'][0]}: the group there was formed before worker:0 "
+            f"at {cluster['worker'][0]} (rank 1) arrived") in late, late[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("fail", ["die", "hang"])
 def test_a_dead_or_hung_worker_fails_the_chief_naming_it(tmp_path, fail):
     start = time.monotonic()
