@@ -477,7 +477,8 @@ def _failure(model_dir: str, max_steps: Optional[int], since: float) -> Optional
     if silent > timeout:
         return {"error": f"the chief has not trained for {silent:.0f} s (no heartbeat in "
                          f"{os.path.join(model_dir, HEARTBEAT)} for over "
-                         f"ESTIMATOR_CHIEF_TIMEOUT_SECS={timeout:g}): killed?"}
+                         f"ESTIMATOR_CHIEF_TIMEOUT_SECS={timeout:g}): killed, or preempted "
+                         "and not restarted?"}
     return None
 
 
@@ -640,7 +641,10 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
         listeners.append(_ProtectUnevaluated(_Ledger(_eval_dir(estimator, eval_spec.name)),
                                              model_dir))
     heartbeat = _Heartbeat(os.path.join(model_dir, HEARTBEAT))
-    untold = False   # training failed, and no marker could say so
+    # the heartbeat left to go stale: training failed and no marker could say
+    # so, or was preempted (should the job not restart, the evaluator and ps
+    # tasks stop after ESTIMATOR_CHIEF_TIMEOUT_SECS)
+    untold = False
     try:
         estimator.train(train_spec.input_fn, hooks=train_hooks, max_steps=train_spec.max_steps,
                         saving_listeners=listeners)
@@ -649,6 +653,9 @@ def _run_chief(estimator, train_spec, eval_spec, extra_listeners=()):
         _write_json(os.path.join(model_dir, COMPLETION_MARKER),
                     {"global_step": final_step, "max_steps": train_spec.max_steps,
                      "time": time.time()})
+    except hooks_lib.TrainingPreempted:
+        untold = True
+        raise
     except Exception as e:   # (not a preemption, a SystemExit: the job restarts)
         marker = os.path.join(model_dir, FAILURE_MARKER)
         try:

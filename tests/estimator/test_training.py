@@ -511,6 +511,34 @@ def test_evaluator_latest_policy_evaluates_the_newest_only(tmp_path, monkeypatch
     assert steps == [40] and metrics["global_step"] == 40
 
 
+class _PreemptAt(hooks.SessionRunHook):
+    def __init__(self, step):
+        self._step = step
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step >= self._step:
+            raise hooks.TrainingPreempted(self._step, "SIGTERM")
+
+
+def test_an_evaluator_stops_when_a_preempted_chief_never_comes_back(tmp_path, monkeypatch):
+    """A preempted chief removed its heartbeat as one that ended does: with
+    no heartbeat the evaluator took the chief for one not started yet and
+    waited for ever when the job was not restarted (chaos probe). The chief
+    leaves it to go stale; the evaluator, its last checkpoint evaluated,
+    stops after ESTIMATOR_CHIEF_TIMEOUT_SECS, saying why."""
+    set_cluster(monkeypatch, "chief")
+    with pytest.raises(hooks.TrainingPreempted):
+        est.train_and_evaluate(make(tmp_path), est.TrainSpec(input_fn, 40, hooks=[_PreemptAt(15)]),
+                               est.EvalSpec(eval_input_fn))
+    assert os.path.exists(tmp_path / "m" / training.HEARTBEAT)
+    monkeypatch.setenv("ESTIMATOR_CHIEF_TIMEOUT_SECS", "1")
+    recorder = []
+    with pytest.raises(training.TrainingFailedError, match="killed, or preempted and not "
+                                                           "restarted"):
+        evaluator(tmp_path, monkeypatch, recorder=recorder)
+    assert recorder == [10]
+
+
 def test_evaluator_stops_at_the_chief_s_final_step(tmp_path, monkeypatch):
     """Training ended before max_steps (input ran out, early stop): the
     completion marker names the final step; it is evaluated, then the
