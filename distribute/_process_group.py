@@ -118,6 +118,7 @@ class ProcessGroup:
         self.store_host = store_host or describe(0)
         self.main = None     # the default group (gradients, loss, metrics)
         self.control = None  # a gloo group for host-side flags (the default one under gloo)
+        self._failed_alone = False   # this rank failed on its own error (`report_failure`)
 
     # -- joining ----------------------------------------------------------------
     @classmethod
@@ -160,6 +161,8 @@ class ProcessGroup:
         the process group while Python is whole; a group left to C++ static
         destruction can abort the process ("terminate called without an
         active exception")."""
+        if self._failed_alone:   # its peers' collectives fail now, the store still up
+            self._destroy()
         try:
             # The count our own add returns: the last to arrive asks the store
             # nothing more (its host may leave as soon as it sees everyone).
@@ -170,11 +173,29 @@ class ProcessGroup:
                 arrived = self.store.add("exited", 0)
         except Exception:  # a peer or the store's host is already gone: nothing to wait for
             pass
-        try:   # destroyed in any case: left to C++ static destruction, it can abort
+        self._destroy()   # (in any case: left to C++ static destruction, it can abort)
+
+    @staticmethod
+    def _destroy() -> None:
+        try:
             if dist.is_initialized():
                 dist.destroy_process_group()
         except Exception:
             pass
+
+    def report_failure(self, error: BaseException) -> None:
+        """This rank fails on its own `error` (not a peer's): say so in the
+        store, where a peer's failing collective reads it (`explain`), and
+        leave the group first at exit, so that the peers waiting in a
+        collective for this rank fail then, not after the exit wait."""
+        if isinstance(error, ReplicaFailedError) or _is_communication_error(error):
+            return
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        try:
+            self.store.set(f"error/{self.rank}", f"{type(error).__name__}: {text}"[:500])
+        except Exception:   # (the store's host is gone: the peers see that)
+            return
+        self._failed_alone = True
 
     # -- the per-step collectives ---------------------------------------------------------
     def start_sum(self, tensor: torch.Tensor):
@@ -199,10 +220,16 @@ class ProcessGroup:
         try:
             self.store.set(f"failed/{self.rank}", first_line)
             missing = self._silent_ranks()
+            errors = {r: self.store.get(f"error/{r}").decode(errors="replace")
+                      for r in range(self.world_size)
+                      if r != self.rank and self.store.check([f"error/{r}"])}
         except Exception:  # the store is gone with its host
             return ReplicaFailedError(
                 f"{what} failed on {me} ({first_line}), and the rendezvous store at "
                 f"{self.address} is unreachable: its host, {self.store_host}, died or hung")
+        if errors:
+            said = "; ".join(f"{self.describe(r)} failed: {text}" for r, text in errors.items())
+            return ReplicaFailedError(f"{what} failed on {me}: {said}")
         if not missing:
             why = ""
             if any(t in first_line.lower() for t in ("timed out", "timeout")):
@@ -222,7 +249,8 @@ class ProcessGroup:
         deadline = time.monotonic() + min(_GRACE_SECS, self.timeout)
         while True:
             missing = [r for r in range(self.world_size) if r != self.rank
-                       and not self.store.check([f"failed/{r}"])]
+                       and not self.store.check([f"failed/{r}"])
+                       and not self.store.check([f"error/{r}"])]
             if not missing or time.monotonic() > deadline:
                 return missing
             time.sleep(0.1)

@@ -814,6 +814,10 @@ class _CollectiveExtended(StrategyExtended):
         self._moving_buffers.finish(self._group, step_made=False)
         self._vote = self._preempt_vote = self._stop_after = self._step_agreed = False
 
+    def report_failure(self, error: BaseException) -> None:
+        if self._group is not None:
+            self._group.report_failure(error)
+
     def end_training(self) -> None:
         """Every replica returns from training once all have closed their
         session, so the chief's final checkpoint exists when they go on."""

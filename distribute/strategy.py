@@ -155,7 +155,7 @@ class StrategyExtended:
     - the model_fn: `in_replica_context(fn)`.
     - the step: `apply_gradients`, `run_train_op`, `reduce_loss`,
       `all_agree_to_stop` (None on one replica), `stop_before_first_step`,
-      `preempted`, `set_last_step`, `end_training`.
+      `preempted`, `set_last_step`, `end_training`, `report_failure`.
     - evaluation: `reduce_metrics`.
     - a ps task: `serve(stop_when)` (parameter-server strategies).
     """
@@ -307,6 +307,11 @@ class StrategyExtended:
     def end_training(self) -> None:
         """After the training session has closed (the chief's last checkpoint
         is written): replicas wait here for each other."""
+
+    def report_failure(self, error: BaseException) -> None:
+        """This replica's session ends on `error`, its own (its input_fn, its
+        model_fn, a hook): tell the other replicas, whose collectives then
+        fail at once naming it (nothing to tell on one replica)."""
 
     def set_last_step(self, last_step: Optional[int]) -> None:
         """The global step training stops at (StopAtStepHook tells it), for

@@ -199,6 +199,8 @@ class MonitoredSession:
                 finally:   # (after the ends, raising or not)
                     self._raise_coordinator_error()
             else:   # no `end` on an error (as TF), but work a hook started completes
+                if issubclass(exc_type, Exception):   # (not a preemption: a SystemExit)
+                    self._scope.strategy.extended.report_failure(exc)
                 for hook in self._hooks:
                     settle = getattr(hook, "settle", None)
                     if settle is not None:

@@ -209,6 +209,31 @@ def test_a_dead_or_hung_worker_fails_the_chief_naming_it(tmp_path, fail):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("failing", [1, 0])
+def test_a_replica_failing_on_its_own_error_fails_the_other_naming_it(tmp_path, failing):
+    """A worker's input_fn or hook raising: the chief waited in its all-reduce
+    until the worker had exited (its 10 s exit wait), then said the worker
+    "did not respond (died, or hung ...)"; the error was in the worker's log
+    only, not in the chief's, its failure marker or the evaluator's (chaos
+    probe, 15.5 s). The chief raising: the worker said the chief "died or
+    hung" (its store was gone by then)."""
+    start = time.monotonic()
+    results, cluster = run_cluster(tmp_path, [str(tmp_path / "m"), str(tmp_path), "--steps",
+                                              "10", "--fail", "raise", "--fail-replica",
+                                              str(failing), "--timeout", "30"], timeout=60)
+    (chief_code, chief_log), (worker_code, worker_log) = results
+    assert chief_code != 0 and worker_code != 0
+    names = [f"chief:0 at {cluster['chief'][0]} (rank 0)",
+             f"worker:0 at {cluster['worker'][0]} (rank 1)"]
+    failed, other = (worker_log, chief_log) if failing else (chief_log, worker_log)
+    assert f"ValueError: boom on replica {failing}" in failed
+    assert (f"failed on {names[1 - failing]}: {names[failing]} failed: ValueError: boom on "
+            f"replica {failing}") in other, other[-3000:]
+    assert time.monotonic() - start < 40
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_under_torchrun(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     if torchrun is None:

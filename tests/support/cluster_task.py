@@ -3,7 +3,7 @@
 Run with TF_CONFIG (or torchrun's environment) set:
 
     python tests/support/cluster_task.py MODEL_DIR OUT_DIR --steps 5 [--evaluate] [--export]
-        [--fail die|hang]
+        [--fail die|hang|raise] [--fail-replica RANK]
 
 Trains the regression model on batches of 16 (the input_fn ignores its
 input_context, so each task keeps every n-th batch), writes this replica's
@@ -36,7 +36,8 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--evaluate", action="store_true")
     parser.add_argument("--export", action="store_true")
-    parser.add_argument("--fail", choices=["die", "hang"])
+    parser.add_argument("--fail", choices=["die", "hang", "raise"])
+    parser.add_argument("--fail-replica", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=30)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -48,7 +49,7 @@ def main():
         params={"lr": 0.05, "momentum": 0.9})
     train_hooks = [SaveWeights(args.out_dir)]
     if args.fail:
-        train_hooks.append(OnReplica(1, 2, args.fail))
+        train_hooks.append(OnReplica(args.fail_replica, 2, args.fail))
     e.train(lambda: batches(batch_size=16), steps=args.steps, hooks=train_hooks)
     if args.evaluate:
         result = e.evaluate(lambda: batches(n=210, batch_size=30, seed=1))
