@@ -141,8 +141,9 @@ class ProcessGroup:
             raise RuntimeError(
                 f"Rendezvous at {address}: the group there was formed before {describe(rank)} "
                 f"arrived, by an earlier run of the job whose {store_host or describe(0)} has "
-                "not exited yet (failing after a task died?). Start this task again once it "
-                "has exited, or restart the whole job")
+                "not exited yet (failing after a task died?), or by another strategy of this "
+                "job at that address. Start this task again once it has exited, or restart the "
+                "whole job")
         store.set(f"arrived/{rank}", describe(rank))
         _wait_for_all(store, world_size, timeout, describe, address)
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,

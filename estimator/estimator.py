@@ -172,7 +172,7 @@ class Estimator:
         with (checkpoint.rng_preserved() if self._config.tf_random_seed is not None
               else contextlib.nullcontext()), \
                 (TrainingLock(self._model_dir) if self._is_chief(strategy)
-                 else contextlib.nullcontext()):
+                 else contextlib.nullcontext()), _failures_told(strategy):
             outcome = self._train_held(strategy, *args)
         _ended_at[os.path.abspath(self._model_dir)] = (
             os.getpid(), checkpoint.latest_checkpoint(self._model_dir))
@@ -449,8 +449,8 @@ class Estimator:
                                            restore_path=path or "the training's state")
             what = path or f"the training's state at global step {scope.global_step}"
         logger.info("Starting evaluation of %s", what)
-        with scope, strategy.scope(), torch.no_grad(), contextlib.closing(
-                self._batches(input_fn, ModeKeys.EVAL, strategy)) as batches:
+        with _failures_told(strategy), scope, strategy.scope(), torch.no_grad(), \
+                contextlib.closing(self._batches(input_fn, ModeKeys.EVAL, strategy)) as batches:
             call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.EVAL)
             first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy, call)
             if first is None:
@@ -697,6 +697,17 @@ def _run(strategy, body: Callable, shared: list, *args):
     for obj, state in zip(shared, states or ()):
         obj.__dict__.update(state)
     return result
+
+
+@contextlib.contextmanager
+def _failures_told(strategy):
+    """An error of this replica's own (its input_fn, its model_fn, a hook),
+    told to the other replicas, whose collectives then fail naming it."""
+    try:
+        yield
+    except Exception as e:
+        strategy.extended.report_failure(e)
+        raise
 
 
 # {model_dir: (pid, checkpoint)}: where training in process pid last ended

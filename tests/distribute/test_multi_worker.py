@@ -209,17 +209,19 @@ def test_a_dead_or_hung_worker_fails_the_chief_naming_it(tmp_path, fail):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("failing", [1, 0])
-def test_a_replica_failing_on_its_own_error_fails_the_other_naming_it(tmp_path, failing):
+@pytest.mark.parametrize("failing, where", [(1, "raise"), (0, "raise"),
+                                            (1, "raise_in_input_fn"), (0, "raise_in_input_fn")])
+def test_a_replica_failing_on_its_own_error_fails_the_other_naming_it(tmp_path, failing, where):
     """A worker's input_fn or hook raising: the chief waited in its all-reduce
     until the worker had exited (its 10 s exit wait), then said the worker
     "did not respond (died, or hung ...)"; the error was in the worker's log
     only, not in the chief's, its failure marker or the evaluator's (chaos
     probe, 15.5 s). The chief raising: the worker said the chief "died or
-    hung" (its store was gone by then)."""
+    hung" (its store was gone by then). An input_fn raising, before the
+    session starts, was named so too (attack probe)."""
     start = time.monotonic()
     results, cluster = run_cluster(tmp_path, [str(tmp_path / "m"), str(tmp_path), "--steps",
-                                              "10", "--fail", "raise", "--fail-replica",
+                                              "10", "--fail", where, "--fail-replica",
                                               str(failing), "--timeout", "30"], timeout=60)
     (chief_code, chief_log), (worker_code, worker_log) = results
     assert chief_code != 0 and worker_code != 0

@@ -3,7 +3,7 @@
 Run with TF_CONFIG (or torchrun's environment) set:
 
     python tests/support/cluster_task.py MODEL_DIR OUT_DIR --steps 5 [--evaluate] [--export]
-        [--fail die|hang|raise] [--fail-replica RANK]
+        [--fail die|hang|raise|raise_in_input_fn] [--fail-replica RANK]
 
 Trains the regression model on batches of 16 (the input_fn ignores its
 input_context, so each task keeps every n-th batch), writes this replica's
@@ -36,7 +36,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--evaluate", action="store_true")
     parser.add_argument("--export", action="store_true")
-    parser.add_argument("--fail", choices=["die", "hang", "raise"])
+    parser.add_argument("--fail", choices=["die", "hang", "raise", "raise_in_input_fn"])
     parser.add_argument("--fail-replica", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=30)
     args = parser.parse_args()
@@ -48,9 +48,14 @@ def main():
         tf_random_seed=3, save_checkpoints_steps=100),
         params={"lr": 0.05, "momentum": 0.9})
     train_hooks = [SaveWeights(args.out_dir)]
-    if args.fail:
+    if args.fail in ("die", "hang", "raise"):
         train_hooks.append(OnReplica(args.fail_replica, 2, args.fail))
-    e.train(lambda: batches(batch_size=16), steps=args.steps, hooks=train_hooks)
+
+    def input_fn():
+        if args.fail == "raise_in_input_fn" and rank() == args.fail_replica:
+            raise ValueError(f"boom on replica {rank()}")
+        return batches(batch_size=16)
+    e.train(input_fn, steps=args.steps, hooks=train_hooks)
     if args.evaluate:
         result = e.evaluate(lambda: batches(n=210, batch_size=30, seed=1))
         with open(os.path.join(args.out_dir, f"eval-{rank()}.json"), "w") as f:
