@@ -191,9 +191,9 @@ class ProcessGroup:
         collective for this rank fail then, not after the exit wait."""
         if isinstance(error, ReplicaFailedError) or _is_communication_error(error):
             return
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         try:
-            self.store.set(f"error/{self.rank}", f"{type(error).__name__}: {text}"[:500])
+            self.store.set(f"error/{self.rank}",
+                           f"{type(error).__name__}: {_first_line(error, '')}"[:500])
         except Exception:   # (the store's host is gone: the peers see that)
             return
         self._failed_alone = True
@@ -217,7 +217,7 @@ class ProcessGroup:
         if not _is_communication_error(exc):
             return exc
         me = self.describe(self.rank)
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first_line = _first_line(exc, type(exc).__name__)
         try:
             self.store.set(f"failed/{self.rank}", first_line)
             missing = self._silent_ranks()
@@ -258,6 +258,11 @@ class ProcessGroup:
 
 
 _EXIT_WAIT_SECS = 10.0
+
+
+def _first_line(error: BaseException, default: str) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else default
 
 
 def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str,

@@ -199,7 +199,9 @@ class MonitoredSession:
                 finally:   # (after the ends, raising or not)
                     self._raise_coordinator_error()
             else:   # no `end` on an error (as TF), but work a hook started completes
-                if issubclass(exc_type, Exception):   # (not a preemption: a SystemExit)
+                # (for custom loops: the Estimator's train and evaluate tell theirs
+                # too, errors before the session included; not a preemption's SystemExit)
+                if issubclass(exc_type, Exception):
                     self._scope.strategy.extended.report_failure(exc)
                 for hook in self._hooks:
                     settle = getattr(hook, "settle", None)
