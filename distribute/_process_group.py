@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -221,9 +221,8 @@ class ProcessGroup:
         try:
             self.store.set(f"failed/{self.rank}", first_line)
             missing = self._silent_ranks()
-            errors = {r: self.store.get(f"error/{r}").decode(errors="replace")
-                      for r in range(self.world_size)
-                      if r != self.rank and self.store.check([f"error/{r}"])}
+            errors = self._said("error")
+            failures = [first_line, *self._said("failed").values()]
         except Exception:  # the store is gone with its host
             return ReplicaFailedError(
                 f"{what} failed on {me} ({first_line}), and the rendezvous store at "
@@ -232,8 +231,8 @@ class ProcessGroup:
             said = "; ".join(f"{self.describe(r)} failed: {text}" for r, text in errors.items())
             return ReplicaFailedError(f"{what} failed on {me}: {said}")
         if not missing:
-            why = ""
-            if any(t in first_line.lower() for t in ("timed out", "timeout")):
+            why = ""   # (a peer's timeout closes its connections: this rank may see that)
+            if any(t in line.lower() for line in failures for t in ("timed out", "timeout")):
                 why = ("; each waited for the others: their steps did not make the same "
                        "collectives. Under DDP a common cause is a parameter the loss reaches "
                        "on some replicas only (a branch their data decides): every replica's "
@@ -245,6 +244,12 @@ class ProcessGroup:
         return ReplicaFailedError(
             f"{what} failed on {me}: {names} did not respond (died, or hung for more than "
             f"{self.timeout:g} s). Underlying error: {first_line}")
+
+    def _said(self, kind: str) -> Dict[int, str]:
+        """The other ranks' `kind` ("error" or "failed") lines in the store."""
+        return {r: self.store.get(f"{kind}/{r}").decode(errors="replace")
+                for r in range(self.world_size)
+                if r != self.rank and self.store.check([f"{kind}/{r}"])}
 
     def _silent_ranks(self) -> List[int]:
         deadline = time.monotonic() + min(_GRACE_SECS, self.timeout)
