@@ -144,11 +144,13 @@ class Metric(torch.nn.Module):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         """`m[0]` / `m[1]`: the current value, as TF's `(value, update_op)` pair
-        gives it (the update already happened when the metric was called)."""
+        gives it (the update already happened when the metric was called), a
+        float64 result as TF's float32 (what a hook fetches, a summary holds)."""
         if index not in (0, 1, -1, -2):
             raise IndexError(f"{type(self).__name__} indexes like TF's (value, update_op) "
                              f"pair: m[0] or m[1], got m[{index!r}]")
-        return self.result()
+        value = self.result()
+        return value.float() if value.dtype == _F64 else value
 
     def _add_state(self, name: str, shape: Sequence[int] = ()) -> None:
         self.register_buffer(name, torch.zeros(shape, dtype=_F64))

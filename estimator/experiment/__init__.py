@@ -359,10 +359,14 @@ def load(path: str, overrides: Sequence[str] = ()) -> Experiment:
     """Read, override, interpolate and check an experiment file. Raises
     ExperimentError listing every problem (file, line, key path, fix)."""
     tree = _yaml.load_file(path)
+    problems = []   # (all said at once, with the file's)
     for override in overrides:
         _warn_if_new_param(tree.data, override)
-        _yaml.apply_override(tree, override)
-    config, objects = check(tree, os.path.dirname(os.path.abspath(path)))
+        try:
+            _yaml.apply_override(tree, override)
+        except ExperimentError as e:
+            problems += e.problems
+    config, objects = check(tree, os.path.dirname(os.path.abspath(path)), problems)
     return Experiment(path, config, objects, tree)
 
 

@@ -8,10 +8,11 @@ importing the modules the file names.
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
 import re
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 from distribute import device_util
 
@@ -582,39 +583,55 @@ def _located(build: Callable, tree, path, what: str, keys=()):
 
 
 # -- the whole file ---------------------------------------------------------------------------
-def check(tree: _yaml.Tree, base_dir: str):
+def check(tree: _yaml.Tree, base_dir: str, problems: Sequence[Problem] = ()):
     """(resolved config, {key path: imported function or _Built}) for an
     overridden tree; interpolates it first. Raises ExperimentError with every
-    problem found."""
+    problem found: the tree's own (duplicate keys), `problems` (the
+    overrides'), then the schema's and the references'."""
+    problems = [*tree.problems, *problems]
     if not isinstance(tree.data, dict):
         what = "empty" if tree.data is None else f"{_describe(tree.data)}"
-        raise ExperimentError([Problem(tree.where(()), "", f"an experiment is a mapping of "
-                                       f"keys (model_fn, params, run_config, train_spec, "
-                                       f"eval_spec, ...), but this file is {what}; start "
-                                       f"with model_fn: package.module:model_fn")])
-    try:
-        _yaml.interpolate(tree, _suggest_path)
-    except ExperimentError:
-        _raise_mistakes_before_references(tree, base_dir)
-        raise
+        raise ExperimentError(problems + [Problem(
+            tree.where(()), "", f"an experiment is a mapping of keys (model_fn, params, "
+            f"run_config, train_spec, eval_spec, ...), but this file is {what}; start with "
+            f"model_fn: package.module:model_fn")])
+    failed = _yaml.interpolate(tree, _suggest_path)
     checker = _Checker(tree, base_dir)
     config = _check(checker, tree.data)
-    if checker.problems:
-        raise ExperimentError(checker.problems)
+    if failed:
+        problems += _mistakes_and_references(tree, checker.problems, failed)
+    else:
+        problems += checker.problems
+    if problems:
+        raise ExperimentError(problems)
     return config, checker.objects
 
 
-def _raise_mistakes_before_references(tree: _yaml.Tree, base_dir: str) -> None:
-    """A reference (`${run_config.model_dir}`) that does not resolve is often
-    a key misspelt (`runconfig:`) or of the wrong kind (a list): raise those
-    mistakes, found in the file as written (but for values holding
-    references), rather than the reference's error, which follows from them."""
-    checker = _Checker(tree, base_dir)
-    _check(checker, tree.data)
-    mistakes = [p for p in checker.problems if p.message.startswith("unknown key")
+def _mistakes_and_references(tree: _yaml.Tree, found: List[Problem], failed) -> List[Problem]:
+    """With references that did not resolve (their values left as written):
+    the mistakes found in values holding none, then the references' errors
+    but those a mistake explains. A reference to a missing key is often a
+    key misspelt (`runconfig:`, an unknown key beside the one it names) or
+    of the wrong kind (a list on its path): that mistake is the one to fix
+    (the reference's error would say to use the typo)."""
+    mistakes = [p for p in found if p.message.startswith("unknown key")
                 or not _holds_reference(tree, p.path)]
-    if mistakes:
-        raise ExperimentError(mistakes)
+    at = [(_parsed(p.path), p.message.startswith("unknown key")) for p in mistakes]
+
+    def explained(missing) -> bool:   # (a wrong kind on its path, or its key misspelt)
+        return missing is not None and any(
+            missing[:len(path)] == path or unknown and len(missing) >= len(path) > 0
+            and missing[:len(path) - 1] == path[:-1]
+            and difflib.get_close_matches(str(missing[len(path) - 1]), [str(path[-1])])
+            for path, unknown in at)
+    return mistakes + [p for p, missing in failed if not explained(missing)]
+
+
+def _parsed(path: str) -> tuple:
+    try:
+        return _yaml.parse_path(path) if path else ()
+    except ValueError:
+        return (None,)   # (explains nothing)
 
 
 def _holds_reference(tree: _yaml.Tree, path: str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import yaml
 
@@ -97,12 +97,16 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+012
 
 
 class Tree:
-    """A plain YAML value (`data`) plus the location of every key path in it."""
+    """A plain YAML value (`data`) plus the location of every key path in it,
+    and the `problems` found reading it (duplicate keys, tags: reported with
+    the file's other mistakes, all at once)."""
 
-    def __init__(self, data: Any, marks: Dict[Path, Location], source: str):
+    def __init__(self, data: Any, marks: Dict[Path, Location], source: str,
+                 problems: Sequence[Problem] = ()):
         self.data = data
         self.marks = marks
         self.source = source
+        self.problems = list(problems)
 
     def where(self, path: Path) -> Location:
         """The location of `path`, or of its nearest ancestor that has one."""
@@ -207,9 +211,9 @@ def _limit(text: str, source: str) -> None:
 
 
 def load_text(text: str, source: str) -> Tree:
-    """Parse YAML text into a Tree; syntax errors, duplicate keys, unsafe tags
-    and files past the limits (size, depth, alias expansion) are
-    ExperimentErrors located in `source`."""
+    """Parse YAML text into a Tree; syntax errors and files past the limits
+    (size, depth, alias expansion) are ExperimentErrors located in `source`,
+    duplicate keys and unsafe tags the Tree's `problems`."""
     loader = _Loader(text)
     try:
         try:
@@ -229,9 +233,7 @@ def load_text(text: str, source: str) -> Tree:
                 "write the values out or use fewer nested aliases"))]) from None
     finally:
         loader.dispose()
-    if problems:
-        raise ExperimentError(problems)
-    return Tree(data, marks, source)
+    return Tree(data, marks, source, problems)
 
 
 def load_file(path: str) -> Tree:
@@ -343,6 +345,12 @@ def apply_override(tree: Tree, text: str) -> None:
         if isinstance(node, dict):
             _check_component_name(node, path, i, source)
             if part not in node or node[part] is None:
+                if isinstance(path[i + 1], int):
+                    raise ExperimentError([Problem(Location(source), format_path(path[:i + 1]),
+                                                   f"{format_path(path[:i + 1])} is not in the "
+                                                   f"experiment, so it has no item "
+                                                   f"[{path[i + 1]}]; set the whole list, e.g. "
+                                                   f"--set '{format_path(path[:i + 1])}=[...]'")])
                 node[part] = {}
             node = node[part]
         elif isinstance(node, list):
@@ -411,11 +419,24 @@ _REF = re.compile(r"\$(\$?)\{([^{}]*)\}")
 _REF_OR_ESCAPED = re.compile(r"\$(\$?)\{([^{}]*)\}|\$\$\{")   # ($${ alone: a literal ${)
 
 
-def interpolate(tree: Tree, suggest) -> None:
+def interpolate(tree: Tree, suggest) -> List[Tuple[Problem, Optional[Path]]]:
     """Replace `${a.b}` with the value at key path a.b (keeping its type when the
     string is only the reference), `${env:NAME}` / `${env:NAME:-default}` with an
-    environment variable; `$${...}` is a literal `${...}`. In place."""
-    _Interpolator(tree, suggest).run()
+    environment variable; `$${...}` is a literal `${...}`. In place. Returns
+    the references that failed, each (problem, the key path missing or None),
+    their values left as written."""
+    interpolator = _Interpolator(tree, suggest)
+    interpolator.run()
+    return interpolator.failed
+
+
+class _Unresolved(ExperimentError):
+    """A reference to a key path that is not there (`missing`: the path as
+    far as the first key absent)."""
+
+    def __init__(self, problems: List[Problem], missing: Path):
+        super().__init__(problems)
+        self.missing = missing
 
 
 class _Interpolator:
@@ -424,6 +445,7 @@ class _Interpolator:
         self.suggest = suggest          # (path, missing key) -> " did you mean ...?" text
         self.done: Dict[Path, Any] = {}
         self.active: List[Path] = []
+        self.failed: List[Tuple[Problem, Optional[Path]]] = []
 
     def run(self):
         self.tree.data = self.resolve(())
@@ -445,7 +467,10 @@ class _Interpolator:
             elif isinstance(value, list):
                 value = [self.resolve(path + (i,)) for i in range(len(value))]
             elif isinstance(value, str) and "${" in value:
-                value = self.substitute(path, value)
+                try:
+                    value = self.substitute(path, value)
+                except ExperimentError as e:   # (said with the others; the text kept)
+                    self.failed += [(p, getattr(e, "missing", None)) for p in e.problems]
         finally:
             self.active.pop()
         self.done[path] = value
@@ -494,9 +519,9 @@ class _Interpolator:
         where, at = self.tree.where(path), format_path(path)
         if ref.startswith("env:"):
             name, _, default = ref[4:].partition(":-")
-            if name in os.environ:
+            if os.environ.get(name) or name in os.environ and ":-" not in ref:
                 return os.environ[name]
-            if ":-" in ref:
+            if ":-" in ref:   # (unset or empty, as the shell's ${NAME:-default})
                 return default
             raise ExperimentError([Problem(where, at, f"${{{ref}}}: environment variable "
                                            f"{name!r} is not set; set it, or give a default "
@@ -515,9 +540,9 @@ class _Interpolator:
                 node = node[part]
             else:
                 hint = self.suggest(target[:i], part, node)
-                raise ExperimentError([Problem(where, at, f"${{{ref}}} refers to "
-                                               f"{format_path(target[:i + 1])!s}, which is not "
-                                               f"in the experiment;{hint}")])
+                raise _Unresolved([Problem(where, at, f"${{{ref}}} refers to "
+                                           f"{format_path(target[:i + 1])!s}, which is not "
+                                           f"in the experiment;{hint}")], target[:i + 1])
         return self.resolve(target)
 
 

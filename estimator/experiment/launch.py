@@ -355,11 +355,22 @@ def launch(argv_or_command: Union[str, Sequence[str]], chief: bool = True, worke
 
 
 # -- command line ------------------------------------------------------------------
+_EXAMPLES = """
+examples:
+  estimator launch --workers 2 --evaluator configs/cluster.yaml     # chief, 2 workers, evaluator
+  estimator launch configs/parameter_server.yaml --workers 2 --ps 1 --model-dir runs/ps
+  estimator launch --workers 1 --max-restarts 3 --timeout 3600 configs/cluster.yaml
+  estimator launch --workers 1 configs/cluster.yaml -- --set train_spec.max_steps=200
+  estimator launch --workers 1 examples/multi_worker.py             # a script of your own
+"""
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `launch` on the `estimator` CLI's subcommands."""
     parser = subparsers.add_parser(
         "launch", help="run a local cluster: one process per task, each with its TF_CONFIG",
-        description=__doc__.split("\n\n")[0])
+        description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(parser)
     parser.set_defaults(handler=_run_from_args)
     return parser
@@ -418,7 +429,8 @@ def _run_from_args(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """`estimator launch ...` as a program of its own; returns the exit status."""
     parser = argparse.ArgumentParser(prog="estimator launch",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(parser)
     return _run_from_args(parser.parse_args(argv))
 

@@ -9,10 +9,20 @@ import sys
 from .. import serving
 
 
+_EXAMPLES = """
+examples:
+  estimator serve runs/iris/export/final                 # the newest export there, port 8501
+  estimator serve runs/iris/export/final/1732950000 --port 0 --model_name iris
+  curl -d '{"instances": [{"x": [5.1, 3.5, 1.4, 0.2]}]}' \\
+      localhost:8501/v1/models/default:predict
+"""
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "serve", help="answer TF Serving's REST API (:predict, :classify, :regress) with an "
-                      "export", description=__doc__.split("\n\n")[0])
+                      "export", description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", help="an export directory, or a base of timestamped exports "
                                        "(the newest is served)")
     parser.add_argument("--port", type=_port, default=8501,

@@ -13,10 +13,21 @@ import sys
 from .. import remote
 
 
+_EXAMPLES = """
+examples:
+  ESTIMATOR_SERVER_TOKEN=s3cret estimator server --address 10.0.0.5:2222
+  estimator server --address 127.0.0.1:2222 --token s3cret --once
+
+Then, on the client: RunConfig(experimental_distribute=DistributeConfig(
+    train_distribute=..., remote_cluster={"chief": ["10.0.0.5:2222"], ...}))
+"""
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "server", help="run the tasks a standalone client's train_and_evaluate sends",
-        description=__doc__.split("\n\n")[0])
+        description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--address", required=True,
                         help="this task's address in the client's remote_cluster (host:port)")
     parser.add_argument("--token", default=None,

@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import distribute
 import estimator as est
+import hooks
 
 rng = np.random.RandomState(3)
 N = 101                                   # uneven batches: 13 x 7 + 10
@@ -96,6 +97,23 @@ def test_train_time_metric_summary_is_the_running_accuracy(trained):
         want = hits[:ends[ev.step - 1]].mean()
         assert ev.value == pytest.approx(want, abs=1e-6), ev.step
     assert 0 < events[-1].value < 1
+
+
+def test_a_hook_fetches_a_train_time_metric_as_tfs_float32(tmp_path):
+    """TF's `accuracy[1]` is a float32 tensor, so a hook's fetched value is
+    np.float32; ours was np.float64 (the metric's state), which the docs'
+    "as TF's session.run gives them" does not say (docs probe)."""
+    fetched = []
+
+    class Fetch(hooks.SessionRunHook):
+        def before_run(self, run_context):
+            return hooks.SessionRunArgs(["train_accuracy", "loss"])
+
+        def after_run(self, run_context, run_values):
+            fetched.append(run_values.results)
+    e = est.Estimator(model_fn, config=est.RunConfig(model_dir=str(tmp_path)))
+    e.train(_batches, steps=2, hooks=[Fetch()])
+    assert [(type(a), type(loss)) for a, loss in fetched] == [(np.float32, np.float32)] * 2
 
 
 def test_a_train_time_metric_is_not_checkpointed_as_tf(trained):

@@ -340,7 +340,8 @@ def test_real_model_scope_updates_in_train_and_eval_not_predict():
         with model_scope.ModelScope(mode, _Strategy()) as scope:
             for sl in _calls(scope, _batches()):
                 m = metrics.accuracy(Y[sl], PRED[sl])
-                assert m[1].item() == m[0].item() == m.result().item()
+                assert m[1].item() == m[0].item() == m.result().float().item()
+                assert m[1].dtype == torch.float32   # (TF's value tensor's; the state float64)
             assert scope.metrics == {"accuracy": m}
         assert m.result().item() == pytest.approx(wmean(Y == PRED, None))
     with model_scope.ModelScope(ModeKeys.PREDICT, _Strategy()) as scope:

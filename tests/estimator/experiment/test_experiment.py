@@ -7,6 +7,7 @@ import glob
 import json
 import logging
 import os
+import re
 import time
 import subprocess
 import sys
@@ -281,6 +282,52 @@ def test_bad_experiment_file_gives_the_exact_error(workdir, text, expected):
         experiment.load(path)
     assert str(info.value) == expected.format(f=path, d=workdir)
     assert len(info.value.problems) == 1
+
+
+def test_every_mistake_of_a_file_and_its_overrides_is_said_at_once(workdir):
+    """A duplicate key hid every other mistake, schema mistakes hid every
+    reference error, and only the first reference error was said: a file of
+    five mistakes took five runs to fix (docs probe). A reference a mistake
+    explains (its key misspelt beside it) is still left out."""
+    path = write(workdir, HEAD + "  max_steps: ten\n"
+                 "run_config:\n  model_dir: /tmp/a\n  model_dir: /tmp/b\n"
+                 "  save_checkpoint_steps: 10\n"
+                 "params: {batch_size: 8, a: '${nope.x'}\n"
+                 "eval_spec: {input_fn: mod.py:input_fn, steps: '${params.bsize}',\n"
+                 "            throttle_secs: '${run_config.save_checkpoints_steps}',\n"
+                 "            name: '${run_config.tf_random_sed}'}\n")
+    with pytest.raises(ExperimentError) as info:
+        experiment.load(path, ["eval_spec.hooks[0].X=1", "eval_spec.start_delay_secs=soon"])
+    f = path
+    assert str(info.value).splitlines() == [
+        f"{f}:7: run_config.model_dir: duplicate key (first given on line 6); keep only one "
+        "of them",
+        "--set eval_spec.hooks[0].X=1: eval_spec.hooks: eval_spec.hooks is not in the "
+        "experiment, so it has no item [0]; set the whole list, e.g. --set "
+        "'eval_spec.hooks=[...]'",
+        f"{f}:8: run_config.save_checkpoint_steps: unknown key 'save_checkpoint_steps'; did "
+        "you mean 'save_checkpoints_steps'?",
+        f"{f}:4: train_spec.max_steps: expected a positive integer, got a string 'ten'; e.g. "
+        "max_steps: 100",
+        "--set eval_spec.start_delay_secs=soon: eval_spec.start_delay_secs: expected a number "
+        ">= 0, got a string 'soon'; e.g. start_delay_secs: 60",
+        f"{f}:9: params.a: '${{nope.x': the ${{ at character 1 is not closed; close it with }} "
+        "(a reference: ${section.key}), or write $${ for a literal ${",
+        f"{f}:10: eval_spec.steps: ${{params.bsize}} refers to params.bsize, which is not in "
+        "the experiment; did you mean ${params.batch_size}?",
+        f"{f}:12: eval_spec.name: ${{run_config.tf_random_sed}} refers to "
+        "run_config.tf_random_sed, which is not in the experiment; run_config has: model_dir, "
+        "save_checkpoint_steps"]
+
+
+def test_an_empty_environment_variable_takes_the_default_as_in_a_shell(workdir, monkeypatch):
+    """`${env:MODEL_DIR:-runs}` with MODEL_DIR exported empty (a pod
+    template's) gave an empty model_dir, which RunConfig refused."""
+    monkeypatch.setenv("EMPTY_X", "")
+    monkeypatch.setenv("SET_X", "b")
+    exp = experiment.load(write(workdir, HEAD + "params: {a: '${env:EMPTY_X:-dflt}', "
+                                "b: '${env:SET_X:-dflt}', c: 'x${env:EMPTY_X}y'}\n"))
+    assert exp.params == {"a": "dflt", "b": "b", "c": "xy"}
 
 
 def test_a_path_from_the_home_directory_is_taken_as_a_shell_takes_it(workdir, monkeypatch):
@@ -1110,6 +1157,19 @@ def test_cli_help_shows_real_examples(capsys):
     text = capsys.readouterr().out
     assert "estimator run configs/iris.yaml --set train_spec.max_steps=200" in text
     assert "--print-config" in text
+
+
+@pytest.mark.parametrize("command", ["run", "train", "evaluate", "predict", "export", "inspect",
+                                     "launch", "serve", "server"])
+def test_every_command_help_shows_examples_of_files_that_exist(command, capsys):
+    """The docs say `estimator COMMAND --help` shows examples: launch, serve
+    and server showed none (docs probe)."""
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "\nexamples:\n  estimator " in text or "\nexamples:\n  ESTIMATOR_" in text
+    for path in re.findall(r"(?:configs|examples)/[\w.-]+\.(?:yaml|py)", text):
+        assert os.path.exists(os.path.join(ROOT, path)), path
 
 
 def test_python_dash_m_estimator_help():
