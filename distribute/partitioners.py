@@ -64,13 +64,13 @@ class MinSizePartitioner(Partitioner):
         self._min, self._max = min_shard_bytes, max_shards
 
     def __call__(self, shape, dtype, axis: int = 0) -> List[int]:
-        _check_axis(axis)
-        return _axis0(shape, min(self._max, max(1, _bytes(shape, dtype) // self._min)))
+        _check_axis(axis)   # (TF's min_max_variable_partitioner: the bytes' ceiling)
+        return _axis0(shape, min(self._max, max(1, math.ceil(_bytes(shape, dtype) / self._min))))
 
 
 class MaxSizePartitioner(Partitioner):
-    """As few pieces as keep each at most `max_shard_bytes`, capped at
-    `max_shards` (None: no cap)."""
+    """As few pieces as keep each at most `max_shard_bytes` (at least a row a
+    piece), capped at `max_shards` (None: no cap)."""
 
     def __init__(self, max_shard_bytes: int, max_shards: Optional[int] = None,
                  bytes_per_string: int = 16):
@@ -80,8 +80,11 @@ class MaxSizePartitioner(Partitioner):
         self._max_bytes, self._max = max_shard_bytes, max_shards
 
     def __call__(self, shape, dtype, axis: int = 0) -> List[int]:
-        _check_axis(axis)
-        count = math.ceil(_bytes(shape, dtype) / self._max_bytes)
+        _check_axis(axis)   # (TF's variable_axis_size_partitioner: whole rows a shard)
+        if not shape:
+            return []
+        rows_a_shard = max(1, math.floor(self._max_bytes / (_bytes(shape, dtype) / shape[0])))
+        count = math.ceil(shape[0] / rows_a_shard)
         if self._max is not None:
             count = min(count, self._max)
         return _axis0(shape, max(1, count))
