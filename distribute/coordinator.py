@@ -27,7 +27,9 @@ there (its slots live there). In a scheduled function, a module argument is
 the worker's copy, refreshed from the ps tasks when the function starts; an
 optimizer argument's `step()` sends the gradients to the ps tasks, which
 apply them, and takes the new values back (asynchronous training, as TF's).
-A module's buffers (batch-norm statistics) stay on each worker.
+A module's buffers (batch-norm statistics) live on the ps tasks too, as TF's
+moving averages: what a function changes in them is added there (with its
+optimizer's step, or when it returns), so `state_dict()` holds them trained.
 
 Failures, as TF promises: a worker that dies has the functions it was
 running run again on another worker (at least once: its lease on them runs
@@ -200,14 +202,15 @@ class ClusterCoordinator:
 
     # -- variables on the ps tasks ------------------------------------------------------
     def create_module(self, name: str, factory: Callable[[], torch.nn.Module]) -> RemoteModule:
-        """`factory()`'s parameters placed round-robin on the ps tasks (a
-        module the ps tasks already hold under `name` is overwritten: a
-        restarted coordinator then loads its checkpoint)."""
+        """`factory()`'s parameters and buffers (those its state_dict holds)
+        placed round-robin on the ps tasks (a module the ps tasks already
+        hold under `name` is overwritten: a restarted coordinator then loads
+        its checkpoint)."""
         _importable(factory, "create_module: factory")
         module = factory()
         entries = collections.defaultdict(list)
         placed = []
-        for i, (key, param) in enumerate(module.named_parameters()):
+        for i, (key, param) in enumerate(_placed_tensors(module)):
             ps = i % self._num_ps
             entries[ps].append((f"coordinator/{name}/{key}", param.detach().cpu()))
             placed.append((key, ps, len(entries[ps]) - 1))
@@ -398,14 +401,25 @@ class ClusterCoordinator:
 
 
 # -- the worker side -------------------------------------------------------------------------
+def _placed_tensors(module: torch.nn.Module) -> list:
+    """(key, tensor) of the parameters and the buffers a state_dict holds."""
+    kept = module.state_dict(keep_vars=True)
+    return list(module.named_parameters()) + [(k, b) for k, b in module.named_buffers()
+                                              if k in kept]
+
+
 class _LocalModule:
-    """A worker's copy of a RemoteModule, refreshed from the ps tasks."""
+    """A worker's copy of a RemoteModule, refreshed from the ps tasks; its
+    buffers' values at the last refresh kept, to send what changed."""
 
     def __init__(self, handle: RemoteModule):
         self.layout = handle.layout
         self.module = handle.factory()
-        params = dict(self.module.named_parameters())
-        self.tensors = {(ps, i): params[key] for key, ps, i in handle.layout}
+        tensors = dict(_placed_tensors(self.module))
+        self.tensors = {(ps, i): tensors[key] for key, ps, i in handle.layout}
+        params = {id(p) for p in self.module.parameters()}
+        self.buffers = {at: t for at, t in self.tensors.items() if id(t) not in params}
+        self.snaps: Dict[tuple, torch.Tensor] = {}
         self.ids = collections.defaultdict(list)
         for _, ps, i in handle.layout:
             self.ids[ps].append(i)
@@ -419,10 +433,31 @@ class _LocalModule:
                     if tensor is not None:
                         tensor.copy_(value)
                 self.since[ps] = clock
+        self.snaps = {at: t.detach().clone() for at, t in self.buffers.items()}
 
     def refresh(self, client) -> None:
         self.apply(client.on_each({ps: (_ps_rpc._pull, ids, self.since[ps])
                                    for ps, ids in self.ids.items()}, "pulling parameters"))
+
+    def buffer_deltas(self) -> Dict[int, tuple]:
+        """{ps: (ids, changes)} of the buffers changed since the last refresh
+        (a batch norm's moving averages: added on the ps, TF's assign_sub)."""
+        out = collections.defaultdict(lambda: ([], []))
+        for (ps, i), tensor in self.buffers.items():
+            snap = self.snaps[(ps, i)]
+            if not torch.equal(tensor, snap):
+                ids, changes = out[ps]
+                ids.append(i)
+                changes.append(tensor.detach() - snap)
+        return dict(out)
+
+    def push_buffers(self, client) -> None:
+        """Send the buffers' changes a function made after its last step."""
+        deltas = self.buffer_deltas()
+        if deltas:
+            self.apply(client.push({ps: ((), (), ids, changes, None, self.since[ps],
+                                         ((), (), ()), ((), ()))
+                                    for ps, (ids, changes) in deltas.items()}, None))
 
 
 class _WorkerOptimizer:
@@ -437,6 +472,7 @@ class _WorkerOptimizer:
 
     def step(self) -> None:
         calls, tables = {}, []
+        deltas = self._local.buffer_deltas()
         for ps, ids in self._local.ids.items():
             have = [(i, self._local.tensors[(ps, i)]) for i in ids]
             have = [(i, t, t.grad) for i, t in have if t.grad is not None]
@@ -446,8 +482,8 @@ class _WorkerOptimizer:
             # (a table whose lookups noted their rows: its dense gradient and those rows)
             read = [(i, t) for i, t, g in have if not g.is_sparse and lookups.noted(t)]
             tables += [t for _, t in read]
-            calls[ps] = ([i for i, _ in dense], [g for _, g in dense], [], [], None,
-                         self._local.since[ps], ([i for i, _ in sparse],
+            calls[ps] = ([i for i, _ in dense], [g for _, g in dense], *deltas.get(ps, ([], [])),
+                         None, self._local.since[ps], ([i for i, _ in sparse],
                                                  [g.indices()[0] for _, g in sparse],
                                                  [g.values() for _, g in sparse]),
                          ([i for i, _ in read], [lookups.rows(t) for _, t in read]))
@@ -460,6 +496,7 @@ class _Worker:
     def __init__(self, client, index: int, num_workers: int):
         self.client, self.index, self.num_workers = client, index, num_workers
         self._modules: Dict[str, _LocalModule] = {}
+        self._used: list = []   # the modules the running function was given
         self._datasets: Dict[tuple, list] = {}    # dataset index -> [made, iterated]
         self._iterators: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
         self._dropped: set = set()
@@ -467,12 +504,20 @@ class _Worker:
     def resolve(self, value):
         return _map(self._resolve, value)
 
+    def push_buffers(self) -> None:
+        """After a function: the changes it made to its modules' buffers."""
+        for local in self._used:
+            local.push_buffers(self.client)
+        self._used = []
+
     def _resolve(self, value):
         if isinstance(value, RemoteModule):
             local = self._modules.get(value.name)
             if local is None or local.layout != value.layout:
                 local = self._modules[value.name] = _LocalModule(value)
             local.refresh(self.client)
+            if local not in self._used:
+                self._used.append(local)
             return local.module
         if isinstance(value, RemoteOptimizer):
             self._resolve(value.module)
@@ -559,8 +604,10 @@ def run_worker(cluster_spec, task_index: int, timeout: float, init_timeout: floa
             running.set()
             try:
                 fn, args, kwargs = pickle.loads(payload)
-                result = _result("ok", _detached(fn(*worker.resolve(args),
-                                                    **worker.resolve(kwargs))))
+                worker._used = []
+                value = fn(*worker.resolve(args), **worker.resolve(kwargs))
+                worker.push_buffers()
+                result = _result("ok", _detached(value))
             except StopIteration:
                 result = _result("error", OutOfRangeError(
                     f"End of sequence: {getattr(fn, '__qualname__', fn)} on worker "

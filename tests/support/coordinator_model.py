@@ -60,6 +60,21 @@ class NotedNet(torch.nn.Module):
         return self.linear(x) + self.table[ids]
 
 
+class BNNet(torch.nn.Module):
+    """The linear model on batch-normalized inputs, given shifted and
+    scaled (x * 2 + 3): trained moving statistics near 3 and 4, the
+    initial ones (0 and 1) normalize them wrongly."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = torch.nn.BatchNorm1d(FEATURES)
+        self.linear = torch.nn.Linear(FEATURES, 2)
+
+    def forward(self, x):
+        return self.linear(self.norm(x * 2 + 3))
+
+
 def make_ftrl(params):
     import estimator as est
     return est.optimizers.Ftrl(params, lr=0.5)
@@ -99,8 +114,10 @@ def train_step(iterator, net, optimizer, step):
 
 def accuracy(state):
     net = (SparseNet() if any(k.startswith("buckets") for k in state) else
-           NotedNet() if "table" in state else make_net())
+           NotedNet() if "table" in state else BNNet() if "norm.running_mean" in state
+           else make_net())
     net.load_state_dict(state)
+    net.eval()
     x, y = data(2000, 7)
     return float((net(x).argmax(1) == y).float().mean())
 

@@ -2,7 +2,7 @@
 
     python coordinator_task.py CLUSTER_JSON ps|worker INDEX
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --steps N
-        [--model_dir D] [--save-and-crash-at N] [--restore] [--sparse] [--noted]
+        [--model_dir D] [--save-and-crash-at N] [--restore] [--sparse] [--noted] [--bn]
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --semantics
 
 The chief is the coordinator: it schedules `coordinator_model.train_step`
@@ -14,7 +14,7 @@ ending training; `--restore`: start from --model_dir's latest checkpoint.
 `--semantics`: the scenarios of `semantics`, written to DIR/semantics.json.
 `--sparse`: `coordinator_model.SparseNet` (a sparse embedding) under Adagrad;
 `--noted`: `coordinator_model.NotedNet` (a dense table, its lookups noted)
-under `est.optimizers.Ftrl`.
+under `est.optimizers.Ftrl`; `--bn`: `coordinator_model.BNNet` (batch norm).
 """
 import argparse
 import json
@@ -43,7 +43,8 @@ def coordinate(cluster, args):
                                                                          lease_secs=2.0)
     with strategy.scope():
         net = coordinator.create_module("net", model.SparseNet if args.sparse else
-                                        model.NotedNet if args.noted else model.make_net)
+                                        model.NotedNet if args.noted else
+                                        model.BNNet if args.bn else model.make_net)
         optimizer = coordinator.create_optimizer(
             "sgd", net, model.make_adagrad if args.sparse else
             model.make_ftrl if args.noted else model.make_sgd)
@@ -94,6 +95,9 @@ def coordinate(cluster, args):
            "last_loss": float(results[-1]["loss"]) if results else None,
            "accuracy": model.accuracy(state["modules"]["net"]),
            "stats": coordinator.stats, "first": first}
+    if args.bn:
+        out["moving"] = {k: state["modules"]["net"][f"norm.{k}"].tolist()
+                         for k in ("running_mean", "running_var", "num_batches_tracked")}
     if args.noted:
         table, first_table = state["modules"]["net"]["table"], model.NotedNet().table
         out["unread_rows_kept"] = torch.equal(table[30:], first_table[30:])
@@ -170,6 +174,7 @@ def main():
     parser.add_argument("--semantics", action="store_true")
     parser.add_argument("--sparse", action="store_true")
     parser.add_argument("--noted", action="store_true")
+    parser.add_argument("--bn", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"{args.role}:{args.index} %(message)s")
     cluster = json.loads(args.cluster)
