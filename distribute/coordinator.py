@@ -54,6 +54,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
+import numpy as np
 import torch
 
 from . import _closure_queue as _cq
@@ -84,9 +85,10 @@ class RemoteValue:
 
     def fetch(self):
         """Wait for the function; its return value with tensors as numpy (a
-        scalar one a numpy scalar, as TF's `.numpy()`), or its error raised."""
-        return _map(lambda v: to_numpy_value(v) if isinstance(v, torch.Tensor) else v,
-                    self.get())
+        scalar one a numpy scalar, as TF's `.numpy()`; a Python number as
+        TF's tf.function returns it, a tensor: np.int32, np.float32), or its
+        error raised."""
+        return _map(_as_numpy, self.get())
 
     def get(self):
         """Wait for the function; its return value as it returned it (TF: the
@@ -95,6 +97,18 @@ class RemoteValue:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def _as_numpy(value):
+    if isinstance(value, torch.Tensor):
+        return to_numpy_value(value)
+    if isinstance(value, bool):
+        return np.bool_(value)
+    if isinstance(value, int):   # (TF's constant: int32 where it fits)
+        return np.int32(value) if -2 ** 31 <= value < 2 ** 31 else np.int64(value)
+    if isinstance(value, float):
+        return np.float32(value)
+    return value
 
 
 class RemoteModule:
@@ -189,6 +203,7 @@ class ClusterCoordinator:
         self._values: Dict[tuple, RemoteValue] = {}
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None     # the first function error
+        self._raising = threading.Lock()
         self._ps_error: Optional[BaseException] = None
         self._modules: Dict[str, tuple] = {}     # name -> (module, layout)
         self._optimizers: Dict[str, tuple] = {}  # name -> (optimizer, module name)
@@ -294,9 +309,8 @@ class ClusterCoordinator:
     def schedule(self, fn: Callable, args=(), kwargs=None) -> RemoteValue:
         """Run `fn(*args, **kwargs)` on a free worker; its `RemoteValue` now.
         Raises the first error of a function since the last one raised (the
-        functions still waiting then were cancelled: reschedule them)."""
-        with self._lock:
-            self._raise_if_failed()
+        functions still waiting then are cancelled: reschedule them)."""
+        self._raise_if_failed()
         _importable(fn, "schedule: fn")
         try:
             payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
@@ -318,17 +332,34 @@ class ClusterCoordinator:
 
     def done(self) -> bool:
         """Whether every scheduled function has finished (raises as `join`)."""
-        with self._lock:
+        while True:
             self._raise_if_failed()
-            return not self._values
+            with self._lock:   # (never a finished function without its error raised)
+                if self._error is None and self._ps_error is None:
+                    return not self._values
 
     def _raise_if_failed(self) -> None:
         """Raise a ps task's error, or the first function error not raised
-        yet (under the lock: never a finished function without its error)."""
+        yet, as TF's coordinator raises it: first the functions no worker has
+        taken are cancelled, and those running are waited for (their errors
+        dropped: TF cancels them; here a Python function runs to its end,
+        its RemoteValue its own outcome), so no later call raises an error
+        of the work the first error ended."""
         if self._ps_error is not None:
             raise self._ps_error
-        if self._error is not None:
-            error, self._error = self._error, None
+        with self._raising:   # (one caller raises it; the others go on after)
+            with self._lock:
+                error = self._error
+            if error is None:
+                return
+            while self._ps_error is None:
+                self._cancel_waiting()   # (again: a dead worker's functions come back)
+                with self._lock:
+                    if not self._values:
+                        break
+                time.sleep(_POLL_SECS)
+            with self._lock:
+                self._error = None
             raise error
 
     def _poll(self) -> None:
@@ -359,16 +390,16 @@ class ClusterCoordinator:
                         self._error = value
                 if remote is None:
                     continue
-                if failed:
+                if failed:   # (the waiting ones are cancelled when it is raised, as TF's)
                     remote._set(error=value)
-                    self._cancel_waiting()
                 else:
                     remote._set(value)
             time.sleep(_POLL_SECS)
 
     def _cancel_waiting(self) -> None:
-        """After a function failed: the functions no worker has taken yet are
-        cancelled (TF's: their `fetch()` raises CancelledError; reschedule them)."""
+        """When a function's error is raised: the functions no worker has
+        taken yet are cancelled (TF's: their `fetch()` raises CancelledError;
+        reschedule them)."""
         try:
             cancelled = self._client.call(0, _cq._cancel, self._client.name,
                                           what="cancelling the waiting functions")

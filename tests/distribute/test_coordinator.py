@@ -232,3 +232,11 @@ def test_iterators_errors_and_structures_behave_as_tf_s(cluster, tmp_path):
     assert cancelled and set(cancelled) == {"CancelledError"}, slow
     assert out["after_a_failure_ran"] == ran, (out["after_a_failure_ran"], slow)
     assert out["join_again"] is None
+    # Functions in flight at the error's raise (coordinator probe: join raised
+    # while one ran on, and its later error failed the next, healthy join).
+    assert out["in_flight_joined"] == ["ValueError", "boom"], out["in_flight_joined"]
+    assert out["in_flight_join_secs"] >= 1.0, out   # (it waited for them)
+    assert out["in_flight"] == [["ok", 1], ["ValueError", "boom"],
+                                ["RuntimeError", "boom after 1.0"]], out["in_flight"]
+    assert out["after_in_flight"] == [None, ["ok", 7]], out["after_in_flight"]
+    assert out["number_types"] == ["float32", "int32"]   # TF's tf.function's: tensors

@@ -158,3 +158,13 @@ def slow_mark(i, path):
     with open(path, "a") as f:
         f.write(f"{i}\n")
     return i
+
+
+def slow_boom(secs):
+    time.sleep(secs)
+    raise RuntimeError(f"boom after {secs}")
+
+
+def slow_value(secs, value):
+    time.sleep(secs)
+    return value

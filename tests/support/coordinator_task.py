@@ -103,7 +103,7 @@ def coordinate(cluster, args):
         out["unread_rows_kept"] = torch.equal(table[30:], first_table[30:])
         out["read_rows_moved"] = not torch.equal(table[:30], first_table[:30])
     with open(os.path.join(args.out, "result.json"), "w") as f:
-        json.dump(out, f)
+        json.dump(out, f, default=lambda v: v.item())   # (numpy scalars)
     coordinator.shutdown()
 
 
@@ -156,8 +156,22 @@ def semantics(cluster, args):
     out["after_a_failure"] = [joined()] + [outcome(v) for v in values]
     out["after_a_failure_ran"] = sorted(int(line) for line in open(marks))
     out["join_again"] = joined()
+    # Two functions in flight when a third's error is raised: join waits for
+    # them; the later error of one is not raised by the calls after it (TF's).
+    values = [coordinator.schedule(model.slow_value, args=(2.0, 1)),
+              coordinator.schedule(model.boom),
+              coordinator.schedule(model.slow_boom, args=(1.0,))]
+    time.sleep(0.3)   # (the worker that ran boom has taken slow_boom)
+    start = time.monotonic()
+    out["in_flight_joined"] = joined()
+    out["in_flight_join_secs"] = time.monotonic() - start
+    out["in_flight"] = [outcome(v) for v in values]
+    later = coordinator.schedule(model.slow_value, args=(0.0, 7))
+    out["after_in_flight"] = [joined(), outcome(later)]
+    out["number_types"] = [type(v).__name__ for v in coordinator.schedule(
+        model.swap, args=(model.Pair(1, 1.5),)).fetch()[0]]
     with open(os.path.join(args.out, "semantics.json"), "w") as f:
-        json.dump(out, f)
+        json.dump(out, f, default=lambda v: v.item())   # (numpy scalars)
     coordinator.shutdown()
 
 
