@@ -135,6 +135,26 @@ class _AnswersForModule:
     def __iter__(self):
         return iter(self.module)
 
+    # Names as the module's own (no "module." prefix): a factory grouping
+    # parameters by name (BERT's decay and no-decay groups), a state_dict
+    # saved by hand, `dict(net.named_parameters())["0.weight"]`.
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True):
+        return self.module.named_parameters(prefix, recurse, remove_duplicate)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True):
+        return self.module.named_buffers(prefix, recurse, remove_duplicate)
+
+    def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        return self.module.named_modules(memo, prefix, remove_duplicate)
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.module.load_state_dict(state_dict, strict, assign)
+
 
 class _Replicated(_AnswersForModule, torch.nn.parallel.DistributedDataParallel):
     """DDP answering for its module. Calling a submodule this way bypasses
@@ -244,6 +264,13 @@ class _CollectiveExtended(StrategyExtended):
         # steps reduce the gradients first, as apply_gradients does.
         self._user_step = False
         self._synchronized = weakref.WeakSet()   # the optimizers get_optimizer made
+        # The trainable parameters DDP wraps, and (from the first user step)
+        # the ids of those whose gradient a backward accumulated in the user
+        # step: DDP averaged those; the others were set by hand
+        # (torch.autograd.grad), which user steps' optimizers average.
+        self._ddp_params: List[torch.Tensor] = []
+        self._tracked: set = set()
+        self._accumulated: set = set()
         # id(parameter) -> its name, for parameters frozen when their module was
         # made: DDP (or no DDP, for a module all frozen) never averages theirs
         self._frozen_at_wrap: Dict[int, str] = {}
@@ -443,6 +470,9 @@ class _CollectiveExtended(StrategyExtended):
         ddp = _Replicated(
             module, device_ids=[self._device.index] if self._device.type == "cuda" else None,
             forward_sync_buffers=False, **({"bucket_cap_mb": cap} if cap else {}))
+        self._ddp_params += [p for p in module.parameters() if p.requires_grad]
+        if self._tracked:   # (made after the first user step)
+            self._track_accumulation()
         self._moving_buffers.watch(module)
         # A custom loop's vote to stop is awaited before the next forward;
         # the Estimator's steps leave none pending.
@@ -555,6 +585,8 @@ class _CollectiveExtended(StrategyExtended):
         self._synchronized.add(optimizer)
         if self._group is not None:
             self._hook_user_steps(optimizer)
+            if not self._ops._reduce_to_one:
+                optimizer.register_step_pre_hook(self._average_gradients_set_by_hand)
             optimizer.register_step_pre_hook(self._check_called_in_user_step)
             frozen = [p for group in optimizer.param_groups for p in group["params"]
                       if id(p) in self._frozen_at_wrap]
@@ -587,6 +619,50 @@ class _CollectiveExtended(StrategyExtended):
         does: under ReductionToOneDevice (no DDP: see _wrap) before the step."""
         if self._ops._reduce_to_one:
             optimizer.register_step_pre_hook(self._reduce_in_user_step)
+
+    def begin_user_step(self) -> None:
+        """A callable train_op or a custom loop's step starts: note from now
+        which parameters' gradients a backward accumulates (DDP averages
+        those), once per parameter."""
+        self._track_accumulation()
+        self._accumulated.clear()
+
+    def _track_accumulation(self) -> None:
+        for p in self._ddp_params:
+            if id(p) not in self._tracked:
+                self._tracked.add(id(p))
+                p.register_post_accumulate_grad_hook(self._note_accumulated)
+
+    def _note_accumulated(self, param: torch.Tensor) -> None:
+        self._accumulated.add(id(param))
+
+    def _average_gradients_set_by_hand(self, optimizer, args, kwargs) -> None:
+        """Before an optimizer step in user code: the gradients of wrapped
+        parameters that no backward of the step accumulated (set by hand
+        from `torch.autograd.grad`, as a TF1 GAN's two `minimize` calls port)
+        averaged over the replicas, as TF's `apply_gradients` in a replica
+        context averages whatever gradients it is given (DDP, which averages
+        in backward, never saw them: each replica stepped on its own).
+        Averaging a gradient DDP averaged already changes nothing."""
+        if not self._user_step:
+            return
+        by_hand = [p for group in optimizer.param_groups for p in group["params"]
+                   if p.grad is not None and id(p) in self._tracked
+                   and id(p) not in self._accumulated and not p.grad.is_sparse]
+        if not by_hand:
+            return
+        try:
+            for dtype in dict.fromkeys(p.grad.dtype for p in by_hand):
+                grads = [p.grad for p in by_hand if p.grad.dtype == dtype]
+                flat = torch._utils._flatten_dense_tensors(grads)
+                dist.all_reduce(flat)
+                flat.div_(self._group.world_size)
+                for g, r in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                    g.copy_(r)
+        except RuntimeError as e:
+            raise self._explain(e, "averaging gradients set by hand") from e
+        for p in by_hand:   # (averaged: the next step of them in this user step, no more)
+            self._accumulated.add(id(p))
 
     def _reduce_in_user_step(self, optimizer, args, kwargs) -> None:
         """Before an optimizer step of user code (a callable train_op,
@@ -626,6 +702,7 @@ class _CollectiveExtended(StrategyExtended):
             self._called_due = self._check_due   # (the rest: DDP's own error stands)
             self._first_used, self._check_due = [], False
             self._user_step = True
+            self.begin_user_step()
             try:
                 train_op()
             finally:
@@ -1108,6 +1185,8 @@ class _CollectiveStrategy(Strategy):
         with self.scope():
             _stack().append(ReplicaContext(self, extended._replica_id()))
             user_step, extended._user_step = extended._user_step, extended._group is not None
+            if extended._user_step and not user_step:
+                extended.begin_user_step()
             try:
                 return fn(*args, **(kwargs or {}))
             finally:

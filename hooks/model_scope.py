@@ -157,6 +157,7 @@ class ModelScope:
         self.optimizer_built_with: Dict[str, list] = {}
         self.optimizer_var_lists: Dict[str, Optional[tuple]] = {}   # (get_optimizer's check)
         self._left_out: Dict[int, tuple] = {}   # id -> (parameter, name): frozen at a build
+        self._made_late: Dict[int, tuple] = {}  # id -> (parameter, module): made after them
         # id -> (parameter, name, optimizer, its checkpoint's names): trainable,
         # left out of a resumed optimizer whose checkpoint did not hold it
         self._absent: Dict[int, tuple] = {}
@@ -224,6 +225,9 @@ class ModelScope:
         elif self._warm_start is not None:
             self._warm_start.apply(name, original)
         self.raw_modules[name] = original
+        if self.optimizers and self.mode == ModeKeys.TRAIN:   # (checked after the step)
+            self._made_late.update((id(p), (p, name)) for p in original.parameters()
+                                   if p.requires_grad)
         placed = self.strategy.extended.create_module(name, module)
         placed.train(self.mode == ModeKeys.TRAIN)
         self.modules[name] = placed
@@ -575,6 +579,8 @@ class ModelScope:
             self._forget_held(self._absent)
             if self._absent:
                 self._raise_absent()
+        if self._made_late:
+            self._say_made_late()
         if not (self._left_out and any(p.requires_grad for p, _ in self._left_out.values())):
             return
         self._forget_held(self._left_out)
@@ -590,6 +596,23 @@ class ModelScope:
                 "unfrozen: est.get_optimizer(..., name='backbone', var_list=...) (resumed "
                 "from a checkpoint written before, it starts fresh)",
                 ", ".join(name for _, name in unfrozen))
+
+    def _say_made_late(self) -> None:
+        """A module first made after the optimizers (a head added at a later
+        step, one made in a callable train_op) that no optimizer holds by the
+        end of that step: nothing steps it (its weights stay as made)."""
+        self._forget_held(self._made_late)
+        late = sorted({name for _, name in self._made_late.values()})
+        self._made_late.clear()
+        if late:
+            logger.warning(
+                "module %s was first made (get_module) after get_optimizer built %s over the "
+                "parameters there were then (TF's minimize: the trainable variables when it "
+                "is built), and no optimizer holds its parameters: it is not trained. Make it "
+                "in every model_fn call before get_optimizer, or give it an optimizer of its "
+                "own (est.get_optimizer(..., name=..., var_list=[module]))",
+                ", ".join(repr(n) for n in late),
+                ", ".join(repr(n) for n in self.optimizers))
 
     def _forget_held(self, left: dict) -> None:
         """Drop from `left` the parameters an optimizer holds."""

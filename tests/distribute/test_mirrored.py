@@ -538,6 +538,88 @@ def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind):
                                _replicas_mean(xs, lambda x: x.mean(0), 0.0), rtol=1e-5)
 
 
+def _gan_model_fn(features, labels, mode):
+    """A TF1 GAN's `tf.group(d_opt.minimize(d_loss, var_list=D),
+    g_opt.minimize(g_loss, var_list=G))` ported with torch.autograd.grad:
+    the gradients set by hand, each optimizer stepping its own module."""
+    gen = est.get_module("gen", lambda: torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3)))
+    disc = est.get_module("disc", lambda: torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)))
+    real = torch.as_tensor(features["x"])
+    fake = gen(real * 0.5)
+    d_loss = torch.nn.functional.softplus(-disc(real)).mean() + \
+        torch.nn.functional.softplus(disc(fake)).mean()
+    g_loss = torch.nn.functional.softplus(-disc(fake)).mean()
+    d_opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5), name="d",
+                              var_list=[disc])
+    g_opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.01), name="g",
+                              var_list=[gen])
+
+    def train_op():
+        d_params, g_params = list(disc.parameters()), list(gen.parameters())
+        d_grads = torch.autograd.grad(d_loss, d_params, retain_graph=True)
+        g_grads = torch.autograd.grad(g_loss, g_params)
+        for p, g in zip(d_params + g_params, d_grads + g_grads):
+            p.grad = g
+        d_opt.step()
+        g_opt.step()
+    return est.EstimatorSpec(mode, loss=d_loss + g_loss, train_op=train_op)
+
+
+def test_gradients_set_by_hand_in_a_train_op_are_averaged_as_tfs_apply_gradients(tmp_path):
+    """DDP averages in backward, which torch.autograd.grad skips: each
+    replica stepped on its own gradients, the replicas drifted apart and
+    the checkpoint was replica 0's alone (patterns probe). Averaged before
+    the optimizers' steps, as TF's apply_gradients in a replica context."""
+    data = batches(n=96, batch_size=8)
+    two = est.Estimator(_gan_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), tf_random_seed=3,
+        train_distribute=STRATEGIES["mirrored"]()))
+    two.train(lambda: data, steps=4)
+    one = est.Estimator(_gan_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "one"), tf_random_seed=3))
+    one.train(lambda: concatenated(data, 2), steps=4)
+    assert_same_variables(two, one)
+
+
+def _grouped_by_name_model_fn(features, labels, mode):
+    """BERT's two AdamW groups, built by parameter name in the factory (the
+    migration guide's way): LayerNorm ("1.") and biases without decay."""
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 1)))
+    names = [n for n, _ in net.named_parameters()]
+    assert names == ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias"], names
+    assert list(net.state_dict()) == names and [n for n, _ in net.named_modules()] == \
+        ["", "0", "1", "2"]
+    loss = torch.nn.functional.mse_loss(net(torch.as_tensor(features["x"])),
+                                        torch.as_tensor(labels))
+
+    def make(params):
+        decay = [p for n, p in net.named_parameters()
+                 if not (n.startswith("1.") or n.endswith("bias"))]
+        rest = [p for p in params if all(p is not d for d in decay)]
+        return torch.optim.AdamW([{"params": decay, "weight_decay": 0.5},
+                                  {"params": rest, "weight_decay": 0.0}], lr=0.05)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(make))
+
+
+def test_a_modules_names_are_its_own_as_in_one_process(tmp_path):
+    """named_parameters, state_dict and named_modules of a module under the
+    strategy had DDP's "module." prefix: a factory grouping parameters by
+    name put LayerNorm's weight in the decayed group, and the replicas
+    trained another model than one process (patterns probe)."""
+    data = batches(n=64, batch_size=8)
+    two = est.Estimator(_grouped_by_name_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), tf_random_seed=2,
+        train_distribute=STRATEGIES["mirrored"]()))
+    two.train(lambda: data, steps=4)
+    one = est.Estimator(_grouped_by_name_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "one"), tf_random_seed=2))
+    one.train(lambda: concatenated(data, 2), steps=4)
+    assert_same_variables(two, one)
+
+
 def _ported_users_model_fn(literal):
     """The users' model as a TF1 program decays its rate and clips. `literal`:
     ported line by line, the rate given to the optimizer

@@ -238,3 +238,55 @@ def test_a_window_frozen_as_the_error_says_trains_on_replicas_as_in_one_process(
         if name.startswith("net/"):
             np.testing.assert_allclose(e.get_variable_value(name), one.get_variable_value(name),
                                        rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("where", ["later_step", "train_op", "own_optimizer"])
+def test_a_module_first_made_after_the_optimizer_is_said_unless_one_steps_it(
+        tmp_path, caplog, where):
+    """A head first made at step 3 (or in a callable train_op) was in the
+    loss and the checkpoint, but no optimizer stepped it, without a word
+    (patterns probe). Given an optimizer of its own, it trains, unsaid."""
+    made = {}
+
+    def make_head():
+        made["head"] = torch.nn.Linear(4, 2)
+        made["initial"] = made["head"].weight.detach().clone().numpy()
+        return made["head"]
+
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(4, 2))
+        out = net(features["x"])
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+        late = where != "train_op" and est.get_global_step() >= 3
+        if late:
+            head = est.get_module("head", make_head)
+            out = out + head(features["x"])
+        loss = torch.nn.functional.mse_loss(out, labels)
+        if where == "own_optimizer" and late:
+            own = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), name="head",
+                                    var_list=[head])
+
+            def train_op():
+                loss.backward()
+                opt.step()
+                own.step()
+            return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        if where != "train_op":
+            return est.EstimatorSpec(mode, loss=loss, train_op=opt)
+
+        def made_in_train_op():
+            head = est.get_module("head", make_head)
+            (loss + head(features["x"]).square().mean()).backward()
+            opt.step()
+        return est.EstimatorSpec(mode, loss=loss, train_op=made_in_train_op)
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="hooks.model_scope"):
+        e.train(lambda: [({"x": x}, y) for x, y in DATA[:8]])
+    said = [r.getMessage() for r in caplog.records if "first made" in r.getMessage()]
+    moved = not np.array_equal(e.get_variable_value("head/weight"), made["initial"])
+    if where == "own_optimizer":
+        assert said == [] and moved
+    else:
+        assert len(said) == 1 and said[0].startswith(
+            "module 'head' was first made (get_module) after get_optimizer built 'optimizer'")
+        assert not moved
