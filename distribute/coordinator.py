@@ -60,6 +60,7 @@ import torch
 from . import _closure_queue as _cq
 from . import _ps_rpc, lookups, ps_client
 from .host_arrays import to_numpy_value
+from .partitioners import num_partitions
 from .strategy import InputContext, _map
 
 logger = logging.getLogger(__name__)
@@ -223,6 +224,7 @@ class ClusterCoordinator:
         its checkpoint)."""
         _importable(factory, "create_module: factory")
         module = factory()
+        self._say_unpartitioned(name, module)
         entries = collections.defaultdict(list)
         placed = []
         for i, (key, param) in enumerate(_placed_tensors(module)):
@@ -233,6 +235,22 @@ class ClusterCoordinator:
         layout = [(key, ps, ids[ps][j]) for key, ps, j in placed]
         self._modules[name] = (module, layout)
         return RemoteModule(name, factory, layout)
+
+    def _say_unpartitioned(self, name: str, module: torch.nn.Module) -> None:
+        """The strategy's variable_partitioner is the Estimator's (TF1's
+        partitioned variables); here every tensor is placed whole (TF2's
+        ShardedVariable is not built): said where it would cut one."""
+        partitioner = getattr(self.strategy.extended, "_partitioner", None)
+        if partitioner is None:
+            return
+        cut = [key for key, t in module.named_parameters()
+               if num_partitions(partitioner, key, t.shape, t.dtype) > 1]
+        if cut:
+            logger.warning(
+                "create_module(%r): the strategy's variable_partitioner would cut %s, but the "
+                "ClusterCoordinator places each parameter whole, on one ps task (TF2's "
+                "ShardedVariable is not built here; the Estimator's parameter-server training "
+                "partitions)", name, ", ".join(cut))
 
     def create_optimizer(self, name: str, module: RemoteModule,
                          factory: Callable) -> RemoteOptimizer:

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 import distribute
 from paths import SUPPORT
@@ -183,6 +184,26 @@ def test_a_restarted_coordinator_resumes_from_its_checkpoint(cluster, tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["first"] == 30 and sorted(result["steps"]) == list(range(30, 60))
     assert result["accuracy"] >= 0.9, result
+
+
+def test_a_partitioner_the_coordinator_does_not_apply_is_said(caplog):
+    """variable_partitioner was ignored on the coordinator's path without a
+    word (coordinator probe: TF2 builds a ShardedVariable)."""
+    coordinator = object.__new__(distribute.experimental.coordinator.ClusterCoordinator)
+    resolver = distribute.cluster_resolver.SimpleClusterResolver(
+        distribute.cluster_resolver.ClusterSpec({
+            "chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}),
+        task_type="chief", task_id=0)   # (never reached: nothing here connects)
+    coordinator.strategy = distribute.ParameterServerStrategy(
+        resolver, variable_partitioner=distribute.partitioners.FixedShardsPartitioner(2))
+    with caplog.at_level("WARNING", logger="distribute.coordinator"):
+        coordinator._say_unpartitioned("net", torch.nn.Sequential(
+            torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1)))
+    assert [r.getMessage() for r in caplog.records] == [
+        "create_module('net'): the strategy's variable_partitioner would cut 0.weight, "
+        "1.weight, but the ClusterCoordinator places each parameter whole, on one ps task "
+        "(TF2's ShardedVariable is not built here; the Estimator's parameter-server training "
+        "partitions)"]
 
 
 def test_functions_must_be_importable():
