@@ -198,10 +198,10 @@ def test_a_partitioner_the_coordinator_does_not_apply_is_said(caplog):
         resolver, variable_partitioner=distribute.partitioners.FixedShardsPartitioner(2))
     with caplog.at_level("WARNING", logger="distribute.coordinator"):
         coordinator._say_unpartitioned("net", torch.nn.Sequential(
-            torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1)))
+            torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3)))
     assert [r.getMessage() for r in caplog.records] == [
         "create_module('net'): the strategy's variable_partitioner would cut 0.weight, "
-        "1.weight, but the ClusterCoordinator places each parameter whole, on one ps task "
+        "1.weight, 1.bias, but the ClusterCoordinator places each parameter whole, on one ps task "
         "(TF2's ShardedVariable is not built here; the Estimator's parameter-server training "
         "partitions)"]
 
