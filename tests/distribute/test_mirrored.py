@@ -572,13 +572,18 @@ def test_gradients_set_by_hand_in_a_train_op_are_averaged_as_tfs_apply_gradients
     replica stepped on its own gradients, the replicas drifted apart and
     the checkpoint was replica 0's alone (patterns probe). Averaged before
     the optimizers' steps, as TF's apply_gradients in a replica context."""
-    data = batches(n=96, batch_size=8)
-    two = est.Estimator(_gan_model_fn, config=est.RunConfig(
-        model_dir=str(tmp_path / "two"), tf_random_seed=3,
+    _assert_two_replicas_train_as_one_process(tmp_path, _gan_model_fn, seed=3)
+
+
+def _assert_two_replicas_train_as_one_process(tmp_path, model_fn, seed):
+    """4 steps on two mirrored replicas equal one process's on the global batches."""
+    data = batches(n=64, batch_size=8)
+    two = est.Estimator(model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), tf_random_seed=seed,
         train_distribute=STRATEGIES["mirrored"]()))
     two.train(lambda: data, steps=4)
-    one = est.Estimator(_gan_model_fn, config=est.RunConfig(
-        model_dir=str(tmp_path / "one"), tf_random_seed=3))
+    one = est.Estimator(model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "one"), tf_random_seed=seed))
     one.train(lambda: concatenated(data, 2), steps=4)
     assert_same_variables(two, one)
 
@@ -609,15 +614,7 @@ def test_a_modules_names_are_its_own_as_in_one_process(tmp_path):
     strategy had DDP's "module." prefix: a factory grouping parameters by
     name put LayerNorm's weight in the decayed group, and the replicas
     trained another model than one process (patterns probe)."""
-    data = batches(n=64, batch_size=8)
-    two = est.Estimator(_grouped_by_name_model_fn, config=est.RunConfig(
-        model_dir=str(tmp_path / "two"), tf_random_seed=2,
-        train_distribute=STRATEGIES["mirrored"]()))
-    two.train(lambda: data, steps=4)
-    one = est.Estimator(_grouped_by_name_model_fn, config=est.RunConfig(
-        model_dir=str(tmp_path / "one"), tf_random_seed=2))
-    one.train(lambda: concatenated(data, 2), steps=4)
-    assert_same_variables(two, one)
+    _assert_two_replicas_train_as_one_process(tmp_path, _grouped_by_name_model_fn, seed=2)
 
 
 def _ported_users_model_fn(literal):
