@@ -189,11 +189,11 @@ def _row_scale(rows, batch, weights, combiner) -> Optional[np.ndarray]:
         total = counts.astype(np.float64)
         total = total if combiner == "mean" else np.sqrt(total)
     else:
-        w = weights.astype(np.float64)
+        w = weights.astype(np.float64)   # (bincount of no rows is int64, even weighted)
         if combiner == "mean":
-            total = np.bincount(rows, weights=w, minlength=batch)
+            total = np.bincount(rows, weights=w, minlength=batch).astype(np.float64)
         else:
-            total = np.sqrt(np.bincount(rows, weights=w * w, minlength=batch))
+            total = np.sqrt(np.bincount(rows, weights=w * w, minlength=batch).astype(np.float64))
     if weights is not None and combiner == "mean" and (weights <= 0).any():
         # (unsafe lookups: TF adds a row's weights in float32, in order)
         total32 = np.zeros(batch, np.float32)

@@ -226,6 +226,20 @@ def test_numeric_features_in_every_form():
         assert out.dtype == torch.float32 and out.tolist() == [[2, 4], [6, 8]]
 
 
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn", "sum"])
+def test_a_weighted_column_with_no_id_in_the_whole_batch_gives_tfs_zeros(combiner):
+    """Every example's list empty (a replica's slice of a sparse feature):
+    "mean" raised OverflowError (numpy's bincount of no rows is int64); TF
+    2.15 gives zeros for each combiner, and for the linear model's mean
+    (canned probe)."""
+    col = fc.weighted_categorical_column(fc.categorical_column_with_hash_bucket("t", 7), "w")
+    empty = {"t": [[], [], []], "w": [[], [], []]}
+    with model_scope.ModelScope(est.ModeKeys.TRAIN, distribute.get_strategy()):
+        out = fc.input_layer(empty, [fc.embedding_column(col, 2, combiner=combiner)])
+        assert out.tolist() == [[0.0, 0.0]] * 3
+        assert fc.linear_model(empty, [col], sparse_combiner=combiner).tolist() == [[0.0]] * 3
+
+
 # -- errors ------------------------------------------------------------------------------------------
 def test_unknown_feature_key_names_it_and_the_known_keys():
     with pytest.raises(ValueError, match=r"'price'.*\['age', 'city'\]"):
