@@ -29,7 +29,11 @@ optimizer argument's `step()` sends the gradients to the ps tasks, which
 apply them, and takes the new values back (asynchronous training, as TF's).
 A module's buffers (batch-norm statistics) live on the ps tasks too, as TF's
 moving averages: what a function changes in them is added there (with its
-optimizer's step, or when it returns), so `state_dict()` holds them trained.
+optimizer's step, or when it returns; a function that raises sends none), so
+`state_dict()` holds them trained. A buffer a function sets outright (a
+running maximum) adds up over the workers instead: keep such state out of
+the ps (`register_buffer(..., persistent=False)` stays on each worker, as
+does a bool flag).
 
 Failures, as TF promises: a worker that dies has the functions it was
 running run again on another worker (at least once: its lease on them runs
@@ -106,7 +110,8 @@ def _as_numpy(value):
     if isinstance(value, bool):
         return np.bool_(value)
     if isinstance(value, int):   # (TF's constant: int32 where it fits)
-        return np.int32(value) if -2 ** 31 <= value < 2 ** 31 else np.int64(value)
+        return np.int32(value) if -2 ** 31 <= value < 2 ** 31 else \
+            np.int64(value) if -2 ** 63 <= value < 2 ** 63 else value
     if isinstance(value, float):
         return np.float32(value)
     return value
@@ -451,10 +456,12 @@ class ClusterCoordinator:
 
 # -- the worker side -------------------------------------------------------------------------
 def _placed_tensors(module: torch.nn.Module) -> list:
-    """(key, tensor) of the parameters and the buffers a state_dict holds."""
+    """(key, tensor) of the parameters and of the numeric buffers a
+    state_dict holds (a bool flag, which no change adds up, stays on each
+    worker)."""
     kept = module.state_dict(keep_vars=True)
     return list(module.named_parameters()) + [(k, b) for k, b in module.named_buffers()
-                                              if k in kept]
+                                              if k in kept and b.dtype != torch.bool]
 
 
 class _LocalModule:
@@ -464,25 +471,39 @@ class _LocalModule:
     def __init__(self, handle: RemoteModule):
         self.layout = handle.layout
         self.module = handle.factory()
-        tensors = dict(_placed_tensors(self.module))
-        self.tensors = {(ps, i): tensors[key] for key, ps, i in handle.layout}
-        params = {id(p) for p in self.module.parameters()}
-        self.buffers = {at: t for at, t in self.tensors.items() if id(t) not in params}
+        params = dict(self.module.named_parameters())
+        self.tensors = {(ps, i): params[key] for key, ps, i in handle.layout if key in params}
+        # buffers by name: a forward may replace one (`self.count = self.count + 1`)
+        self.buffer_keys = {(ps, i): key for key, ps, i in handle.layout if key not in params}
         self.snaps: Dict[tuple, torch.Tensor] = {}
         self.ids = collections.defaultdict(list)
         for _, ps, i in handle.layout:
             self.ids[ps].append(i)
         self.since = {ps: -1 for ps in self.ids}
 
+    def buffers(self) -> Dict[tuple, torch.Tensor]:
+        named = dict(self.module.named_buffers())
+        return {at: named[key] for at, key in self.buffer_keys.items()}
+
     def apply(self, answers: Dict[int, tuple]) -> None:
+        buffers = self.buffers()
         with torch.no_grad():
             for ps, (clock, packed) in answers.items():
                 for i, value in _ps_rpc.unpack(packed):
-                    tensor = self.tensors.get((ps, i))
+                    tensor = self.tensors.get((ps, i), buffers.get((ps, i)))
                     if tensor is not None:
                         tensor.copy_(value)
                 self.since[ps] = clock
-        self.snaps = {at: t.detach().clone() for at, t in self.buffers.items()}
+        self.snaps = {at: t.detach().clone() for at, t in buffers.items()}
+
+    def discard_buffer_changes(self) -> None:
+        """A function failed: its buffers' changes are not sent, so the
+        worker's copy goes back to the ps tasks' values (the next refresh
+        pulls only what changed there)."""
+        with torch.no_grad():
+            for at, tensor in self.buffers().items():
+                if at in self.snaps:
+                    tensor.copy_(self.snaps[at])
 
     def refresh(self, client) -> None:
         self.apply(client.on_each({ps: (_ps_rpc._pull, ids, self.since[ps])
@@ -492,7 +513,7 @@ class _LocalModule:
         """{ps: (ids, changes)} of the buffers changed since the last refresh
         (a batch norm's moving averages: added on the ps, TF's assign_sub)."""
         out = collections.defaultdict(lambda: ([], []))
-        for (ps, i), tensor in self.buffers.items():
+        for (ps, i), tensor in self.buffers().items():
             snap = self.snaps[(ps, i)]
             if not torch.equal(tensor, snap):
                 ids, changes = out[ps]
@@ -523,8 +544,8 @@ class _WorkerOptimizer:
         calls, tables = {}, []
         deltas = self._local.buffer_deltas()
         for ps, ids in self._local.ids.items():
-            have = [(i, self._local.tensors[(ps, i)]) for i in ids]
-            have = [(i, t, t.grad) for i, t in have if t.grad is not None]
+            have = [(i, self._local.tensors.get((ps, i))) for i in ids]   # (None: a buffer)
+            have = [(i, t, t.grad) for i, t in have if t is not None and t.grad is not None]
             dense = [(i, g.detach()) for i, _, g in have if not g.is_sparse]
             sparse = [(i, g.detach().coalesce()) for i, _, g in have   # (TF's IndexedSlices:
                       if g.is_sparse]                                 # applied as sparse there)
@@ -553,10 +574,14 @@ class _Worker:
     def resolve(self, value):
         return _map(self._resolve, value)
 
-    def push_buffers(self) -> None:
-        """After a function: the changes it made to its modules' buffers."""
+    def push_buffers(self, failed: bool = False) -> None:
+        """After a function: the changes it made to its modules' buffers
+        (`failed`: none sent, the worker's copy put back)."""
         for local in self._used:
-            local.push_buffers(self.client)
+            if failed:
+                local.discard_buffer_changes()
+            else:
+                local.push_buffers(self.client)
         self._used = []
 
     def _resolve(self, value):
@@ -658,10 +683,12 @@ def run_worker(cluster_spec, task_index: int, timeout: float, init_timeout: floa
                 worker.push_buffers()
                 result = _result("ok", _detached(value))
             except StopIteration:
+                worker.push_buffers(failed=True)
                 result = _result("error", OutOfRangeError(
                     f"End of sequence: {getattr(fn, '__qualname__', fn)} on worker "
                     f"{task_index} read past the end of an iterator (StopIteration)"))
             except Exception as e:   # the coordinator raises it from join / fetch
+                worker.push_buffers(failed=True)
                 result = _result("error", e)
             finally:
                 running.clear()

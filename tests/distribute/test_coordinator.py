@@ -145,14 +145,17 @@ def test_batch_norm_statistics_live_on_the_ps_tasks_as_tfs_moving_averages(clust
     variance 1, no batches) after training, so the model evaluated from it
     was wrong (TF's moving averages are ps variables: coordinator probe).
     Each function's changes are added on the ps: every batch of both
-    workers counted, the statistics those of the inputs (mean 3, var 4)."""
+    workers counted, the statistics those of the inputs (mean 3, var 4); a
+    buffer the forward replaces (`calls`) counted too, a bool flag's
+    (`seen`) kept on the workers (attack probe: its change failed every
+    function; the replaced one never reached the ps)."""
     cluster.start_servers()
     chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "60", "--bn")
     assert cluster.wait(chief) == 0, cluster.all_logs()
     result = json.loads((tmp_path / "result.json").read_text())
     assert sorted(result["steps"]) == list(range(60))
     moving = result["moving"]
-    assert moving["num_batches_tracked"] == 60, moving
+    assert moving["num_batches_tracked"] == 60 and moving["calls"] == 60, moving
     assert all(abs(m - 3) < 0.3 for m in moving["running_mean"]), moving
     assert all(abs(v - 4) < 1.0 for v in moving["running_var"]), moving
     assert result["accuracy"] >= 0.9, result

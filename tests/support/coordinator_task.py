@@ -98,6 +98,7 @@ def coordinate(cluster, args):
     if args.bn:
         out["moving"] = {k: state["modules"]["net"][f"norm.{k}"].tolist()
                          for k in ("running_mean", "running_var", "num_batches_tracked")}
+        out["moving"]["calls"] = state["modules"]["net"]["calls"].item()
     if args.noted:
         table, first_table = state["modules"]["net"]["table"], model.NotedNet().table
         out["unread_rows_kept"] = torch.equal(table[30:], first_table[30:])
