@@ -155,6 +155,17 @@ class _AnswersForModule:
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return self.module.load_state_dict(state_dict, strict, assign)
 
+    def _read_own_names(self) -> None:
+        """Inside another module (get_module of a get_module's result), whose
+        state_dict holds this one's keys without "module.": its load, which
+        walks `_modules`, finds them under "module." (a key written so
+        before, by a state_dict of this wrapper's own, stays as it is)."""
+        def add_module(state_dict, prefix, *args):
+            for key in [k for k in state_dict
+                        if k.startswith(prefix) and not k.startswith(prefix + "module.")]:
+                state_dict[prefix + "module." + key[len(prefix):]] = state_dict.pop(key)
+        self._register_load_state_dict_pre_hook(add_module)
+
 
 class _Replicated(_AnswersForModule, torch.nn.parallel.DistributedDataParallel):
     """DDP answering for its module. Calling a submodule this way bypasses
@@ -195,6 +206,7 @@ class _MadeAtFirstCall(_AnswersForModule, torch.nn.Module):
     def __init__(self, wrap: Callable, module: torch.nn.Module, quiet: Callable):
         super().__init__()
         self.module = module
+        self._read_own_names()
         object.__setattr__(self, "_made", None)   # (not a submodule: `module` is)
         object.__setattr__(self, "_wrap_it", wrap)
         object.__setattr__(self, "_quiet", quiet)
@@ -271,6 +283,7 @@ class _CollectiveExtended(StrategyExtended):
         self._ddp_params: List[torch.Tensor] = []
         self._tracked: set = set()
         self._accumulated: set = set()
+        self._averaged: Dict[int, tuple] = {}   # id(param) -> its gradient's (id, version)
         # id(parameter) -> its name, for parameters frozen when their module was
         # made: DDP (or no DDP, for a module all frozen) never averages theirs
         self._frozen_at_wrap: Dict[int, str] = {}
@@ -470,6 +483,7 @@ class _CollectiveExtended(StrategyExtended):
         ddp = _Replicated(
             module, device_ids=[self._device.index] if self._device.type == "cuda" else None,
             forward_sync_buffers=False, **({"bucket_cap_mb": cap} if cap else {}))
+        ddp._read_own_names()
         self._ddp_params += [p for p in module.parameters() if p.requires_grad]
         if self._tracked:   # (made after the first user step)
             self._track_accumulation()
@@ -586,7 +600,8 @@ class _CollectiveExtended(StrategyExtended):
         if self._group is not None:
             self._hook_user_steps(optimizer)
             if not self._ops._reduce_to_one:
-                optimizer.register_step_pre_hook(self._average_gradients_set_by_hand)
+                optimizer.register_step_pre_hook(
+                    lambda opt, args, kwargs: self.average_gradients_set_by_hand(opt))
             optimizer.register_step_pre_hook(self._check_called_in_user_step)
             frozen = [p for group in optimizer.param_groups for p in group["params"]
                       if id(p) in self._frozen_at_wrap]
@@ -626,6 +641,7 @@ class _CollectiveExtended(StrategyExtended):
         those), once per parameter."""
         self._track_accumulation()
         self._accumulated.clear()
+        self._averaged.clear()
 
     def _track_accumulation(self) -> None:
         for p in self._ddp_params:
@@ -635,34 +651,49 @@ class _CollectiveExtended(StrategyExtended):
 
     def _note_accumulated(self, param: torch.Tensor) -> None:
         self._accumulated.add(id(param))
+        self._averaged.pop(id(param), None)
 
-    def _average_gradients_set_by_hand(self, optimizer, args, kwargs) -> None:
-        """Before an optimizer step in user code: the gradients of wrapped
-        parameters that no backward of the step accumulated (set by hand
-        from `torch.autograd.grad`, as a TF1 GAN's two `minimize` calls port)
-        averaged over the replicas, as TF's `apply_gradients` in a replica
-        context averages whatever gradients it is given (DDP, which averages
-        in backward, never saw them: each replica stepped on its own).
-        Averaging a gradient DDP averaged already changes nothing."""
-        if not self._user_step:
+    def _set_by_hand(self, p: torch.Tensor) -> bool:
+        """Whether `p`'s gradient may differ between the replicas: one DDP
+        averaged (a backward accumulated it this user step) or this engine
+        averaged (the same tensor, unchanged since) does not."""
+        if p.grad is None or id(p) not in self._tracked:
+            return False
+        averaged = self._averaged.get(id(p))
+        if averaged is not None:
+            return averaged != (id(p.grad), p.grad._version)
+        return id(p) not in self._accumulated
+
+    def average_gradients_set_by_hand(self, optimizer) -> None:
+        """Before an optimizer step in user code (and before a loss scaler's
+        unscale, so every replica finds the same infs): the gradients of
+        wrapped parameters that no backward of the user step made (set by
+        hand from `torch.autograd.grad`, as a TF1 GAN's two `minimize` calls
+        port), or set anew since they were averaged (a second step of the
+        optimizer), averaged over the replicas, dense and sparse alike, as
+        TF's `apply_gradients` in a replica context averages whatever
+        gradients it is given (DDP, which averages in backward, never saw
+        them: each replica stepped on its own). A gradient a backward made
+        and user code then changed in place (`p.grad += ...`) is taken as
+        DDP averaged it."""
+        if not self._user_step or self._group is None or self._ops._reduce_to_one:
             return
         by_hand = [p for group in optimizer.param_groups for p in group["params"]
-                   if p.grad is not None and id(p) in self._tracked
-                   and id(p) not in self._accumulated and not p.grad.is_sparse]
+                   if self._set_by_hand(p)]
         if not by_hand:
             return
         try:
-            for dtype in dict.fromkeys(p.grad.dtype for p in by_hand):
-                grads = [p.grad for p in by_hand if p.grad.dtype == dtype]
-                flat = torch._utils._flatten_dense_tensors(grads)
+            for dtype in dict.fromkeys(p.dtype for p in by_hand):
+                params = [p for p in by_hand if p.dtype == dtype]
+                local = _gradient_kinds(params)
+                flat = _flat_gradients(params)
                 dist.all_reduce(flat)
                 flat.div_(self._group.world_size)
-                for g, r in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                    g.copy_(r)
+                _set_gradients(params, flat, local)
         except RuntimeError as e:
             raise self._explain(e, "averaging gradients set by hand") from e
-        for p in by_hand:   # (averaged: the next step of them in this user step, no more)
-            self._accumulated.add(id(p))
+        self._averaged.update((id(p), (id(p.grad), p.grad._version)) for p in by_hand
+                              if p.grad is not None)
 
     def _reduce_in_user_step(self, optimizer, args, kwargs) -> None:
         """Before an optimizer step of user code (a callable train_op,

@@ -313,6 +313,12 @@ class StrategyExtended:
         model_fn, a hook): tell the other replicas, whose collectives then
         fail at once naming it (nothing to tell on one replica)."""
 
+    def average_gradients_set_by_hand(self, optimizer) -> None:
+        """Before `optimizer` steps in user code (a loss scaler's unscale
+        first): the gradients its replicas set by hand, not by a backward
+        pass (torch.autograd.grad), averaged over them as TF's
+        apply_gradients averages any gradients (nothing to do on one replica)."""
+
     def set_last_step(self, last_step: Optional[int]) -> None:
         """The global step training stops at (StopAtStepHook tells it), for
         strategies whose trainers share one global step (parameter servers)."""

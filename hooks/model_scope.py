@@ -259,6 +259,8 @@ class ModelScope:
     def create_optimizer(self, name: str, factory, var_list=None):
         restoring = self._restore is not None and self.mode == ModeKeys.TRAIN
         saved = self._restore.get("optimizer_var_names", {}).get(name) if restoring else None
+        if saved and any("/module/" in n for n in saved):
+            saved = self._restore["optimizer_var_names"][name] = self._unwrapped_names(saved)
         params, var_names = self._trainable(var_list, name, saved)
         if not params and self._absent:   # (var_list moved to other variables)
             self._raise_absent()
@@ -597,12 +599,22 @@ class ModelScope:
                 "from a checkpoint written before, it starts fresh)",
                 ", ".join(name for _, name in unfrozen))
 
+    def _unwrapped_names(self, saved: list) -> list:
+        """A checkpoint written under a synchronous strategy before a wrapped
+        module (DDP) inside another module read its names as its own named
+        its variables `outer/0/module/weight`: those names as they are now
+        (`outer/0/weight`) where the model has them so."""
+        current = {_variable_name(m, k) for m, mod in self.raw_modules.items()
+                   for k, _ in mod.named_parameters()}
+        return [n if n in current or n.replace("/module/", "/") not in current
+                else n.replace("/module/", "/") for n in saved]
+
     def _say_made_late(self) -> None:
         """A module first made after the optimizers (a head added at a later
         step, one made in a callable train_op) that no optimizer holds by the
         end of that step: nothing steps it (its weights stay as made)."""
-        self._forget_held(self._made_late)
-        late = sorted({name for _, name in self._made_late.values()})
+        self._forget_held(self._made_late)   # (and those frozen since: not to train)
+        late = sorted({name for p, name in self._made_late.values() if p.requires_grad})
         self._made_late.clear()
         if late:
             logger.warning(
@@ -826,7 +838,9 @@ def get_grad_scaler(factory: Callable[[], torch.amp.GradScaler],
 
 
 def _note_skips(scaler: torch.amp.GradScaler, scope: ModelScope) -> None:
-    """Make `scaler.step(optimizer)` note in `scope` whether it stepped
+    """Make `scaler.unscale_(optimizer)` (`step`'s too) find the infs of
+    the gradients the strategy averages (those set by hand, see
+    `average_gradients_set_by_hand`), and `scaler.step(optimizer)` note in `scope` whether it stepped
     `optimizer` or skipped its step: seen by the optimizer's step count, or,
     for one that skips in its own kernel (fused Adam, SGD: torch's
     `_step_supports_amp_scaling`, whose step is always called), by the
@@ -856,6 +870,12 @@ def _note_skips(scaler: torch.amp.GradScaler, scope: ModelScope) -> None:
             scope.scaler_stepped = True
         return out
     scaler.step = step
+    unscale = scaler.unscale_
+
+    def unscale_(optimizer):   # (the replicas' gradients alike first: the same infs found)
+        scope.strategy.extended.average_gradients_set_by_hand(optimizer)
+        return unscale(optimizer)
+    scaler.unscale_ = unscale_
 
 
 def _var_list_key(var_list) -> Optional[tuple]:

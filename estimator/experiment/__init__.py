@@ -41,6 +41,7 @@ such file; it stands for the Python a TF1 user wrote around
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import difflib
 import inspect
@@ -362,9 +363,11 @@ def load(path: str, overrides: Sequence[str] = ()) -> Experiment:
     problems = []   # (all said at once, with the file's)
     for override in overrides:
         _warn_if_new_param(tree.data, override)
+        kept = copy.deepcopy((tree.data, tree.marks))
         try:
             _yaml.apply_override(tree, override)
-        except ExperimentError as e:
+        except ExperimentError as e:   # (the file as it was: no half-made keys)
+            tree.data, tree.marks = kept
             problems += e.problems
     config, objects = check(tree, os.path.dirname(os.path.abspath(path)), problems)
     return Experiment(path, config, objects, tree)

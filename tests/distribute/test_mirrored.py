@@ -564,6 +564,11 @@ def _gan_model_fn(features, labels, mode):
             p.grad = g
         d_opt.step()
         g_opt.step()
+        # a second critic step (WGAN's n_critic): new gradients of the same optimizer
+        again = torch.nn.functional.softplus(-disc(real)).mean()
+        for p, g in zip(d_params, torch.autograd.grad(again, d_params)):
+            p.grad = g
+        d_opt.step()
     return est.EstimatorSpec(mode, loss=d_loss + g_loss, train_op=train_op)
 
 
@@ -571,17 +576,23 @@ def test_gradients_set_by_hand_in_a_train_op_are_averaged_as_tfs_apply_gradients
     """DDP averages in backward, which torch.autograd.grad skips: each
     replica stepped on its own gradients, the replicas drifted apart and
     the checkpoint was replica 0's alone (patterns probe). Averaged before
-    the optimizers' steps, as TF's apply_gradients in a replica context."""
+    the optimizers' steps, as TF's apply_gradients in a replica context;
+    a second step of one optimizer too (attack probe: taken as averaged)."""
     _assert_two_replicas_train_as_one_process(tmp_path, _gan_model_fn, seed=3)
 
 
-def _assert_two_replicas_train_as_one_process(tmp_path, model_fn, seed):
-    """4 steps on two mirrored replicas equal one process's on the global batches."""
+def _assert_two_replicas_train_as_one_process(tmp_path, model_fn, seed, restart=False):
+    """4 steps on two mirrored replicas (`restart`: 2, then 2 more resumed
+    from the checkpoint) equal one process's on the global batches."""
     data = batches(n=64, batch_size=8)
     two = est.Estimator(model_fn, config=est.RunConfig(
         model_dir=str(tmp_path / "two"), tf_random_seed=seed,
         train_distribute=STRATEGIES["mirrored"]()))
-    two.train(lambda: data, steps=4)
+    if restart:   # (the second call's input goes on where the first stopped)
+        two.train(lambda: data[:4], steps=2)
+        two.train(lambda: data[4:], steps=2)
+    else:
+        two.train(lambda: data, steps=4)
     one = est.Estimator(model_fn, config=est.RunConfig(
         model_dir=str(tmp_path / "one"), tf_random_seed=seed))
     one.train(lambda: concatenated(data, 2), steps=4)
@@ -615,6 +626,43 @@ def test_a_modules_names_are_its_own_as_in_one_process(tmp_path):
     name put LayerNorm's weight in the decayed group, and the replicas
     trained another model than one process (patterns probe)."""
     _assert_two_replicas_train_as_one_process(tmp_path, _grouped_by_name_model_fn, seed=2)
+
+
+def _nested_model_fn(features, labels, mode):
+    """A module made of another get_module's result (TF: a layer reused in
+    a bigger one's scope)."""
+    body = est.get_module("body", lambda: torch.nn.Linear(3, 2))
+    head = est.get_module("head", lambda: torch.nn.Sequential(body, torch.nn.Linear(2, 1)))
+    loss = torch.nn.functional.mse_loss(head(torch.as_tensor(features["x"])),
+                                        torch.as_tensor(labels))
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.Adam(p, lr=0.05)))
+
+
+def test_a_module_inside_another_resumes_and_is_named_as_in_one_process(tmp_path):
+    """The outer module's checkpoint held the inner one's keys without
+    DDP's "module." (its state_dict's names), which its load, walking the
+    modules, looked for with it: training could not resume (attack probe).
+    Its variables are named as in one process."""
+    _assert_two_replicas_train_as_one_process(tmp_path, _nested_model_fn, seed=4, restart=True)
+
+
+def test_a_checkpoint_naming_the_inner_module_as_before_resumes(tmp_path):
+    """Checkpoints written under the strategy before named the inner
+    module's variables `head/0/module/weight`: a model_dir of them resumes."""
+    one = est.Estimator(_nested_model_fn, model_dir=str(tmp_path / "one"))
+    one.train(lambda: batches(n=32, batch_size=8), steps=2)
+    state = hooks.checkpoint.load(one.latest_checkpoint())
+    state["modules"]["head"] = {k.replace("0.", "0.module.", 1) if k.startswith("0.") else k: v
+                                for k, v in state["modules"]["head"].items()}
+    state["optimizer_var_names"] = {o: [n.replace("head/0/", "head/0/module/") for n in names]
+                                    for o, names in state["optimizer_var_names"].items()}
+    hooks.checkpoint.Saver(str(tmp_path / "old")).save(state, 2)
+    old = est.Estimator(_nested_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "old"), train_distribute=STRATEGIES["mirrored"]()))
+    old.train(lambda: batches(n=32, batch_size=8), steps=1)
+    assert est.checkpoint.step_of(old.latest_checkpoint()) == 3
+    assert old.get_variable_names() == one.get_variable_names()
 
 
 def _ported_users_model_fn(literal):

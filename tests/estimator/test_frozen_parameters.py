@@ -240,7 +240,7 @@ def test_a_window_frozen_as_the_error_says_trains_on_replicas_as_in_one_process(
                                        rtol=0, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("where", ["later_step", "train_op", "own_optimizer"])
+@pytest.mark.parametrize("where", ["later_step", "train_op", "own_optimizer", "frozen"])
 def test_a_module_first_made_after_the_optimizer_is_said_unless_one_steps_it(
         tmp_path, caplog, where):
     """A head first made at step 3 (or in a callable train_op) was in the
@@ -260,6 +260,8 @@ def test_a_module_first_made_after_the_optimizer_is_said_unless_one_steps_it(
         late = where != "train_op" and est.get_global_step() >= 3
         if late:
             head = est.get_module("head", make_head)
+            if where == "frozen":   # (a teacher: said of nothing, attack probe)
+                head.requires_grad_(False)
             out = out + head(features["x"])
         loss = torch.nn.functional.mse_loss(out, labels)
         if where == "own_optimizer" and late:
@@ -286,6 +288,8 @@ def test_a_module_first_made_after_the_optimizer_is_said_unless_one_steps_it(
     moved = not np.array_equal(e.get_variable_value("head/weight"), made["initial"])
     if where == "own_optimizer":
         assert said == [] and moved
+    elif where == "frozen":
+        assert said == [] and not moved
     else:
         assert len(said) == 1 and said[0].startswith(
             "module 'head' was first made (get_module) after get_optimizer built 'optimizer'")

@@ -320,6 +320,15 @@ def test_every_mistake_of_a_file_and_its_overrides_is_said_at_once(workdir):
         "save_checkpoint_steps"]
 
 
+def test_a_failed_override_leaves_the_file_as_it_was(workdir):
+    """`--set run_config.foo.bar[0]=1` made `run_config.foo` before it
+    failed, which then was said as an unknown key of the file (attack probe)."""
+    with pytest.raises(ExperimentError) as info:
+        experiment.load(write(workdir, HEAD), ["run_config.foo.bar[0]=1"])
+    assert len(info.value.problems) == 1
+    assert str(info.value).startswith("--set run_config.foo.bar[0]=1: run_config.foo.bar: ")
+
+
 def test_an_empty_environment_variable_takes_the_default_as_in_a_shell(workdir, monkeypatch):
     """`${env:MODEL_DIR:-runs}` with MODEL_DIR exported empty (a pod
     template's) gave an empty model_dir, which RunConfig refused."""
