@@ -840,8 +840,9 @@ def get_grad_scaler(factory: Callable[[], torch.amp.GradScaler],
 def _note_skips(scaler: torch.amp.GradScaler, scope: ModelScope) -> None:
     """Make `scaler.unscale_(optimizer)` (`step`'s too) find the infs of
     the gradients the strategy averages (those set by hand, see
-    `average_gradients_set_by_hand`), and `scaler.step(optimizer)` note in `scope` whether it stepped
-    `optimizer` or skipped its step: seen by the optimizer's step count, or,
+    `average_gradients_set_by_hand`), and `scaler.step(optimizer)` note in
+    `scope` whether it stepped `optimizer` or skipped its step: seen by the
+    optimizer's step count, or,
     for one that skips in its own kernel (fused Adam, SGD: torch's
     `_step_supports_amp_scaling`, whose step is always called), by the
     scaler's inf count (a host sync, as the unfused path makes anyway)."""
