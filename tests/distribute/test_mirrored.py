@@ -581,6 +581,42 @@ def test_gradients_set_by_hand_in_a_train_op_are_averaged_as_tfs_apply_gradients
     _assert_two_replicas_train_as_one_process(tmp_path, _gan_model_fn, seed=3)
 
 
+def _scaled_by_hand_model_fn(features, labels, mode):
+    """A loss scaler over gradients set by hand; replica 1's batch of step 2
+    overflows (a data-dependent inf)."""
+    net = est.get_module("net", lambda: torch.nn.Linear(3, 1))
+    opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.01))
+    scaler = est.get_grad_scaler(lambda: torch.amp.GradScaler("cpu", init_scale=4.0))
+    loss = torch.nn.functional.mse_loss(net(torch.as_tensor(features["x"])),
+                                        torch.as_tensor(labels))
+    inf = rank() == 1 and est.get_global_step() == 2
+
+    def train_op():
+        params = list(net.parameters())
+        for p, g in zip(params, torch.autograd.grad(scaler.scale(loss), params)):
+            p.grad = g * (float("inf") if inf else 1.0)
+        scaler.step(opt)
+        scaler.update()
+    return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_a_loss_scaler_over_gradients_set_by_hand_skips_on_every_replica(tmp_path):
+    """Replica 1's inf alone: it skipped its step, and with it the averaging
+    collective the other made, and gloo aborted the run (attack probe). The
+    gradients are averaged before the unscale: every replica finds the inf,
+    skips, and the replicas stay one."""
+    out = tmp_path / "out"
+    out.mkdir()
+    e = est.Estimator(_scaled_by_hand_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "model"), train_distribute=STRATEGIES["mirrored"]()))
+    e.train(lambda: batches(n=64, batch_size=8), steps=4, hooks=[SaveWeights(str(out))])
+    w0, w1 = torch.load(out / "weights-0.pt"), torch.load(out / "weights-1.pt")
+    for key in w0["net"]:
+        assert torch.equal(w0["net"][key], w1["net"][key]), key
+    # halved twice: a skipped step leaves the global step, so step 2's inf comes again
+    assert e.get_variable_value("grad_scaler/scale") == 1.0
+
+
 def _assert_two_replicas_train_as_one_process(tmp_path, model_fn, seed, restart=False):
     """4 steps on two mirrored replicas (`restart`: 2, then 2 more resumed
     from the checkpoint) equal one process's on the global batches."""
