@@ -282,6 +282,7 @@ class _CollectiveExtended(StrategyExtended):
         # (torch.autograd.grad), which user steps' optimizers average.
         self._ddp_params: List[torch.Tensor] = []
         self._tracked: set = set()
+        self._tracked_upto = 0   # (the first of _ddp_params not tracked yet)
         self._accumulated: set = set()
         self._averaged: Dict[int, tuple] = {}   # id(param) -> its gradient's (id, version)
         # id(parameter) -> its name, for parameters frozen when their module was
@@ -485,7 +486,7 @@ class _CollectiveExtended(StrategyExtended):
             forward_sync_buffers=False, **({"bucket_cap_mb": cap} if cap else {}))
         ddp._read_own_names()
         self._ddp_params += [p for p in module.parameters() if p.requires_grad]
-        if self._tracked:   # (made after the first user step)
+        if self._tracked_upto:   # (made after the first user step)
             self._track_accumulation()
         self._moving_buffers.watch(module)
         # A custom loop's vote to stop is awaited before the next forward;
@@ -644,10 +645,11 @@ class _CollectiveExtended(StrategyExtended):
         self._averaged.clear()
 
     def _track_accumulation(self) -> None:
-        for p in self._ddp_params:
+        for p in self._ddp_params[self._tracked_upto:]:   # (those wrapped since: per step)
             if id(p) not in self._tracked:
                 self._tracked.add(id(p))
                 p.register_post_accumulate_grad_hook(self._note_accumulated)
+        self._tracked_upto = len(self._ddp_params)
 
     def _note_accumulated(self, param: torch.Tensor) -> None:
         self._accumulated.add(id(param))

@@ -600,10 +600,11 @@ class ModelScope:
                 ", ".join(name for _, name in unfrozen))
 
     def _unwrapped_names(self, saved: list) -> list:
-        """A checkpoint written under a synchronous strategy before a wrapped
-        module (DDP) inside another module read its names as its own named
-        its variables `outer/0/module/weight`: those names as they are now
-        (`outer/0/weight`) where the model has them so."""
+        """Checkpoints written under a synchronous strategy before its
+        wrapped modules (DDP) answered with their own names called the
+        variables of one inside another module `outer/0/module/weight`:
+        those names as they are now (`outer/0/weight`) where the model has
+        them so."""
         current = {_variable_name(m, k) for m, mod in self.raw_modules.items()
                    for k, _ in mod.named_parameters()}
         return [n if n in current or n.replace("/module/", "/") not in current
