@@ -678,7 +678,6 @@ def run_worker(cluster_spec, task_index: int, timeout: float, init_timeout: floa
             running.set()
             try:
                 fn, args, kwargs = pickle.loads(payload)
-                worker._used = []
                 value = fn(*worker.resolve(args), **worker.resolve(kwargs))
                 worker.push_buffers()
                 result = _result("ok", _detached(value))

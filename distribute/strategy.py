@@ -155,7 +155,8 @@ class StrategyExtended:
     - the model_fn: `in_replica_context(fn)`.
     - the step: `apply_gradients`, `run_train_op`, `reduce_loss`,
       `all_agree_to_stop` (None on one replica), `stop_before_first_step`,
-      `preempted`, `set_last_step`, `end_training`, `report_failure`.
+      `preempted`, `set_last_step`, `end_training`, `report_failure`,
+      `average_gradients_set_by_hand` (user code's optimizer steps).
     - evaluation: `reduce_metrics`.
     - a ps task: `serve(stop_when)` (parameter-server strategies).
     """

@@ -519,8 +519,9 @@ class _Interpolator:
         where, at = self.tree.where(path), format_path(path)
         if ref.startswith("env:"):
             name, _, default = ref[4:].partition(":-")
-            if os.environ.get(name) or name in os.environ and ":-" not in ref:
-                return os.environ[name]
+            value = os.environ.get(name)
+            if value or value is not None and ":-" not in ref:
+                return value
             if ":-" in ref:   # (unset or empty, as the shell's ${NAME:-default})
                 return default
             raise ExperimentError([Problem(where, at, f"${{{ref}}}: environment variable "

@@ -363,14 +363,15 @@ examples:
   estimator launch --workers 1 configs/cluster.yaml -- --set train_spec.max_steps=200
   estimator launch --workers 1 examples/multi_worker.py             # a script of your own
 """
+_HELP = dict(description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
+             formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `launch` on the `estimator` CLI's subcommands."""
     parser = subparsers.add_parser(
         "launch", help="run a local cluster: one process per task, each with its TF_CONFIG",
-        description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        **_HELP)
     _add_arguments(parser)
     parser.set_defaults(handler=_run_from_args)
     return parser
@@ -428,9 +429,7 @@ def _run_from_args(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """`estimator launch ...` as a program of its own; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="estimator launch",
-                                     description=__doc__.split("\n\n")[0], epilog=_EXAMPLES,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="estimator launch", **_HELP)
     _add_arguments(parser)
     return _run_from_args(parser.parse_args(argv))
 
