@@ -486,6 +486,27 @@ def _clipping_users_model_fn(features, labels, mode):
                              eval_metric_ops=spec.eval_metric_ops)
 
 
+def _compute_gradients_users_model_fn(features, labels, mode):
+    """The same, ported line by line: compute_gradients is torch.autograd.grad,
+    whose gradients, clipped on each replica, apply_gradients averages (TF's
+    order: clip per replica, then the all-reduce)."""
+    spec = _users_model_fn(features, labels, mode)
+    if mode != est.ModeKeys.TRAIN:
+        return spec
+    opt = spec.train_op
+    params = [p for group in opt.param_groups for p in group["params"]]
+
+    def train_op():
+        grads = torch.autograd.grad(spec.loss, params, allow_unused=True)
+        norm = torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g) for g in grads if g is not None]))
+        for p, g in zip(params, grads):
+            p.grad = None if g is None else g * torch.clamp(0.5 / (norm + 1e-6), max=1.0)
+        opt.step()
+    return est.EstimatorSpec(mode, loss=spec.loss, train_op=train_op,
+                             eval_metric_ops=spec.eval_metric_ops)
+
+
 class _SaveTrainedModules(hooks.SessionRunHook):
     """At the end, writes the modules this replica trains with (the working
     copies under central storage) to `out_dir/trained-<rank>.pt`."""
@@ -500,8 +521,11 @@ class _SaveTrainedModules(hooks.SessionRunHook):
         torch.save(state, os.path.join(self._out_dir, f"trained-{rank()}.pt"))
 
 
+@pytest.mark.parametrize("model_fn", [_clipping_users_model_fn,
+                                      _compute_gradients_users_model_fn],
+                         ids=["backward", "compute_gradients"])
 @pytest.mark.parametrize("kind", ["mirrored", "reduction_to_one_device", "central_storage"])
-def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind):
+def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind, model_fn):
     """A users' model (string feature, float64 input, torch batch norm,
     dropout, uneven batches) with a clipping train_op on two replicas: it
     trains under every strategy (before: the replicas' mean statistics were
@@ -518,7 +542,7 @@ def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind):
         data.append(({"x": x, "color": colors}, rng.randint(0, 2, n)))
     out = tmp_path / "out"
     out.mkdir()
-    e = est.Estimator(_clipping_users_model_fn, config=est.RunConfig(
+    e = est.Estimator(model_fn, config=est.RunConfig(
         model_dir=str(tmp_path / "model"), train_distribute=STRATEGIES[kind](),
         tf_random_seed=1))
     e.train(lambda: data, steps=3, hooks=[_SaveTrainedModules(str(out))])
