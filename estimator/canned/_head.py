@@ -43,6 +43,9 @@ SERVING_DEFAULT, CLASSIFY, REGRESS, PREDICT = (
     "serving_default", "classification", "regression", "predict")
 
 
+_NAMES_AFTER = {"class_ids": "classes", "all_class_ids": "all_classes"}   # (TF's order)
+
+
 class _AccuracyBaseline(metrics.Mean):
     """TF's ``accuracy_baseline``: max(label mean, 1 - label mean), the accuracy
     of always predicting the majority class."""
@@ -309,9 +312,16 @@ class Head:
         """PREDICT's predictions: the strings too, except in an export (a torch
         program holds none)."""
         predictions = self._predictions(logits)
-        if not torch.compiler.is_exporting():
-            predictions.update(self._string_predictions(predictions))
-        return predictions
+        if torch.compiler.is_exporting():
+            return predictions
+        strings = self._string_predictions(predictions)
+        ordered = {}   # in TF's order: each class name key after its id key
+        for key, value in predictions.items():
+            ordered[key] = value
+            named = _NAMES_AFTER.get(key)
+            if named in strings:
+                ordered[named] = strings.pop(named)
+        return {**ordered, **strings}
 
     def _losses(self, features, logits, labels, mode) -> tuple:
         """(labels, weights, unreduced loss, loss reduced as the head says)."""
