@@ -1064,8 +1064,59 @@ class LoadedExport:
         """(the program's outputs, the features it was given)."""
         if self.transform is None:
             return self.program(**inputs), inputs
+        for spec in self.signature["inputs"]:
+            if spec["dtype"] == "string" and spec["name"] in inputs:
+                _check_nesting(spec["name"], inputs[spec["name"]], spec["shape"])
         features = self.transform.features(inputs)
         return self.program(**self.transform.program_inputs(inputs, features)), features
+
+
+def _check_nesting(name: str, values, shape: list) -> None:
+    """A string input nested as its export declares (TF checks a signature's
+    inputs against its TensorSpecs): one string per example for shape
+    [batch], a list per example for [batch, n]. A sentence given where a list
+    of words was declared was taken as one (unknown) word."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "US":
+        if values.ndim != len(shape) or any(
+                want is not None and want != got for want, got in zip(shape[1:], values.shape[1:])):
+            raise ValueError(f"input {name!r}: expected shape {_shape_words(shape)}, got "
+                             f"{list(values.shape)}")
+        return
+    if not isinstance(values, (list, tuple, np.ndarray)) or (
+            isinstance(values, np.ndarray) and values.ndim == 0):
+        raise ValueError(f"input {name!r}: expected a list of values, one per example "
+                         f"(shape {_shape_words(shape)}), got {type(values).__name__}")
+    for i, row in enumerate(values):
+        found = _misnested(row, shape[1:], f"[{i}]")
+        if found is not None:
+            where, what = found
+            raise ValueError(f"input {name!r}{where}: {what}; the input's shape is "
+                             f"{_shape_words(shape)}")
+
+
+def _misnested(value, shape: list, where: str) -> Optional[tuple]:
+    """(where, how) `value` is not nested as `shape` (the dimensions under the
+    batch's); None where it is."""
+    is_list = isinstance(value, (list, tuple, np.ndarray))
+    if not shape:
+        if is_list:
+            return where, ("expected one string per example, got a list"
+                           if where.count("[") == 1 else "expected a string, got a list")
+        return None
+    if not is_list:
+        return where, f"expected a list of values, got {type(value).__name__} {value!r:.60}"
+    if shape[0] is not None and len(value) != shape[0]:
+        return where, f"expected {shape[0]} values, got {len(value)}"
+    for j, item in enumerate(value):
+        found = _misnested(item, shape[1:], f"{where}[{j}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _shape_words(shape: list) -> str:
+    return "[" + ", ".join("batch" if i == 0 else "any" if d is None else str(d)
+                           for i, d in enumerate(shape)) + "]"
 
 
 def _read_json(path: str):

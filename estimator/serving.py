@@ -257,12 +257,7 @@ class Model:
     def _tensor(self, name: str, values) -> torch.Tensor:
         spec = self.inputs[name]
         if spec["dtype"] == "string":
-            strings = _strings(name, values)
-            if len(spec.get("shape") or [None]) == 1 and isinstance(strings, list):
-                i = next(i for i, v in enumerate(values) if isinstance(v, list))
-                raise RequestError(f"input {name!r}[{i}]: expected one string per example "
-                                   f"(shape [batch]), got a list")   # (TF Serving's 400)
-            return strings
+            return _strings(name, values)   # (nested as declared: the export checks)
         dtype = _DTYPES.get(spec["dtype"])
         if dtype is None:
             raise RequestError(f"input {name!r} has dtype {spec['dtype']}, which a JSON "
@@ -398,7 +393,7 @@ def _strings(name: str, values):
     rows = [[one(v, f"[{i}][{j}]") for j, v in enumerate(row)] if isinstance(row, list)
             else one(row, f"[{i}]") for i, row in enumerate(values)]
     if any(isinstance(row, list) for row in rows):
-        return [row if isinstance(row, list) else [row] for row in rows]
+        return rows
     return np.array(rows, dtype=object)
 
 

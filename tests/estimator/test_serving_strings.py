@@ -121,6 +121,28 @@ def test_loaded_exports_equal_estimator_predict(trained, n):
                                atol=1e-6)
 
 
+def test_a_loaded_export_checks_string_inputs_nesting_as_tfs_signature(trained):
+    """TF's signature refuses an input not of its TensorSpec's shape. A
+    string per example where a list of strings ([batch, any]) was declared
+    was taken as one unknown word: a client sending a sentence where the
+    receiver took its words got an answer, not an error."""
+    raw = est.export.load(trained[3]).signatures["predict"]
+    rows = {"age": torch.tensor([44.0]), "hours": torch.tensor([40.0]),
+            "education": np.array(["Masters"]), "occupation": np.array(["Tech"])}
+    raw(**rows, tags=[["x", "y"]])
+    for tags, error in [
+            (["x y"], r"input 'tags'\[0\]: expected a list of values, got str 'x y'; "
+                      r"the input's shape is \[batch, any\]"),
+            (np.array(["x y"]), r"input 'tags': expected shape \[batch, any\], got \[1\]"),
+            ([[["x"]]], r"input 'tags'\[0\]\[0\]: expected a string, got a list"),
+            ("x y", r"input 'tags': expected a list of values, one per example")]:
+        with pytest.raises(ValueError, match=error):
+            raw(**rows, tags=tags)
+    with pytest.raises(ValueError, match=r"input 'education'\[0\]: expected one string per "
+                                         r"example, got a list; the input's shape is \[batch\]"):
+        raw(**dict(rows, education=[["Masters"]]), tags=[["x"]])
+
+
 def test_export_records_the_transform_and_copies_the_vocabulary(trained):
     _, _, parsing, _, _ = trained
     with open(os.path.join(parsing, "transform.json")) as f:
@@ -376,6 +398,14 @@ def test_classify_examples_take_b64_strings_as_tf_serving(url):
     ({"instances": [{"age": 44.0, "hours": 40.0, "education": ["Masters", "HS-grad"],
                      "occupation": "Tech", "tags": ["x"]}]}, 400,
      "input 'education'[0]: expected one string per example"),
+    # a bare string where a list of strings is declared ([batch, any]): TF's 400;
+    # it was taken as one word (a sentence where its words were declared)
+    ({"instances": [{"age": 44.0, "hours": 40.0, "education": "Masters",
+                     "occupation": "Tech", "tags": "x y"}]}, 400,
+     "input 'tags'[0]: expected a list of values, got str 'x y'"),
+    ({"inputs": {"age": [44.0, 30.0], "hours": [40.0, 20.0], "education": ["a", "b"],
+                 "occupation": ["c", "d"], "tags": [["x"], "y"]}}, 400,
+     "input 'tags'[1]: expected a list of values, got str 'y'"),
     # a bool for a float input: TF's 400 (it was taken as 1.0)
     ({"inputs": {"age": [True], "hours": [40.0], "education": ["Masters"],
                  "occupation": ["Tech"], "tags": [["x"]]}}, 400, "expected numbers"),
