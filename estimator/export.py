@@ -1020,11 +1020,15 @@ class LoadedExport:
                 raise ValueError(f"{path} cannot be read: it is damaged or not written by "
                                  f"export_saved_model ({type(e).__name__}: {e}); export the "
                                  "model again") from e
-        self.signature = read(SIGNATURE, _read_json)
+        self.signature = read(SIGNATURE, _read_signature)
         self.program = read(self.signature.get("program", PROGRAM),
                             lambda path: torch.export.load(path).module())
         self.transform = read(host_transform.TRANSFORM,
                               lambda path: HostTransform.load(export_dir))
+        if self.signature.get("host_transform") and self.transform is None:
+            raise ValueError(f"{os.path.join(export_dir, host_transform.TRANSFORM)} is "
+                             f"missing: {SIGNATURE} says the program's inputs are made by it "
+                             "(a copy of the export without it?); export the model again")
         described = self.signature.get("signatures") or {
             DEFAULT_SERVING_SIGNATURE_DEF_KEY: {"outputs": self.signature["outputs"]}}
         self.signatures = {name: self._signature_fn(name) for name in described}
@@ -1122,6 +1126,19 @@ def _shape_words(shape: list) -> str:
 def _read_json(path: str):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def _read_signature(path: str) -> dict:
+    """signature.json, checked to hold what loading reads (ValueError else)."""
+    signature = _read_json(path)
+    if not isinstance(signature, dict) or not isinstance(signature.get("inputs"), list) or not (
+            isinstance(signature.get("outputs"), list) or isinstance(
+                signature.get("signatures"), dict)) or not all(
+            isinstance(i, dict) and {"name", "dtype", "shape"} <= set(i)
+            for i in signature["inputs"]):
+        raise ValueError("it is not an export's signature (its inputs, each with name, "
+                         "dtype and shape, and its outputs or signatures)")
+    return signature
 
 
 def load(export_dir: str) -> LoadedExport:

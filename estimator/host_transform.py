@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import os
 import shutil
 from typing import Any, Dict, List, Optional
@@ -143,19 +144,42 @@ def _text(value) -> bytes:
 
 def _number(value) -> float:
     """A float feature's value: a JSON number, never a bool or a string (TF
-    Serving makes those features of another kind, which the spec refuses)."""
+    Serving makes those features of another kind, which the spec refuses),
+    nor one float32 would lose (`lossy_float`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError("expected a number")
+    lossy = lossy_float(value, "float32")
+    if lossy is not None:
+        raise ValueError(lossy)
     return float(value)
 
 
 def _integer(value) -> int:
-    """An int64 feature's value: an integer (2.0 too), never a truncated 2.7,
-    a bool or a string (TF Serving rejects them)."""
+    """An int64 feature's value: an integer (2.0 too) in int64's range, never
+    a truncated 2.7, a bool or a string (TF Serving rejects them)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not value.is_integer()):
         raise ValueError("expected an integer")
+    if not -2 ** 63 <= int(value) < 2 ** 63:
+        raise ValueError("out of the range of int64")
     return int(value)
+
+
+_MANTISSA_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+
+
+def lossy_float(value, dtype: str) -> Optional[str]:
+    """TF Serving's words where a JSON number (int or float) cannot be a
+    `dtype` value without loss (its IsLosslessDecimal), else None: NaN and
+    infinities pass, an integer must be below 2**mantissa bits (2**24 for
+    float32), a decimal within the type's range (1e39 was inf for float32)."""
+    if isinstance(value, float):
+        limit = float(torch.finfo(getattr(torch, dtype)).max)
+        if not math.isfinite(value) or -limit <= value <= limit:
+            return None
+    elif abs(value) < 2 ** _MANTISSA_BITS[dtype]:
+        return None
+    return f"Cannot convert JSON value: {value!r} to {dtype} without loss of precision"
 
 
 def template_examples(spec: Dict[str, Any], batch: int) -> np.ndarray:

@@ -12,11 +12,17 @@ when the export has one input), answered by ``{"predictions": [...]}`` (a
 dict per example when the signature has several outputs); `inputs` are
 columns, answered by ``{"outputs": ...}``. `examples` are feature dicts,
 matched to the export's inputs by name; `:classify` answers
-``{"result": [[[class, score], ...], ...]}`` (the class names the export
-recorded, or the class ids as strings) and `:regress` ``{"result": [value,
-...]}``; `:predict` answers the `classes` an export names with those names
-too, as TF Serving gives TF's string classes. A bad request gets a 400 with
-``{"error": "..."}`` naming the field; an unknown model or version a 404.
+``{"results": [[[class, score], ...], ...]}`` (the class names the export
+recorded, or its classes as strings; "" where it has neither, as TF Serving)
+and `:regress` ``{"results": [value, ...]}`` (the key TF Serving's server
+writes; a section of its REST docs says "result"); `:predict` answers the
+`classes` an export names with those names too, as TF Serving gives TF's
+string classes. A bad request gets a 400 with ``{"error": "..."}`` naming
+the field; an unknown model or version a 404. JSON numbers are taken by TF
+Serving's rules (json_tensor.cc): a float input takes NaN and infinities but
+no number it would lose (an integer past 2**24 - 1 or a decimal past
+float32's range for float32), an integer input integers in its range, a bool
+input true or false.
 
 Given a base directory of timestamped exports, the newest version is
 served. Inputs are what the export's receiver took: numbers; strings (a raw
@@ -27,9 +33,12 @@ recorded spec, as TF Serving does. An export with strings runs its
 ``transform.json`` before the program (`host_transform`).
 
 The server is the standard library's ``ThreadingHTTPServer``: one thread
-per connection, no dependency, requests answered concurrently (the program
-runs under ``torch.inference_mode``); it binds 127.0.0.1 unless told
-otherwise.
+per connection (HTTP/1.1: connections are kept alive, bodies may be
+chunked), no dependency, requests answered concurrently (the program runs
+under ``torch.inference_mode``); it binds 127.0.0.1 unless told otherwise.
+A request body is at most 64 MiB (413 beyond). The export served is the
+newest at start: a version exported later is served after a restart (TF
+Serving polls for it), and no version labels are assigned.
 """
 from __future__ import annotations
 
@@ -39,6 +48,8 @@ import json
 import logging
 import os
 import re
+import socket
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -134,7 +145,7 @@ class Model:
         inputs = self._inputs_of(name)
         if "instances" in body:
             outputs = self._run(name, self._rows(body["instances"], "instances", inputs))
-            return {"predictions": _rows_of(outputs)}
+            return {"predictions": _rows_of(outputs, len(body["instances"]))}
         outputs = self._run(name, self._columns(body["inputs"], inputs))
         if len(outputs) == 1:
             return {"outputs": next(iter(outputs.values())).tolist()}
@@ -149,11 +160,13 @@ class Model:
         scores = scores.reshape(len(scores), -1)
         if classes is not None:
             labels = classes.reshape(len(classes), -1)
-        else:   # each score labelled with its class's name (or id)
+        elif self.signatures[name]["class_names"]:   # each score labelled with its name
             labels = _named(self.signatures[name]["class_names"],
                             np.tile(np.arange(scores.shape[1]), (len(scores), 1)))
-        return {"result": [[[str(c), float(s)] for c, s in zip(row_c, row_s)]
-                           for row_c, row_s in zip(labels.tolist(), scores.tolist())]}
+        else:   # (TF Serving's: a score without a class has the label "")
+            labels = np.full(scores.shape, "", dtype=object)
+        return {"results": [[[str(c), float(s)] for c, s in zip(row_c, row_s)]
+                            for row_c, row_s in zip(labels.tolist(), scores.tolist())]}
 
     def regress(self, body: dict) -> dict:
         name = self._signature(body, "tensorflow/serving/regress")
@@ -167,7 +180,7 @@ class Model:
             raise RequestError(f"Expected output Tensor shape to be either [batch_size] or "
                                f"[batch_size, 1] but got {list(values.shape)}; :predict "
                                "answers with every value of each example")
-        return {"result": values.reshape(-1).tolist()}
+        return {"results": values.reshape(-1).tolist()}
 
     # -- helpers ---------------------------------------------------------------------
     def _inputs_of(self, signature: str) -> Dict[str, dict]:
@@ -185,6 +198,9 @@ class Model:
             raise RequestError(f"the request body must be a JSON object, got "
                                f"{type(body).__name__}")
         name = body.get("signature_name") or export.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+        if not isinstance(name, str):   # (TF Serving's words)
+            raise RequestError(f"JSON Value: {json.dumps(name)} not formatted correctly. "
+                               "'signature_name' key must be a string value.")
         if name not in self.signatures:
             raise RequestError(f"signature_name: {name!r} is not a signature of this model; "
                                f"it has {sorted(self.signatures)}")
@@ -192,7 +208,8 @@ class Model:
             wanted = [n for n, s in self.signatures.items() if s["method_name"] == method]
             raise RequestError(f"signature_name: {name!r} is a "
                                f"{self.signatures[name]['method_name']} signature; "
-                               f"this request needs one of {wanted}")
+                               + (f"this request needs one of {wanted}" if wanted else
+                                  f"this model has no {method} signature"))
         return name
 
     def _rows(self, instances, field: str, inputs: Dict[str, dict]) -> Dict[str, list]:
@@ -263,24 +280,11 @@ class Model:
             raise RequestError(f"input {name!r} has dtype {spec['dtype']}, which a JSON "
                                "request cannot give")
         try:
-            array = np.asarray(values)
-            if array.dtype.kind in "USO":   # (TF Serving's words; numpy's or torch's else)
-                for bad in (v for v in _leaves(values) if not isinstance(v, (int, float))):
-                    raise ValueError(f"{json.dumps(bad)} is not of expected type "
-                                     f"{spec['dtype']}")
-            integer = not dtype.is_floating_point and dtype is not torch.bool
-            if integer and (array.dtype == bool or (
-                    array.dtype.kind == "f" and not np.all(np.mod(array, 1) == 0))):
-                raise ValueError("expected integers; it would truncate or take true as 1")
-            if dtype.is_floating_point and array.dtype == bool:   # (TF Serving's 400)
-                raise ValueError("expected numbers; it would take true as 1.0")
-            if integer and array.size and array.dtype.kind in "iuf":   # (it would wrap)
-                info = torch.iinfo(dtype)
-                low, high = array.min(), array.max()
-                if low < info.min or high > info.max:
-                    raise ValueError(f"{low if low < info.min else high} is out of the range "
-                                     f"of {spec['dtype']} [{info.min}, {info.max}]")
-            tensor = torch.as_tensor(array, dtype=dtype)
+            for value in _leaves(values):
+                problem = _number_problem(value, spec["dtype"], dtype)
+                if problem is not None:
+                    raise ValueError(problem)
+            tensor = torch.as_tensor(np.asarray(values), dtype=dtype)
         except (TypeError, ValueError) as e:
             raise RequestError(f"input {name!r}: cannot make a {spec['dtype']} tensor of "
                                f"the values given ({e})") from None
@@ -318,6 +322,27 @@ class Model:
                 ids = outputs[spec["ids"]]
             outputs[new] = _named(spec["names"], ids)
         return outputs
+
+
+def _number_problem(value, name: str, dtype: torch.dtype) -> Optional[str]:
+    """What is wrong with a JSON value for a number input of `dtype` (TF
+    Serving's AddValueToTensor), or None."""
+    if dtype is torch.bool:
+        return None if isinstance(value, bool) else (
+            f"{json.dumps(value)} is not of expected type bool: give true or false")
+    if value is None or not isinstance(value, (int, float)):
+        return f"{json.dumps(value)} is not of expected type {name}"
+    if dtype.is_floating_point:
+        if isinstance(value, bool):
+            return "expected numbers; it would take true as 1.0"
+        return host_transform.lossy_float(value, name)
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        return "expected integers; it would truncate or take true as 1"
+    info = torch.iinfo(dtype)   # (exactly: 2.0**63 is past int64's range, not its top)
+    if not info.min <= int(value) <= info.max:
+        return (f"{json.dumps(value)} is out of the range of {name} "
+                f"[{info.min}, {info.max}]")
+    return None
 
 
 def _named(names: Optional[list], ids: np.ndarray) -> np.ndarray:
@@ -411,7 +436,20 @@ def _json_strings(name: str, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _rows_of(outputs: Dict[str, np.ndarray]) -> list:
+def _rows_of(outputs: Dict[str, np.ndarray], batch: int) -> list:
+    """The row format's predictions: every output must have a row per example
+    (TF Serving checks that they agree; an output of one row for a batch of 7
+    gave 1 prediction there, misaligned with the instances)."""
+    for key, value in outputs.items():
+        if value.ndim == 0:
+            raise RequestError(f"Tensor name: {key} has no shape information; the row "
+                               "format (\"instances\") needs a row per example: ask for "
+                               "\"inputs\" (columns)")
+        if len(value) != batch:
+            raise RequestError(f"Tensor name: {key} has inconsistent batch size: "
+                               f"{len(value)} expecting: {batch}; the row format "
+                               "(\"instances\") needs a row per example: ask for \"inputs\" "
+                               "(columns)")
     if len(outputs) == 1:
         return next(iter(outputs.values())).tolist()
     keys = list(outputs)
@@ -419,8 +457,9 @@ def _rows_of(outputs: Dict[str, np.ndarray]) -> list:
     return [dict(zip(keys, row)) for row in zip(*columns)]
 
 
-_ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?"
-                    r"(?P<rest>/metadata|:predict|:classify|:regress)?$")
+_ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)"
+                    r"|/labels/(?P<label>[^/:]+))?"
+                    r"(?P<rest>/metadata|:predict|:classify|:regress)?$", re.IGNORECASE)
 
 
 _CLIENT_TIMEOUT_SECS = 60.0
@@ -428,18 +467,44 @@ _CLIENT_TIMEOUT_SECS = 60.0
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "estimator-serving"
+    protocol_version = "HTTP/1.1"   # connections kept alive, as TF Serving's
     timeout = _CLIENT_TIMEOUT_SECS   # a stalled client holds its thread no longer
 
     def log_message(self, fmt, *args):
         logger.debug("%s - %s", self.address_string(), fmt % args)
 
+    def handle_one_request(self):
+        self.server.waiting(self.connection, True)   # (a stop closes it: nothing in flight)
+        super().handle_one_request()
+
+    def finish(self):
+        self.server.waiting(self.connection, False)
+        super().finish()
+
     def _reply(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        except OSError as e:   # (the client left: nothing to tell it)
+            self.close_connection = True
+            logger.debug("%s left before its answer (%s)", self.address_string(), e)
+
+    def send_error(self, code, message=None, explain=None):
+        """The standard library's errors (a bad request line, headers too
+        large, a method without a do_*) as TF Serving's JSON, not HTML."""
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":   # (no request line read: answer in HTTP/1.0)
+            self.request_version = "HTTP/1.0"
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            code, message = HTTPStatus.BAD_REQUEST, f"Malformed request: {self.command} {self.path}"
+        self._reply(code, {"error": message or HTTPStatus(code).phrase})
 
     def _route(self, method: str):
         match = _ROUTE.match(self.path.split("?", 1)[0])
@@ -449,12 +514,18 @@ class _Handler(BaseHTTPRequestHandler):
         if match["name"] != model.name:
             raise RequestError(f"Servable not found for request: Latest({match['name']})",
                                HTTPStatus.NOT_FOUND)
-        if match["version"] is not None and match["version"] != model.version:
+        if match["label"] is not None:   # (TF Serving's words; labels come from its config)
+            raise RequestError(f"Unrecognized servable version label: {match['label']}; "
+                               "estimator serve assigns no labels: ask for "
+                               f"/versions/{model.version} or leave the version out")
+        if match["version"] is not None and (not model.version.isdigit() or int(
+                match["version"]) != int(model.version)):
             raise RequestError(f"Servable not found for request: Specific({match['name']}, "
-                               f"{match['version']})", HTTPStatus.NOT_FOUND)
-        return model, match["rest"] or ""
+                               f"{int(match['version'])})", HTTPStatus.NOT_FOUND)
+        return model, (match["rest"] or "").lower()
 
     def do_GET(self):
+        self.server.waiting(self.connection, False)
         try:
             model, rest = self._route("GET")
             if rest == "":
@@ -466,24 +537,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(e.status, {"error": str(e)})
 
     def do_POST(self):
+        keep_alive, self.close_connection = self.close_connection, True   # till the body is read
         try:
             model, rest = self._route("POST")
             verbs = {":predict": model.predict, ":classify": model.classify,
                      ":regress": model.regress}
             if rest not in verbs:
                 raise RequestError(f"Malformed request: POST {self.path}")
-            length = self.headers.get("Content-Length") or "0"
-            if not length.isdigit():
-                raise RequestError(f"Content-Length: {length!r} is not a number of bytes")
-            length = int(length)
-            if length > _MAX_BODY:
-                raise RequestError(f"request body of {length} bytes is over the limit of "
-                                   f"{_MAX_BODY}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-            raw = self.rfile.read(length)
+            raw = self._body()
+            self.server.waiting(self.connection, False)
+            self.close_connection = keep_alive
             try:
                 body = json.loads(raw or b"null")
             except (ValueError, UnicodeDecodeError) as e:
                 raise RequestError(f"JSON Parse error: {e}") from None
+            except RecursionError:
+                raise RequestError("JSON Parse error: nested too deeply") from None
+            if body is None:
+                raise RequestError("JSON Parse error: The document is empty")
             self._reply(HTTPStatus.OK, verbs[rest](body))
         except RequestError as e:
             self._reply(e.status, {"error": str(e)})
@@ -491,11 +562,121 @@ class _Handler(BaseHTTPRequestHandler):
             logger.exception("request %s failed", self.path)
             self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(e).__name__}: {e}"})
 
+    def do_OTHER(self):
+        self.send_error(HTTPStatus.NOT_IMPLEMENTED)
+
+    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_OTHER
+
+    def _body(self) -> bytes:
+        """The request's body: Content-Length bytes, or chunked."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return self._chunked()
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise RequestError("the request has no Content-Length (nor Transfer-Encoding: "
+                               "chunked): send the JSON body with its length",
+                               HTTPStatus.LENGTH_REQUIRED)
+        if not length.strip().isdigit():
+            raise RequestError(f"Content-Length: {length!r} is not a number of bytes")
+        length = int(length)
+        self._check_size(length)
+        return self._read(length, f"its Content-Length of {length} bytes")
+
+    def _chunked(self) -> bytes:
+        parts, size = [], 0
+        while True:
+            line = self._read_line()
+            try:
+                chunk = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise RequestError(f"a chunked body's chunk size {line[:40]!r} is not hex "
+                                   "digits") from None
+            if chunk == 0:
+                while self._read_line().strip():   # (trailers, up to the blank line)
+                    pass
+                return b"".join(parts)
+            size += chunk
+            self._check_size(size)
+            parts.append(self._read(chunk, "its chunk"))
+            self._read_line()
+
+    def _read_line(self) -> bytes:
+        try:
+            line = self.rfile.readline(1 << 16)
+        except TimeoutError:
+            raise RequestError(f"the request body stalled for {_CLIENT_TIMEOUT_SECS:.0f} s",
+                               HTTPStatus.REQUEST_TIMEOUT) from None
+        if not line:
+            raise RequestError("the chunked request body ended before its last chunk")
+        return line
+
+    def _read(self, length: int, what: str) -> bytes:
+        data = bytearray()
+        try:
+            while len(data) < length:
+                part = self.rfile.read1(length - len(data))
+                if not part:
+                    break
+                data += part
+        except TimeoutError:
+            raise RequestError(f"the request body stalled after {len(data)} bytes of {what} "
+                               f"for {_CLIENT_TIMEOUT_SECS:.0f} s",
+                               HTTPStatus.REQUEST_TIMEOUT) from None
+        if len(data) < length:
+            raise RequestError(f"the request body ended after {len(data)} bytes of {what}")
+        return bytes(data)
+
+    @staticmethod
+    def _check_size(size: int) -> None:
+        if size > _MAX_BODY:
+            raise RequestError(f"request body of {size} bytes is over the limit of "
+                               f"{_MAX_BODY}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+
 
 class _Server(ThreadingHTTPServer):
     # The listen backlog: the standard library's 5 reset connections when 20
     # clients called at once (each is answered on its own thread once accepted).
     request_queue_size = 128
+
+    def __init__(self, *args, **kwargs):
+        self._waiting = set()   # connections waiting for a request (idle, kept alive)
+        self._waiting_lock = threading.Lock()
+        self._closing = False
+        super().__init__(*args, **kwargs)
+
+    def waiting(self, connection, waiting: bool) -> None:
+        with self._waiting_lock:
+            if waiting and self._closing:
+                _shut(connection)
+            elif waiting:
+                self._waiting.add(connection)
+            else:
+                self._waiting.discard(connection)
+
+    def server_close(self):
+        """Stops: connections waiting for a request are closed at once (a
+        kept-alive idle one held Ctrl-C 60 s); requests in flight are answered."""
+        with self._waiting_lock:
+            self._closing = True
+            idle = list(self._waiting)
+        for connection in idle:
+            _shut(connection)
+        super().server_close()
+
+    def handle_error(self, request, client_address):
+        """A client gone mid-request is one debug line, not a traceback on stderr."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            logger.debug("connection from %s: %s", client_address, error)
+            return
+        super().handle_error(request, client_address)
+
+
+def _shut(connection) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:   # (already closed by the client)
+        pass
 
 
 def make_server(path: str, host: str = "127.0.0.1", port: int = 8501,

@@ -131,7 +131,7 @@ def main(argv=None):
         serialized = [example_of(columns, i).SerializeToString() for i in range(2)]
         predicted = post(url + ":predict", {"signature_name": "predict", "instances": [
             {"b64": base64.b64encode(s).decode()} for s in serialized]})
-        for example, result_row, prediction in zip(examples, classified["result"],
+        for example, result_row, prediction in zip(examples, classified["results"],
                                                    predicted["predictions"]):
             print(f"{example}: P(>50K) = {result_row[1][1]:.3f} (predict: "
                   f"{prediction['logistic'][0]:.3f})")

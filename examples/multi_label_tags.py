@@ -67,7 +67,7 @@ def main(argv=None):
                 for i in range(3)]
     with served(os.path.join(args.workdir, "model", "export", "latest"), "tags") as (url, _):
         classified = post(url + ":classify", {"examples": examples})
-    for example, row in zip(examples, classified["result"]):
+    for example, row in zip(examples, classified["results"]):
         print(example, {tag: round(score, 3) for tag, score in row})
     return {"eval": result, "classify": classified, "examples": few}
 

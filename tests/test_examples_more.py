@@ -135,7 +135,7 @@ def test_multi_label_tags_are_classified_by_name_over_http(tmp_path):
                              example.COLUMNS, model_dir=str(tmp_path / "model"))
     predicted = [p["probabilities"] for p in model.predict(
         est.inputs.numpy_input_fn(out["examples"], None, 3, 1, False))]
-    for row, probabilities in zip(out["classify"]["result"], predicted):
+    for row, probabilities in zip(out["classify"]["results"], predicted):
         assert [tag for tag, _ in row] == example.TAGS
         np.testing.assert_allclose([score for _, score in row], probabilities, rtol=1e-5,
                                    atol=1e-7)

@@ -1,9 +1,10 @@
 """`estimator serve EXPORT_DIR_OR_BASE`: TF Serving's REST API over an export
-(see `estimator.serving`); Ctrl-C stops it."""
+(see `estimator.serving`); Ctrl-C or SIGTERM stops it."""
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from .. import serving
@@ -57,6 +58,9 @@ def _serve(args) -> int:
     print(f"Serving {model.dir} (version {model.version}) as model {model.name!r} on "
           f"http://{host}:{port}/v1/models/{model.name}; signatures: "
           f"{', '.join(sorted(model.signatures))}", flush=True)
+    # SIGTERM (docker stop, Kubernetes) stops it as Ctrl-C does: the requests
+    # in flight are answered (it killed them before)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

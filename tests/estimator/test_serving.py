@@ -141,13 +141,13 @@ def test_classify_and_regress_equal_estimator_predict(server, exported):
     status, body = _post(url + ":classify", {"examples": examples})
     assert status == 200, body
     probabilities = _predicted(estimator, first, "probabilities")
-    assert [[c for c, _ in r] for r in body["result"]] == [["0", "1"]] * 4
-    np.testing.assert_allclose([[s for _, s in r] for r in body["result"]], probabilities,
+    assert [[c for c, _ in r] for r in body["results"]] == [["0", "1"]] * 4
+    np.testing.assert_allclose([[s for _, s in r] for r in body["results"]], probabilities,
                                rtol=1e-5)
     status, body = _post(url + ":regress", {"signature_name": "regression",
                                             "examples": examples})
     assert status == 200, body
-    np.testing.assert_allclose(body["result"], _predicted(estimator, first, "logistic")[:, 0],
+    np.testing.assert_allclose(body["results"], _predicted(estimator, first, "logistic")[:, 0],
                                rtol=1e-5)
 
 
@@ -292,7 +292,7 @@ def test_census_tfrecord_pipeline_example(tmp_path):
     example = importlib.import_module("examples.census_tfrecord_serving")
     out = example.main(["--workdir", str(tmp_path), "--train_steps", "60"])
     assert out["eval"]["global_step"] == 60 and out["eval"]["auc"] > 0.6
-    probability = out["classify"]["result"][0][1][1]
+    probability = out["classify"]["results"][0][1][1]
     assert probability == pytest.approx(out["predict"]["predictions"][0]["logistic"][0],
                                         rel=1e-5)
 
@@ -300,7 +300,7 @@ def test_census_tfrecord_pipeline_example(tmp_path):
 @pytest.mark.parametrize("kind", ["three_classes", "multi_label"])
 def test_classify_answers_with_the_class_names_as_tf_serving(tmp_path, kind):
     """TF Serving answers `:classify` with TF's string classes (the label
-    vocabulary), under the key "result"; `:predict` on the classification
+    vocabulary), under the key "results"; `:predict` on the classification
     signature gives them as `classes` too. A 3-class DNNClassifier and a
     multi-label DNNEstimator, each over a label vocabulary."""
     rng = np.random.RandomState(1)
@@ -323,11 +323,11 @@ def test_classify_answers_with_the_class_names_as_tf_serving(tmp_path, kind):
         examples = [{"a": float(a), "b": float(b)} for a, b in zip(x[:3, 0], x[:3, 1])]
         status, body = _post(url + ":classify", {"examples": examples})
         assert status == 200, body
-        assert set(body) == {"result"}
-        assert [[c for c, _ in r] for r in body["result"]] == [words] * 3
+        assert set(body) == {"results"}
+        assert [[c for c, _ in r] for r in body["results"]] == [words] * 3
         probabilities = _predicted(estimator, {k: v[:3] for k, v in features.items()},
                                    "probabilities")
-        np.testing.assert_allclose([[s for _, s in r] for r in body["result"]], probabilities,
+        np.testing.assert_allclose([[s for _, s in r] for r in body["results"]], probabilities,
                                    rtol=1e-5)
         status, body = _post(url + ":predict", {"signature_name": "classification",
                                                 "instances": examples})

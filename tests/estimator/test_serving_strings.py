@@ -196,11 +196,11 @@ def test_served_examples_equal_estimator_predict(trained, url):
                  for k, v in rows.items()} for i in range(4)]
     status, body = _post(url + ":classify", {"examples": examples})
     assert status == 200, body
-    np.testing.assert_allclose([r[1][1] for r in body["result"]], expected, rtol=1e-5)
+    np.testing.assert_allclose([r[1][1] for r in body["results"]], expected, rtol=1e-5)
     status, body = _post(url + ":regress", {"signature_name": "regression",
                                             "examples": examples})
     assert status == 200, body
-    np.testing.assert_allclose(body["result"], expected, rtol=1e-5)
+    np.testing.assert_allclose(body["results"], expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize("body, field", [
