@@ -478,7 +478,9 @@ class _ServingModule(torch.nn.Module):
                 raise ValueError(f"{what}[{key!r}] is {type(value).__name__}, not a "
                                  "tensor: an export serves tensors, and string features as "
                                  "they came in (leave other string outputs out of the "
-                                 "PREDICT spec for export)")
+                                 "PREDICT spec for export; class names from ids, TF's "
+                                 "tf.gather(names, ids): est.export.PredictOutput(outputs, "
+                                 "class_names=names, named_outputs={name: ids' key}))")
         if not tensors:
             raise ValueError(f"{what} hold no tensor, only the string features "
                              f"{sorted(forwarded)}: an export needs a tensor to serve")
@@ -875,6 +877,9 @@ class _HostFeature:
             "_hash_bucket, then embedding_column or indicator_column in input_layer), which "
             "an export redoes per request, or give the export the ids (a serving_input_"
             "receiver_fn of integer tensors); forwarding the feature as an output is fine. "
+            "Text split into words in Python (TF's string_split in a receiver) cannot be "
+            "exported: receive the words (a list of strings per example, for a vocabulary "
+            "column) or their ids. "
             "(Feature columns given a new dict made from `features` read the strings here "
             "too: give them `features` itself)")
 
