@@ -36,9 +36,11 @@ The server is the standard library's ``ThreadingHTTPServer``: one thread
 per connection (HTTP/1.1: connections are kept alive, bodies may be
 chunked), no dependency, requests answered concurrently (the program runs
 under ``torch.inference_mode``); it binds 127.0.0.1 unless told otherwise.
-A request body is at most 64 MiB (413 beyond). The export served is the
-newest at start: a version exported later is served after a restart (TF
-Serving polls for it), and no version labels are assigned.
+A request body is at most 64 MiB (413 beyond). Under a base directory a
+version exported later is served once it loads (looked for every second,
+TF Serving's ``--file_system_poll_wait_seconds``; the version before is then
+a 404, as TF Serving's latest-version policy); no version labels are
+assigned.
 """
 from __future__ import annotations
 
@@ -642,6 +644,8 @@ class _Server(ThreadingHTTPServer):
         self._waiting = set()   # connections waiting for a request (idle, kept alive)
         self._waiting_lock = threading.Lock()
         self._closing = False
+        self._stop_polling = threading.Event()
+        self._poller = None
         super().__init__(*args, **kwargs)
 
     def waiting(self, connection, waiting: bool) -> None:
@@ -653,9 +657,38 @@ class _Server(ThreadingHTTPServer):
             else:
                 self._waiting.discard(connection)
 
+    def poll_versions(self, base: str, every: float) -> None:
+        """Serve each newer version exported under `base` once it loads (a
+        thread looking every `every` seconds; a request takes the model
+        served when it arrives)."""
+        def poll():
+            failed = set()
+            while not self._stop_polling.wait(every):
+                try:
+                    newest = _version_dir(base)
+                except (OSError, ValueError):   # (the base removed for a while)
+                    continue
+                if newest[1] in failed or int(newest[1]) <= int(self.model.version):
+                    continue
+                try:
+                    model = Model(newest[0], self.model.name)
+                except (OSError, ValueError) as e:   # (TF Serving keeps the one it has)
+                    failed.add(newest[1])
+                    logger.error("version %s cannot be served, version %s stays: %s",
+                                 newest[1], self.model.version, e)
+                    continue
+                logger.info("Serving version %s of %r (was %s): %s", model.version,
+                            model.name, self.model.version, model.dir)
+                self.model = model
+        self._poller = threading.Thread(target=poll, name="version-poller", daemon=True)
+        self._poller.start()
+
     def server_close(self):
         """Stops: connections waiting for a request are closed at once (a
         kept-alive idle one held Ctrl-C 60 s); requests in flight are answered."""
+        self._stop_polling.set()
+        if self._poller is not None:
+            self._poller.join()
         with self._waiting_lock:
             self._closing = True
             idle = list(self._waiting)
@@ -680,9 +713,13 @@ def _shut(connection) -> None:
 
 
 def make_server(path: str, host: str = "127.0.0.1", port: int = 8501,
-                model_name: str = "default") -> ThreadingHTTPServer:
+                model_name: str = "default",
+                file_system_poll_wait_seconds: float = 1.0) -> ThreadingHTTPServer:
     """A server (not yet serving) for the export at `path` (an export dir or
-    a base of timestamped exports); `server.serve_forever()` runs it."""
+    a base of timestamped exports); `server.serve_forever()` runs it. Under
+    a base, a newer version is looked for every `file_system_poll_wait_seconds`
+    (TF Serving's flag; <= 0: never) and served once loaded, as TF Serving's
+    latest-version policy does (the older one is then a 404)."""
     model = Model(path, model_name)
     try:
         server = _Server((host, port), _Handler)
@@ -697,4 +734,7 @@ def make_server(path: str, host: str = "127.0.0.1", port: int = 8501,
     server.daemon_threads = False
     server.block_on_close = True
     server.model = model
+    if file_system_poll_wait_seconds > 0 and not os.path.isfile(
+            os.path.join(path, export.SIGNATURE)):
+        server.poll_versions(path, file_system_poll_wait_seconds)
     return server

@@ -32,6 +32,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--model_name", "--model-name", default="default",
                         help="the NAME in /v1/models/NAME (default: default)")
+    parser.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0,
+                        help="TF Serving's: how often a base is looked at for a newer "
+                             "version, served once loaded (default 1; 0: never)")
     parser.set_defaults(handler=_serve)
     return parser
 
@@ -49,7 +52,8 @@ def _port(text: str) -> int:
 def _serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        server = serving.make_server(args.export, args.host, args.port, args.model_name)
+        server = serving.make_server(args.export, args.host, args.port, args.model_name,
+                                     args.file_system_poll_wait_seconds)
     except (ValueError, OSError) as e:
         print(f"estimator serve: error: {e}", file=sys.stderr)
         return 2

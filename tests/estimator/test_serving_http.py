@@ -285,3 +285,42 @@ def test_an_export_missing_its_transform_is_said_at_load(tmp_path):
     os.remove(os.path.join(path, "transform.json"))
     with pytest.raises(ValueError, match="transform.json is missing"):
         serving.Model(path)
+
+
+def test_a_version_exported_later_is_served_once_it_loads(export_dir, tmp_path, caplog):
+    """As TF Serving polls its base directory (a LatestExporter of a running
+    train_and_evaluate): the newest version was served till a restart. A
+    version that cannot be loaded is said, and the one served stays."""
+    base = tmp_path / "base"
+    shutil.copytree(export_dir, base / "100")
+    server = serving.make_server(str(base), port=0, file_system_poll_wait_seconds=0.1)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+
+    def served_version():
+        return _request(port, "GET", "/v1/models/default")[1][
+            "model_version_status"][0]["version"]
+    try:
+        assert served_version() == "100"
+        shutil.copytree(export_dir, base / "200")
+        deadline = time.monotonic() + 30
+        while served_version() != "200":
+            assert time.monotonic() < deadline, "version 200 was not served in 30 s"
+            time.sleep(0.1)
+        (base / "300").mkdir()
+        (base / "300" / "signature.json").write_text("[]")   # (damaged: never served)
+        deadline = time.monotonic() + 30
+        while "version 300 cannot be served, version 200 stays" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.1)
+        assert served_version() == "200"
+        body = json.dumps({"instances": [_row()]}).encode()
+        answer = _request(port, "POST", "/v1/models/default/versions/200:predict", body)
+        assert answer[0].status == 200, answer[1]
+        gone = _request(port, "POST", "/v1/models/default/versions/100:predict", body)
+        assert gone[0].status == 404, gone[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
