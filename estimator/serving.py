@@ -282,10 +282,12 @@ class Model:
             raise RequestError(f"input {name!r} has dtype {spec['dtype']}, which a JSON "
                                "request cannot give")
         try:
+            plainly_fine = _plainly_fine(dtype)   # (the common case, quickly: 20k rows)
             for value in _leaves(values):
-                problem = _number_problem(value, spec["dtype"], dtype)
-                if problem is not None:
-                    raise ValueError(problem)
+                if not plainly_fine(value):
+                    problem = _number_problem(value, spec["dtype"], dtype)
+                    if problem is not None:
+                        raise ValueError(problem)
             tensor = torch.as_tensor(np.asarray(values), dtype=dtype)
         except (TypeError, ValueError) as e:
             raise RequestError(f"input {name!r}: cannot make a {spec['dtype']} tensor of "
@@ -324,6 +326,17 @@ class Model:
                 ids = outputs[spec["ids"]]
             outputs[new] = _named(spec["names"], ids)
         return outputs
+
+
+def _plainly_fine(dtype: torch.dtype):
+    """A quick test passing most JSON values `_number_problem` would pass."""
+    if dtype is torch.bool:
+        return lambda value: type(value) is bool
+    if dtype.is_floating_point:
+        top = float(torch.finfo(dtype).max)
+        return lambda value: type(value) is float and -top <= value <= top
+    info = torch.iinfo(dtype)
+    return lambda value: type(value) is int and info.min <= value <= info.max
 
 
 def _number_problem(value, name: str, dtype: torch.dtype) -> Optional[str]:
