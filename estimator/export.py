@@ -837,6 +837,13 @@ class _ServingFeatures(dict):
         super().__init__((k, v if isinstance(v, torch.Tensor) else _HostFeature(k, v))
                          for k, v in cache.features.items())
         self.transformation_cache = cache
+        self._given = dict(self)
+
+    def changed(self) -> dict:
+        """The features model_fn set or replaced since: the layers read
+        these (the cache holds the receiver's), where torch computes them."""
+        return {k: v for k, v in self.items()
+                if k not in self._given or self._given[k] is not v}
 
 
 class _HostFeatureUsed(TypeError):

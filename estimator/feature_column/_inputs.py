@@ -358,14 +358,35 @@ class Builder:
         self.features = features
         self._raw: Dict[str, Feature] = {}
         self._cache: Dict[Any, Any] = {}
+        # An export's: the features model_fn set or replaced ({key: value}) in the
+        # dict it gave the layers, and whether host-side work is running.
+        self.edited: Dict[str, Any] = {}
+        self._on_host = False
 
     def prepared(self, record: tuple, make) -> Dict[str, torch.Tensor]:
         """`make()`: the tensors a layer computes on the host for `record`
         (("embedding", column), ("indicator", column) or ("linear", columns,
         combiner)), once per builder."""
-        return self.get(record[1], make, ("prepared",) + record[:1] + record[2:])
+        def on_host():
+            self._on_host = True
+            try:
+                return make()
+            finally:
+                self._on_host = False
+        return self.get(record[1], on_host, ("prepared",) + record[:1] + record[2:])
 
     def raw(self, key: str) -> Feature:
+        if key in self.edited:   # (an export: model_fn's own value, where torch computes it)
+            if self._on_host:
+                raise ValueError(
+                    f"model_fn changed the feature {key!r} before a feature column read it on "
+                    "the host (bucketizing to cross, a vocabulary, hash or identity lookup): "
+                    f"an export redoes that per request from {key!r} as the client sends it, "
+                    "so the change would be lost and the export serve another model than "
+                    "predict's. Make the change in the column (numeric_column(..., "
+                    "normalizer_fn=a module-level function)), or in the serving receiver's "
+                    "features (a module-level function of the receiver tensors)")
+            return Feature(key, self.edited[key])
         feature = self._raw.get(key)
         if feature is None:
             if key not in self.features:
@@ -399,4 +420,9 @@ def transformation_cache(features) -> Builder:
     if isinstance(features, Builder):
         return features
     attached = getattr(features, "transformation_cache", None)
-    return attached if attached is not None else Builder(features)
+    if attached is None:
+        return Builder(features)
+    changed = getattr(features, "changed", None)   # (an export's features: model_fn's edits)
+    if changed is not None:
+        attached.edited = changed()
+    return attached

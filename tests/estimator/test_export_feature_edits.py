@@ -1,0 +1,76 @@
+"""A model_fn that changes its features before the feature columns read them
+(TF1 programs do: `features["x"] = features["x"] * 10`, an engineered
+`features["dist"]`) is exported as predict runs it. With strings or crossed
+columns an export redoes the columns' host-side work per request from the
+receiver's inputs; the columns read the receiver's values there, so the
+change was lost: the export served another model than predict, without a
+word. Now what torch computes (a numeric column's input) follows model_fn,
+and a change the host-side work would need is an error naming the feature."""
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+
+fc = est.feature_column
+ROWS = {"x": torch.tensor([0.5, 1.5, -2.0, 3.0]), "lat": torch.tensor([40.1, 40.7, 41.3, 40.2]),
+        "c": np.array(["a", "b", "zz", "a"])}
+
+
+def _estimator(tmp_path, edit, columns):
+    def model_fn(features, labels, mode):
+        edit(features)
+        net = est.get_module("net", lambda: torch.nn.LazyLinear(1))
+        out = net(fc.input_layer(features, columns))
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"y": out})
+        return est.EstimatorSpec(mode, loss=(out - labels).pow(2).mean(), train_op=(
+            est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.01))))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    e.train(lambda: [(ROWS, torch.ones(4, 1))] * 3, max_steps=3)
+    return e
+
+
+def _served_and_predicted(e, tmp_path):
+    path = e.export_saved_model(str(tmp_path / "e"),
+                                est.export.build_raw_serving_input_receiver_fn(ROWS))
+    served = est.export.load(path).signatures["serving_default"](**ROWS)["y"].numpy()
+    predicted = np.stack([p["y"] for p in e.predict(lambda: [ROWS])])
+    return served, predicted
+
+
+def _vocabulary():
+    return fc.indicator_column(fc.categorical_column_with_vocabulary_list("c", ["a", "b"]))
+
+
+def _scaled(features):
+    features["x"] = features["x"] * 10.0 + 0.5
+
+
+def _added(features):
+    features["dist"] = torch.sqrt(features["x"] ** 2 + features["lat"] ** 2)
+
+
+@pytest.mark.parametrize("edit, columns", [
+    (_scaled, lambda: [fc.numeric_column("x"), _vocabulary()]),
+    (_added, lambda: [fc.numeric_column("dist"), _vocabulary()]),
+    (_scaled, lambda: [fc.bucketized_column(fc.numeric_column("x"), [0.0, 10.0]),
+                       _vocabulary()]),
+])
+def test_a_change_torch_computes_is_exported_as_predict_runs_it(tmp_path, edit, columns):
+    served, predicted = _served_and_predicted(_estimator(tmp_path, edit, columns()), tmp_path)
+    np.testing.assert_allclose(served, predicted, rtol=1e-5, atol=1e-6)
+
+
+def _shifted(features):
+    features["lat"] = features["lat"] + 0.5
+
+
+def test_a_change_the_host_side_work_would_need_is_an_error_naming_it(tmp_path):
+    lat = fc.bucketized_column(fc.numeric_column("lat"), [40.5, 41.0])
+    crossed = fc.indicator_column(fc.crossed_column([lat, "c"], 20))
+    e = _estimator(tmp_path, _shifted, [fc.numeric_column("x"), crossed])
+    with pytest.raises(ValueError, match="model_fn changed the feature 'lat' before a feature "
+                                         "column read it on the host"):
+        e.export_saved_model(str(tmp_path / "e"),
+                             est.export.build_raw_serving_input_receiver_fn(ROWS))
