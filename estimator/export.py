@@ -204,7 +204,10 @@ class ServingInputReceiver:
                 raise ValueError(
                     f"features[{key!r}] is not one of the receiver_tensors: in an export the "
                     "features are the receiver tensors themselves, or give `features` as a "
-                    "callable computing them from the dict of receiver tensors")
+                    "callable computing them from the dict of receiver tensors (TF1's "
+                    "`features = add_engineered(placeholders)` is "
+                    "ServingInputReceiver(add_engineered, placeholders); a module-level "
+                    "function where the receiver takes strings or columns cross)")
             mapping[key] = by_id[id(tensor)]
         if single:
             return lambda inputs: inputs[mapping[""]]
@@ -744,7 +747,8 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         try:
             program = _trace(built, scope)
         except Exception as e:
-            if host or any_size or not _host_code(e) or not isinstance(receiver.features, dict):
+            if host or any_size or not _host_code(e) or not isinstance(
+                    receiver.features, dict) and not callable(receiver.features):
                 raise _trace_error(e, path, built.dynamic, any_size) from e
             # Feature columns reading integer ids on the host (numpy): that work
             # moves to the host transform, as for rows or strings.
@@ -907,11 +911,17 @@ def _host_program(receiver, scope, call):
     once recording the feature columns' host-side work, then a module whose
     inputs are the numeric features and that work's tensors (replayed), and
     the `HostTransform` that redoes it per request."""
+    features_fn = None   # a callable's path: the server computes the features per request
     if callable(receiver.features) and receiver.parse_spec is None:
-        raise ValueError("a ServingInputReceiver taking strings must give its receiver "
-                         "tensors themselves as the features: preprocessing in a callable "
-                         "cannot be recorded for the server (do it in model_fn with torch, "
-                         "or in feature columns)")
+        features_fn = recorded.function_path(receiver.features)
+        if features_fn is None:
+            raise ValueError(
+                f"the ServingInputReceiver's features {receiver.features!r} must be a "
+                "module-level function (importable by module path, as TF1's add_engineered "
+                "of a trainer package), not a lambda or a function made inside "
+                "serving_input_fn: with strings, or feature columns that read the features "
+                "on the host (crosses, lookups), the server computes the features from each "
+                "request's receiver tensors by calling it")
     raw = {n: (t.detach().cpu() if isinstance(t, torch.Tensor) else t)
            for n, t in receiver.receiver_tensors.items()}
     if receiver.dynamic_batch:   # torch.export specializes sizes 0 and 1
@@ -945,7 +955,7 @@ def _host_program(receiver, scope, call):
                       if t is not None)
     transform = HostTransform(receiver.parse_spec,
                               {k: str(t.dtype).replace("torch.", "") for k, t in numeric.items()},
-                              records, keys)
+                              records, keys, features_fn)
     _check_redone(transform, raw, inputs, recorder.records)
 
     def features_fn(program_inputs):

@@ -219,12 +219,16 @@ class HostTransform:
     (JSON) whose tensors follow them as inputs ``t<i>_<key>``."""
 
     def __init__(self, parse_spec: Optional[dict], numeric: Dict[str, str], records: list,
-                 record_keys: List[List[str]]):
+                 record_keys: List[List[str]], features_fn: Optional[str] = None):
         self.parse_spec = parse_spec
         self.numeric = numeric
         self.records = records
         self.record_keys = record_keys
         self._decoded = [recorded.from_json(r) for r in records]
+        # "module:qualname" of the receiver's `features(receiver_tensors)`, run per request
+        self.features_fn = features_fn
+        self._features_fn = None if features_fn is None else recorded.import_function(
+            features_fn)
 
     @staticmethod
     def input_name(index: int, key: str) -> str:
@@ -234,7 +238,14 @@ class HostTransform:
         """The features model_fn saw: `inputs` parsed (a parsing export takes
         {"examples": serialized Examples}) or as they are."""
         if self.parse_spec is None:
-            return dict(inputs)
+            if self._features_fn is None:
+                return dict(inputs)
+            with torch.no_grad():   # (the receiver's features, computed as at export)
+                features = self._features_fn(dict(inputs))
+            if not isinstance(features, dict):
+                raise ValueError(f"the receiver's features function {self.features_fn} gave "
+                                 f"{type(features).__name__}, not a dict of features")
+            return features
         if set(inputs) != {EXAMPLES}:
             raise ValueError(f"this export parses serialized tf.Examples: give "
                              f"{{{EXAMPLES!r}: [...]}}, not {sorted(inputs)}")
@@ -277,7 +288,8 @@ class HostTransform:
             k: _spec_to_json(v) for k, v in self.parse_spec.items()}
         with open(os.path.join(export_dir, TRANSFORM), "w") as f:
             json.dump({"parse_spec": spec, "numeric": self.numeric, "records": records,
-                       "record_keys": self.record_keys}, f, indent=1)
+                       "record_keys": self.record_keys, "features_fn": self.features_fn},
+                      f, indent=1)
 
     @classmethod
     def load(cls, export_dir: str) -> Optional["HostTransform"]:
@@ -291,4 +303,5 @@ class HostTransform:
             config["vocabulary_file"] = os.path.join(export_dir, config["vocabulary_file"])
         spec = None if data["parse_spec"] is None else {
             k: _spec_from_json(v) for k, v in data["parse_spec"].items()}
-        return cls(spec, data["numeric"], data["records"], data["record_keys"])
+        return cls(spec, data["numeric"], data["records"], data["record_keys"],
+                   data.get("features_fn"))

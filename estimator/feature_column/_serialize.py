@@ -26,7 +26,8 @@ _CLASSES = {cls.__name__: cls for cls in (
 _DROPPED = {"initializer"}
 
 
-def _function_path(fn) -> Any:
+def function_path(fn) -> Any:
+    """"module:qualname" of a function that import finds again, else None."""
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or "<" in name:
         return None
@@ -39,7 +40,8 @@ def _function_path(fn) -> Any:
     return f"{module}:{name}" if found is fn else None
 
 
-def _import(path: str):
+def import_function(path: str):
+    """The function at "module:qualname"."""
     module, _, name = path.partition(":")
     found = importlib.import_module(module)
     for part in name.split("."):
@@ -55,7 +57,7 @@ def _encode(field: str, value, column, strict: bool):
     if field == "dtype":
         return dtype_name(value)
     if callable(value):
-        path = _function_path(value)
+        path = function_path(value)
         if path is None and strict:
             raise ValueError(f"column {column.name!r}: its {field} {value!r} cannot be "
                              "recorded (only a function importable by module path can): "
@@ -70,7 +72,7 @@ def _decode(field: str, value):
     if isinstance(value, dict) and "class_name" in value:
         return deserialize_feature_column(value)
     if isinstance(value, dict) and "function" in value:
-        return _import(value["function"])
+        return import_function(value["function"])
     if field == "dtype":
         return STRING if value == "string" else as_dtype(value, field)
     if isinstance(value, list):

@@ -18,7 +18,8 @@ import torch
 
 from ._inputs import Builder
 from ._layers import linear_ids
-from ._serialize import deserialize_feature_column, serialize_feature_column
+from ._serialize import (deserialize_feature_column, function_path, import_function,
+                         serialize_feature_column)
 
 Record = tuple   # ("embedding" | "indicator", column) or ("linear", columns, combiner)
 
@@ -105,4 +106,5 @@ def general_builder(features) -> Builder:
     return builder
 
 
-__all__ = ["Recorder", "Replayer", "to_json", "from_json", "redo", "general_builder"]
+__all__ = ["Recorder", "Replayer", "to_json", "from_json", "redo", "general_builder",
+           "function_path", "import_function"]

@@ -17,7 +17,7 @@ ROWS = {"x": torch.tensor([0.5, 1.5, -2.0, 3.0]), "lat": torch.tensor([40.1, 40.
         "c": np.array(["a", "b", "zz", "a"])}
 
 
-def _estimator(tmp_path, edit, columns):
+def _estimator(tmp_path, edit, columns, rows=ROWS):
     def model_fn(features, labels, mode):
         edit(features)
         net = est.get_module("net", lambda: torch.nn.LazyLinear(1))
@@ -27,7 +27,7 @@ def _estimator(tmp_path, edit, columns):
         return est.EstimatorSpec(mode, loss=(out - labels).pow(2).mean(), train_op=(
             est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.01))))
     e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
-    e.train(lambda: [(ROWS, torch.ones(4, 1))] * 3, max_steps=3)
+    e.train(lambda: [(rows, torch.ones(4, 1))] * 3, max_steps=3)
     return e
 
 
@@ -74,3 +74,47 @@ def test_a_change_the_host_side_work_would_need_is_an_error_naming_it(tmp_path):
                                          "column read it on the host"):
         e.export_saved_model(str(tmp_path / "e"),
                              est.export.build_raw_serving_input_receiver_fn(ROWS))
+
+
+def add_engineered(receiver_tensors):
+    """TF1 taxifare's serving_input_fn computes features from its placeholders."""
+    features = dict(receiver_tensors)
+    features["dist"] = torch.sqrt(features["x"] ** 2 + (features["lat"] - 40.0) ** 2)
+    return features
+
+
+def _engineered_columns(with_strings):
+    lat = fc.bucketized_column(fc.numeric_column("lat"), [40.5, 41.0])
+    dist = fc.bucketized_column(fc.numeric_column("dist"), [1.0, 2.0])
+    crossed = fc.indicator_column(fc.crossed_column([lat, dist], 20))
+    return [fc.numeric_column("dist"), crossed] + ([_vocabulary()] if with_strings else [])
+
+
+@pytest.mark.parametrize("with_strings", [True, False])
+def test_a_receivers_features_function_runs_per_request_as_tfs_serving_input_fn(
+        tmp_path, with_strings):
+    """A receiver computing features with a callable was refused with strings
+    ("preprocessing in a callable cannot be recorded"), and with numbers only
+    where a column crosses (torch.export "could not trace": .numpy() in our
+    own crossing). The server now calls the (module-level) function on each
+    request's receiver tensors, before the feature columns."""
+    rows = ROWS if with_strings else {k: v for k, v in ROWS.items() if k != "c"}
+    e = _estimator(tmp_path, lambda features: None, _engineered_columns(with_strings),
+                   add_engineered(rows))
+    path = e.export_saved_model(str(tmp_path / "e"), lambda: est.export.ServingInputReceiver(
+        add_engineered, dict(rows)))
+    predicted = np.stack([p["y"] for p in e.predict(lambda: [add_engineered(rows)])])
+    served = est.export.load(path).signatures["serving_default"](**rows)["y"].numpy()
+    np.testing.assert_allclose(served, predicted, rtol=1e-5, atol=1e-6)
+    instances = [{k: (v[i].item() if isinstance(v, torch.Tensor) else str(v[i]))
+                  for k, v in rows.items()} for i in range(4)]
+    answer = est.serving.Model(path).predict({"instances": instances})["predictions"]
+    np.testing.assert_allclose(answer, predicted, rtol=1e-5, atol=1e-6)
+
+
+def test_a_features_function_the_server_cannot_import_is_said(tmp_path):
+    e = _estimator(tmp_path, lambda features: None, _engineered_columns(True),
+                   add_engineered(ROWS))
+    with pytest.raises(ValueError, match="must be a module-level function .* not a lambda"):
+        e.export_saved_model(str(tmp_path / "e"), lambda: est.export.ServingInputReceiver(
+            lambda tensors: add_engineered(tensors), dict(ROWS)))
