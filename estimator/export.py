@@ -1102,6 +1102,8 @@ def _check_nesting(name: str, values, shape: list) -> None:
     inputs against its TensorSpecs): one string per example for shape
     [batch], a list per example for [batch, n]. A sentence given where a list
     of words was declared was taken as one (unknown) word."""
+    if type(values).__module__.startswith("pandas"):   # (a Series or Index: its values)
+        values = values.to_numpy()
     if isinstance(values, np.ndarray) and values.dtype.kind in "US":
         if values.ndim != len(shape) or any(
                 want is not None and want != got for want, got in zip(shape[1:], values.shape[1:])):

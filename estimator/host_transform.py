@@ -179,6 +179,11 @@ def lossy_float(value, dtype: str) -> Optional[str]:
             return None
     elif abs(value) < 2 ** _MANTISSA_BITS[dtype]:
         return None
+    elif abs(value) >= 2 ** 64:   # (JSON's parser reads such an integer as a double)
+        try:
+            return lossy_float(float(value), dtype)
+        except OverflowError:
+            pass
     return f"Cannot convert JSON value: {value!r} to {dtype} without loss of precision"
 
 

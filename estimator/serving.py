@@ -85,9 +85,10 @@ def _version_dir(path: str) -> Tuple[str, str]:
     """(export dir, version) of an export dir or of the newest export under a base."""
     if os.path.isfile(os.path.join(path, export.SIGNATURE)):
         name = os.path.basename(os.path.normpath(path))
-        return path, name if name.isdigit() else "1"
+        return path, name if _ascii_digits(name) else "1"
     versions = sorted((int(d), d) for d in (os.listdir(path) if os.path.isdir(path) else [])
-                      if d.isdigit() and os.path.isfile(os.path.join(path, d, export.SIGNATURE)))
+                      if _ascii_digits(d) and os.path.isfile(os.path.join(path, d,
+                                                                        export.SIGNATURE)))
     if not versions:
         if not os.path.exists(path):
             raise ValueError(f"{path}: no such directory (an export directory, or a base of "
@@ -99,6 +100,10 @@ def _version_dir(path: str) -> Tuple[str, str]:
         raise ValueError(f"{path}: neither an export (no {export.SIGNATURE}) nor a directory "
                          f"of timestamped exports{hint}")
     return os.path.join(path, versions[-1][1]), versions[-1][1]
+
+
+def _ascii_digits(name: str) -> bool:
+    return name.isascii() and name.isdigit()
 
 
 class Model:
@@ -113,13 +118,17 @@ class Model:
         self.inputs = {i["name"]: i for i in signature["inputs"]}
         described = signature.get("signatures") or {
             export.DEFAULT_SERVING_SIGNATURE_DEF_KEY: {"outputs": signature["outputs"]}}
-        self.signatures = {name: {"method_name": s.get("method_name",
-                                                      "tensorflow/serving/predict"),
-                                  "outputs": _with_named(s),
-                                  "class_names": s.get("class_names"),
-                                  "named_outputs": s.get("named_outputs", {})}
-                           for name, s in described.items()}
-        self._lock = threading.Lock()
+        try:
+            self.signatures = {name: {"method_name": s.get("method_name",
+                                                          "tensorflow/serving/predict"),
+                                      "outputs": _with_named(s),
+                                      "class_names": s.get("class_names"),
+                                      "named_outputs": s.get("named_outputs", {})}
+                               for name, s in described.items()}
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{os.path.join(self.dir, export.SIGNATURE)}: its signatures "
+                             f"are not an export's ({type(e).__name__}: {e}); export the "
+                             "model again") from None
 
     # -- answers -------------------------------------------------------------------
     def status(self) -> dict:
@@ -199,10 +208,11 @@ class Model:
         if not isinstance(body, dict):
             raise RequestError(f"the request body must be a JSON object, got "
                                f"{type(body).__name__}")
-        name = body.get("signature_name") or export.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+        name = body.get("signature_name", "")
         if not isinstance(name, str):   # (TF Serving's words)
             raise RequestError(f"JSON Value: {json.dumps(name)} not formatted correctly. "
                                "'signature_name' key must be a string value.")
+        name = name or export.DEFAULT_SERVING_SIGNATURE_DEF_KEY
         if name not in self.signatures:
             raise RequestError(f"signature_name: {name!r} is not a signature of this model; "
                                f"it has {sorted(self.signatures)}")
@@ -240,7 +250,7 @@ class Model:
 
     def _columns(self, given, inputs: Dict[str, dict]) -> Dict[str, Any]:
         names = list(inputs)
-        if not isinstance(given, dict):
+        if not isinstance(given, dict) or set(given) == {"b64"}:   # (TF's: {"b64"} a value)
             if len(names) != 1:
                 raise RequestError(f"inputs: the model has inputs {names}: give an object "
                                    "{input: values}")
@@ -288,7 +298,11 @@ class Model:
                     problem = _number_problem(value, spec["dtype"], dtype)
                     if problem is not None:
                         raise ValueError(problem)
-            tensor = torch.as_tensor(np.asarray(values), dtype=dtype)
+            integer = not dtype.is_floating_point and dtype is not torch.bool
+            # (ints made one array with integral floats were float64: 2**63 - 1 wrapped)
+            array = np.array(values, dtype=np.int64 if integer else np.float64
+                             if dtype.is_floating_point else None)
+            tensor = torch.as_tensor(array, dtype=dtype)
         except (TypeError, ValueError) as e:
             raise RequestError(f"input {name!r}: cannot make a {spec['dtype']} tensor of "
                                f"the values given ({e})") from None
@@ -342,11 +356,13 @@ def _plainly_fine(dtype: torch.dtype):
 def _number_problem(value, name: str, dtype: torch.dtype) -> Optional[str]:
     """What is wrong with a JSON value for a number input of `dtype` (TF
     Serving's AddValueToTensor), or None."""
+    if isinstance(value, np.generic):   # (numpy's numbers, given in process)
+        value = value.item()
     if dtype is torch.bool:
         return None if isinstance(value, bool) else (
-            f"{json.dumps(value)} is not of expected type bool: give true or false")
+            f"{_as_json(value)} is not of expected type bool: give true or false")
     if value is None or not isinstance(value, (int, float)):
-        return f"{json.dumps(value)} is not of expected type {name}"
+        return f"{_as_json(value)} is not of expected type {name}"
     if dtype.is_floating_point:
         if isinstance(value, bool):
             return "expected numbers; it would take true as 1.0"
@@ -355,9 +371,16 @@ def _number_problem(value, name: str, dtype: torch.dtype) -> Optional[str]:
         return "expected integers; it would truncate or take true as 1"
     info = torch.iinfo(dtype)   # (exactly: 2.0**63 is past int64's range, not its top)
     if not info.min <= int(value) <= info.max:
-        return (f"{json.dumps(value)} is out of the range of {name} "
+        return (f"{_as_json(value)} is out of the range of {name} "
                 f"[{info.min}, {info.max}]")
     return None
+
+
+def _as_json(value) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _named(names: Optional[list], ids: np.ndarray) -> np.ndarray:
@@ -478,6 +501,7 @@ _ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)"
 
 
 _CLIENT_TIMEOUT_SECS = 60.0
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -491,6 +515,21 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self):
         self.server.waiting(self.connection, True)   # (a stop closes it: nothing in flight)
         super().handle_one_request()
+
+    def parse_request(self):
+        self.server.waiting(self.connection, False)   # (a request line came: in flight)
+        return super().parse_request()
+
+    def handle_expect_100(self):
+        """A body over the limit is refused before the client sends it."""
+        length = self.headers.get("Content-Length", "")
+        if _ascii_digits(length.strip()) and int(length) > _MAX_BODY:
+            self.close_connection = True
+            self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {
+                "error": f"request body of {int(length)} bytes is over the limit of "
+                         f"{_MAX_BODY}"})
+            return False
+        return super().handle_expect_100()
 
     def finish(self):
         self.server.waiting(self.connection, False)
@@ -540,7 +579,9 @@ class _Handler(BaseHTTPRequestHandler):
         return model, (match["rest"] or "").lower()
 
     def do_GET(self):
-        self.server.waiting(self.connection, False)
+        if self.headers.get("Transfer-Encoding") or self.headers.get("Content-Length",
+                                                                     "0").strip() != "0":
+            self.close_connection = True   # (a body nobody reads would be the next request)
         try:
             model, rest = self._route("GET")
             if rest == "":
@@ -560,7 +601,6 @@ class _Handler(BaseHTTPRequestHandler):
             if rest not in verbs:
                 raise RequestError(f"Malformed request: POST {self.path}")
             raw = self._body()
-            self.server.waiting(self.connection, False)
             self.close_connection = keep_alive
             try:
                 body = json.loads(raw or b"null")
@@ -591,7 +631,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError("the request has no Content-Length (nor Transfer-Encoding: "
                                "chunked): send the JSON body with its length",
                                HTTPStatus.LENGTH_REQUIRED)
-        if not length.strip().isdigit():
+        if not _ascii_digits(length.strip()):   # (ASCII digits: "²" is a digit to str)
             raise RequestError(f"Content-Length: {length!r} is not a number of bytes")
         length = int(length)
         self._check_size(length)
@@ -601,11 +641,11 @@ class _Handler(BaseHTTPRequestHandler):
         parts, size = [], 0
         while True:
             line = self._read_line()
-            try:
-                chunk = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
+            digits = line.split(b";", 1)[0].strip()
+            if not _HEX.fullmatch(digits):   # (int(_, 16) takes -5, 0x62, 6_2)
                 raise RequestError(f"a chunked body's chunk size {line[:40]!r} is not hex "
-                                   "digits") from None
+                                   "digits")
+            chunk = int(digits, 16)
             if chunk == 0:
                 while self._read_line().strip():   # (trailers, up to the blank line)
                     pass
@@ -613,7 +653,9 @@ class _Handler(BaseHTTPRequestHandler):
             size += chunk
             self._check_size(size)
             parts.append(self._read(chunk, "its chunk"))
-            self._read_line()
+            if self._read_line().strip():
+                raise RequestError(f"a chunk of the request body is longer than its size "
+                                   f"({chunk} bytes)")
 
     def _read_line(self) -> bytes:
         try:
@@ -675,20 +717,25 @@ class _Server(ThreadingHTTPServer):
         thread looking every `every` seconds; a request takes the model
         served when it arrives)."""
         def poll():
-            failed = set()
+            failed = {}   # version: its files when it failed to load
             while not self._stop_polling.wait(every):
                 try:
-                    newest = _version_dir(base)
+                    path, version = _version_dir(base)
                 except (OSError, ValueError):   # (the base removed for a while)
                     continue
-                if newest[1] in failed or int(newest[1]) <= int(self.model.version):
+                if int(version) <= int(self.model.version):
+                    continue
+                files = _files_of(path)
+                if failed.get(version) == files:
                     continue
                 try:
-                    model = Model(newest[0], self.model.name)
-                except (OSError, ValueError) as e:   # (TF Serving keeps the one it has)
-                    failed.add(newest[1])
-                    logger.error("version %s cannot be served, version %s stays: %s",
-                                 newest[1], self.model.version, e)
+                    model = Model(path, self.model.name)
+                except Exception as e:   # (TF Serving keeps the one it has, and polls on)
+                    if version not in failed:
+                        logger.error("version %s cannot be served, version %s stays (tried "
+                                     "again when its files change: a copy still going on?): "
+                                     "%s", version, self.model.version, e)
+                    failed[version] = files
                     continue
                 logger.info("Serving version %s of %r (was %s): %s", model.version,
                             model.name, self.model.version, model.dir)
@@ -716,6 +763,16 @@ class _Server(ThreadingHTTPServer):
             logger.debug("connection from %s: %s", client_address, error)
             return
         super().handle_error(request, client_address)
+
+
+def _files_of(path: str) -> Optional[tuple]:
+    """(name, size, mtime) of each file under `path`: what a copy in progress changes."""
+    try:
+        return tuple(sorted((os.path.join(root, name), entry.st_size, entry.st_mtime_ns)
+                            for root, _, names in os.walk(path) for name in names
+                            for entry in [os.stat(os.path.join(root, name))]))
+    except OSError:
+        return None
 
 
 def _shut(connection) -> None:

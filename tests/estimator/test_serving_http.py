@@ -308,15 +308,21 @@ def test_a_version_exported_later_is_served_once_it_loads(export_dir, tmp_path, 
         while served_version() != "200":
             assert time.monotonic() < deadline, "version 200 was not served in 30 s"
             time.sleep(0.1)
-        (base / "300").mkdir()
-        (base / "300" / "signature.json").write_text("[]")   # (damaged: never served)
+        (base / "300").mkdir()   # (a copy begun: a signature whose outputs are not yet)
+        (base / "300" / "signature.json").write_text('{"inputs": [], "signatures": {"x": {}}}')
         deadline = time.monotonic() + 30
         while "version 300 cannot be served, version 200 stays" not in caplog.text:
             assert time.monotonic() < deadline, caplog.text
             time.sleep(0.1)
         assert served_version() == "200"
+        shutil.rmtree(base / "300")   # (the copy done: tried again, served; it was never)
+        shutil.copytree(export_dir, base / "300")
+        deadline = time.monotonic() + 30
+        while served_version() != "300":
+            assert time.monotonic() < deadline, "version 300 was not served in 30 s"
+            time.sleep(0.1)
         body = json.dumps({"instances": [_row()]}).encode()
-        answer = _request(port, "POST", "/v1/models/default/versions/200:predict", body)
+        answer = _request(port, "POST", "/v1/models/default/versions/300:predict", body)
         assert answer[0].status == 200, answer[1]
         gone = _request(port, "POST", "/v1/models/default/versions/100:predict", body)
         assert gone[0].status == 404, gone[1]
@@ -324,3 +330,72 @@ def test_a_version_exported_later_is_served_once_it_loads(export_dir, tmp_path, 
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def test_a_get_with_a_body_does_not_desync_the_connection(served):
+    """A GET's body was left unread on a kept-alive connection: it was taken
+    as the next request line, and the client's next request got its 400."""
+    _, port = served
+    _, _, conn = _request(port, "GET", "/v1/models/default/metadata", b'{"a": 1}')
+    response, answer, _ = _request(port, "POST", "/v1/models/default:predict",
+                                   json.dumps({"instances": [_row()]}).encode(),
+                                   connection=conn)
+    conn.close()
+    assert response.status == 200, answer
+
+
+def _chunked(*chunks: bytes) -> bytes:
+    return (b"POST /v1/models/default:predict HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(chunks))
+
+
+@pytest.mark.parametrize("data, status, error", [
+    # a negative chunk lowered the total the 64 MiB limit checks
+    (_chunked(b"-10000\r\n\r\n2\r\n{}\r\n0\r\n\r\n"), b"400", b"is not hex digits"),
+    # data past a chunk's size was dropped: the body read as "{}"
+    (_chunked(b"2\r\n{}junk\r\n0\r\n\r\n"), b"400", b"longer than its size"),
+    # "\u00b2" is a digit to str.isdigit: int() raised, a 500
+    (b"POST /v1/models/default:predict HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n{}",
+     b"400", b"is not a number of bytes"),
+    # over the limit with Expect: 100-continue: refused before the body is sent
+    (b"POST /v1/models/default:predict HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+     b"Content-Length: 999999999\r\n\r\n", b"413", b"over the limit"),
+])
+def test_bodies_are_read_as_http_says(served, data, status, error):
+    _, port = served
+    head, _, body = _raw_exchange(port, data).partition(b"\r\n\r\n")
+    assert head.split()[1] == status and error in json.loads(body)["error"].encode(), head
+
+
+def test_a_stop_answers_a_request_still_being_sent(export_dir):
+    """A connection counted as waiting until its whole body was read: a stop
+    then shut it, dropping the request the docs say is answered."""
+    server = serving.make_server(export_dir, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    body = json.dumps({"instances": [_row()]}).encode()
+    with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=30) as sock:
+        sock.sendall(b"POST /v1/models/default:predict HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+        time.sleep(0.5)
+        stop = threading.Thread(target=lambda: (server.shutdown(), server.server_close()))
+        stop.start()
+        time.sleep(0.5)
+        sock.sendall(body[5:])
+        answer = sock.recv(65536)
+    stop.join(30)
+    thread.join(10)
+    assert answer.split()[1] == b"200", answer
+
+
+def test_values_are_taken_exactly_and_in_process_numpy_numbers_too(model):
+    """An int64 list mixing integral floats became float64 first: 2**63 - 1
+    wrapped, 2**53 + 1 rounded; a null signature_name served the default."""
+    assert model._tensor("n", [2 ** 63 - 1, 1.0]).tolist() == [2 ** 63 - 1, 1]
+    assert model._tensor("n", [2 ** 53 + 1, 2.0]).tolist() == [2 ** 53 + 1, 2]
+    row = _row(n=np.int64(2), flag=np.bool_(True), d=np.float64(0.5))
+    assert len(model.predict({"instances": [row]})["predictions"]) == 1
+    with pytest.raises(serving.RequestError, match="'signature_name' key must be a string"):
+        model.predict({"signature_name": None, "instances": [_row()]})
+    for big in (10 ** 30, -10 ** 30):   # (a double to TF's JSON parser: in float32's range)
+        assert len(model.predict({"instances": [_row(x=[big, 0.0, 0.0])]})["predictions"]) == 1
