@@ -86,9 +86,9 @@ def _version_dir(path: str) -> Tuple[str, str]:
     if os.path.isfile(os.path.join(path, export.SIGNATURE)):
         name = os.path.basename(os.path.normpath(path))
         return path, name if _ascii_digits(name) else "1"
-    versions = sorted((int(d), d) for d in (os.listdir(path) if os.path.isdir(path) else [])
-                      if _ascii_digits(d) and os.path.isfile(os.path.join(path, d,
-                                                                        export.SIGNATURE)))
+    names = os.listdir(path) if os.path.isdir(path) else []
+    versions = sorted((int(d), d) for d in names if _ascii_digits(d) and os.path.isfile(
+        os.path.join(path, d, export.SIGNATURE)))
     if not versions:
         if not os.path.exists(path):
             raise ValueError(f"{path}: no such directory (an export directory, or a base of "
@@ -119,8 +119,8 @@ class Model:
         described = signature.get("signatures") or {
             export.DEFAULT_SERVING_SIGNATURE_DEF_KEY: {"outputs": signature["outputs"]}}
         try:
-            self.signatures = {name: {"method_name": s.get("method_name",
-                                                          "tensorflow/serving/predict"),
+            self.signatures = {name: {"method_name": s.get(
+                                          "method_name", "tensorflow/serving/predict"),
                                       "outputs": _with_named(s),
                                       "class_names": s.get("class_names"),
                                       "named_outputs": s.get("named_outputs", {})}
