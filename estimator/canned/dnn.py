@@ -108,15 +108,30 @@ def dnn_logits(features, mode, units: int, hidden_units: Sequence[int], feature_
     return logits
 
 
+def _units(value) -> Optional[int]:
+    """A layer's units as TF's Dense takes them (int(value): "32" and 32.0
+    too, as a task.py splitting "32 8 4" gives), else None; 3.5, which TF
+    truncates to 3 without a word, is refused."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def check_dnn_args(hidden_units, feature_columns, dropout, activation_fn) -> tuple:
-    if not hidden_units or not all(isinstance(u, int) and u > 0 for u in hidden_units):
+    units = [_units(u) for u in hidden_units or ()]
+    if not units or not all(u is not None and u > 0 for u in units):
         raise ValueError(f"hidden_units must be a non-empty list of positive ints, got "
                          f"{hidden_units!r}")
     if dropout is not None and not 0 <= dropout < 1:
         raise ValueError(f"dropout must be None or in [0, 1), got {dropout!r}")
     if activation_fn is not None and not callable(activation_fn):
         raise TypeError(f"activation_fn must be callable, got {activation_fn!r}")
-    return tuple(hidden_units), column_tuple(feature_columns, "feature_columns")
+    return tuple(units), column_tuple(feature_columns, "feature_columns")
 
 
 class _DNN(CannedEstimator):

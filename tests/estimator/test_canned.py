@@ -350,3 +350,30 @@ def test_census_wide_and_deep_auc_within_003_of_tfs(tmp_path):
                                                batch_size=recorded["batch_size"])
     assert abs(results["auc"] - recorded["wide_deep"]["mean_auc"]) < 0.03
     assert results["auc"] > recorded["linear"]["mean_auc"] + 0.1   # the deep part helps
+
+
+with open(os.path.join(FIXTURES, "tf_hidden_units.json"), encoding="utf-8") as _f:
+    TF_HIDDEN_UNITS = json.load(_f)["cases"]
+
+
+@pytest.mark.parametrize("case", sorted(TF_HIDDEN_UNITS))
+def test_hidden_units_are_taken_as_tfs(case, tmp_path):
+    """A task.py splitting "32 8 4" gives strings: TF builds 32 and 8 units,
+    we refused them (recorded by record_tf_hidden_units.py). One case
+    differs on purpose: TF truncates 3.5 to 3 units without a word; here it
+    is the error."""
+    recorded = TF_HIDDEN_UNITS[case]
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+
+    def make():
+        return est.DNNClassifier(recorded["units"], [est.feature_column.numeric_column(
+            "x", shape=3)], model_dir=str(tmp_path))
+    if "error" in recorded or case == "fraction":
+        with pytest.raises(ValueError, match="hidden_units must be a non-empty list of positive"):
+            make()
+        return
+    estimator = make()
+    estimator.train(lambda: [({"x": x}, np.array([0, 1, 0, 1]))], max_steps=1)
+    assert [list(estimator.get_variable_value(v).shape)
+            for v in estimator.get_variable_names()
+            if v.startswith("dnn/hiddenlayer_") and v.endswith("/kernel")] == recorded["kernels"]
