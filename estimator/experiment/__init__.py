@@ -186,6 +186,13 @@ class Experiment:
             return Estimator(self.model_fn, config=self.run_config(), params=self.params or None,
                              warm_start_from=self.warm_start_settings())
         extra = {"config": self.run_config()}
+        parameters = inspect.signature(canned.factory).parameters
+        if "config" not in parameters and not any(
+                p.kind == p.VAR_KEYWORD for p in parameters.values()):
+            raise ExperimentError([Problem(
+                self._tree.where(("estimator",)), "estimator",
+                f"{canned.name} takes no config: give it a `config` argument, the RunConfig "
+                "that run_config makes (pass it to the Estimator it builds)")])
         settings = self.warm_start_settings()
         if settings is not None:
             if "warm_start_from" not in inspect.signature(canned.factory).parameters:

@@ -477,9 +477,12 @@ class _Checker:
                     ok = False
             if ctype.kind == "hook":
                 inject = tuple(n for n in _INJECTED if n in names and n not in args)
+            # (an estimator's config and warm start come from run_config and warm_start:
+            # a trainer's build_estimator(nbuckets, ..., config) takes them as arguments)
+            given = ("config", "warm_start_from") if ctype.kind == "estimator" else ()
             for n, p in params.items():
                 if (p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                        and n not in args and n not in inject):
+                        and n not in args and n not in inject and n not in given):
                     self.problem(at, f"{name} needs argument {n!r}; add it: "
                                      f"{name}: {{{n}: ...}}")
                     ok = False

@@ -27,6 +27,21 @@ def input_fn(mode):
 
 def takes_an_argument(n):
     return []
+
+
+def build_estimator(nbuckets, config):
+    """A Cloud ML trainer's build_estimator: columns by its argument, a metric added."""
+    x = est.feature_column.numeric_column("x")
+    buckets = est.feature_column.bucketized_column(x, list(np.linspace(-1, 1, nbuckets)))
+    estimator = est.LinearClassifier([buckets], config=config)
+
+    def buckets_used(features):
+        return {"buckets": est.metrics.mean(features["x"] * 0 + nbuckets)}
+    return est.add_metrics(estimator, buckets_used)
+
+
+def takes_no_config(nbuckets):
+    return est.LinearClassifier([est.feature_column.numeric_column("x")])
 '''
 HEAD = """estimator:
   LinearClassifier:
@@ -286,3 +301,27 @@ warm_start:
     with pytest.raises(ExperimentError, match=r"warm_start.*VocabInfo.*unexpected keyword "
                                               r"argument 'size'"):
         experiment.load(write(workdir, bad)).warm_start_settings()
+
+
+def test_a_trainers_build_estimator_function_from_yaml(workdir):
+    """TF Cloud ML trainers build their estimator in a function of their
+    hyperparameters (taxifare's build_estimator(nbuckets, ...)) and add
+    metrics to it: given by import path, it gets run_config's RunConfig as
+    `config`, and --set reaches its arguments. It was refused: "needs
+    argument 'config'"."""
+    path = write(workdir, HEAD.replace("  LinearClassifier:\n    feature_columns: mod.py:columns",
+                                       "  mod.py:build_estimator: {nbuckets: 3}")
+                 + "run_config: {model_dir: run, tf_random_seed: 1}\n")
+    exp = experiment.load(path, overrides=['estimator."mod.py:build_estimator".nbuckets=5'])
+    estimator = exp.estimator()
+    assert estimator.config.tf_random_seed == 1 and estimator.model_dir.endswith("run")
+    assert cli.main(["run", path, "-q", "--set",
+                     'estimator."mod.py:build_estimator".nbuckets=5']) == 0
+    results = estimator.evaluate(lambda: __import__("mod").input_fn("eval"))
+    assert results["buckets"] == 5 and results["global_step"] == 40
+    no_config = write(workdir, HEAD.replace(
+        "  LinearClassifier:\n    feature_columns: mod.py:columns",
+        "  mod.py:takes_no_config: {nbuckets: 3}"))
+    with pytest.raises(ExperimentError, match="takes_no_config takes no config: give it a "
+                                              "`config` argument"):
+        experiment.load(no_config).estimator()
