@@ -163,6 +163,7 @@ class ModelScope:
         self._absent: Dict[int, tuple] = {}
         self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
         self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
+        self._rates_set_at: Dict[str, int] = {}   # optimizer -> the step its rates were set at
         self.factory_inputs: Dict[str, FactoryInputs] = {}   # optimizer -> its factory's numbers
         self.step_in_factory = 0   # get_global_step() calls while a factory ran
         self._unfollowed: Optional[_Unfollowed] = None   # a rate no optimizer follows, watched
@@ -357,6 +358,7 @@ class ModelScope:
         if followed:
             self.followed[name] = followed
             self.follow_rates(name, optimizer)   # (a restored rate is the last step's)
+            optimizer.register_step_pre_hook(self._rates_at_step(name))
         elif self.mode == ModeKeys.TRAIN and self._unfollowed is None:
             sites = {site: rate.value for site, rate in self.rates.items()
                      if rate.step == self.global_step and not rate.in_factory}
@@ -477,6 +479,26 @@ class ModelScope:
                 groups[i]["lr"] = rate.at(step)
             elif rate.step == step:   # (not computed in this call: left as it was)
                 groups[i]["lr"] = rate.value
+        self._rates_set_at[name] = step
+
+    def _rates_at_step(self, name: str) -> Callable:
+        """An optimizer step pre-hook: the followed rates at the step it makes
+        where nothing set them for it. A custom loop computes its schedule
+        once, before `while not sess.should_stop()` (TF's cifar10_train:
+        `lr = exponential_decay(..., global_step, ...)`), and steps the
+        optimizer it built then; TF reads the rate tensor at every step, and
+        here the first step's rate stayed for the whole run."""
+        def hook(optimizer, args, kwargs):
+            step = self.global_step
+            if self._rates_set_at.get(name) == step:   # (model_fn's get_optimizer did)
+                return
+            groups = optimizer.param_groups
+            for i, site in self.followed[name]:
+                rate = self.rates[site]
+                if rate.at is not None and (rate.in_factory or rate.step != step):
+                    groups[i]["lr"] = rate.at(step)
+            self._rates_set_at[name] = step
+        return hook
 
     def create_metric(self, name: str, factory):
         metric = self.strategy.extended.create_metric(factory())

@@ -202,3 +202,42 @@ def test_noisy_linear_cosine_decay_is_linear_cosine_decay_with_tfs_noise():
     assert decay.noisy_linear_cosine_decay(1.0, 7, **args) == noisy[7]
     torch.manual_seed(4)
     assert decay.noisy_linear_cosine_decay(1.0, 7, **args) != noisy[7]
+
+
+@pytest.mark.parametrize("in_factory", [False, True])
+def test_a_custom_loops_schedule_computed_once_follows_the_step(tmp_path, in_factory):
+    """TF1's cifar10_train computes `lr = exponential_decay(..., global_step,
+    ...)` once and a MonitoredTrainingSession loop runs; TF reads the rate
+    at every step. The optimizer built before the loop kept the first step's
+    rate for the whole run (and a resumed run the restored step's)."""
+    import hooks
+
+    def expected(step):
+        return est.learning_rate_decay.exponential_decay(0.1, step, 4, 0.1, staircase=True)
+
+    for last_step, start in ((6, 0), (11, 6)):   # (the second resumes at step 6)
+        used = []
+        with hooks.MonitoredTrainingSession(
+                checkpoint_dir=str(tmp_path), save_checkpoint_steps=3,
+                hooks=[hooks.StopAtStepHook(last_step=last_step)]) as sess:
+            net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
+            if in_factory:
+                opt = est.get_optimizer(lambda p: torch.optim.SGD(
+                    p, lr=est.learning_rate_decay.exponential_decay(
+                        0.1, est.get_global_step(), 4, 0.1, staircase=True)))
+            else:
+                lr = est.learning_rate_decay.exponential_decay(0.1, est.get_global_step(), 4,
+                                                               0.1, staircase=True)
+                opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
+            assert est.get_global_step() == start
+
+            def step(x):
+                opt.zero_grad()
+                loss = net(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                used.append((est.get_global_step(), opt.param_groups[0]["lr"]))
+                return loss
+            while not sess.should_stop():
+                sess.run(step, torch.ones(4, 2))
+        assert used == [(s, pytest.approx(expected(s))) for s in range(start, last_step)]
