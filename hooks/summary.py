@@ -18,7 +18,9 @@ step (or at `step`, when given).
 """
 from __future__ import annotations
 
+import logging
 import numbers
+import re
 import struct
 import time
 import zlib
@@ -32,6 +34,9 @@ from distribute.host_arrays import to_numpy
 from . import model_scope
 
 __all__ = ["scalar", "histogram", "image", "text", "should_record_summaries"]
+
+logger = logging.getLogger(__name__)
+_said_illegal: set = set()
 
 
 class _Record(NamedTuple):
@@ -153,10 +158,21 @@ def text(name: str, data, step: Optional[int] = None) -> bool:
     return True
 
 
+_NOT_IN_A_TAG = re.compile(r"[^-/\w.]")
+
+
 def _tag(scope, name: str) -> str:
-    """`name`, or `name_1`, `name_2`, ... when this model_fn call already
-    recorded a summary of that tag (TF's unique name scopes: two
+    """`name` as TF1 writes it: a character a tag may not hold made "_", and
+    no leading "/" (cifar10's "cross_entropy (raw)" is
+    "cross_entropy__raw_"); then `name_1`, `name_2`, ... when this model_fn
+    call already recorded a summary of that tag (TF's unique name scopes: two
     `summary.scalar("x", ...)` in one graph write the tags `x` and `x_1`)."""
+    clean = _NOT_IN_A_TAG.sub("_", name).lstrip("/")
+    if clean != name:
+        if name not in _said_illegal:   # (TF logs it at every graph build; once here)
+            _said_illegal.add(name)
+            logger.info("Summary name %s is illegal; using %s instead.", name, clean)
+        name = clean
     used = {record.tag for record in scope.summaries}
     tag, i = name, 1
     while tag in used:
