@@ -127,6 +127,14 @@ class _Rate(NamedTuple):
     value: float
     at: Optional[Callable[[int], float]]    # the rate at another step, or None
     in_factory: bool                         # computed inside an optimizer's factory
+    of_step: bool = False                    # given est.get_global_step() itself
+
+
+class GlobalStep(int):
+    """The global step as `get_global_step()` gives it: an int that says
+    where it came from, so a schedule given it follows the step (in a custom
+    loop that computes it once, before the loop) and one given another
+    counter of the same value (an epoch) does not."""
 
 
 class _Unfollowed:
@@ -163,7 +171,8 @@ class ModelScope:
         self._absent: Dict[int, tuple] = {}
         self.rates: Dict[tuple, _Rate] = {}   # a schedule's call site -> its latest rate
         self.followed: Dict[str, list] = {}   # optimizer -> [(group index, call site)]
-        self._rates_set_at: Dict[str, int] = {}   # optimizer -> the step its rates were set at
+        # optimizer -> (the step its followed rates were set at, the rates set)
+        self._rates_set: Dict[str, tuple] = {}
         self.factory_inputs: Dict[str, FactoryInputs] = {}   # optimizer -> its factory's numbers
         self.step_in_factory = 0   # get_global_step() calls while a factory ran
         self._unfollowed: Optional[_Unfollowed] = None   # a rate no optimizer follows, watched
@@ -442,11 +451,14 @@ class ModelScope:
             name, code.co_filename, code.co_name, watch.lrs[0])
 
     # -- learning rates that follow their schedule ------------------------------
-    def note_rate(self, rate: float, site: tuple, at: Optional[Callable[[int], float]]):
+    def note_rate(self, rate: float, site: tuple, at: Optional[Callable[[int], float]],
+                  of_step: bool = False):
         """A schedule (`est.learning_rate_decay`) computed `rate` at `site`
         (its caller's code and instruction); `at(step)` recomputes it for
-        another global step where its step argument was this one."""
-        self.rates[site] = _Rate(self.global_step, rate, at, self._building is not None)
+        another global step where its step argument was this one (`of_step`:
+        `get_global_step()` itself)."""
+        self.rates[site] = _Rate(self.global_step, rate, at, self._building is not None,
+                                 of_step and at is not None)
 
     def _scheduled_groups(self, name: str, optimizer) -> list:
         """[(group index, call site)] of the groups whose learning rate a
@@ -469,17 +481,24 @@ class ModelScope:
                     break
         return out
 
-    def follow_rates(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+    def follow_rates(self, name: str, optimizer: torch.optim.Optimizer,
+                     by_hand_kept: bool = False) -> None:
         """Each followed group's rate at this step: what its schedule computed
-        in this model_fn call, or, computed in the factory, recomputed."""
+        in this model_fn call; computed in the factory, or once before a
+        custom loop from the global step itself, recomputed for this step.
+        `by_hand_kept`: a rate set otherwise since the last one set here is
+        left (the user's own, as set each step)."""
         step, groups = self.global_step, optimizer.param_groups
+        _, last = self._rates_set.get(name, (None, {}))
         for i, site in self.followed[name]:
             rate = self.rates[site]
-            if rate.in_factory:
+            if by_hand_kept and i in last and groups[i]["lr"] != last[i]:
+                continue
+            if rate.in_factory or (rate.of_step and rate.step != step):
                 groups[i]["lr"] = rate.at(step)
             elif rate.step == step:   # (not computed in this call: left as it was)
                 groups[i]["lr"] = rate.value
-        self._rates_set_at[name] = step
+        self._rates_set[name] = (step, {i: groups[i]["lr"] for i, _ in self.followed[name]})
 
     def _rates_at_step(self, name: str) -> Callable:
         """An optimizer step pre-hook: the followed rates at the step it makes
@@ -489,15 +508,8 @@ class ModelScope:
         optimizer it built then; TF reads the rate tensor at every step, and
         here the first step's rate stayed for the whole run."""
         def hook(optimizer, args, kwargs):
-            step = self.global_step
-            if self._rates_set_at.get(name) == step:   # (model_fn's get_optimizer did)
-                return
-            groups = optimizer.param_groups
-            for i, site in self.followed[name]:
-                rate = self.rates[site]
-                if rate.at is not None and (rate.in_factory or rate.step != step):
-                    groups[i]["lr"] = rate.at(step)
-            self._rates_set_at[name] = step
+            if self._rates_set.get(name, (None,))[0] != self.global_step:
+                self.follow_rates(name, optimizer, by_hand_kept=True)
         return hook
 
     def create_metric(self, name: str, factory):
@@ -917,13 +929,15 @@ def _var_list_key(var_list) -> Optional[tuple]:
     return tuple(key)
 
 
-def note_rate(rate: float, site: tuple, at: Optional[Callable[[int], float]] = None) -> None:
+def note_rate(rate: float, site: tuple, at: Optional[Callable[[int], float]] = None,
+              of_step: bool = False) -> None:
     """Called by a learning-rate schedule with the rate it computed (a new
     float object), its call site and, where its step argument was the global
-    step, `at(step)`: an optimizer given that rate follows the schedule
-    (`get_optimizer`). Nothing outside a model scope."""
+    step, `at(step)` (`of_step`: it was `get_global_step()` itself): an
+    optimizer given that rate follows the schedule (`get_optimizer`).
+    Nothing outside a model scope."""
     if _current is not None:
-        _current.note_rate(rate, site, at)
+        _current.note_rate(rate, site, at, of_step)
 
 
 def is_training() -> bool:
@@ -943,7 +957,7 @@ def get_global_step() -> int:
     scope = current()
     if scope._building is not None:
         scope.step_in_factory += 1
-    return scope.global_step
+    return GlobalStep(scope.global_step)
 
 
 def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:

@@ -468,43 +468,43 @@ def test_a_users_model_on_two_replicas_keeps_the_replicas_mean_statistics(tmp_pa
     assert first == again and 0.0 <= first["accuracy"] <= 1.0
 
 
-def _clipping_users_model_fn(features, labels, mode):
+def _users_model_fn_with(make_train_op):
+    """The users' model_fn whose TRAIN spec has the callable train_op
+    `make_train_op(loss, optimizer, parameters)` makes."""
+    def model_fn(features, labels, mode):
+        spec = _users_model_fn(features, labels, mode)
+        if mode != est.ModeKeys.TRAIN:
+            return spec
+        opt = spec.train_op
+        params = [p for group in opt.param_groups for p in group["params"]]
+        return est.EstimatorSpec(mode, loss=spec.loss, train_op=make_train_op(
+            spec.loss, opt, params), eval_metric_ops=spec.eval_metric_ops)
+    return model_fn
+
+
+def _clipping(loss, opt, params):
     """The users' model trained as TF1 programs clip: compute_gradients,
     clip_by_global_norm, apply_gradients (a callable train_op here)."""
-    spec = _users_model_fn(features, labels, mode)
-    if mode != est.ModeKeys.TRAIN:
-        return spec
-    opt = spec.train_op
-    params = [p for group in opt.param_groups for p in group["params"]]
-
     def train_op():
         opt.zero_grad()
-        spec.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
-    return est.EstimatorSpec(mode, loss=spec.loss, train_op=train_op,
-                             eval_metric_ops=spec.eval_metric_ops)
+    return train_op
 
 
-def _compute_gradients_users_model_fn(features, labels, mode):
+def _compute_gradients(loss, opt, params):
     """The same, ported line by line: compute_gradients is torch.autograd.grad,
     whose gradients, clipped on each replica, apply_gradients averages (TF's
     order: clip per replica, then the all-reduce)."""
-    spec = _users_model_fn(features, labels, mode)
-    if mode != est.ModeKeys.TRAIN:
-        return spec
-    opt = spec.train_op
-    params = [p for group in opt.param_groups for p in group["params"]]
-
     def train_op():
-        grads = torch.autograd.grad(spec.loss, params, allow_unused=True)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
         norm = torch.linalg.vector_norm(torch.stack(
             [torch.linalg.vector_norm(g) for g in grads if g is not None]))
         for p, g in zip(params, grads):
             p.grad = None if g is None else g * torch.clamp(0.5 / (norm + 1e-6), max=1.0)
         opt.step()
-    return est.EstimatorSpec(mode, loss=spec.loss, train_op=train_op,
-                             eval_metric_ops=spec.eval_metric_ops)
+    return train_op
 
 
 class _SaveTrainedModules(hooks.SessionRunHook):
@@ -521,8 +521,8 @@ class _SaveTrainedModules(hooks.SessionRunHook):
         torch.save(state, os.path.join(self._out_dir, f"trained-{rank()}.pt"))
 
 
-@pytest.mark.parametrize("model_fn", [_clipping_users_model_fn,
-                                      _compute_gradients_users_model_fn],
+@pytest.mark.parametrize("model_fn", [_users_model_fn_with(_clipping),
+                                      _users_model_fn_with(_compute_gradients)],
                          ids=["backward", "compute_gradients"])
 @pytest.mark.parametrize("kind", ["mirrored", "reduction_to_one_device", "central_storage"])
 def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind, model_fn):

@@ -241,3 +241,47 @@ def test_a_custom_loops_schedule_computed_once_follows_the_step(tmp_path, in_fac
             while not sess.should_stop():
                 sess.run(step, torch.ones(4, 2))
         assert used == [(s, pytest.approx(expected(s))) for s in range(start, last_step)]
+
+
+def _custom_loop(last_step, build, set_by_hand=None):
+    """The (step, rate) of each step of a MonitoredTrainingSession loop whose
+    optimizer `build()` makes before the loop (`set_by_hand(step, group)`:
+    the loop's own rate, set before each step)."""
+    import hooks
+    used = []
+    with hooks.MonitoredTrainingSession(
+            checkpoint_dir=None, hooks=[hooks.StopAtStepHook(last_step=last_step)]) as sess:
+        net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
+        opt = build()
+
+        def step(x):
+            opt.zero_grad()
+            net(x).pow(2).mean().backward()
+            if set_by_hand:
+                set_by_hand(est.get_global_step(), opt.param_groups[0])
+            opt.step()
+            used.append((est.get_global_step(), opt.param_groups[0]["lr"]))
+        while not sess.should_stop():
+            sess.run(step, torch.ones(4, 2))
+    return used
+
+
+def test_a_custom_loops_rate_of_another_counter_or_set_by_hand_is_left_as_given():
+    """A schedule given an epoch counter that is 0 as the global step is
+    (a fresh run) stays fixed, as TF's of a Python number; a rate the loop
+    sets by hand at each step is the loop's (both were overwritten by the
+    global step's rate once custom loops followed it)."""
+    def by_epoch():
+        epoch = 0
+        lr = est.learning_rate_decay.exponential_decay(0.1, epoch, 1, 0.5)
+        return est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
+    assert [r for _, r in _custom_loop(4, by_epoch)] == [pytest.approx(0.1)] * 4
+
+    def scheduled():
+        lr = est.learning_rate_decay.exponential_decay(0.1, est.get_global_step(), 1, 0.5)
+        return est.get_optimizer(lambda p: torch.optim.SGD(p, lr=lr))
+
+    def warmup(step, group):
+        group["lr"] = 0.01 * (step + 1)
+    assert [r for _, r in _custom_loop(4, scheduled, warmup)] == [
+        pytest.approx(0.01 * (s + 1)) for s in range(4)]
