@@ -447,7 +447,7 @@ class _ServingModule(torch.nn.Module):
     def _serve(self, inputs: dict):
         scope = self._scope
         with scope, scope.strategy.scope():
-            features = self._features_fn(inputs)
+            features = self._features_fn(dict(inputs))   # (a function may add to its dict)
             spec = self._call(features, None, ModeKeys.PREDICT)
         if not isinstance(spec, EstimatorSpec) or spec.mode != ModeKeys.PREDICT:
             raise ValueError(f"model_fn in mode 'infer' must return an EstimatorSpec for "
@@ -841,13 +841,19 @@ class _ServingFeatures(dict):
         super().__init__((k, v if isinstance(v, torch.Tensor) else _HostFeature(k, v))
                          for k, v in cache.features.items())
         self.transformation_cache = cache
-        self._given = dict(self)
+        self._given = {k: (v, _version(v)) for k, v in self.items()}
 
     def changed(self) -> dict:
-        """The features model_fn set or replaced since: the layers read
-        these (the cache holds the receiver's), where torch computes them."""
-        return {k: v for k, v in self.items()
-                if k not in self._given or self._given[k] is not v}
+        """The features model_fn set, replaced or changed in place since: the
+        layers read these (the cache holds the receiver's), where torch
+        computes them."""
+        return {k: v for k, v in self.items() if k not in self._given
+                or self._given[k][0] is not v or self._given[k][1] != _version(v)}
+
+
+def _version(value) -> Optional[int]:
+    """A tensor's count of in-place changes (`features["id"] -= 1` keeps the object)."""
+    return value._version if isinstance(value, torch.Tensor) else None
 
 
 class _HostFeatureUsed(TypeError):
@@ -914,6 +920,10 @@ def _host_program(receiver, scope, call):
     features_fn = None   # a callable's path: the server computes the features per request
     if callable(receiver.features) and receiver.parse_spec is None:
         features_fn = recorded.function_path(receiver.features)
+        if features_fn is not None and features_fn.startswith("__main__:"):
+            logger.warning("the ServingInputReceiver's features %s is recorded from __main__: "
+                           "only this program can import it; a server (estimator serve) needs "
+                           "it in a module on its sys.path", features_fn)
         if features_fn is None:
             raise ValueError(
                 f"the ServingInputReceiver's features {receiver.features!r} must be a "
@@ -930,7 +940,7 @@ def _host_program(receiver, scope, call):
     if receiver.dynamic_batch and any(len(v) < 2 for v in raw.values()):
         raise ValueError("the example serving inputs need at least 2 rows to export a "
                          "dynamic batch size (torch.export fixes sizes 0 and 1)")
-    features = receiver._features_fn()(raw)
+    features = receiver._features_fn()(dict(raw))   # (a function may add to its dict)
     if not isinstance(features, dict):
         raise ValueError("an export taking strings or serialized Examples needs features "
                          f"as a dict, got {type(features).__name__}")

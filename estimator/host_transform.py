@@ -229,11 +229,17 @@ class HostTransform:
         self.numeric = numeric
         self.records = records
         self.record_keys = record_keys
-        self._decoded = [recorded.from_json(r) for r in records]
         # "module:qualname" of the receiver's `features(receiver_tensors)`, run per request
         self.features_fn = features_fn
-        self._features_fn = None if features_fn is None else recorded.import_function(
-            features_fn)
+        try:
+            self._decoded = [recorded.from_json(r) for r in records]
+            self._features_fn = None if features_fn is None else recorded.import_function(
+                features_fn)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"a function the export's feature transform calls cannot be "
+                             f"imported ({type(e).__name__}: {e}): its module must be on "
+                             "this program's sys.path (PYTHONPATH), as where it was "
+                             "exported") from None
 
     @staticmethod
     def input_name(index: int, key: str) -> str:
@@ -245,8 +251,10 @@ class HostTransform:
         if self.parse_spec is None:
             if self._features_fn is None:
                 return dict(inputs)
+            inputs = {k: torch.from_numpy(v) if isinstance(v, np.ndarray)   # (as at export)
+                      and v.dtype.kind in "biuf" else v for k, v in inputs.items()}
             with torch.no_grad():   # (the receiver's features, computed as at export)
-                features = self._features_fn(dict(inputs))
+                features = self._features_fn(inputs)
             if not isinstance(features, dict):
                 raise ValueError(f"the receiver's features function {self.features_fn} gave "
                                  f"{type(features).__name__}, not a dict of features")

@@ -163,11 +163,11 @@ _NOT_IN_A_TAG = re.compile(r"[^-/\w.]")
 
 def _tag(scope, name: str) -> str:
     """`name` as TF1 writes it: a character a tag may not hold made "_", and
-    no leading "/" (cifar10's "cross_entropy (raw)" is
+    no leading or trailing "/" (cifar10's "cross_entropy (raw)" is
     "cross_entropy__raw_"); then `name_1`, `name_2`, ... when this model_fn
     call already recorded a summary of that tag (TF's unique name scopes: two
     `summary.scalar("x", ...)` in one graph write the tags `x` and `x_1`)."""
-    clean = _NOT_IN_A_TAG.sub("_", name).lstrip("/")
+    clean = _NOT_IN_A_TAG.sub("_", name).strip("/")
     if clean != name:
         if name not in _said_illegal:   # (TF logs it at every graph build; once here)
             _said_illegal.add(name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -112,18 +113,22 @@ def _units(value) -> Optional[int]:
     """A layer's units as TF's Dense takes them (int(value): "32" and 32.0
     too, as a task.py splitting "32 8 4" gives), else None; 3.5, which TF
     truncates to 3 without a word, is refused."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         return None
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return int(number) if number.is_integer() else None   # (np.float32(3.5) too)
 
 
 def check_dnn_args(hidden_units, feature_columns, dropout, activation_fn) -> tuple:
-    units = [_units(u) for u in hidden_units or ()]
+    units = [_units(u) for u in (list(hidden_units) if hidden_units is not None else [])]
     if not units or not all(u is not None and u > 0 for u in units):
         raise ValueError(f"hidden_units must be a non-empty list of positive ints, got "
                          f"{hidden_units!r}")

@@ -187,21 +187,26 @@ class Experiment:
                              warm_start_from=self.warm_start_settings())
         extra = {"config": self.run_config()}
         parameters = inspect.signature(canned.factory).parameters
-        if "config" not in parameters and not any(
-                p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+        if "config" not in parameters and not takes_any:
             raise ExperimentError([Problem(
                 self._tree.where(("estimator",)), "estimator",
                 f"{canned.name} takes no config: give it a `config` argument, the RunConfig "
                 "that run_config makes (pass it to the Estimator it builds)")])
         settings = self.warm_start_settings()
         if settings is not None:
-            if "warm_start_from" not in inspect.signature(canned.factory).parameters:
+            if "warm_start_from" not in parameters and not takes_any:
                 raise ExperimentError([Problem(
                     self._tree.where(("warm_start",)), "warm_start",
                     f"{canned.name} takes no warm_start_from (as in TF); remove warm_start")])
             extra["warm_start_from"] = settings
-        built = canned._replace(kwargs={**canned.kwargs, **extra})
-        return self._build(built, {})
+        built = self._build(canned._replace(kwargs={**canned.kwargs, **extra}), {})
+        if not isinstance(built, Estimator):   # (a build_estimator function's result)
+            raise ExperimentError([Problem(
+                self._tree.where(("estimator",)), "estimator",
+                f"{canned.name} returned {type(built).__name__}, not an Estimator (a "
+                "build_estimator function must return the Estimator it builds)")])
+        return built
 
     def hooks(self, section: str, estimator, key: str = "hooks") -> list:
         return [self._build(self._objects[(section, key, i)], _context(estimator))

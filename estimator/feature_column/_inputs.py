@@ -380,7 +380,8 @@ class Builder:
             if self._on_host:
                 raise ValueError(
                     f"model_fn changed the feature {key!r} before a feature column read it on "
-                    "the host (bucketizing to cross, a vocabulary, hash or identity lookup): "
+                    "the host (bucketizing for a cross or a linear model, a vocabulary, hash "
+                    "or identity lookup, a weight): "
                     f"an export redoes that per request from {key!r} as the client sends it, "
                     "so the change would be lost and the export serve another model than "
                     "predict's. Make the change in the column (numeric_column(..., "
@@ -424,5 +425,12 @@ def transformation_cache(features) -> Builder:
         return Builder(features)
     changed = getattr(features, "changed", None)   # (an export's features: model_fn's edits)
     if changed is not None:
-        attached.edited = changed()
+        edited = changed()
+        if _edits(edited) != _edits(attached.edited):   # (columns read before: again)
+            attached._cache.clear()
+        attached.edited = edited
     return attached
+
+
+def _edits(edited: dict) -> set:
+    return {(k, id(v), getattr(v, "_version", None)) for k, v in edited.items()}

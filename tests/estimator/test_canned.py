@@ -377,3 +377,18 @@ def test_hidden_units_are_taken_as_tfs(case, tmp_path):
     assert [list(estimator.get_variable_value(v).shape)
             for v in estimator.get_variable_names()
             if v.startswith("dnn/hiddenlayer_") and v.endswith("/kernel")] == recorded["kernels"]
+
+
+@pytest.mark.parametrize("units, taken", [
+    (np.array([32.0, 8.0]), (32, 8)),   # ("truth value ... ambiguous")
+    ([np.int64(4), np.float32(2.0)], (4, 2)),
+    ([np.float32(3.5)], None), ([torch.tensor(3.7)], None),   # (were truncated to 3)
+    ([np.bool_(True)], None), (["0"], None),
+])
+def test_hidden_units_of_numpy_and_torch_numbers(units, taken):
+    columns = [est.feature_column.numeric_column("x")]
+    if taken is None:
+        with pytest.raises(ValueError, match="hidden_units must be a non-empty list"):
+            est.DNNRegressor(units, columns)
+    else:
+        assert est.DNNRegressor(units, columns)._hidden_units == taken

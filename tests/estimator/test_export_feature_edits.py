@@ -6,6 +6,9 @@ receiver's inputs; the columns read the receiver's values there, so the
 change was lost: the export served another model than predict, without a
 word. Now what torch computes (a numeric column's input) follows model_fn,
 and a change the host-side work would need is an error naming the feature."""
+import json
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -118,3 +121,80 @@ def test_a_features_function_the_server_cannot_import_is_said(tmp_path):
     with pytest.raises(ValueError, match="must be a module-level function .* not a lambda"):
         e.export_saved_model(str(tmp_path / "e"), lambda: est.export.ServingInputReceiver(
             lambda tensors: add_engineered(tensors), dict(ROWS)))
+
+
+def _shifted_in_place(features):
+    features["lat"] += 0.5   # (the same tensor object, changed)
+
+
+def test_a_change_in_place_the_host_side_work_would_need_is_an_error_too(tmp_path):
+    """`features["lat"] += 0.5` keeps the object: it was not seen as a change,
+    and the export served the cross of the unshifted lat."""
+    lat = fc.bucketized_column(fc.numeric_column("lat"), [40.5, 41.0])
+    crossed = fc.indicator_column(fc.crossed_column([lat, "c"], 20))
+    e = _estimator(tmp_path, _shifted_in_place, [fc.numeric_column("x"), crossed])
+    with pytest.raises(ValueError, match="model_fn changed the feature 'lat'"):
+        e.export_saved_model(str(tmp_path / "e"),
+                             est.export.build_raw_serving_input_receiver_fn(ROWS))
+
+
+def test_a_column_read_again_after_a_change_reads_the_change(tmp_path):
+    """One column read before and after model_fn changed its feature: the
+    export's one transformation cache gave the value from before."""
+    x = fc.numeric_column("x")
+
+    def model_fn(features, labels, mode):
+        before = fc.input_layer(features, [x])
+        features["x"] = features["x"] * 10.0
+        after = fc.input_layer(features, [x, _vocabulary()])
+        net = est.get_module("net", lambda: torch.nn.LazyLinear(1))
+        out = net(torch.cat([before, after], 1))
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"y": out})
+        return est.EstimatorSpec(mode, loss=(out - labels).pow(2).mean(), train_op=(
+            est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.001))))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
+    e.train(lambda: [(ROWS, torch.ones(4, 1))] * 2, max_steps=2)
+    served, predicted = _served_and_predicted(e, tmp_path)
+    np.testing.assert_allclose(served, predicted, rtol=1e-5, atol=1e-6)
+
+
+def add_engineered_in_place(receiver_tensors):
+    """taxifare's add_engineered adds to the dict it is given."""
+    receiver_tensors["dist"] = torch.sqrt(receiver_tensors["x"] ** 2
+                                          + (receiver_tensors["lat"] - 40.0) ** 2)
+    return receiver_tensors
+
+
+def test_a_features_function_adding_to_its_dict_keeps_the_receivers_inputs(tmp_path):
+    """The function's own key became an input a client had to send (REST:
+    "missing input(s) ['dist']")."""
+    e = _estimator(tmp_path, lambda features: None, _engineered_columns(True),
+                   add_engineered(ROWS))
+    path = e.export_saved_model(str(tmp_path / "e"), lambda: est.export.ServingInputReceiver(
+        add_engineered_in_place, dict(ROWS)))
+    assert [i["name"] for i in est.export.load(path).signature["inputs"]] == ["x", "lat", "c"]
+    instances = [{k: (v[i].item() if isinstance(v, torch.Tensor) else str(v[i]))
+                  for k, v in ROWS.items()} for i in range(4)]
+    predicted = np.stack([p["y"] for p in e.predict(lambda: [add_engineered(ROWS)])])
+    answer = est.serving.Model(path).predict({"instances": instances})["predictions"]
+    np.testing.assert_allclose(answer, predicted, rtol=1e-5, atol=1e-6)
+    numpy_rows = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in ROWS.items()}
+    served = est.export.load(path)(**numpy_rows)["y"].numpy()   # (numpy: as without one)
+    np.testing.assert_allclose(served, predicted, rtol=1e-5, atol=1e-6)
+
+
+def test_a_features_function_the_server_cannot_import_is_said_at_load(tmp_path):
+    e = _estimator(tmp_path, lambda features: None, _engineered_columns(True),
+                   add_engineered(ROWS))
+    path = e.export_saved_model(str(tmp_path / "e"), lambda: est.export.ServingInputReceiver(
+        add_engineered, dict(ROWS)))
+    transform = os.path.join(path, "transform.json")
+    with open(transform) as f:
+        data = json.load(f)
+    data["features_fn"] = "no_such_trainer.model:add_engineered"
+    with open(transform, "w") as f:
+        json.dump(data, f)
+    with pytest.raises(ValueError, match="cannot be imported .*No module named "
+                                         "'no_such_trainer'.*sys.path"):
+        est.serving.Model(path)

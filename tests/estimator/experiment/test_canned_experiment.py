@@ -42,6 +42,10 @@ def build_estimator(nbuckets, config):
 
 def takes_no_config(nbuckets):
     return est.LinearClassifier([est.feature_column.numeric_column("x")])
+
+
+def forgets_to_return(nbuckets, config):
+    est.LinearClassifier([est.feature_column.numeric_column("x")], config=config)
 '''
 HEAD = """estimator:
   LinearClassifier:
@@ -325,3 +329,9 @@ def test_a_trainers_build_estimator_function_from_yaml(workdir):
     with pytest.raises(ExperimentError, match="takes_no_config takes no config: give it a "
                                               "`config` argument"):
         experiment.load(no_config).estimator()
+    returns_none = write(workdir, HEAD.replace(
+        "  LinearClassifier:\n    feature_columns: mod.py:columns",
+        "  mod.py:forgets_to_return: {nbuckets: 3}"))
+    with pytest.raises(ExperimentError, match="forgets_to_return returned NoneType, not an "
+                                              "Estimator"):
+        experiment.load(returns_none).estimator()
