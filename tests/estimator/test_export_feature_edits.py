@@ -20,18 +20,26 @@ ROWS = {"x": torch.tensor([0.5, 1.5, -2.0, 3.0]), "lat": torch.tensor([40.1, 40.
         "c": np.array(["a", "b", "zz", "a"])}
 
 
-def _estimator(tmp_path, edit, columns, rows=ROWS):
+def _trained(tmp_path, net_input, rows=ROWS):
+    """An Estimator of a linear layer over `net_input(features)`, trained 3 steps."""
     def model_fn(features, labels, mode):
-        edit(features)
         net = est.get_module("net", lambda: torch.nn.LazyLinear(1))
-        out = net(fc.input_layer(features, columns))
+        out = net(net_input(features))
         if mode == est.ModeKeys.PREDICT:
             return est.EstimatorSpec(mode, predictions={"y": out})
         return est.EstimatorSpec(mode, loss=(out - labels).pow(2).mean(), train_op=(
-            est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.01))))
+            est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.001))))
     e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
     e.train(lambda: [(rows, torch.ones(4, 1))] * 3, max_steps=3)
     return e
+
+
+def _estimator(tmp_path, edit, columns, rows=ROWS):
+    """`_trained` over the columns of the features after `edit(features)`."""
+    def net_input(features):
+        edit(features)
+        return fc.input_layer(features, columns)
+    return _trained(tmp_path, net_input, rows)
 
 
 def _served_and_predicted(e, tmp_path):
@@ -143,19 +151,11 @@ def test_a_column_read_again_after_a_change_reads_the_change(tmp_path):
     export's one transformation cache gave the value from before."""
     x = fc.numeric_column("x")
 
-    def model_fn(features, labels, mode):
+    def net_input(features):
         before = fc.input_layer(features, [x])
         features["x"] = features["x"] * 10.0
-        after = fc.input_layer(features, [x, _vocabulary()])
-        net = est.get_module("net", lambda: torch.nn.LazyLinear(1))
-        out = net(torch.cat([before, after], 1))
-        if mode == est.ModeKeys.PREDICT:
-            return est.EstimatorSpec(mode, predictions={"y": out})
-        return est.EstimatorSpec(mode, loss=(out - labels).pow(2).mean(), train_op=(
-            est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.001))))
-    e = est.Estimator(model_fn, model_dir=str(tmp_path / "m"))
-    e.train(lambda: [(ROWS, torch.ones(4, 1))] * 2, max_steps=2)
-    served, predicted = _served_and_predicted(e, tmp_path)
+        return torch.cat([before, fc.input_layer(features, [x, _vocabulary()])], 1)
+    served, predicted = _served_and_predicted(_trained(tmp_path, net_input), tmp_path)
     np.testing.assert_allclose(served, predicted, rtol=1e-5, atol=1e-6)
 
 

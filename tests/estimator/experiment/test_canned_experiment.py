@@ -323,15 +323,10 @@ def test_a_trainers_build_estimator_function_from_yaml(workdir):
                      'estimator."mod.py:build_estimator".nbuckets=5']) == 0
     results = estimator.evaluate(lambda: __import__("mod").input_fn("eval"))
     assert results["buckets"] == 5 and results["global_step"] == 40
-    no_config = write(workdir, HEAD.replace(
-        "  LinearClassifier:\n    feature_columns: mod.py:columns",
-        "  mod.py:takes_no_config: {nbuckets: 3}"))
-    with pytest.raises(ExperimentError, match="takes_no_config takes no config: give it a "
-                                              "`config` argument"):
-        experiment.load(no_config).estimator()
-    returns_none = write(workdir, HEAD.replace(
-        "  LinearClassifier:\n    feature_columns: mod.py:columns",
-        "  mod.py:forgets_to_return: {nbuckets: 3}"))
-    with pytest.raises(ExperimentError, match="forgets_to_return returned NoneType, not an "
-                                              "Estimator"):
-        experiment.load(returns_none).estimator()
+    for function, error in (("takes_no_config", "takes no config: give it a `config` "
+                                                "argument"),
+                            ("forgets_to_return", "returned NoneType, not an Estimator")):
+        with pytest.raises(ExperimentError, match=f"{function} {error}"):
+            experiment.load(write(workdir, HEAD.replace(
+                "  LinearClassifier:\n    feature_columns: mod.py:columns",
+                f"  mod.py:{function}: {{nbuckets: 3}}"))).estimator()
