@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from hooks.model_scope import GlobalStep, current_step, note_rate
+from hooks.model_scope import current_step, note_rate
 
 from ._checks import is_number
 
@@ -52,8 +52,7 @@ def _followed(schedule, position: int = 1, key: str = "global_step"):
             if len(args) > position:
                 return schedule(*args[:position], new_step, *args[position + 1:], **kwargs)
             return schedule(*args, **dict(kwargs, **{key: new_step}))
-        note_rate(value, (caller.f_code, caller.f_lasti), at if is_step else None,
-                  isinstance(given, GlobalStep))
+        note_rate(value, (caller.f_code, caller.f_lasti), at if is_step else None)
         return value
     return rate
 

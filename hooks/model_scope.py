@@ -127,14 +127,6 @@ class _Rate(NamedTuple):
     value: float
     at: Optional[Callable[[int], float]]    # the rate at another step, or None
     in_factory: bool                         # computed inside an optimizer's factory
-    of_step: bool = False                    # given est.get_global_step() itself
-
-
-class GlobalStep(int):
-    """The global step as `get_global_step()` gives it: an int that says
-    where it came from, so a schedule given it follows the step (in a custom
-    loop that computes it once, before the loop) and one given another
-    counter of the same value (an epoch) does not."""
 
 
 class _Unfollowed:
@@ -451,14 +443,11 @@ class ModelScope:
             name, code.co_filename, code.co_name, watch.lrs[0])
 
     # -- learning rates that follow their schedule ------------------------------
-    def note_rate(self, rate: float, site: tuple, at: Optional[Callable[[int], float]],
-                  of_step: bool = False):
+    def note_rate(self, rate: float, site: tuple, at: Optional[Callable[[int], float]]):
         """A schedule (`est.learning_rate_decay`) computed `rate` at `site`
         (its caller's code and instruction); `at(step)` recomputes it for
-        another global step where its step argument was this one (`of_step`:
-        `get_global_step()` itself)."""
-        self.rates[site] = _Rate(self.global_step, rate, at, self._building is not None,
-                                 of_step and at is not None)
+        another global step where its step argument was this one."""
+        self.rates[site] = _Rate(self.global_step, rate, at, self._building is not None)
 
     def _scheduled_groups(self, name: str, optimizer) -> list:
         """[(group index, call site)] of the groups whose learning rate a
@@ -485,7 +474,7 @@ class ModelScope:
                      by_hand_kept: bool = False) -> None:
         """Each followed group's rate at this step: what its schedule computed
         in this model_fn call; computed in the factory, or once before a
-        custom loop from the global step itself, recomputed for this step.
+        custom loop from the global step, recomputed for this step.
         `by_hand_kept`: a rate set otherwise since the last one set here is
         left (the user's own, as set each step)."""
         step, groups = self.global_step, optimizer.param_groups
@@ -494,7 +483,7 @@ class ModelScope:
             rate = self.rates[site]
             if by_hand_kept and i in last and groups[i]["lr"] != last[i]:
                 continue
-            if rate.in_factory or (rate.of_step and rate.step != step):
+            if rate.in_factory or (rate.at is not None and rate.step != step):
                 groups[i]["lr"] = rate.at(step)
             elif rate.step == step:   # (not computed in this call: left as it was)
                 groups[i]["lr"] = rate.value
@@ -929,15 +918,13 @@ def _var_list_key(var_list) -> Optional[tuple]:
     return tuple(key)
 
 
-def note_rate(rate: float, site: tuple, at: Optional[Callable[[int], float]] = None,
-              of_step: bool = False) -> None:
+def note_rate(rate: float, site: tuple, at: Optional[Callable[[int], float]] = None) -> None:
     """Called by a learning-rate schedule with the rate it computed (a new
     float object), its call site and, where its step argument was the global
-    step, `at(step)` (`of_step`: it was `get_global_step()` itself): an
-    optimizer given that rate follows the schedule (`get_optimizer`).
-    Nothing outside a model scope."""
+    step, `at(step)`: an optimizer given that rate follows the schedule
+    (`get_optimizer`). Nothing outside a model scope."""
     if _current is not None:
-        _current.note_rate(rate, site, at, of_step)
+        _current.note_rate(rate, site, at)
 
 
 def is_training() -> bool:
@@ -957,7 +944,7 @@ def get_global_step() -> int:
     scope = current()
     if scope._building is not None:
         scope.step_in_factory += 1
-    return GlobalStep(scope.global_step)
+    return scope.global_step
 
 
 def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
