@@ -653,7 +653,8 @@ def _tensor_program(receiver, scope, call, any_size: dict) -> _Built:
 
 def _trace(built: _Built, scope) -> torch.export.ExportedProgram:
     module = built.module
-    module.scope_modules.extend(scope.raw_modules.values())
+    module.scope_modules.extend(m for n, m in scope.raw_modules.items()
+                                if n not in scope.slots)   # (averages: copy_to'd, or unused)
     module.eval()
     for parameter in module.parameters():
         parameter.requires_grad_(False)

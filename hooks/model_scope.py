@@ -137,6 +137,46 @@ class _Unfollowed:
         self.moved, self.steps = False, 0
 
 
+class Slots(torch.nn.Module):
+    """The tensors kept for one variable of the model (TF's `slot_creator`:
+    a moving average's shadow `hidden/kernel/ExponentialMovingAverage`),
+    one per slot name, added when first needed. Saved with the model as the
+    module named by the variable (so the checkpoint names them TF's way); a
+    slot is restored from the checkpoint when it is added, or starts at
+    `initial` in a run without one. Not placed or wrapped by the strategy:
+    each replica keeps its own, equal where the variables are."""
+
+    def __init__(self, variable: str, saved: Optional[dict], path: Optional[str]):
+        super().__init__()
+        self.variable, self._saved, self._path = variable, saved, path
+        self.updates: Dict[str, list] = {}   # slot -> the after_update list updating it
+
+    def get(self, name: str) -> Optional[torch.Tensor]:
+        """The slot `name`, or None where it was not made."""
+        return self._buffers.get(name)
+
+    def slot(self, name: str, initial: torch.Tensor) -> torch.Tensor:
+        """The slot `name`, made from `initial` (a copy) on first call."""
+        found = self._buffers.get(name)
+        if found is not None:
+            return found
+        value = initial.detach().clone()
+        if self._saved is not None:   # (a resumed run: the checkpoint's value)
+            saved = self._saved.get(name)
+            if saved is None:
+                raise ValueError(
+                    f"{self.variable}/{name}: the checkpoint {self._path} does not hold it "
+                    f"(it was written before it was made); a model_dir keeps the same "
+                    f"model, use warm_start_from for a new one")
+            if saved.shape != value.shape:
+                raise ValueError(
+                    f"{self.variable}/{name}: the checkpoint {self._path} holds it of shape "
+                    f"{list(saved.shape)}, the variable is of shape {list(value.shape)}")
+            value.copy_(saved)
+        self.register_buffer(name, value)
+        return value
+
+
 class ModelScope:
     """Holds the modules, optimizers, metrics and global step of one model.
 
@@ -193,6 +233,13 @@ class ModelScope:
         self.initial = restore is None   # variables at their initial values (or warm-started)
         self._restore_path = restore_path
         self._warm_start = warm_start
+        self.slots: Dict[str, Slots] = {}   # variable name -> its slots (also in raw_modules)
+        self.after_update: list = []   # run once this training step's update is made
+        # parameter id -> its version when its module was placed (a fresh run's)
+        self.built_versions: Dict[int, int] = {}
+        self._names: Dict[int, str] = {}
+        self._names_of = 0   # the number of modules `_names` was made from
+        self.averages_copied: Optional[tuple] = None   # (ExponentialMovingAverage.copy_to)
 
     # -- creation (the interception point) ---------------------------------
     def create_module(self, name: str, factory: Callable[[], torch.nn.Module]):
@@ -232,8 +279,42 @@ class ModelScope:
                                    if p.requires_grad)
         placed = self.strategy.extended.create_module(name, module)
         placed.train(self.mode == ModeKeys.TRAIN)
+        if self._restore is None:
+            self.built_versions.update((id(p), p._version) for p in placed.parameters())
         self.modules[name] = placed
         return placed
+
+    def get_slots(self, variable: str) -> Slots:
+        """The slots of the variable named `variable` (made on first call)."""
+        found = self.slots.get(variable)
+        if found is None:
+            if variable in self.raw_modules:
+                raise ValueError(f"{variable!r} names both a module and a variable of the model; "
+                                 "its slots (moving averages) need a name of their own")
+            saved = None if self._restore is None else self._restore["modules"].get(variable, {})
+            found = self.slots[variable] = self.raw_modules[variable] = Slots(
+                variable, saved, self._restore_path)
+        return found
+
+    def variable_names(self) -> Dict[int, str]:
+        """{id: variable name} of the parameters and buffers of the model's
+        modules, as model_fn sees them and as they are saved."""
+        if self._names_of != len(self.raw_modules):
+            names = {}
+            for modules in (self.raw_modules, self.modules):
+                for owner, module in modules.items():
+                    if owner in self.slots:
+                        continue
+                    for key, tensor in [*module.named_parameters(), *module.named_buffers()]:
+                        names.setdefault(id(tensor), _variable_name(owner, key))
+            self._names, self._names_of = names, len(self.raw_modules)
+        return self._names
+
+    def run_after_update(self) -> None:
+        """Run what waits for this training step's update (`after_update`)."""
+        todo, self.after_update = self.after_update, []
+        for fn in todo:
+            fn()
 
     def create_grad_scaler(self, name: str, factory) -> torch.amp.GradScaler:
         scaler = factory()
@@ -1019,3 +1100,22 @@ def updates_metrics() -> bool:
     """Metrics update in TRAIN and EVAL (and with no scope active); PREDICT
     has no labels, and an export's program stays free of metric state."""
     return _current is None or _current.mode != ModeKeys.PREDICT
+
+
+# -- for estimator.moving_averages ---------------------------------------------------
+def get_slots(variable: str) -> Slots:
+    """The slots of the active scope's variable named `variable` (TF's
+    `slot_creator`), made on first call, saved with the model."""
+    return current().get_slots(variable)
+
+
+def variable_names() -> Dict[int, str]:
+    """{id(tensor): variable name} of the active scope's parameters and buffers."""
+    return current().variable_names()
+
+
+def after_update(fn: Callable[[], None]) -> None:
+    """Run `fn()` once this training step's update is made (TF: an op under
+    `tf.control_dependencies([train_op])`): after the train_op (a custom
+    loop's step function), before the global step is counted."""
+    current().after_update.append(fn)

@@ -281,6 +281,8 @@ class MonitoredSession:
                 self._stop = True
                 return None
             if self._train:
+                if scope.after_update:
+                    scope.run_after_update()
                 scope.check_left_out()
                 if scope.step_uncounted:
                     scope.step_uncounted = False
@@ -337,6 +339,8 @@ class MonitoredSession:
                            "in the model_fn with est.named_tensor(name, tensor)")
         self._uncounted = False
         if self._train:
+            if scope.after_update:
+                scope.run_after_update()
             scope.check_left_out()
             if scope.step_uncounted:   # (TF: a skipped update leaves the step as it was)
                 scope.step_uncounted, self._uncounted = False, True

@@ -14,7 +14,9 @@ _PARTS = {
     "local_init_op": "initialize in get_module's factory",
     "saver": "the checkpoints kept: RunConfig(keep_checkpoint_max=..., "
              "keep_checkpoint_every_n_hours=...), MonitoredTrainingSession(keep_checkpoint_max"
-             "=...), CheckpointSaverHook(saver=checkpoint.Saver(dir, max_to_keep=...))",
+             "=...), CheckpointSaverHook(saver=checkpoint.Saver(dir, max_to_keep=...)); "
+             "a Saver(ema.variables_to_restore()) evaluating on moving averages: "
+             "est.moving_averages.ExponentialMovingAverage(...).copy_to() in the model_fn",
     "summary_op": "est.summary.* calls write the summaries; SummarySaverHook(summary_op=[tags]) "
                   "picks some",
 }

@@ -22,7 +22,10 @@ OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental
         "distribute": distribute, "distribute.experimental": distribute.experimental}
 OURS.update({"placeholder": est.export,   # tf.compat.v1.placeholder's stand-in
              "distribute.Strategy": distribute.Strategy,
-             "distribute.ReplicaContext": distribute.ReplicaContext})
+             "distribute.ReplicaContext": distribute.ReplicaContext,
+             "moving_averages": est.moving_averages,
+             "moving_averages.ExponentialMovingAverage":
+                 est.moving_averages.ExponentialMovingAverage})
 OURS.update({head: getattr(est, head) for head in [   # (their create_estimator_spec)
     "BinaryClassHead", "MultiClassHead", "RegressionHead", "PoissonRegressionHead",
     "LogisticRegressionHead", "MultiLabelHead", "MultiHead"]})

@@ -99,6 +99,8 @@ def model_fn(features, labels, mode, params):
         lr = est.learning_rate_decay.exponential_decay(lr, est.get_global_step(),
                                                        params["decay_steps"], 0.5)
     opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=lr))
+    if params.get("moving_average"):   # (refused on ps tasks)
+        est.moving_averages.ExponentialMovingAverage(0.99).apply()
     return est.EstimatorSpec(mode, loss=loss, train_op=opt)
 
 
@@ -226,6 +228,7 @@ def main():
     parser.add_argument("--warm-start")
     parser.add_argument("--user-model", action="store_true")
     parser.add_argument("--every", type=int, default=1)
+    parser.add_argument("--moving-average", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     strategy = None
@@ -242,7 +245,7 @@ def main():
         args.canned or args.canned_tables) else est.Estimator(
         user_model_fn if args.user_model else model_fn, config=config,
         params={"lr": 3e-3, "decay_steps": args.decay_steps, "batch_norm": args.batch_norm,
-                "every": args.every},
+                "every": args.every, "moving_average": args.moving_average},
         warm_start_from=warm_start)
     train_hooks = [_Sleep(args.step_secs)] if args.step_secs else []
     if args.die_at and config.task_type == "worker" and config.task_id == 0:

@@ -1,0 +1,203 @@
+"""Moving averages of the model's variables (TF1: `tf.compat.v1.train.ExponentialMovingAverage`).
+
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", ...)
+        ema = est.moving_averages.ExponentialMovingAverage(
+            0.999, num_updates=est.get_global_step())
+        if mode != est.ModeKeys.TRAIN:
+            ema.copy_to()          # evaluate and serve on the averages
+        ...
+        ema.apply()                # updated after this step's update
+        return est.EstimatorSpec(mode, loss=loss, train_op=optimizer)
+
+The averages are slots of their variables, saved in the checkpoint under
+TF's names (`net/0/weight/ExponentialMovingAverage`) and restored with them.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import List, Optional, Tuple
+
+import torch
+
+from hooks import model_scope
+from hooks.mode_keys import ModeKeys
+
+
+class ExponentialMovingAverage:
+    """TF1's `tf.compat.v1.train.ExponentialMovingAverage(decay, num_updates,
+    zero_debias, name)`, for a model_fn (or a custom loop's step) that runs
+    every step: build it there, as TF builds it in the graph.
+
+    `apply(var_list)` updates each variable's average after the step's
+    training update, wherever in the step it is called: TF's
+    `with tf.control_dependencies([train_op]): train_op = ema.apply(...)`.
+    An average starts at its variable's value when `apply` first sees it: the
+    initial value, as TF's, when that is in the first step before the update.
+    Each update is TF's: `decay = min(decay, (1 + n) / (10 + n))` where
+    `num_updates` is given, then `average -= (1 - decay) * (average - variable)`.
+    `num_updates=est.get_global_step()` reads, as TF's under that dependency,
+    the global step after the update, at every update (a number equal to the
+    global step when the average is built is taken as the global step: built
+    once before a custom loop, it follows the step as TF's tensor does).
+
+    `copy_to(var_list)` in EVAL and PREDICT (and so in exports) gives the
+    variables their averages' values: TF1's `Scaffold(saver=Saver(
+    ema.variables_to_restore()))`. Averages of tensors other than the model's
+    variables (TF's `apply([loss])` for a summary) are not built here, so
+    `zero_debias` (which only those use in TF) changes nothing. Not under
+    ParameterServerStrategy's training (TF keeps the averages on the ps tasks).
+    """
+
+    def __init__(self, decay: float, num_updates: Optional[int] = None,
+                 zero_debias: bool = False, name: str = "ExponentialMovingAverage"):
+        if isinstance(decay, bool) or not isinstance(decay, (numbers.Real, torch.Tensor)):
+            raise TypeError(f"ExponentialMovingAverage: decay must be a number, got {decay!r}")
+        if num_updates is not None and (isinstance(num_updates, bool) or not isinstance(
+                num_updates, (numbers.Integral, torch.Tensor))):
+            raise TypeError(f"ExponentialMovingAverage: num_updates must be an integer (the "
+                            f"global step), got {num_updates!r}")
+        if not isinstance(name, str) or not name or "/" in name or "." in name:
+            raise ValueError(f"ExponentialMovingAverage: name must be a non-empty string "
+                             f"without '/' or '.', got {name!r}")
+        self._decay = float(decay)
+        self._num_updates = None if num_updates is None else int(num_updates)
+        self._zero_debias = zero_debias
+        self._name = name
+        # num_updates=est.get_global_step(): the global step, read at each update
+        self._follows_step = (self._num_updates is not None
+                              and self._num_updates == model_scope.current_step())
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def apply(self, var_list=None) -> None:
+        """Update the averages of `var_list` (the model's parameters and
+        buffers, modules for their parameters; by default every trainable
+        parameter, TF's `tf.trainable_variables()`) after this step's update.
+        Outside TRAIN nothing is updated (TF runs no train_op there)."""
+        scope = model_scope.current()
+        variables, slots = self._slots(scope, var_list, "apply")
+        if scope.mode != ModeKeys.TRAIN:
+            return
+        if scope.strategy.extended.uses_parameter_servers:
+            raise ValueError(
+                "ExponentialMovingAverage.apply: not built for ParameterServerStrategy's "
+                "training (TF keeps the averages on the ps tasks, updated by every worker); "
+                "train under a synchronous strategy, or average in a custom loop of your own")
+        if scope.global_step == 0 and scope.built_versions:
+            _check_not_updated(scope, variables, slots, self._name)
+        shadows = [s.slot(self._name, v) for v, s in zip(variables, slots)]
+        for slot in slots:   # (TF: "Moving average already computed for")
+            if slot.updates.get(self._name) is scope.after_update:
+                raise ValueError(f"ExponentialMovingAverage({self._name!r}).apply: "
+                                 f"{slot.variable} is averaged twice in one step")
+            slot.updates[self._name] = scope.after_update
+        model_scope.after_update(lambda: self._update(scope, variables, shadows))
+
+    def _update(self, scope, variables: list, shadows: list) -> None:
+        decay = self._decay
+        if self._num_updates is not None:
+            n = (scope.global_step + (not scope.step_uncounted) if self._follows_step
+                 else self._num_updates)
+            decay = min(decay, (1.0 + n) / (10.0 + n))
+        with torch.no_grad():   # (TF's assign_moving_average, in its order of operations)
+            deltas = torch._foreach_sub(shadows, [v.detach() for v in variables])
+            torch._foreach_mul_(deltas, 1.0 - decay)
+            torch._foreach_sub_(shadows, deltas)
+
+    def average(self, var) -> Optional[torch.Tensor]:
+        """The average of `var`, or None where none was made (TF's `average`)."""
+        scope = model_scope.current()
+        name = _name_of(scope, var, "average")
+        slots = scope.slots.get(name)
+        return None if slots is None else slots.get(self._name)
+
+    def average_name(self, var) -> str:
+        """The checkpoint name of `var`'s average: `<variable>/<name>`, TF's."""
+        return f"{_name_of(model_scope.current(), var, 'average_name')}/{self._name}"
+
+    def copy_to(self, var_list=None) -> None:
+        """Give the variables of `var_list` (as `apply`'s) their averages'
+        values, in EVAL and PREDICT: evaluate, predict and export on the
+        averages (TF1: restoring them with `Saver(ema.variables_to_restore())`
+        in the scaffold). In an export the program holds the averages."""
+        scope = model_scope.current()
+        if scope.mode == ModeKeys.TRAIN:
+            raise ValueError(
+                "ExponentialMovingAverage.copy_to replaces the variables with their "
+                "averages: call it in EVAL and PREDICT only (in TRAIN the model would "
+                "train on from the averages)")
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return   # (an export's trace: the program's variables, copied before it)
+        variables, slots = self._slots(scope, var_list, "copy_to")
+        done = (self._name, tuple(map(id, variables)))
+        if scope.averages_copied == done:   # (every batch of an evaluation)
+            return
+        with torch.no_grad():
+            for variable, slot in zip(variables, slots):
+                variable.copy_(slot.slot(self._name, variable))
+        scope.averages_copied = done
+
+    def _slots(self, scope, var_list, method: str) -> Tuple[List[torch.Tensor], list]:
+        variables = _variables(scope, var_list, method)
+        names = scope.variable_names()
+        return variables, [scope.get_slots(names[id(v)]) for v in variables]
+
+
+def _variables(scope, var_list, method: str) -> List[torch.Tensor]:
+    """The variables `var_list` names, each once, each a floating-point
+    parameter or buffer of the model (TF: half, float or double)."""
+    names = scope.variable_names()
+    if var_list is None:
+        out = [p for owner, module in scope.modules.items() for p in module.parameters()
+               if p.requires_grad]
+    else:
+        items = [var_list] if isinstance(var_list, (torch.Tensor, torch.nn.Module)) else var_list
+        try:
+            items = list(items)
+        except TypeError:
+            raise TypeError(f"ExponentialMovingAverage.{method}: var_list must be the model's "
+                            f"parameters, buffers or modules, got {var_list!r}") from None
+        out = []
+        for item in items:
+            out.extend(item.parameters() if isinstance(item, torch.nn.Module) else [item])
+    seen, unique = set(), []
+    for variable in out:
+        _name_of(scope, variable, method, names)
+        if not variable.is_floating_point():
+            raise TypeError(f"ExponentialMovingAverage.{method}: {names[id(variable)]} is "
+                            f"{variable.dtype}; the variables must be half, float or double "
+                            f"(TF's rule)")
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            unique.append(variable)
+    return unique
+
+
+def _name_of(scope, variable, method: str, names=None) -> str:
+    names = scope.variable_names() if names is None else names
+    name = names.get(id(variable)) if isinstance(variable, torch.Tensor) else None
+    if name is None:
+        what = (f"a tensor of shape {list(variable.shape)}" if isinstance(variable, torch.Tensor)
+                else repr(variable))
+        raise TypeError(
+            f"ExponentialMovingAverage.{method}: {what} is not a variable of the model (a "
+            f"parameter or buffer of a module made with est.get_module); averages of other "
+            f"tensors (TF's apply([loss]) for a summary) are not built here")
+    return name
+
+
+def _check_not_updated(scope, variables: list, slots: list, name: str) -> None:
+    """A fresh run's first apply must see the variables before the step's
+    update, or the averages would start from the updated values."""
+    for variable, slot in zip(variables, slots):
+        built = scope.built_versions.get(id(variable))
+        if built is not None and variable._version != built and slot.get(name) is None:
+            raise ValueError(
+                f"ExponentialMovingAverage.apply first called after {slot.variable} was "
+                f"updated in the first step: its average would start from the updated "
+                f"value, TF's from the initial one. Call apply before the optimizer steps "
+                f"(in the model_fn, or before opt.step() in a custom loop): the averages "
+                f"are updated after the step's update wherever apply is called")

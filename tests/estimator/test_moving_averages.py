@@ -1,0 +1,310 @@
+"""est.moving_averages.ExponentialMovingAverage: TF1's moving averages of the
+model's variables, updated after each step's update, checkpointed under TF's
+names, copied into the variables to evaluate, predict and export on them.
+TF's values recorded by tests/support/fixtures/record_tf_moving_averages.py."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_moving_averages.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+X, Y = np.array(TF["x"], np.float32), np.array(TF["y"], np.float32)
+ema_lib = est.moving_averages
+
+
+class Dense(torch.nn.Module):
+    """TF's dense layer, its variables named as TF names them (kernel, bias)."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.kernel = torch.nn.Parameter(torch.tensor(TF["init"][name + "/kernel"]))
+        self.bias = torch.nn.Parameter(torch.tensor(TF["init"][name + "/bias"]))
+
+    def forward(self, x):
+        return x @ self.kernel + self.bias
+
+
+def model_fn(features, labels, mode, params):
+    hidden = est.get_module("hidden", lambda: Dense("hidden"))
+    out_layer = est.get_module("out", lambda: Dense("out"))
+    warm = ema_lib.ExponentialMovingAverage(0.9, num_updates=est.get_global_step(), name="warm")
+    plain = ema_lib.ExponentialMovingAverage(0.5)
+    if mode != est.ModeKeys.TRAIN:
+        warm.copy_to()
+    out = out_layer(torch.relu(hidden(features["x"])))
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"y": out})
+    loss = torch.nn.functional.mse_loss(out, labels)
+    if mode == est.ModeKeys.EVAL:
+        return est.EstimatorSpec(mode, loss=loss)
+    optimizer = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+    if params.get("apply_in_train_op"):   # a custom step: the updates still after its step
+        def train_op():
+            warm.apply()
+            loss.backward()
+            plain.apply([hidden, out_layer])
+            optimizer.step()
+            optimizer.zero_grad()
+            if params["apply_in_train_op"] == "after the first step":
+                ema_lib.ExponentialMovingAverage(0.5, name="late").apply()
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    warm.apply()
+    plain.apply([hidden, out_layer])
+    return est.EstimatorSpec(mode, loss=loss, train_op=optimizer)
+
+
+def batches():
+    while True:
+        for i in (0, 4):
+            yield {"x": X[i:i + 4]}, Y[i:i + 4]
+
+
+def _train(model_dir, steps, **params):
+    estimator = est.Estimator(model_fn, model_dir, params=params)
+    estimator.train(batches, max_steps=steps)
+    return estimator
+
+
+def _assert_variables_are_tfs(estimator):
+    names = set(estimator.get_variable_names()) - {"global_step"}
+    assert names == set(TF["variables"])
+    for name in sorted(names):
+        np.testing.assert_allclose(estimator.get_variable_value(name), TF["variables"][name],
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("where", ["model_fn", "train_op"])
+def test_averages_are_tfs_and_checkpointed_under_tfs_names(tmp_path, where):
+    estimator = _train(str(tmp_path), TF["steps"], apply_in_train_op=where == "train_op")
+    _assert_variables_are_tfs(estimator)
+    # resumed half-way: the averages restored with the model, the same at the end
+    _train(str(tmp_path / "resumed"), 2)
+    estimator = _train(str(tmp_path / "resumed"), TF["steps"])
+    _assert_variables_are_tfs(estimator)
+
+
+def test_evaluate_predict_and_export_run_on_the_averages(tmp_path):
+    estimator = _train(str(tmp_path / "m"), TF["steps"])
+    got = [p["y"] for p in estimator.predict(lambda: [{"x": X}])]
+    np.testing.assert_allclose(np.concatenate(got).ravel(),
+                               np.ravel(TF["predictions_on_warm_averages"]), rtol=1e-5)
+    loss = estimator.evaluate(lambda: [({"x": X}, Y)])["loss"]
+    assert loss == pytest.approx(TF["eval_loss_on_warm_averages"], rel=1e-5)
+    export = estimator.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(
+            {"x": torch.zeros(2, 4)}))
+    served = est.export.load(export)(x=torch.tensor(X))
+    np.testing.assert_allclose(served["y"].numpy().ravel(),
+                               np.ravel(TF["predictions_on_warm_averages"]), rtol=1e-5)
+    # training goes on from the trained variables, not the averages
+    estimator.train(batches, max_steps=TF["steps"] + 1)
+    assert not np.allclose(estimator.get_variable_value("hidden/kernel"),
+                           TF["variables"]["hidden/kernel/warm"], atol=1e-3)
+
+
+def test_an_average_begun_after_the_first_update_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="first called after hidden/kernel was updated"):
+        _train(str(tmp_path), 2, apply_in_train_op="after the first step")
+
+
+def test_a_custom_loops_average_built_once_follows_the_step_as_tfs(tmp_path):
+    """cifar10_train's shape: the average built once before the loop with
+    num_updates=global_step, applied in each step (here before the optimizer
+    steps; updated after it)."""
+    import hooks
+    with hooks.MonitoredTrainingSession(checkpoint_dir=str(tmp_path),
+                                        hooks=[hooks.StopAtStepHook(TF["steps"])]) as sess:
+        hidden = est.get_module("hidden", lambda: Dense("hidden"))
+        out_layer = est.get_module("out", lambda: Dense("out"))
+        opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+        warm = ema_lib.ExponentialMovingAverage(0.9, est.get_global_step(), name="warm")
+        plain = ema_lib.ExponentialMovingAverage(0.5)
+
+        def step(features, labels):
+            loss = torch.nn.functional.mse_loss(
+                out_layer(torch.relu(hidden(torch.as_tensor(features["x"])))),
+                torch.as_tensor(labels))
+            warm.apply()
+            plain.apply()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        data = batches()
+        while not sess.should_stop():
+            sess.run(step, *next(data))
+        averages = {f"{n}/{e.name}": e.average(v).clone() for e in (warm, plain)
+                    for n, v in (("hidden/kernel", hidden.kernel), ("hidden/bias", hidden.bias),
+                                 ("out/kernel", out_layer.kernel), ("out/bias", out_layer.bias))}
+        assert warm.average_name(hidden.kernel) == "hidden/kernel/warm"
+    for name, value in averages.items():
+        np.testing.assert_allclose(value.numpy(), TF["variables"][name], rtol=1e-5, atol=1e-6)
+    assert set(averages) <= {name for name, _ in est.checkpoint.list_variables(str(tmp_path))}
+
+
+def _erring_model_fn(features, labels, mode, params):
+    net = est.get_module("net", lambda: torch.nn.Linear(4, 1))
+    counts = est.get_module("counts", lambda: CountBuffer())
+    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+    ema = ema_lib.ExponentialMovingAverage(0.9)
+    case = params["case"]
+    if case == "a tensor":
+        ema.apply([loss])
+    elif case == "an integer buffer":
+        ema.apply([counts.seen])
+    elif case == "twice":
+        ema.apply(net)
+        ema.apply([net.weight])
+    elif case == "copy_to in TRAIN":
+        ema.copy_to()
+    elif case == "not a list":
+        ema.apply(3)
+    elif case == "begun later":
+        if est.get_global_step() >= 2:
+            ema.apply()
+    else:
+        ema.apply(net)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+class CountBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
+
+
+@pytest.mark.parametrize("case, error, match", [
+    ("a tensor", TypeError, r"a tensor of shape \[\] is not a variable of the model"),
+    ("an integer buffer", TypeError, "counts/seen is torch.int64; the variables must be half"),
+    ("twice", ValueError, "net/weight is averaged twice in one step"),
+    ("copy_to in TRAIN", ValueError, "call it in EVAL and PREDICT only"),
+    ("not a list", TypeError, "var_list must be the model's parameters, buffers or modules"),
+])
+def test_wrong_uses_are_said(tmp_path, case, error, match):
+    estimator = est.Estimator(_erring_model_fn, str(tmp_path), params={"case": case})
+    with pytest.raises(error, match=match):
+        estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 2)
+
+
+def test_an_average_begun_after_the_checkpoint_is_said_on_resuming(tmp_path):
+    """TF fails to restore the missing `.../ExponentialMovingAverage` alike."""
+    est.Estimator(_erring_model_fn, str(tmp_path), params={"case": "begun later"}).train(
+        lambda: [({"x": X[:4]}, Y[:4])] * 2)
+    estimator = est.Estimator(_erring_model_fn, str(tmp_path), params={"case": "begun later"})
+    with pytest.raises(ValueError, match=r"net/weight/ExponentialMovingAverage: the checkpoint "
+                                         r".*model.ckpt-2 does not hold it"):
+        estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 2)
+
+
+@pytest.mark.parametrize("arguments, error, match", [
+    ({"decay": "0.9"}, TypeError, "decay must be a number"),
+    ({"decay": 0.9, "num_updates": 1.5}, TypeError, "num_updates must be an integer"),
+    ({"decay": 0.9, "name": "a/b"}, ValueError, "name must be a non-empty string"),
+])
+def test_wrong_arguments_are_said(arguments, error, match):
+    with pytest.raises(error, match=match):
+        ema_lib.ExponentialMovingAverage(**arguments)
+
+
+def _replicated_model_fn(features, labels, mode):
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.0), torch.nn.Linear(8, 1)))
+    ema = ema_lib.ExponentialMovingAverage(0.8, num_updates=est.get_global_step())
+    if mode != est.ModeKeys.TRAIN:
+        ema.copy_to()
+    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+    if mode == est.ModeKeys.EVAL:
+        return est.EstimatorSpec(mode, loss=loss)
+    ema.apply()
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.05)))
+
+
+def _replica_input_fn(input_context=None):
+    rng = np.random.RandomState(0)
+    data = [(rng.randn(3, 4), rng.randn(3, 1)) for _ in range(8)]   # float64, as pandas gives
+    if input_context is None:   # one process: a replica's batch and the next, together
+        return [({"x": np.concatenate([data[i][0], data[i + 1][0]])},
+                 np.concatenate([data[i][1], data[i + 1][1]])) for i in range(0, 8, 2)]
+    return [({"x": x}, y) for x, y in data[input_context.input_pipeline_id::2]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["mirrored", "central_storage"])
+def test_replicas_average_as_one_process(tmp_path, kind):
+    import distribute
+    options = distribute.CommunicationOptions(timeout_seconds=30)
+    strategy = (distribute.MirroredStrategy(["cpu:0", "cpu:1"], communication_options=options)
+                if kind == "mirrored" else
+                distribute.CentralStorageStrategy(["cpu:0", "cpu:1"],
+                                                  communication_options=options))
+    two = est.Estimator(_replicated_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), train_distribute=strategy))
+    two.train(_replica_input_fn)
+    one = est.Estimator(_replicated_model_fn, str(tmp_path / "one"))
+    one.train(lambda: _replica_input_fn())
+    names = one.get_variable_names()
+    assert "net/0/weight/ExponentialMovingAverage" in names and names == two.get_variable_names()
+    for name in names:
+        np.testing.assert_allclose(two.get_variable_value(name), one.get_variable_value(name),
+                                   atol=1e-6, err_msg=name)
+
+    def data():
+        return _replica_input_fn()[:1]
+    assert two.evaluate(data)["loss"] == pytest.approx(one.evaluate(data)["loss"], rel=1e-6)
+
+
+def test_parameter_server_strategy_without_a_cluster_averages_as_no_strategy(tmp_path):
+    """Its local case keeps the variables here (CentralStorage's way)."""
+    import distribute
+    local = est.Estimator(_replicated_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "local"), train_distribute=distribute.ParameterServerStrategy(),
+        tf_random_seed=3))
+    local.train(lambda: _replica_input_fn())
+    plain = est.Estimator(_replicated_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "plain"), tf_random_seed=3))
+    plain.train(lambda: _replica_input_fn())
+    name = "net/3/weight/ExponentialMovingAverage"
+    np.testing.assert_allclose(local.get_variable_value(name), plain.get_variable_value(name),
+                               atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_parameter_server_training_is_refused(tmp_path):
+    """TF keeps the averages on the ps tasks, updated by every worker: not built here."""
+    import io
+    from estimator.experiment.launch import launch
+    from paths import SUPPORT
+    output = io.StringIO()
+    status = launch([os.path.join(SUPPORT, "ps_task.py"), str(tmp_path), "--steps", "5",
+                     "--moving-average"], output=output, workers=0, ps=1, timeout=150,
+                    stop_grace_secs=5)
+    assert status != 0
+    assert "not built for ParameterServerStrategy's training" in output.getvalue()
+
+
+def test_an_in_memory_evaluator_evaluates_on_the_averages(tmp_path):
+    """Its first evaluation, before any update, is of the variables (their
+    averages then); its last is TF's evaluation on the averages."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    estimator = est.Estimator(model_fn, str(tmp_path), params={})
+    estimator.train(batches, max_steps=TF["steps"], hooks=[est.experimental.InMemoryEvaluatorHook(
+        estimator, lambda: [({"x": X}, Y)], every_n_iter=3)])
+    events = EventAccumulator(estimator.eval_dir()).Reload()
+    losses = {e.step: e.value for e in events.Scalars("loss")}
+    hidden, out = Dense("hidden"), Dense("out")
+    initial = torch.nn.functional.mse_loss(out(torch.relu(hidden(torch.tensor(X)))),
+                                           torch.tensor(Y)).item()
+    assert sorted(losses) == [0, 3, 6]
+    assert losses[0] == pytest.approx(initial, rel=1e-6)
+    assert losses[6] == pytest.approx(TF["eval_loss_on_warm_averages"], rel=1e-5)
