@@ -78,9 +78,9 @@ class ExponentialMovingAverage:
         parameter, TF's `tf.trainable_variables()`) after this step's update.
         Outside TRAIN nothing is updated (TF runs no train_op there)."""
         scope = model_scope.current()
-        variables, slots = self._slots(scope, var_list, "apply")
         if scope.mode != ModeKeys.TRAIN:
             return
+        variables, slots = self._slots(scope, var_list, "apply")
         if scope.strategy.extended.uses_parameter_servers:
             raise ValueError(
                 "ExponentialMovingAverage.apply: not built for ParameterServerStrategy's "

@@ -37,6 +37,7 @@ def model_fn(features, labels, mode, params):
     plain = ema_lib.ExponentialMovingAverage(0.5)
     if mode != est.ModeKeys.TRAIN:
         warm.copy_to()
+        plain.apply()   # (TF: an op no train_op runs outside TRAIN; an export's trace too)
     out = out_layer(torch.relu(hidden(features["x"])))
     if mode == est.ModeKeys.PREDICT:
         return est.EstimatorSpec(mode, predictions={"y": out})
