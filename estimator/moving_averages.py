@@ -15,6 +15,7 @@ TF's names (`net/0/weight/ExponentialMovingAverage`) and restored with them.
 """
 from __future__ import annotations
 
+import logging
 import numbers
 from typing import List, Optional, Tuple
 
@@ -22,6 +23,8 @@ import torch
 
 from hooks import model_scope
 from hooks.mode_keys import ModeKeys
+
+logger = logging.getLogger(__name__)
 
 
 class ExponentialMovingAverage:
@@ -86,9 +89,9 @@ class ExponentialMovingAverage:
                 "ExponentialMovingAverage.apply: not built for ParameterServerStrategy's "
                 "training (TF keeps the averages on the ps tasks, updated by every worker); "
                 "train under a synchronous strategy, or average in a custom loop of your own")
-        if scope.global_step == 0 and scope.built_versions:
+        if scope.updated_in_first_step:
             _check_not_updated(scope, variables, slots, self._name)
-        shadows = [s.slot(self._name, v) for v, s in zip(variables, slots)]
+        shadows = self._made(scope, variables, slots)
         for slot in slots:   # (TF: "Moving average already computed for")
             if slot.updates.get(self._name) is scope.after_update:
                 raise ValueError(f"ExponentialMovingAverage({self._name!r}).apply: "
@@ -136,9 +139,22 @@ class ExponentialMovingAverage:
         if scope.averages_copied == done:   # (every batch of an evaluation)
             return
         with torch.no_grad():
-            for variable, slot in zip(variables, slots):
-                variable.copy_(slot.slot(self._name, variable))
+            for variable, average in zip(variables, self._made(scope, variables, slots)):
+                variable.copy_(average)
         scope.averages_copied = done
+
+    def _made(self, scope, variables: list, slots: list) -> list:
+        """The averages of `variables`, made where they are not: restored, or
+        from the variables' values (said where a checkpoint lacks them)."""
+        absent = [s.variable for s in slots
+                  if s.get(self._name) is None and not s.restored(self._name)]
+        if absent:
+            logger.warning(
+                "ExponentialMovingAverage(%r): the checkpoint %s holds no averages of %s (it "
+                "was written before they began, or by a model without them): they start "
+                "from the variables' values now", self._name, scope.restore_path,
+                ", ".join(absent))
+        return [s.slot(self._name, v) for v, s in zip(variables, slots)]
 
     def _slots(self, scope, var_list, method: str) -> Tuple[List[torch.Tensor], list]:
         variables = _variables(scope, var_list, method)
@@ -193,8 +209,7 @@ def _check_not_updated(scope, variables: list, slots: list, name: str) -> None:
     """A fresh run's first apply must see the variables before the step's
     update, or the averages would start from the updated values."""
     for variable, slot in zip(variables, slots):
-        built = scope.built_versions.get(id(variable))
-        if built is not None and variable._version != built and slot.get(name) is None:
+        if id(variable) in scope.updated_in_first_step and slot.get(name) is None:
             raise ValueError(
                 f"ExponentialMovingAverage.apply first called after {slot.variable} was "
                 f"updated in the first step: its average would start from the updated "

@@ -143,8 +143,9 @@ class Slots(torch.nn.Module):
     one per slot name, added when first needed. Saved with the model as the
     module named by the variable (so the checkpoint names them TF's way); a
     slot is restored from the checkpoint when it is added, or starts at
-    `initial` in a run without one. Not placed or wrapped by the strategy:
-    each replica keeps its own, equal where the variables are."""
+    `initial` where the checkpoint has none (`restored`). Not placed or
+    wrapped by the strategy: each replica keeps its own, equal where the
+    variables are."""
 
     def __init__(self, variable: str, saved: Optional[dict], path: Optional[str]):
         super().__init__()
@@ -161,13 +162,8 @@ class Slots(torch.nn.Module):
         if found is not None:
             return found
         value = initial.detach().clone()
-        if self._saved is not None:   # (a resumed run: the checkpoint's value)
-            saved = self._saved.get(name)
-            if saved is None:
-                raise ValueError(
-                    f"{self.variable}/{name}: the checkpoint {self._path} does not hold it "
-                    f"(it was written before it was made); a model_dir keeps the same "
-                    f"model, use warm_start_from for a new one")
+        saved = None if self._saved is None else self._saved.get(name)
+        if saved is not None:   # (a resumed run: the checkpoint's value)
             if saved.shape != value.shape:
                 raise ValueError(
                     f"{self.variable}/{name}: the checkpoint {self._path} holds it of shape "
@@ -175,6 +171,11 @@ class Slots(torch.nn.Module):
             value.copy_(saved)
         self.register_buffer(name, value)
         return value
+
+    def restored(self, name: str) -> bool:
+        """Whether the slot `name` is (to be) the checkpoint's: False where a
+        checkpoint was restored without it."""
+        return self._saved is None or name in self._saved
 
 
 class ModelScope:
@@ -235,11 +236,18 @@ class ModelScope:
         self._warm_start = warm_start
         self.slots: Dict[str, Slots] = {}   # variable name -> its slots (also in raw_modules)
         self.after_update: list = []   # run once this training step's update is made
-        # parameter id -> its version when its module was placed (a fresh run's)
-        self.built_versions: Dict[int, int] = {}
+        # ids of the parameters an optimizer stepped in a fresh run's first step
+        # (watched through that step only: `_watch_first_updates`)
+        self.updated_in_first_step: set = set()
+        self._first_step_watches: list = []
         self._names: Dict[int, str] = {}
         self._names_of = 0   # the number of modules `_names` was made from
         self.averages_copied: Optional[tuple] = None   # (ExponentialMovingAverage.copy_to)
+
+    @property
+    def restore_path(self) -> Optional[str]:
+        """The checkpoint this scope was restored from, or None."""
+        return self._restore_path
 
     # -- creation (the interception point) ---------------------------------
     def create_module(self, name: str, factory: Callable[[], torch.nn.Module]):
@@ -279,8 +287,6 @@ class ModelScope:
                                    if p.requires_grad)
         placed = self.strategy.extended.create_module(name, module)
         placed.train(self.mode == ModeKeys.TRAIN)
-        if self._restore is None:
-            self.built_versions.update((id(p), p._version) for p in placed.parameters())
         self.modules[name] = placed
         return placed
 
@@ -433,6 +439,9 @@ class ModelScope:
                 and self.mode == ModeKeys.TRAIN:
             self._warm_start.apply_optimizer(optimizer, var_names, name)
         self.optimizers[name] = optimizer
+        if self._restore is None and self.global_step == 0 and self.mode == ModeKeys.TRAIN:
+            self._first_step_watches.append(
+                optimizer.register_step_post_hook(self._note_first_updates))
         self.optimizer_var_names[name] = var_names
         self.optimizer_built_with[name] = built_with
         if inputs:
@@ -448,6 +457,10 @@ class ModelScope:
                 self._unfollowed = _Unfollowed(name, [g.get("lr") for g in
                                                       optimizer.param_groups], sites)
         return optimizer
+
+    def _note_first_updates(self, optimizer, args, kwargs) -> None:
+        self.updated_in_first_step.update(p for group in optimizer.param_groups
+                                          for p in map(id, group["params"]))
 
     def _keep_changed_hyperparameters(self, name: str, optimizer, built_with: list,
                                       state: dict, groups_from: Optional[list]) -> None:
@@ -681,6 +694,11 @@ class ModelScope:
         holds is said once (gradual unfreezing: nothing would step it). One
         test where nothing was left out, a `requires_grad` read of each frozen
         one else."""
+        if self._first_step_watches:   # (the first step is over)
+            for watch in self._first_step_watches:
+                watch.remove()
+            self._first_step_watches.clear()
+            self.updated_in_first_step.clear()
         if self._absent:
             self._forget_held(self._absent)
             if self._absent:

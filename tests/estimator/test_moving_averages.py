@@ -195,14 +195,24 @@ def test_wrong_uses_are_said(tmp_path, case, error, match):
         estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 2)
 
 
-def test_an_average_begun_after_the_checkpoint_is_said_on_resuming(tmp_path):
-    """TF fails to restore the missing `.../ExponentialMovingAverage` alike."""
-    est.Estimator(_erring_model_fn, str(tmp_path), params={"case": "begun later"}).train(
-        lambda: [({"x": X[:4]}, Y[:4])] * 2)
-    estimator = est.Estimator(_erring_model_fn, str(tmp_path), params={"case": "begun later"})
-    with pytest.raises(ValueError, match=r"net/weight/ExponentialMovingAverage: the checkpoint "
-                                         r".*model.ckpt-2 does not hold it"):
-        estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 2)
+def test_an_average_begun_after_the_checkpoint_starts_from_the_variables_said(tmp_path,
+                                                                               caplog):
+    """A model_dir written before averaging began, resumed: its averages start
+    from the variables' values then, said (TF's restore would fail)."""
+    def make(model_dir):
+        return est.Estimator(_erring_model_fn, params={"case": "begun later"},
+                             config=est.RunConfig(model_dir=str(model_dir), tf_random_seed=1))
+    make(tmp_path).train(lambda: [({"x": X[:4]}, Y[:4])] * 2)
+    estimator = make(tmp_path)
+    estimator.train(lambda: [({"x": X[:4]}, Y[:4])])
+    assert ("the checkpoint " + os.path.join(str(tmp_path), "model.ckpt-2") +
+            " holds no averages of net/weight, net/bias") in caplog.text
+    at_2 = make(tmp_path / "at_2")
+    at_2.train(lambda: [({"x": X[:4]}, Y[:4])] * 3)   # (the same, without the restart)
+    for name in ("net/weight", "net/bias"):
+        np.testing.assert_allclose(estimator.get_variable_value(name + "/ExponentialMovingAverage"),
+                                   at_2.get_variable_value(name + "/ExponentialMovingAverage"),
+                                   rtol=1e-6)
 
 
 @pytest.mark.parametrize("arguments, error, match", [
@@ -309,3 +319,36 @@ def test_an_in_memory_evaluator_evaluates_on_the_averages(tmp_path):
     assert sorted(losses) == [0, 3, 6]
     assert losses[0] == pytest.approx(initial, rel=1e-6)
     assert losses[6] == pytest.approx(TF["eval_loss_on_warm_averages"], rel=1e-5)
+
+
+def _lazy_model_fn(features, labels, mode, params):
+    """A LazyLinear made at its first call, a weight set by hand in the first
+    step, and an average begun at step 2 (updates before apply there)."""
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.LazyLinear(3), torch.nn.ReLU(), torch.nn.Linear(3, 1)))
+    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+    if est.get_global_step() == 0:
+        with torch.no_grad():
+            net[2].bias.fill_(0.5)
+    opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1))
+
+    def train_op():
+        ema_lib.ExponentialMovingAverage(0.9).apply()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if est.get_global_step() >= 2:
+            ema_lib.ExponentialMovingAverage(0.5, name="later").apply()
+    return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_changes_before_the_first_update_and_averages_begun_later_are_not_refused(tmp_path):
+    estimator = est.Estimator(_lazy_model_fn, str(tmp_path))
+    estimator.train(lambda: [({"x": X[:4]}, Y[:4])], max_steps=1)
+    # the average starts at the value set by hand, then one update (decay 0.9)
+    trained = estimator.get_variable_value("net/2/bias")
+    np.testing.assert_allclose(
+        estimator.get_variable_value("net/2/bias/ExponentialMovingAverage"),
+        0.5 + 0.1 * (trained - 0.5), rtol=1e-6)
+    estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 3)
+    assert "net/0/weight/later" in estimator.get_variable_names()   # (begun at step 2)
