@@ -195,8 +195,7 @@ def test_wrong_uses_are_said(tmp_path, case, error, match):
         estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 2)
 
 
-def test_an_average_begun_after_the_checkpoint_starts_from_the_variables_said(tmp_path,
-                                                                               caplog):
+def test_averages_a_checkpoint_lacks_start_from_the_variables_said(tmp_path, caplog):
     """A model_dir written before averaging began, resumed: its averages start
     from the variables' values then, said (TF's restore would fail)."""
     def make(model_dir):
