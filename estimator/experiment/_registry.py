@@ -229,6 +229,9 @@ def _import_file(module_part: str, base_dir: str):
         raise RefError(f"cannot import from {module_part!r}: no such file (looked for {looked}); "
                        "a file path is relative to the experiment file's directory or the "
                        "current directory")
+    package = _in_package(path)
+    if package is not None:   # (its own imports name the package: `from . import model`)
+        return _import_package_file(module_part, path, *package)
     name = _module_name(path)
     version = _version(path)
     if name in sys.modules and _loaded.get(name) in (None, version):
@@ -247,6 +250,41 @@ def _import_file(module_part: str, base_dir: str):
         _loaded.pop(name, None)
         raise RefError(f"importing {module_part!r} ({path}) failed: {_describe(e)}; fix that "
                        "file") from None
+    _loaded[name] = version
+    return module
+
+
+def _in_package(path: str) -> Optional[tuple]:
+    """(`trainer.task`, the directory above `trainer/`) for a file of a
+    package (its directories hold `__init__.py`), else None."""
+    directory, parts = os.path.dirname(path), [os.path.splitext(os.path.basename(path))[0]]
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        directory, package = os.path.split(directory)
+        parts.insert(0, package)
+    if len(parts) == 1 or not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts), directory
+
+
+def _import_package_file(module_part: str, path: str, name: str, root: str):
+    """The file at `path` imported as module `name` of its package, as
+    `python -m trainer.task` run from `root` imports it."""
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    version = _version(path)
+    try:
+        module = importlib.import_module(name)
+        if _loaded.get(name) not in (None, version):   # (a file changed since: run again)
+            module = importlib.reload(module)
+    except Exception as e:  # noqa: BLE001
+        _loaded.pop(name, None)
+        raise RefError(f"importing {module_part!r} ({path}) as module {name} failed: "
+                       f"{_describe(e)}; fix that file") from None
+    found = os.path.abspath(getattr(module, "__file__", "") or "")
+    if found != path:
+        raise RefError(f"importing {module_part!r} as module {name} (its package's name) gave "
+                       f"{found or 'a module without a file'}, another package of that name "
+                       f"on sys.path; rename one, or name the module by import path")
     _loaded[name] = version
     return module
 

@@ -11,6 +11,7 @@ sets `handler(args) -> exit status`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -32,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run `estimator COMMAND ...`; returns the exit status."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())   # (modules by name as `python -m estimator` finds them)
     parser = _parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)

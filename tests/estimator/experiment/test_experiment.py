@@ -1211,3 +1211,37 @@ def test_deep_nesting_and_a_huge_file_are_refused_with_file_and_line(workdir):
     with pytest.raises(ExperimentError, match=rf"{huge}:1: the file holds \d+ characters; "
                                               "experiment files are limited"):
         experiment.load(huge)
+
+
+@pytest.fixture
+def trainer_package(tmp_path, monkeypatch):
+    """A Cloud ML trainer's layout: trainer/task.py does `from . import model`."""
+    for root in ("proj", "other"):
+        package = tmp_path / root / "trainer"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "model.py").write_text(f"ROOT = {root!r}\n\n" + MODULE)
+        (package / "task.py").write_text("from . import model\nfrom .model import model_fn\n"
+                                         "ROOT = model.ROOT\n")
+    monkeypatch.chdir(tmp_path / "proj")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    yield tmp_path
+    for name in ("trainer", "trainer.model", "trainer.task"):
+        sys.modules.pop(name, None)
+
+
+def test_a_file_of_a_package_is_imported_as_its_module(trainer_package, capsys):
+    """Before, `from . import model` failed and the error said to fix the file;
+    and the `estimator` command, unlike `python -m estimator`, did not find
+    modules in the current directory."""
+    path = write(trainer_package / "proj", "model_fn: trainer/task.py:model_fn\ntrain_spec:\n"
+                 "  input_fn: trainer.task:model.input_fn\n  max_steps: 1\n")
+    assert cli.main(["run", str(path), "--print-config"]) == 0
+    assert f"model_fn: {trainer_package}/proj/trainer/task.py:model_fn" in capsys.readouterr().out
+    assert sys.modules["trainer.task"].ROOT == "proj"
+    # a package of the same name from elsewhere is said, not taken for it
+    other = write(trainer_package / "proj", f"model_fn: {trainer_package}/other/trainer/task.py:"
+                  "model_fn\n", "other.yaml")
+    with pytest.raises(ExperimentError, match=r"as module trainer.task \(its package's name\) "
+                                              r"gave .*/proj/trainer/task.py, another package"):
+        experiment.load(other)
