@@ -20,6 +20,6 @@ pipelines agree whatever their workers and torch seeds).
             yield features, features.pop("label")
 """
 from .csv_dataset import make_csv_dataset
-from .datasets import TextLineDataset, TFRecordDataset
+from .datasets import TextLineDataset, TFRecordDataset, list_files
 
-__all__ = ["TFRecordDataset", "TextLineDataset", "make_csv_dataset"]
+__all__ = ["TFRecordDataset", "TextLineDataset", "list_files", "make_csv_dataset"]

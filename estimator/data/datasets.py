@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 from typing import Iterator, Optional, Sequence, Union
 
 import torch
@@ -21,17 +22,24 @@ def _files(filenames: Files) -> list:
         raise ValueError("filenames is empty: give at least one file")
     for f in files:
         if not os.path.isfile(f):
-            raise ValueError(f"{f}: no such file")
+            hint = ("; a dataset takes file names, as TF's: for a pattern, "
+                    "est.data.list_files(pattern)") if glob.has_magic(f) else ""
+            raise ValueError(f"{f}: no such file{hint}")
     return files
 
 
-def list_files(file_pattern: Files) -> list:
-    """The files a glob pattern (or a list of them) names, sorted (TF:
-    ``tf.data.Dataset.list_files`` without shuffling)."""
+def list_files(file_pattern: Files, shuffle: Optional[bool] = None,
+               seed: Optional[int] = None) -> list:
+    """The files a glob pattern (or a list of them) names (TF:
+    ``tf.data.Dataset.list_files``), as a list: sorted, unless `shuffle`
+    (then in an order drawn once, from `seed`). TF's `shuffle` defaults to
+    True, a new order each pass; here to sorted, the same on every replica."""
     patterns = [file_pattern] if isinstance(file_pattern, (str, os.PathLike)) else file_pattern
     files = sorted({f for p in patterns for f in glob.glob(os.fspath(p))})
     if not files:
         raise ValueError(f"No files match {file_pattern!r}")
+    if shuffle:
+        random.Random(seed).shuffle(files)
     return files
 
 

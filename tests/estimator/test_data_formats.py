@@ -671,3 +671,21 @@ def test_make_csv_dataset_reshuffles_each_iteration_as_tf(tmp_path):
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
     epochs = [ids(loader) for _ in range(2)]
     assert all(sorted(epoch) == list(range(16)) for epoch in epochs) and epochs[0] != epochs[1]
+
+
+def test_list_files_expands_a_pattern_for_the_datasets_which_take_names(tmp_path):
+    """A literal port: list_files(pattern) then TextLineDataset(files). A
+    pattern given to the dataset itself is said, as TF's takes names only."""
+    for i in (2, 0, 1):
+        (tmp_path / f"train-{i}.csv").write_text(f"{i},a\n{i},b\n")
+    pattern = str(tmp_path / "train-*.csv")
+    files = est.data.list_files(pattern)
+    assert files == [str(tmp_path / f"train-{i}.csv") for i in range(3)]
+    assert [line for line in est.data.TextLineDataset(files)][:3] == [b"0,a", b"0,b", b"1,a"]
+    shuffled = est.data.list_files(pattern, shuffle=True, seed=3)
+    assert sorted(shuffled) == files and shuffled == est.data.list_files(pattern, True, 3)
+    with pytest.raises(ValueError, match=r"train-\*\.csv: no such file; a dataset takes file "
+                                         r"names, as TF's: for a pattern, est.data.list_files"):
+        est.data.TextLineDataset(pattern)
+    with pytest.raises(ValueError, match="No files match"):
+        est.data.list_files(str(tmp_path / "valid-*.csv"))
