@@ -826,7 +826,14 @@ class _CollectiveExtended(StrategyExtended):
                 self._pending_loss.wait()
                 self._pending_loss = None
             raise _StopAgreed()
-        self._stop_after = bool(flags[2].item())
+        ran_out = int(flags[2].item())   # (the replicas with no batch for the next step)
+        self._stop_after = bool(ran_out)
+        if ran_out and self._train_input is not None and not self._train_input.exhausted:
+            logger.warning(
+                "Replica %d stops with batches of its input left, not trained: the input of "
+                "%d replica(s) ran out, and every step takes a batch from each. Give the "
+                "replicas the same number of batches, or repeat the input and set max_steps",
+                self._rank(), ran_out)
         self._step_agreed = True
         if self._step_loss is not None:
             self._loss_src, self._loss_mean = self._step_loss, None

@@ -1486,6 +1486,23 @@ def test_replicas_that_all_read_the_same_first_batch_are_warned_of(
                              "every replica trains 2 copies") == int(warned), proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("batches, warned", [(80, True), (64, False)])   # 3 + 2 / 2 + 2
+def test_a_replicas_batches_left_untrained_are_said(tmp_path, batches, warned):
+    """A finite input of an odd number of batches: the last, on one replica,
+    is not trained (every step takes a batch from each); it was silent."""
+    script = tmp_path / "train.py"
+    script.write_text(_SAME_INPUT_SCRIPT.format(
+        root=ROOT, tests=SUPPORT, input_fn=f"lambda: batches({batches}, 16)",
+        model_dir=str(tmp_path / "m"), read_ahead=None))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    assert "steps 2" in proc.stdout
+    assert proc.stderr.count("Replica 0 stops with batches of its input left, not trained: the "
+                             "input of 1 replica(s) ran out") == int(warned), proc.stderr
+
+
 _FORK_SCRIPT = r"""
 import os, sys
 sys.path[:0] = [{root!r}, {tests!r}]
