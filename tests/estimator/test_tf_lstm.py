@@ -1,0 +1,55 @@
+"""est.checkpoint.lstm_from_tf: TF1's LSTM cells (BasicLSTMCell, LSTMCell,
+MultiRNNCell over dynamic_rnn) as torch.nn.LSTM, recorded from TF 2.15 by
+tests/support/fixtures/record_tf_lstm.py: the same outputs and states, and
+with bias_hh frozen the same SGD step."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_lstm.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+
+
+def _state(variables, case):
+    state = {}
+    for layer in range(case["layers"]):
+        prefix = next(n for n in variables if f"cell_{layer}/" in n or case["layers"] == 1)
+        prefix = prefix.rsplit("/", 1)[0] + "/"
+        state.update(est.checkpoint.lstm_from_tf(np.array(variables[prefix + "kernel"]),
+                                                 variables[prefix + "bias"],
+                                                 case["forget_bias"], layer=layer))
+    return state
+
+
+@pytest.mark.parametrize("name", sorted(TF["cases"]))
+def test_a_tf_lstm_runs_and_trains_as_torchs_lstm(name):
+    case = TF["cases"][name]
+    lstm = torch.nn.LSTM(TF["input"], TF["units"], num_layers=case["layers"], batch_first=True)
+    lstm.load_state_dict(_state(case["before"], case))
+    for layer in range(case["layers"]):
+        getattr(lstm, f"bias_hh_l{layer}").requires_grad_(False)
+    outputs, (h, c) = lstm(torch.tensor(case["x"]))
+    np.testing.assert_allclose(outputs.detach().numpy(), case["outputs"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h[-1].detach().numpy(), case["h"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c[-1].detach().numpy(), case["c"], rtol=1e-5, atol=1e-6)
+    optimizer = torch.optim.SGD([p for p in lstm.parameters() if p.requires_grad], lr=0.1)
+    (outputs ** 2).sum().backward()
+    optimizer.step()
+    after = _state(case["after"], case)
+    for key, value in lstm.state_dict().items():
+        np.testing.assert_allclose(value.numpy(), after[key].numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+
+
+def test_wrong_shapes_are_said():
+    with pytest.raises(ValueError, match=r"expected a kernel \[input \+ units, 4 \* units\] "
+                                         r"and a bias \[4 \* units\], got \[7, 12\] and \[8\]"):
+        est.checkpoint.lstm_from_tf(np.zeros((7, 12)), np.zeros(8))
+    with pytest.raises(ValueError, match="a kernel of 3 rows has no input rows"):
+        est.checkpoint.lstm_from_tf(np.zeros((3, 12)), np.zeros(12))
