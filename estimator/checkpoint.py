@@ -14,6 +14,6 @@ from .tf_layouts import lstm_from_tf
 
 __all__ = ["DIGEST_SUFFIX", "INDEX", "PREFIX", "DataLossError", "Saver", "all_checkpoints",
            "checkpoints_on_disk", "digest", "flat_variables", "latest_checkpoint",
-           "list_variables", "load", "load_variable", "lstm_from_tf", "missing_slots", "optimizer_kind", "pin",
-           "resolve", "restore_latest", "restore_rng", "rng_preserved", "rng_state", "step_of",
-           "unpin", "UnsafeCheckpointError"]
+           "list_variables", "load", "load_variable", "lstm_from_tf", "missing_slots",
+           "optimizer_kind", "pin", "resolve", "restore_latest", "restore_rng", "rng_preserved",
+           "rng_state", "step_of", "unpin", "UnsafeCheckpointError"]
