@@ -12,6 +12,7 @@ checkpoint and warm starting happen at creation, before the strategy places
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import re
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
@@ -260,6 +261,14 @@ class ModelScope:
             raise TypeError(
                 f"get_module({name!r}): the factory must return a torch.nn.Module, "
                 f"got {type(module).__name__}")
+        if any(_uncompiled(module) is held for scope in _stack if scope is not self
+               for held in scope.raw_modules.values()):
+            # A module made once, outside the model_fn (`NET = ...; get_module("net",
+            # lambda: NET)`), which training holds: an evaluation inside the training
+            # (InMemoryEvaluatorHook) restores, sets modes on and may change its own copy.
+            logger.info("get_module(%r): the factory returned the module the training holds; "
+                        "this %s scope uses a copy of it", name, self.mode)
+            module = copy.deepcopy(module)
         # torch.compile's module: its variables, checkpoints and exports are
         # the module it compiled (no `_orig_mod` in their names)
         original = _uncompiled(module)

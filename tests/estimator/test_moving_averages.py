@@ -2,6 +2,7 @@
 model's variables, updated after each step's update, checkpointed under TF's
 names, copied into the variables to evaluate, predict and export on them.
 TF's values recorded by tests/support/fixtures/record_tf_moving_averages.py."""
+import copy
 import json
 import os
 
@@ -351,3 +352,36 @@ def test_changes_before_the_first_update_and_averages_begun_later_are_not_refuse
         0.5 + 0.1 * (trained - 0.5), rtol=1e-6)
     estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 3)
     assert "net/0/weight/later" in estimator.get_variable_names()   # (begun at step 2)
+
+
+_NET = torch.nn.Linear(4, 1)   # built once, at import, as a ported script may
+
+
+def _global_model_fn(features, labels, mode, params):
+    net = est.get_module("net", (lambda: _NET) if params["shared"] else (
+        lambda: copy.deepcopy(_NET)))
+    ema = ema_lib.ExponentialMovingAverage(0.9)
+    if mode != est.ModeKeys.TRAIN:
+        ema.copy_to()
+    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+    if mode == est.ModeKeys.EVAL:
+        return est.EstimatorSpec(mode, loss=loss)
+    ema.apply()
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+def test_an_evaluation_inside_training_leaves_a_module_made_once_alone(tmp_path):
+    """`get_module("net", lambda: NET)`: the in-memory evaluation's scope got
+    the training's own module, and its copy_to trained on from the averages."""
+    with torch.no_grad():
+        _NET.weight.copy_(torch.tensor([[0.1, -0.2, 0.3, 0.0]]))
+        _NET.bias.zero_()
+    weights = {}
+    for shared in (False, True):
+        estimator = est.Estimator(_global_model_fn, str(tmp_path / str(shared)),
+                                  params={"shared": shared})
+        estimator.train(batches, max_steps=6, hooks=[est.experimental.InMemoryEvaluatorHook(
+            estimator, lambda: [({"x": X}, Y)], every_n_iter=2)])
+        weights[shared] = estimator.get_variable_value("net/weight")
+    np.testing.assert_array_equal(weights[True], weights[False])
