@@ -34,7 +34,8 @@ class ExponentialMovingAverage:
 
     `apply(var_list)` updates each variable's average after the step's
     training update, wherever in the step it is called: TF's
-    `with tf.control_dependencies([train_op]): train_op = ema.apply(...)`.
+    `with tf.control_dependencies([train_op]): train_op = ema.apply(...)`
+    (after the forward pass of a lazy module, which makes its parameters).
     An average starts at its variable's value when `apply` first sees it: the
     initial value, as TF's, when that is in the first step before the update.
     Each update is TF's: `decay = min(decay, (1 + n) / (10 + n))` where
@@ -84,6 +85,8 @@ class ExponentialMovingAverage:
         if scope.mode != ModeKeys.TRAIN:
             return
         variables, slots = self._slots(scope, var_list, "apply")
+        if not variables:   # (TF: apply([]) is a no-op)
+            return
         if scope.strategy.extended.uses_parameter_servers:
             raise ValueError(
                 "ExponentialMovingAverage.apply: not built for ParameterServerStrategy's "
@@ -182,6 +185,11 @@ def _variables(scope, var_list, method: str) -> List[torch.Tensor]:
     seen, unique = set(), []
     for variable in out:
         _name_of(scope, variable, method, names)
+        if isinstance(variable, torch.nn.parameter.UninitializedTensorMixin):
+            raise ValueError(
+                f"ExponentialMovingAverage.{method}: {names[id(variable)]} is not made yet (a "
+                f"lazy module makes its parameters in its first forward pass): call {method} "
+                f"after the forward pass")
         if not variable.is_floating_point():
             raise TypeError(f"ExponentialMovingAverage.{method}: {names[id(variable)]} is "
                             f"{variable.dtype}; the variables must be half, float or double "

@@ -171,6 +171,12 @@ def _erring_model_fn(features, labels, mode, params):
     elif case == "begun later":
         if est.get_global_step() >= 2:
             ema.apply()
+    elif case == "nothing":   # (TF: a no-op)
+        ema.apply([])
+        ema.apply([p for p in net.parameters() if not p.requires_grad])
+    elif case == "before a lazy module's first call":
+        lazy = est.get_module("lazy", lambda: torch.nn.LazyLinear(1))
+        ema.apply(lazy)
     else:
         ema.apply(net)
     return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
@@ -189,11 +195,19 @@ class CountBuffer(torch.nn.Module):
     ("twice", ValueError, "net/weight is averaged twice in one step"),
     ("copy_to in TRAIN", ValueError, "call it in EVAL and PREDICT only"),
     ("not a list", TypeError, "var_list must be the model's parameters, buffers or modules"),
+    ("before a lazy module's first call", ValueError, "lazy/weight is not made yet .* call "
+                                                      "apply after the forward pass"),
 ])
 def test_wrong_uses_are_said(tmp_path, case, error, match):
     estimator = est.Estimator(_erring_model_fn, str(tmp_path), params={"case": case})
     with pytest.raises(error, match=match):
         estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 2)
+
+
+def test_averaging_nothing_does_nothing(tmp_path):
+    estimator = est.Estimator(_erring_model_fn, str(tmp_path), params={"case": "nothing"})
+    estimator.train(lambda: [({"x": X[:4]}, Y[:4])] * 2)
+    assert not any("Average" in name for name in estimator.get_variable_names())
 
 
 def test_averages_a_checkpoint_lacks_start_from_the_variables_said(tmp_path, caplog):
