@@ -117,8 +117,10 @@ class ExponentialMovingAverage:
         """The average of `var`, or None where none was made (TF's `average`)."""
         scope = model_scope.current()
         name = _name_of(scope, var, "average")
-        slots = scope.slots.get(name)
-        return None if slots is None else slots.get(self._name)
+        slots = scope.get_slots(name)
+        if slots.get(self._name) is None and slots.saved(self._name):   # (no step ran yet)
+            return slots.slot(self._name, var)
+        return slots.get(self._name)
 
     def average_name(self, var) -> str:
         """The checkpoint name of `var`'s average: `<variable>/<name>`, TF's."""

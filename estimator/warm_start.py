@@ -368,6 +368,7 @@ class _WarmStarter:
         # {warm-started variable: (its checkpoint name, its layout of a value of that name)}
         self._layouts: Dict[str, tuple] = {}
         self._started = 0             # module variables warm-started
+        self._slots_left: list = []   # [(TF slots not warm-started, into which optimizer)]
         logger.info("Warm-starting from %s", self.path)
 
     def global_step(self) -> Optional[int]:
@@ -393,6 +394,17 @@ class _WarmStarter:
                            "variables, so none was warm-started from %s; the variables are "
                            "%s", self._settings.vars_to_warm_start, self.path,
                            self._names[:20] + (["..."] if len(self._names) > 20 else []))
+        taken = {prev for prev, _ in self._layouts.values()}   # (a moving average's, say)
+        for left, kind in self._slots_left:
+            left = [n for n in left if n not in taken]
+            if left:
+                logger.warning(
+                    "Warm-start: the checkpoint's optimizer slots %s%s are not warm-started "
+                    "into %s, whose state starts fresh (TF's list warm start restores them; "
+                    "slots are taken by torch's Adagrad, Adam and SGD with momentum, and "
+                    "est.optimizers' Adam, Ftrl, RMSProp, Momentum and ProximalAdagrad)",
+                    left[:4], " ..." if len(left) > 4 else "", kind)
+        self._slots_left.clear()
         for what, given, used in (
                 ("var_name_to_prev_var_name", self._settings.var_name_to_prev_var_name,
                  self._renamed),
@@ -454,13 +466,8 @@ class _WarmStarter:
                     logger.info("Warm-started %s's %s from %s", var, slot, name)
                 _fill_state(optimizer, group, param, state, powers)
         _load_states(optimizer, states)
-        if left:
-            logger.warning(
-                "Warm-start: the checkpoint's optimizer slots %s%s are not warm-started into "
-                "%s, whose state starts fresh (TF's list warm start restores them; slots are "
-                "taken by torch's Adagrad, Adam and SGD with momentum, and est.optimizers' "
-                "Adam, Ftrl, RMSProp, Momentum and ProximalAdagrad)", left[:4],
-                " ..." if len(left) > 4 else "", type(optimizer).__name__)
+        if left:   # (said once the model is built: `check_used`)
+            self._slots_left.append((left, type(optimizer).__name__))
 
     def _apply_own_slots(self, optimizer, var_names: Sequence[str], name: str) -> None:
         """A list warm start from this library's checkpoint: each warm-started
@@ -576,7 +583,23 @@ class _WarmStarter:
             self._apply(owner, keys, layer_weights, trainable)
         handle = sub.register_forward_pre_hook(hook)
 
-    def _apply(self, owner: str, items, layer_weights: set, trainable) -> None:
+    def apply_slot(self, variable: str, slot: str, tensor: torch.Tensor) -> None:
+        """A slot of a variable (a moving average, `<variable>/<slot>`), as the
+        model scope makes it: warm-started where `vars_to_warm_start` is a list
+        reaching it (TF's list form takes every global variable; a regex, the
+        trainable ones), from `<its variable's checkpoint name>/<slot>`, in
+        its variable's layout."""
+        name = f"{variable}/{slot}"
+        if not isinstance(self._settings.vars_to_warm_start, (list, tuple)) or \
+                not self._wanted(name):
+            return
+        prev_var, layout = self._layouts.get(variable, (variable, None))
+        self._apply(variable, [(slot, tensor)], set(), None, slot_of=(prev_var, layout))
+
+    def _apply(self, owner: str, items, layer_weights: set, trainable,
+               slot_of: Optional[tuple] = None) -> None:
+        """`slot_of`: (the checkpoint name, the layout) of the variable whose
+        slots `items` are."""
         settings = self._settings
         with torch.no_grad():
             for key, tensor in items:
@@ -588,7 +611,8 @@ class _WarmStarter:
                 if not self._wanted(name) and not (
                         info is not None and settings.vars_to_warm_start is None):
                     continue
-                prev = settings.var_name_to_prev_var_name.get(name, name)
+                prev = settings.var_name_to_prev_var_name.get(
+                    name, name if slot_of is None else f"{slot_of[0]}/{key}")
                 if name in settings.var_name_to_prev_var_name:
                     self._renamed.add(name)
                 if prev not in self._variables:
@@ -607,8 +631,9 @@ class _WarmStarter:
                     value = _remapped(value, info, tuple(tensor.shape), name, prev)
                     self._remapped.add(name)
                 else:
-                    self._layouts[name] = (prev, self._layout(tuple(tensor.shape), prev,
-                                                              key in layer_weights))
+                    layout = slot_of[1] if slot_of is not None else None
+                    self._layouts[name] = (prev, layout or self._layout(
+                        tuple(tensor.shape), prev, key in layer_weights))
                     value = self._layouts[name][1](value)
                 if tuple(value.shape) != tuple(tensor.shape):
                     raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "

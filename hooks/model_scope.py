@@ -148,9 +148,11 @@ class Slots(torch.nn.Module):
     wrapped by the strategy: each replica keeps its own, equal where the
     variables are."""
 
-    def __init__(self, variable: str, saved: Optional[dict], path: Optional[str]):
+    def __init__(self, variable: str, saved: Optional[dict], path: Optional[str],
+                 warm_start=None):
         super().__init__()
         self.variable, self._saved, self._path = variable, saved, path
+        self._warm_start = warm_start   # (a fresh run's: `apply_slot` of the warm start)
         self.updates: Dict[str, list] = {}   # slot -> the after_update list updating it
 
     def get(self, name: str) -> Optional[torch.Tensor]:
@@ -170,8 +172,14 @@ class Slots(torch.nn.Module):
                     f"{self.variable}/{name}: the checkpoint {self._path} holds it of shape "
                     f"{list(saved.shape)}, the variable is of shape {list(value.shape)}")
             value.copy_(saved)
+        elif self._warm_start is not None:
+            self._warm_start.apply_slot(self.variable, name, value)
         self.register_buffer(name, value)
         return value
+
+    def saved(self, name: str) -> bool:
+        """Whether the restored checkpoint holds the slot `name`."""
+        return self._saved is not None and name in self._saved
 
     def restored(self, name: str) -> bool:
         """Whether the slot `name` is (to be) the checkpoint's: False where a
@@ -308,7 +316,8 @@ class ModelScope:
                                  "its slots (moving averages) need a name of their own")
             saved = None if self._restore is None else self._restore["modules"].get(variable, {})
             found = self.slots[variable] = self.raw_modules[variable] = Slots(
-                variable, saved, self._restore_path)
+                variable, saved, self._restore_path,
+                self._warm_start if self._restore is None else None)
         return found
 
     def variable_names(self) -> Dict[int, str]:

@@ -91,6 +91,27 @@ def test_averages_are_tfs_and_checkpointed_under_tfs_names(tmp_path, where):
     _assert_variables_are_tfs(estimator)
 
 
+@pytest.mark.parametrize("source", ["ours", "tf"])
+def test_a_list_warm_start_takes_the_averages_as_tfs(tmp_path, caplog, source):
+    """TF's list form warm-starts every variable, the averages (and the global
+    step) included; they restarted from the warm-started variables (and from
+    TF's checkpoint were said to be optimizer slots left out)."""
+    if source == "ours":
+        _train(str(tmp_path / "a"), TF["steps"])
+        start = str(tmp_path / "a")
+    else:
+        start = os.path.join(FIXTURES, "tf_ckpt", "moving_averages", "model.ckpt")
+    warm = est.Estimator(model_fn, str(tmp_path / "b"), params={},
+                         warm_start_from=est.WarmStartSettings(start, [".*"]))
+    warm.train(batches, steps=1)
+    recorded = TF["list_warm_started_then_one_step"]
+    assert sorted(warm.get_variable_names()) == sorted(recorded)
+    for name in recorded:
+        np.testing.assert_allclose(warm.get_variable_value(name), recorded[name], rtol=1e-5,
+                                   atol=1e-6, err_msg=name)
+    assert "optimizer slots" not in caplog.text   # (the averages are not an optimizer's)
+
+
 def test_evaluate_predict_and_export_run_on_the_averages(tmp_path):
     estimator = _train(str(tmp_path / "m"), TF["steps"])
     got = [p["y"] for p in estimator.predict(lambda: [{"x": X}])]
@@ -149,6 +170,11 @@ def test_a_custom_loops_average_built_once_follows_the_step_as_tfs(tmp_path):
     for name, value in averages.items():
         np.testing.assert_allclose(value.numpy(), TF["variables"][name], rtol=1e-5, atol=1e-6)
     assert set(averages) <= {name for name, _ in est.checkpoint.list_variables(str(tmp_path))}
+    # resumed, before any step: the checkpoint's averages (they were None)
+    with hooks.MonitoredTrainingSession(checkpoint_dir=str(tmp_path)):
+        hidden = est.get_module("hidden", lambda: Dense("hidden"))
+        restored = ema_lib.ExponentialMovingAverage(0.9, name="warm").average(hidden.kernel)
+    np.testing.assert_array_equal(restored.numpy(), averages["hidden/kernel/warm"].numpy())
 
 
 def _erring_model_fn(features, labels, mode, params):
