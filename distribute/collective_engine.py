@@ -301,6 +301,7 @@ class _CollectiveExtended(StrategyExtended):
         self._vote = False           # a hook asked to stop: carried by the next step
         self._preempt_vote = False   # ... because of SIGTERM/SIGINT here
         self._stop_after = False     # a replica has no next batch: stop after this step
+        self._left_untrained = 0     # ... and this one has: how many replicas ran out
         self._step_agreed = False    # this step agreed in _finish_step
         self._stop_flag = torch.zeros(1)
         self._pending_stop = None    # a custom loop's async vote (all-reduce of _stop_flag)
@@ -828,12 +829,9 @@ class _CollectiveExtended(StrategyExtended):
             raise _StopAgreed()
         ran_out = int(flags[2].item())   # (the replicas with no batch for the next step)
         self._stop_after = bool(ran_out)
-        if ran_out and self._train_input is not None and not self._train_input.exhausted:
-            logger.warning(
-                "Replica %d stops with batches of its input left, not trained: the input of "
-                "%d replica(s) ran out, and every step takes a batch from each. Give the "
-                "replicas the same number of batches, or repeat the input and set max_steps",
-                self._rank(), ran_out)
+        # this replica's input has batches the others' stop leaves (said unless it stops anyway)
+        self._left_untrained = ran_out if ran_out and self._train_input is not None and \
+            not self._train_input.exhausted else 0
         self._step_agreed = True
         if self._step_loss is not None:
             self._loss_src, self._loss_mean = self._step_loss, None
@@ -887,6 +885,12 @@ class _CollectiveExtended(StrategyExtended):
         if self._step_agreed:   # the Estimator's step: agreed during its backward pass
             self._step_agreed = False
             if self._stop_after:
+                if self._left_untrained and not stop:   # (not max_steps, a hook's stop)
+                    logger.warning(
+                        "Replica %d stops with batches of its input left, not trained: the "
+                        "input of %d replica(s) ran out, and every step takes a batch from "
+                        "each. Give the replicas the same number of batches, or repeat the "
+                        "input and set max_steps", self._rank(), self._left_untrained)
                 return True
             self._vote, self._preempt_vote = bool(stop), bool(preempted)
             return False

@@ -1487,14 +1487,18 @@ def test_replicas_that_all_read_the_same_first_batch_are_warned_of(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batches, warned", [(80, True), (64, False)])   # 3 + 2 / 2 + 2
-def test_a_replicas_batches_left_untrained_are_said(tmp_path, batches, warned):
+@pytest.mark.parametrize("batches, stop, warned", [
+    (80, "", True), (64, "", False),   # 3 + 2 / 2 + 2 batches
+    (80, ", max_steps=2", False), (80, ", hooks=[hooks.StopAtStepHook(2)]", False)])
+def test_a_replicas_batches_left_untrained_are_said(tmp_path, batches, stop, warned):
     """A finite input of an odd number of batches: the last, on one replica,
-    is not trained (every step takes a batch from each); it was silent."""
+    is not trained (every step takes a batch from each); it was silent. Not
+    said where training stops at that step anyway."""
     script = tmp_path / "train.py"
     script.write_text(_SAME_INPUT_SCRIPT.format(
-        root=ROOT, tests=SUPPORT, input_fn=f"lambda: batches({batches}, 16)",
-        model_dir=str(tmp_path / "m"), read_ahead=None))
+        root=ROOT, tests=SUPPORT, input_fn=f"lambda: batches({batches}, 16){stop}",
+        model_dir=str(tmp_path / "m"), read_ahead=None).replace(
+            "import distribute, estimator", "import distribute, hooks, estimator"))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=100)
     assert proc.returncode == 0, proc.stderr
