@@ -248,6 +248,11 @@ def _import_file(module_part: str, base_dir: str):
     except Exception as e:  # noqa: BLE001
         del sys.modules[name]
         _loaded.pop(name, None)
+        if isinstance(e, ImportError) and "no known parent package" in str(e):
+            raise RefError(
+                f"importing {module_part!r} ({path}) failed: {_describe(e)}: a file is imported "
+                "as a module of its package where its directories hold __init__.py; name a "
+                "namespace package's module by import path (package.module:function)") from None
         raise RefError(f"importing {module_part!r} ({path}) failed: {_describe(e)}; fix that "
                        "file") from None
     _loaded[name] = version
@@ -269,15 +274,24 @@ def _in_package(path: str) -> Optional[tuple]:
 def _import_package_file(module_part: str, path: str, name: str, root: str):
     """The file at `path` imported as module `name` of its package, as
     `python -m trainer.task` run from `root` imports it."""
-    if root not in sys.path:
+    top = name.split(".")[0]
+    loaded = sys.modules.get(top)
+    if loaded is not None and os.path.join(root, top) not in [
+            os.path.abspath(p) for p in getattr(loaded, "__path__", [])]:
+        where = getattr(loaded, "__file__", None) or "built in"
+        raise RefError(f"cannot import {module_part!r} as module {name} (its package's name): "
+                       f"a module {top!r} is loaded already, from {where}; rename the package")
+    if sys.path[:1] != [root]:   # (first: a same-named package elsewhere is not found)
+        if root in sys.path:
+            sys.path.remove(root)
         sys.path.insert(0, root)
-    version = _version(path)
+    if any(_version(f) != v for f, v in _package_files.get(top, {}).items()
+           if os.path.isfile(f)):   # (a file of it changed since: the package runs again)
+        for loaded_name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[loaded_name]
     try:
         module = importlib.import_module(name)
-        if _loaded.get(name) not in (None, version):   # (a file changed since: run again)
-            module = importlib.reload(module)
     except Exception as e:  # noqa: BLE001
-        _loaded.pop(name, None)
         raise RefError(f"importing {module_part!r} ({path}) as module {name} failed: "
                        f"{_describe(e)}; fix that file") from None
     found = os.path.abspath(getattr(module, "__file__", "") or "")
@@ -285,9 +299,14 @@ def _import_package_file(module_part: str, path: str, name: str, root: str):
         raise RefError(f"importing {module_part!r} as module {name} (its package's name) gave "
                        f"{found or 'a module without a file'}, another package of that name "
                        f"on sys.path; rename one, or name the module by import path")
-    _loaded[name] = version
+    _package_files[top] = {f: _version(f) for n, m in list(sys.modules.items())
+                           if (n == top or n.startswith(top + "."))
+                           and (f := getattr(m, "__file__", None)) and os.path.isfile(f)}
     return module
 
+
+# {package: {file: (mtime, size)}} of the packages loaded by a file of theirs
+_package_files: dict = {}
 
 # {module name: (mtime, size)} of the files loaded by path: an experiment loaded
 # again in one process (a notebook, a test) runs the file as it is now.

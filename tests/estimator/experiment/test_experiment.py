@@ -1242,6 +1242,43 @@ def test_a_file_of_a_package_is_imported_as_its_module(trainer_package, capsys):
     # a package of the same name from elsewhere is said, not taken for it
     other = write(trainer_package / "proj", f"model_fn: {trainer_package}/other/trainer/task.py:"
                   "model_fn\n", "other.yaml")
-    with pytest.raises(ExperimentError, match=r"as module trainer.task \(its package's name\) "
-                                              r"gave .*/proj/trainer/task.py, another package"):
+    with pytest.raises(ExperimentError, match=r"as module trainer.task \(its package's name\): "
+                                              r"a module 'trainer' is loaded already, from "
+                                              r".*/proj/trainer/__init__.py; rename the package"):
         experiment.load(other)
+    for name in ("trainer", "trainer.model", "trainer.task"):
+        sys.modules.pop(name)
+    experiment.load(other)   # (proj's unloaded: the other one, its directory first on sys.path)
+    assert sys.modules["trainer.task"].ROOT == "other"
+    for name in ("trainer", "trainer.model", "trainer.task"):
+        sys.modules.pop(name)
+    # a file of the package edited since: the package runs again, its other files too
+    experiment.load(path)
+    model = trainer_package / "proj" / "trainer" / "model.py"
+    model.write_text(model.read_text().replace("ROOT = 'proj'", "ROOT = 'edited'"))
+    os.utime(model, ns=(time.time_ns() + 10**9,) * 2)
+    experiment.load(path)
+    assert sys.modules["trainer.task"].ROOT == "edited"
+    # a package named as a module loaded already (the standard library's json)
+    (trainer_package / "proj" / "json").mkdir()
+    (trainer_package / "proj" / "json" / "__init__.py").write_text("")
+    (trainer_package / "proj" / "json" / "task.py").write_text(MODULE)
+    clash = write(trainer_package / "proj", "model_fn: json/task.py:model_fn\n", "clash.yaml")
+    with pytest.raises(ExperimentError, match=r"a module 'json' is loaded already, from .*"
+                                              r"json/__init__.py; rename the package"):
+        experiment.load(clash)
+
+
+def test_a_namespace_packages_file_is_said_to_be_named_by_module(tmp_path, monkeypatch):
+    """No __init__.py: the file cannot know its package; its relative import
+    failed with 'fix that file'."""
+    (tmp_path / "ns" / "sub").mkdir(parents=True)
+    (tmp_path / "ns" / "sub" / "model.py").write_text(MODULE)
+    (tmp_path / "ns" / "sub" / "task.py").write_text("from .model import model_fn\n")
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, "model_fn: ns/sub/task.py:model_fn\n")
+    with pytest.raises(ExperimentError, match=r"a file is imported as a module of its package "
+                                              r"where its directories hold __init__.py; name a "
+                                              r"namespace package's module by import path"):
+        experiment.load(path)
+    sys.modules.pop("task", None)
