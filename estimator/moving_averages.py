@@ -172,7 +172,7 @@ def _variables(scope, var_list, method: str) -> List[torch.Tensor]:
     parameter or buffer of the model (TF: half, float or double)."""
     names = scope.variable_names()
     if var_list is None:
-        out = [p for owner, module in scope.modules.items() for p in module.parameters()
+        out = [p for module in scope.modules.values() for p in module.parameters()
                if p.requires_grad]
     else:
         items = [var_list] if isinstance(var_list, (torch.Tensor, torch.nn.Module)) else var_list

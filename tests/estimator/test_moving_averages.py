@@ -265,10 +265,8 @@ def test_wrong_arguments_are_said(arguments, error, match):
         ema_lib.ExponentialMovingAverage(**arguments)
 
 
-def _replicated_model_fn(features, labels, mode):
-    net = est.get_module("net", lambda: torch.nn.Sequential(
-        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.0), torch.nn.Linear(8, 1)))
-    ema = ema_lib.ExponentialMovingAverage(0.8, num_updates=est.get_global_step())
+def _averaged_spec(net, ema, features, labels, mode, lr):
+    """Evaluated on the averages; trained by SGD, averaged after each step."""
     if mode != est.ModeKeys.TRAIN:
         ema.copy_to()
     loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
@@ -276,7 +274,14 @@ def _replicated_model_fn(features, labels, mode):
         return est.EstimatorSpec(mode, loss=loss)
     ema.apply()
     return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
-        lambda p: torch.optim.SGD(p, lr=0.05)))
+        lambda p: torch.optim.SGD(p, lr=lr)))
+
+
+def _replicated_model_fn(features, labels, mode):
+    net = est.get_module("net", lambda: torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.0), torch.nn.Linear(8, 1)))
+    return _averaged_spec(net, ema_lib.ExponentialMovingAverage(
+        0.8, num_updates=est.get_global_step()), features, labels, mode, lr=0.05)
 
 
 def _replica_input_fn(input_context=None):
@@ -400,15 +405,8 @@ _NET = torch.nn.Linear(4, 1)   # built once, at import, as a ported script may
 def _global_model_fn(features, labels, mode, params):
     net = est.get_module("net", (lambda: _NET) if params["shared"] else (
         lambda: copy.deepcopy(_NET)))
-    ema = ema_lib.ExponentialMovingAverage(0.9)
-    if mode != est.ModeKeys.TRAIN:
-        ema.copy_to()
-    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
-    if mode == est.ModeKeys.EVAL:
-        return est.EstimatorSpec(mode, loss=loss)
-    ema.apply()
-    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
-        lambda p: torch.optim.SGD(p, lr=0.1)))
+    return _averaged_spec(net, ema_lib.ExponentialMovingAverage(0.9), features, labels, mode,
+                          lr=0.1)
 
 
 def test_an_evaluation_inside_training_leaves_a_module_made_once_alone(tmp_path):
