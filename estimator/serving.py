@@ -715,7 +715,9 @@ class _Server(ThreadingHTTPServer):
     def poll_versions(self, base: str, every: float) -> None:
         """Serve each newer version exported under `base` once it loads (a
         thread looking every `every` seconds; a request takes the model
-        served when it arrives)."""
+        served when it arrives); where the one served is deleted, the newest
+        left, as TF Serving's latest-version policy (none left: the one
+        served stays, as while a base is replaced)."""
         def poll():
             failed = {}   # version: its files when it failed to load
             while not self._stop_polling.wait(every):
@@ -723,7 +725,10 @@ class _Server(ThreadingHTTPServer):
                     path, version = _version_dir(base)
                 except (OSError, ValueError):   # (the base removed for a while)
                     continue
-                if int(version) <= int(self.model.version):
+                served = self.model
+                if int(version) <= int(served.version) and (
+                        version == served.version
+                        or os.path.isfile(os.path.join(served.dir, export.SIGNATURE))):
                     continue
                 files = _files_of(path)
                 if failed.get(version) == files:
@@ -737,8 +742,9 @@ class _Server(ThreadingHTTPServer):
                                      "%s", version, self.model.version, e)
                     failed[version] = files
                     continue
-                logger.info("Serving version %s of %r (was %s): %s", model.version,
-                            model.name, self.model.version, model.dir)
+                logger.info("Serving version %s of %r (was %s%s): %s", model.version,
+                            model.name, served.version, "" if int(version) > int(
+                                served.version) else ", deleted", model.dir)
                 self.model = model
         self._poller = threading.Thread(target=poll, name="version-poller", daemon=True)
         self._poller.start()

@@ -290,7 +290,8 @@ def test_an_export_missing_its_transform_is_said_at_load(tmp_path):
 def test_a_version_exported_later_is_served_once_it_loads(export_dir, tmp_path, caplog):
     """As TF Serving polls its base directory (a LatestExporter of a running
     train_and_evaluate): the newest version was served till a restart. A
-    version that cannot be loaded is said, and the one served stays."""
+    version that cannot be loaded is said, and the one served stays; one
+    deleted gives way to the newest left."""
     base = tmp_path / "base"
     shutil.copytree(export_dir, base / "100")
     server = serving.make_server(str(base), port=0, file_system_poll_wait_seconds=0.1)
@@ -326,6 +327,11 @@ def test_a_version_exported_later_is_served_once_it_loads(export_dir, tmp_path, 
         assert answer[0].status == 200, answer[1]
         gone = _request(port, "POST", "/v1/models/default/versions/100:predict", body)
         assert gone[0].status == 404, gone[1]
+        shutil.rmtree(base / "300")   # the served version deleted: the newest left (it stayed)
+        deadline = time.monotonic() + 30
+        while served_version() != "200":
+            assert time.monotonic() < deadline, "version 200 was not served in 30 s"
+            time.sleep(0.1)
     finally:
         server.shutdown()
         server.server_close()
