@@ -10,8 +10,8 @@ from . import checkpoint, export, feature_column, metrics, optimizers, summary
 from hooks.model_scope import (get_global_step, get_grad_scaler, get_module, get_optimizer,
                                is_training, named_tensor)
 from .estimator import Estimator
-from . import (data, experimental, inputs, io, learning_rate_decay, losses, moving_averages,
-               serving)
+from . import (data, experimental, inputs, io, layers, learning_rate_decay, losses,
+               moving_averages, serving)
 from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
                      BinaryClassHead, DNNClassifier, DNNEstimator, DNNLinearCombinedClassifier,
                      DNNLinearCombinedEstimator, DNNLinearCombinedRegressor, DNNRegressor,
@@ -48,7 +48,8 @@ __all__ = [
     "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
     "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
-    "data", "experimental", "inputs", "io", "learning_rate_decay", "moving_averages", "serving",
+    "data", "experimental", "inputs", "io", "layers", "learning_rate_decay", "moving_averages",
+    "serving",
     "CheckpointSaverHook", "CheckpointSaverListener", "FeedFnHook", "FinalOpsHook",
     "GlobalStepWaiterHook", "LoggingTensorHook", "NanLossDuringTrainingError", "NanTensorHook",
     "ProfilerHook", "SecondOrStepTimer", "SessionRunArgs", "SessionRunContext", "SessionRunHook",

@@ -30,6 +30,7 @@ from hooks import model_scope, summary
 from hooks.mode_keys import ModeKeys
 
 from .. import feature_column
+from ..layers import BatchNormalization
 from ..losses import Reduction
 from ._base import CannedEstimator, check_optimizer_spec, column_tuple, make_optimizer
 from ._head import ClassificationHead, RegressionHead
@@ -50,30 +51,6 @@ class Dense(torch.nn.Module):
 
     def forward(self, x):
         return torch.addmm(self.bias, x, self.kernel)
-
-
-class BatchNorm(torch.nn.Module):
-    """TF's ``layers.BatchNormalization(momentum=0.999)`` on [batch, units]:
-    batch mean and (biased) variance in training, which also move the
-    moving statistics by 0.001 towards them; the moving ones otherwise."""
-
-    def __init__(self, units: int, momentum: float = 0.999, epsilon: float = 1e-3):
-        super().__init__()
-        self.gamma = torch.nn.Parameter(torch.ones(units))
-        self.beta = torch.nn.Parameter(torch.zeros(units))
-        self.register_buffer("moving_mean", torch.zeros(units))
-        self.register_buffer("moving_variance", torch.ones(units))
-        self.momentum, self.epsilon = momentum, epsilon
-
-    def forward(self, x):
-        if self.training:
-            var, mean = torch.var_mean(x, 0, correction=0)
-            with torch.no_grad():
-                self.moving_mean.lerp_(mean, 1 - self.momentum)
-                self.moving_variance.lerp_(var, 1 - self.momentum)
-        else:
-            mean, var = self.moving_mean, self.moving_variance
-        return (x - mean) * torch.rsqrt(var + self.epsilon) * self.gamma + self.beta
 
 
 def layer_summary(net: torch.Tensor, tag: str) -> None:
@@ -99,7 +76,7 @@ def dnn_logits(features, mode, units: int, hidden_units: Sequence[int], feature_
         if dropout is not None and training:
             net = F.dropout(net, dropout, training=True)
         if batch_norm:
-            norm = model_scope.get_module(f"{name}/batchnorm_{i}", lambda w=width: BatchNorm(w))
+            norm = model_scope.get_module(f"{name}/batchnorm_{i}", lambda w=width: BatchNormalization(w, momentum=0.999))
             net = norm(net)
         layer_summary(net, f"{scope}/{name}")
     layer = model_scope.get_module(f"{scope}/logits",
