@@ -605,6 +605,9 @@ class _WarmStarter:
             for key, tensor in items:
                 if trainable is not None and key not in trainable:
                     continue
+                if key.endswith("num_batches_tracked") and isinstance(self._variables,
+                                                                      _TFVariables):
+                    continue   # (torch's batch counter: no TF variable holds one)
                 name = owner + "/" + key.replace(".", "/")
                 self._names.append(name)
                 info = settings.var_name_to_vocab_info.get(name)

@@ -430,3 +430,27 @@ def test_lazy_layers_warm_start_once_their_first_batch_makes_them(tmp_path):
     predicted = list(estimator.predict(lambda: [inputs], yield_single_examples=False))[0]
     np.testing.assert_allclose(predicted["dense"], np.array(LAYERS["outputs"]["dense"],
                                                             np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_a_list_warm_start_of_torchs_batch_norm_from_tf_leaves_its_batch_counter(tmp_path):
+    """torch's BatchNorm has `num_batches_tracked`, which no TF variable
+    holds: a list warm start (every variable, TF's form) failed on it as
+    'not found in checkpoint'."""
+    prefix = "dnn/hiddenlayer_0/batchnorm_0/"
+    path = os.path.join(FIXTURES, "tf_ckpt", "dnn_batch_norm")
+    moving_mean = est.checkpoint.load_variable(path, prefix + "moving_mean")
+
+    def model_fn(features, labels, mode):
+        bn = est.get_module("bn", lambda: torch.nn.BatchNorm1d(len(moving_mean)))
+        return est.EstimatorSpec(mode, predictions={"y": bn(features["x"])})
+    renamed = {f"bn/{ours}": prefix + theirs for ours, theirs in (
+        ("weight", "gamma"), ("bias", "beta"), ("running_mean", "moving_mean"),
+        ("running_var", "moving_variance"))}
+    estimator = est.Estimator(model_fn, str(tmp_path), warm_start_from=est.WarmStartSettings(
+        path, vars_to_warm_start=["bn/.*"], var_name_to_prev_var_name=renamed))
+    x = np.zeros((2, len(moving_mean)), np.float32)
+    got = next(iter(estimator.predict(lambda: [{"x": x}])))["y"]
+    gamma, beta, var = (est.checkpoint.load_variable(path, prefix + n)
+                        for n in ("gamma", "beta", "moving_variance"))
+    np.testing.assert_allclose(got, (0 - moving_mean) / np.sqrt(var + 1e-5) * gamma + beta,
+                               rtol=1e-5)
