@@ -98,13 +98,16 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
     first, the batch, traced at 2 rows, the others at 8). Give it to
     `ServingInputReceiver` or `build_raw_serving_input_receiver_fn`:
     ``placeholder(torch.int64, [None, None])`` serves token ids of any
-    length. The export runs model_fn's PREDICT path on it: where 0 is padding
+    length. ``placeholder(str, [None])`` (TF's ``tf.string``) is an example
+    array of strings, ``fill_value`` each ("" for 0): give one the model
+    takes (an encoded image where the receiver decodes one). The export runs model_fn's PREDICT path on it: where 0 is padding
     or a length (an all-padding sequence breaks a padding mask or
     pack_padded_sequence), trace with ``fill_value=1``. `name` is accepted
     for TF's signature (the receiver's key names the input). A numpy dtype
     (`np.float32`, "int64") or Python type (`float`: float32) is taken as
     TF takes it."""
-    dtype = _torch_dtype(dtype)
+    strings = dtype in (str, bytes, "string", np.str_, np.bytes_)
+    dtype = None if strings else _torch_dtype(dtype)
     if shape is None:
         raise ValueError("placeholder: give a shape, a list with None for a dimension of any "
                          "size (an input of unknown rank cannot be exported)")
@@ -115,6 +118,14 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
                              f"got {d!r}")
     if not dims:
         raise ValueError("placeholder: a serving input needs a batch dimension, got shape []")
+    if strings:
+        if any(d is None for d in dims[1:]):
+            raise ValueError("placeholder: a string input's dimensions past the batch are "
+                             "given sizes (strings of any size past the batch are not exported)")
+        text = "" if isinstance(fill_value, int) and fill_value == 0 else fill_value
+        example = np.empty([2 if dims[0] is None else dims[0], *dims[1:]], dtype=object)
+        example.fill(text)
+        return example
     example = torch.full([(2 if i == 0 else _ANY_SIZE_EXAMPLE) if d is None else d
                           for i, d in enumerate(dims)], fill_value, dtype=dtype)
     _mark_any_size(example, tuple(i for i, d in enumerate(dims) if d is None and i > 0))
@@ -139,7 +150,8 @@ def _torch_dtype(dtype) -> torch.dtype:
     if as_numpy is not None and as_numpy.kind in "biufc":
         return torch.from_numpy(np.zeros(0, as_numpy.newbyteorder("="))).dtype
     raise ValueError(f"placeholder: dtype must be a torch.dtype (torch.float32, "
-                     f"torch.int64, ...) or a numeric numpy one, got {dtype!r}")
+                     f"torch.int64, ...), a numeric numpy one, or str (TF's tf.string), got "
+                     f"{dtype!r}")
 
 
 def _mark_any_size(tensor, dims: tuple) -> None:
@@ -941,7 +953,15 @@ def _host_program(receiver, scope, call):
     if receiver.dynamic_batch and any(len(v) < 2 for v in raw.values()):
         raise ValueError("the example serving inputs need at least 2 rows to export a "
                          "dynamic batch size (torch.export fixes sizes 0 and 1)")
-    features = receiver._features_fn()(dict(raw))   # (a function may add to its dict)
+    try:
+        features = receiver._features_fn()(dict(raw))   # (a function may add to its dict)
+    except Exception as e:
+        if features_fn is not None:
+            e.add_note(f"(raised by the receiver's features function {features_fn}, which the "
+                       f"export runs on the receiver's example inputs "
+                       f"({', '.join(sorted(raw))}): give examples it can take, an encoded "
+                       "image where it decodes one)")
+        raise
     if not isinstance(features, dict):
         raise ValueError("an export taking strings or serialized Examples needs features "
                          f"as a dict, got {type(features).__name__}")

@@ -131,6 +131,43 @@ def test_a_features_function_the_server_cannot_import_is_said(tmp_path):
             lambda tensors: add_engineered(tensors), dict(ROWS)))
 
 
+def test_string_placeholders_export_as_tfs_tf_string():
+    """`placeholder(tf.string, [None])` ported: it was "dtype must be a torch.dtype"."""
+    assert est.export.placeholder(str, [None]).tolist() == ["", ""]
+    assert est.export.placeholder("string", [None, 2], fill_value="a").tolist() == [["a"] * 2] * 2
+
+
+def test_a_string_placeholder_exports_a_string_input(tmp_path):
+    e = _estimator(tmp_path, lambda features: None, [fc.numeric_column("x"), _vocabulary()])
+    path = e.export_saved_model(str(tmp_path / "e"), est.export.build_raw_serving_input_receiver_fn(
+        {"x": est.export.placeholder(torch.float32, [None]),
+         "c": est.export.placeholder(str, [None], fill_value="a")}))
+    rows = {"x": ROWS["x"], "c": ROWS["c"]}
+    served = est.export.load(path).signatures["serving_default"](**rows)["y"].numpy()
+    np.testing.assert_allclose(served, np.stack([p["y"] for p in e.predict(lambda: [ROWS])]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def decode_images(receiver_tensors):
+    """An image-bytes receiver's decoder (flowersmodel's serving_input_fn)."""
+    for image in receiver_tensors["c"]:
+        if not str(image).startswith("\x89PNG"):
+            raise ValueError("cannot identify image file")
+    return add_engineered(receiver_tensors)
+
+
+def test_a_features_function_failing_on_the_example_inputs_is_said_to_run_on_them(tmp_path):
+    e = _estimator(tmp_path, lambda features: None, _engineered_columns(True),
+                   add_engineered(ROWS))
+    with pytest.raises(ValueError, match="cannot identify image file") as raised:
+        e.export_saved_model(str(tmp_path / "e"), lambda: est.export.ServingInputReceiver(
+            decode_images, dict(ROWS)))
+    assert ("raised by the receiver's features function test_export_feature_edits:"
+            "decode_images, which the export runs on the receiver's example inputs (c, lat, x): "
+            "give examples it can take, an encoded image where it decodes one"
+            ) in "".join(raised.value.__notes__)
+
+
 def _shifted_in_place(features):
     features["lat"] += 0.5   # (the same tensor object, changed)
 

@@ -151,9 +151,12 @@ def test_beside_string_inputs_a_dimension_of_any_size_is_refused(trained, tmp_pa
     ({"shape": [None, 0]}, r"placeholder: shape\[1\] must be None or a positive int, got 0"),
     ({"shape": [None, "n"]}, r"placeholder: shape\[1\] must be None or a positive int, "
                              r"got 'n'"),
-    ({"dtype": "string", "shape": [None]}, "placeholder: dtype must be a torch.dtype "
-                                           r"\(torch.float32, torch.int64, ...\) or a numeric "
-                                           "numpy one, got 'string'"),
+    ({"dtype": "tf.string", "shape": [None]}, "placeholder: dtype must be a torch.dtype "
+                                              r"\(torch.float32, torch.int64, ...\), a numeric "
+                                              r"numpy one, or str \(TF's tf.string\), got "
+                                              "'tf.string'"),
+    ({"dtype": str, "shape": [None, None]}, "placeholder: a string input's dimensions past the "
+                                            "batch are given sizes"),
     ({"dtype": None, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
     ({"dtype": object, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),
     ({"dtype": int, "shape": [None]}, "placeholder: dtype must be a torch.dtype"),   # (TF too)
