@@ -246,7 +246,7 @@ class ModelScope:
         self.slots: Dict[str, Slots] = {}   # variable name -> its slots (also in raw_modules)
         self.after_update: list = []   # run once this training step's update is made
         # ids of the parameters an optimizer stepped in a fresh run's first step
-        # (watched through that step only: `_watch_first_updates`)
+        # (watched through that step only: `_note_first_updates`)
         self.updated_in_first_step: set = set()
         self._first_step_watches: list = []
         self._names: Dict[int, str] = {}
