@@ -287,7 +287,7 @@ def make_csv_dataset(file_pattern, batch_size: int, column_names: Optional[Seque
     `prefetch_buffer_size` and `sloppy` are accepted for TF's signature."""
     del prefetch_buffer_size, sloppy
     check_field_delim(field_delim)
-    files = list_files(file_pattern)
+    files = sorted(list_files(file_pattern))   # (TF's _get_file_names: sorted, as matched)
     if column_names is None:
         if not header:
             raise ValueError("Cannot infer column names without a header line.")

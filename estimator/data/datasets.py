@@ -31,15 +31,19 @@ def _files(filenames: Files) -> list:
 def list_files(file_pattern: Files, shuffle: Optional[bool] = None,
                seed: Optional[int] = None) -> list:
     """The files a glob pattern (or a list of them) names (TF:
-    ``tf.data.Dataset.list_files``), as a list: sorted, unless `shuffle`
-    (then in an order drawn once, from `seed`). TF's `shuffle` defaults to
-    True, a new order each pass; here to sorted, the same on every replica."""
+    ``tf.data.Dataset.list_files``), as a list: each pattern's sorted, in
+    the patterns' order (a file two patterns match twice, as TF's), unless
+    `shuffle` (then in an order drawn once, from `seed`, or without one from
+    a seed drawn from torch's generator: repeatable with `tf_random_seed`,
+    and one order on every replica, so that their shards of it do not
+    overlap). TF's `shuffle` defaults to True, a new order each pass; here
+    to not shuffled."""
     patterns = [file_pattern] if isinstance(file_pattern, (str, os.PathLike)) else file_pattern
-    files = sorted({f for p in patterns for f in glob.glob(os.fspath(p))})
+    files = [f for p in patterns for f in sorted(glob.glob(os.fspath(p)))]
     if not files:
         raise ValueError(f"No files match {file_pattern!r}")
     if shuffle:
-        random.Random(seed).shuffle(files)
+        random.Random(int(torch.randint(2**31 - 1, ())) if seed is None else seed).shuffle(files)
     return files
 
 

@@ -684,6 +684,14 @@ def test_list_files_expands_a_pattern_for_the_datasets_which_take_names(tmp_path
     assert [line for line in est.data.TextLineDataset(files)][:3] == [b"0,a", b"0,b", b"1,a"]
     shuffled = est.data.list_files(pattern, shuffle=True, seed=3)
     assert sorted(shuffled) == files and shuffled == est.data.list_files(pattern, True, 3)
+    # without a seed, one from torch's generator: alike where it is (every replica's)
+    torch.manual_seed(5)
+    drawn = est.data.list_files(pattern, shuffle=True)
+    torch.manual_seed(5)
+    assert est.data.list_files(pattern, shuffle=True) == drawn
+    # TF's list of patterns: each one's files in turn, a file two match twice
+    assert est.data.list_files([str(tmp_path / "train-[12].csv"), str(tmp_path / "*-1.csv")]
+                               ) == [files[1], files[2], files[1]]
     with pytest.raises(ValueError, match=r"train-\*\.csv: no such file; a dataset takes file "
                                          r"names, as TF's: for a pattern, est.data.list_files"):
         est.data.TextLineDataset(pattern)

@@ -28,8 +28,10 @@ def _run(layer, case, to_torch=lambda t: t, from_torch=lambda t: t):
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["2d", "3d"])
-def test_batch_normalization_is_tfs_non_fused_layer(name):
+@pytest.mark.parametrize("name", ["2d", "3d", "4d_fused", "5d_fused"])
+def test_batch_normalization_is_tfs_layer(name):
+    """TF's non-fused layer on 2 and 3 dimensions (the biased variance moves
+    the moving one), its fused layer (the unbiased) on 4 and 5, as TF picks."""
     case = TF[name]
     layer = est.layers.BatchNormalization(len(case["gamma"]), momentum=0.9, epsilon=1e-3)
     with torch.no_grad():
@@ -42,8 +44,16 @@ def test_batch_normalization_is_tfs_non_fused_layer(name):
     torch_bn = torch.nn.BatchNorm1d(len(case["gamma"]), momentum=0.1, eps=1e-3)
     for batch in case["batches"]:
         torch_bn(torch.tensor(batch).reshape(-1, len(case["gamma"])))
-    assert not np.allclose(torch_bn.running_var.numpy(), case["moving"]["moving_variance"],
-                           rtol=1e-3)
+    assert np.allclose(torch_bn.running_var.numpy(), case["moving"]["moving_variance"],
+                       rtol=1e-5) == name.endswith("fused")
+
+
+def test_float64_inputs_train_float32_statistics():
+    """TF's float32 layer on float64 input: it raised in lerp_ (float and double)."""
+    layer = est.layers.BatchNormalization(3)
+    out = layer(torch.randn(4, 3, dtype=torch.float64))
+    assert out.dtype == torch.float64 and layer.moving_variance.dtype == torch.float32
+    assert layer.moving_variance.ne(1).all()
 
 
 def test_tfs_fused_layer_on_convolutions_is_torchs_batch_norm_2d():
