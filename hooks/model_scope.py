@@ -269,14 +269,18 @@ class ModelScope:
             raise TypeError(
                 f"get_module({name!r}): the factory must return a torch.nn.Module, "
                 f"got {type(module).__name__}")
-        if any(_uncompiled(module) is held for scope in _stack if scope is not self
-               for held in scope.raw_modules.values()):
-            # A module made once, outside the model_fn (`NET = ...; get_module("net",
-            # lambda: NET)`), which training holds: an evaluation inside the training
-            # (InMemoryEvaluatorHook) restores, sets modes on and may change its own copy.
-            logger.info("get_module(%r): the factory returned the module the training holds; "
-                        "this %s scope uses a copy of it", name, self.mode)
-            module = copy.deepcopy(module)
+        others = [scope for scope in _stack if scope is not self]
+        if others:
+            held = {id(m) for scope in others for root in scope.raw_modules.values()
+                    for m in root.modules()}
+            if any(id(m) in held for m in _uncompiled(module).modules()):
+                # A module made once, outside the model_fn (`NET = ...; get_module("net",
+                # lambda: NET)`, or inside a new one), which training holds: an evaluation
+                # inside the training (InMemoryEvaluatorHook) restores, sets modes on, runs
+                # (batch norm) and may change (copy_to) its own copy.
+                logger.info("get_module(%r): the factory returned a module the training "
+                            "holds; this %s scope uses a copy of it", name, self.mode)
+                module = copy.deepcopy(module)
         # torch.compile's module: its variables, checkpoints and exports are
         # the module it compiled (no `_orig_mod` in their names)
         original = _uncompiled(module)

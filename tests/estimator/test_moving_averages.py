@@ -403,23 +403,30 @@ _NET = torch.nn.Linear(4, 1)   # built once, at import, as a ported script may
 
 
 def _global_model_fn(features, labels, mode, params):
-    net = est.get_module("net", (lambda: _NET) if params["shared"] else (
-        lambda: copy.deepcopy(_NET)))
+    shared = {"top": lambda: _NET, "inside": lambda: torch.nn.Sequential(_NET),
+              "copied": lambda: torch.nn.Sequential(copy.deepcopy(_NET))}[params["shared"]]
+    net = est.get_module("net", shared)
     return _averaged_spec(net, ema_lib.ExponentialMovingAverage(0.9), features, labels, mode,
                           lr=0.1)
 
 
 def test_an_evaluation_inside_training_leaves_a_module_made_once_alone(tmp_path):
-    """`get_module("net", lambda: NET)`: the in-memory evaluation's scope got
-    the training's own module, and its copy_to trained on from the averages."""
+    """`get_module("net", lambda: NET)` (or a new module holding NET): the
+    in-memory evaluation's scope got the training's own module, and its
+    copy_to trained on from the averages (a batch norm's forward there broke
+    the training's backward)."""
     with torch.no_grad():
         _NET.weight.copy_(torch.tensor([[0.1, -0.2, 0.3, 0.0]]))
         _NET.bias.zero_()
+    initial = copy.deepcopy(_NET.state_dict())
     weights = {}
-    for shared in (False, True):
+    for shared in ("copied", "top", "inside"):
+        _NET.load_state_dict(initial)
         estimator = est.Estimator(_global_model_fn, str(tmp_path / str(shared)),
                                   params={"shared": shared})
         estimator.train(batches, max_steps=6, hooks=[est.experimental.InMemoryEvaluatorHook(
             estimator, lambda: [({"x": X}, Y)], every_n_iter=2)])
-        weights[shared] = estimator.get_variable_value("net/weight")
-    np.testing.assert_array_equal(weights[True], weights[False])
+        weights[shared] = estimator.get_variable_value(
+            "net/weight" if shared == "top" else "net/0/weight")
+    np.testing.assert_array_equal(weights["top"], weights["copied"])
+    np.testing.assert_array_equal(weights["inside"], weights["copied"])
