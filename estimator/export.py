@@ -107,6 +107,7 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
     (`np.float32`, "int64") or Python type (`float`: float32) is taken as
     TF takes it."""
     strings = dtype in (str, bytes, "string", np.str_, np.bytes_)
+    empty = b"" if dtype in (bytes, np.bytes_) else ""
     dtype = None if strings else _torch_dtype(dtype)
     if shape is None:
         raise ValueError("placeholder: give a shape, a list with None for a dimension of any "
@@ -122,7 +123,10 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
         if any(d is None for d in dims[1:]):
             raise ValueError("placeholder: a string input's dimensions past the batch are "
                              "given sizes (strings of any size past the batch are not exported)")
-        text = "" if isinstance(fill_value, int) and fill_value == 0 else fill_value
+        text = empty if isinstance(fill_value, int) and fill_value == 0 else fill_value
+        if not isinstance(text, (str, bytes)):
+            raise ValueError(f"placeholder: a string input's fill_value is a string (or bytes), "
+                             f"got {fill_value!r}")
         example = np.empty([2 if dims[0] is None else dims[0], *dims[1:]], dtype=object)
         example.fill(text)
         return example

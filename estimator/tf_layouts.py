@@ -35,8 +35,11 @@ def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0
     Keras' `LSTM` needs none of this: its gates are torch's order, so
     `weight_ih = kernel.T`, `weight_hh = recurrent_kernel.T`, `bias_ih = bias`.
     """
-    kernel = torch.as_tensor(np.asarray(kernel))
-    bias = torch.as_tensor(np.asarray(bias))
+    kernel, bias = (torch.as_tensor(v.detach() if isinstance(v, torch.Tensor) else np.asarray(v))
+                    for v in (kernel, bias))
+    if not (kernel.is_floating_point() and bias.is_floating_point()):
+        raise ValueError(f"lstm_from_tf: a kernel and a bias of floating point, got "
+                         f"{kernel.dtype} and {bias.dtype}")
     if kernel.dim() != 2 or kernel.shape[1] % 4 or bias.shape != (kernel.shape[1],):
         raise ValueError(f"lstm_from_tf: expected a kernel [input + units, 4 * units] and a "
                          f"bias [4 * units], got {list(kernel.shape)} and {list(bias.shape)}")

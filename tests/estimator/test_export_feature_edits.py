@@ -135,6 +135,9 @@ def test_string_placeholders_export_as_tfs_tf_string():
     """`placeholder(tf.string, [None])` ported: it was "dtype must be a torch.dtype"."""
     assert est.export.placeholder(str, [None]).tolist() == ["", ""]
     assert est.export.placeholder("string", [None, 2], fill_value="a").tolist() == [["a"] * 2] * 2
+    assert est.export.placeholder(bytes, [None]).tolist() == [b"", b""]
+    with pytest.raises(ValueError, match="a string input's fill_value is a string"):
+        est.export.placeholder(str, [None], fill_value=1)
 
 
 def test_a_string_placeholder_exports_a_string_input(tmp_path):

@@ -53,3 +53,11 @@ def test_wrong_shapes_are_said():
         est.checkpoint.lstm_from_tf(np.zeros((7, 12)), np.zeros(8))
     with pytest.raises(ValueError, match="a kernel of 3 rows has no input rows"):
         est.checkpoint.lstm_from_tf(np.zeros((3, 12)), np.zeros(12))
+    with pytest.raises(ValueError, match="of floating point, got torch.int64"):
+        est.checkpoint.lstm_from_tf(np.zeros((7, 12), np.int64), np.zeros(12))
+
+
+def test_parameters_are_taken_as_values():
+    kernel = torch.nn.Parameter(torch.ones(7, 12))
+    state = est.checkpoint.lstm_from_tf(kernel, torch.nn.Parameter(torch.zeros(12)))
+    assert state["weight_ih_l0"].shape == (12, 4) and not state["weight_ih_l0"].requires_grad
