@@ -100,9 +100,10 @@ def placeholder(dtype=torch.float32, shape=None, name: Optional[str] = None,
     ``placeholder(torch.int64, [None, None])`` serves token ids of any
     length. ``placeholder(str, [None])`` (TF's ``tf.string``) is an example
     array of strings, ``fill_value`` each ("" for 0): give one the model
-    takes (an encoded image where the receiver decodes one). The export runs model_fn's PREDICT path on it: where 0 is padding
-    or a length (an all-padding sequence breaks a padding mask or
-    pack_padded_sequence), trace with ``fill_value=1``. `name` is accepted
+    takes (an encoded image where the receiver decodes one). The export runs
+    model_fn's PREDICT path on it: where 0 is padding or a length (an
+    all-padding sequence breaks a padding mask or pack_padded_sequence),
+    trace with ``fill_value=1``. `name` is accepted
     for TF's signature (the receiver's key names the input). A numpy dtype
     (`np.float32`, "int64") or Python type (`float`: float32) is taken as
     TF takes it."""

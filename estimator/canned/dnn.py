@@ -76,7 +76,8 @@ def dnn_logits(features, mode, units: int, hidden_units: Sequence[int], feature_
         if dropout is not None and training:
             net = F.dropout(net, dropout, training=True)
         if batch_norm:
-            norm = model_scope.get_module(f"{name}/batchnorm_{i}", lambda w=width: BatchNormalization(w, momentum=0.999))
+            norm = model_scope.get_module(f"{name}/batchnorm_{i}", lambda w=width: (
+                BatchNormalization(w, momentum=0.999)))
             net = norm(net)
         layer_summary(net, f"{scope}/{name}")
     layer = model_scope.get_module(f"{scope}/logits",
