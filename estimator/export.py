@@ -1017,10 +1017,20 @@ def _host_program(receiver, scope, call):
     client = [{"name": n, "dtype": "string" if is_host_value(v) else
                str(v.dtype).replace("torch.", ""),
                "shape": [None] + (list(v.shape[1:]) if isinstance(v, (torch.Tensor, np.ndarray))
-                                  else [None])}
+                                  else [None]),
+               **({"python_type": "bytes"} if receiver.parse_spec is None
+                  and _holds_bytes(v) else {})}
               for n, v in raw.items()]
     return _Built(module, outputs, inputs, trace_inputs, shapes, receiver.dynamic_batch,
                   len(next(iter(raw.values()))), transform, client)
+
+
+def _holds_bytes(value) -> bool:
+    """Whether a string input's example holds bytes (``placeholder(bytes)``):
+    a server then hands the receiver's function bytes, as TF's tf.string."""
+    while isinstance(value, (list, tuple, np.ndarray)) and len(value):
+        value = value[0]
+    return isinstance(value, bytes)
 
 
 def _check_redone(transform: HostTransform, raw: dict, inputs: dict, records) -> None:
@@ -1129,8 +1139,19 @@ class LoadedExport:
         for spec in self.signature["inputs"]:
             if spec["dtype"] == "string" and spec["name"] in inputs:
                 _check_nesting(spec["name"], inputs[spec["name"]], spec["shape"])
+                if spec.get("python_type") == "bytes":   # (as tf.string holds a str given)
+                    inputs = {**inputs, spec["name"]: _utf8(inputs[spec["name"]])}
         features = self.transform.features(inputs)
         return self.program(**self.transform.program_inputs(inputs, features)), features
+
+
+def _utf8(values):
+    """A string input's str values as utf-8 bytes (rows of them too)."""
+    if isinstance(values, str):
+        return values.encode("utf-8")
+    if isinstance(values, list):
+        return [_utf8(v) for v in values]
+    return host_transform.as_bytes(values) if isinstance(values, np.ndarray) else values
 
 
 def _check_nesting(name: str, values, shape: list) -> None:

@@ -6,6 +6,7 @@ receiver's inputs; the columns read the receiver's values there, so the
 change was lost: the export served another model than predict, without a
 word. Now what torch computes (a numeric column's input) follows model_fn,
 and a change the host-side work would need is an error naming the feature."""
+import base64
 import json
 import os
 
@@ -169,6 +170,40 @@ def test_a_features_function_failing_on_the_example_inputs_is_said_to_run_on_the
             "decode_images, which the export runs on the receiver's example inputs (c, lat, x): "
             "give examples it can take, an encoded image where it decodes one"
             ) in "".join(raised.value.__notes__)
+
+
+def decode_bytes(receiver_tensors):
+    """A receiver's function written for tf.string's bytes (a decoder's
+    `.decode`, `io.BytesIO`): it takes only bytes."""
+    features = dict(receiver_tensors)
+    features["c"] = np.array([value.decode("utf-8") for value in features["c"]])
+    return add_engineered(features)
+
+
+def test_a_bytes_placeholder_is_served_bytes_as_tf_string(tmp_path):
+    """TF Serving gives a JSON string to a tf.string placeholder as bytes; the
+    server handed `placeholder(bytes)`'s function a str, and a decoder taking
+    bytes answered 400 ('str' object has no attribute 'decode')."""
+    e = _estimator(tmp_path, lambda features: None, _engineered_columns(True),
+                   add_engineered(ROWS))
+    receiver = {**ROWS, "c": np.array([c.encode() for c in ROWS["c"]], dtype=object)}
+    path = e.export_saved_model(str(tmp_path / "e"), lambda: est.export.ServingInputReceiver(
+        decode_bytes, receiver))
+    predicted = np.stack([p["y"] for p in e.predict(lambda: [add_engineered(ROWS)])])
+    instances = [{k: (v[i].item() if isinstance(v, torch.Tensor) else str(v[i]))
+                  for k, v in ROWS.items()} for i in range(4)]
+    served = est.export.load(path).signatures["serving_default"](**ROWS)["y"].numpy()
+    np.testing.assert_allclose(served, predicted, rtol=1e-5, atol=1e-6)
+    model = est.serving.Model(path)
+    for request in ({"instances": instances},
+                    {"inputs": {k: [row[k] for row in instances] for k in ROWS}}):
+        answer = model.predict(request)
+        np.testing.assert_allclose(answer["predictions" if "instances" in request
+                                          else "outputs"], predicted, rtol=1e-5, atol=1e-6)
+    with_b64 = [{**row, "c": {"b64": base64.b64encode(row["c"].encode()).decode()}}
+                for row in instances]
+    np.testing.assert_allclose(model.predict({"instances": with_b64})["predictions"],
+                               predicted, rtol=1e-5, atol=1e-6)
 
 
 def _shifted_in_place(features):
