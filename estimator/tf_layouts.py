@@ -9,12 +9,12 @@ import numpy as np
 import torch
 
 
-def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0
-                 ) -> Dict[str, torch.Tensor]:
+def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0,
+                 projection=None) -> Dict[str, torch.Tensor]:
     """A TF1 LSTM cell's variables as layer `layer` of a `torch.nn.LSTM`'s
     state dict (`weight_ih_l0`, `weight_hh_l0`, `bias_ih_l0`, `bias_hh_l0`).
 
-    TF's `BasicLSTMCell` and `LSTMCell` (without peepholes or projection)
+    TF's `BasicLSTMCell` and `LSTMCell` (without peepholes or clipping)
     hold one `kernel` [input + units, 4 * units] over `concat([x, h])` and
     one `bias` [4 * units], gates in the order i, j, f, o, and add
     `forget_bias` (1.0 by default) to the forget gate in the cell; torch's
@@ -32,6 +32,10 @@ def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0
                 est.checkpoint.load_variable(tf_dir, prefix + "bias"), layer=k))
         lstm.load_state_dict(state)
 
+    `LSTMCell(num_proj=p)`'s `projection/kernel` [units, p] is `projection`:
+    its kernel's hidden rows are then p, and it is torch's
+    `LSTM(..., proj_size=p)` (`weight_hr_l0`, the projection's transpose).
+
     Keras' `LSTM` needs none of this: its gates are torch's order, so
     `weight_ih = kernel.T`, `weight_hh = recurrent_kernel.T`, `bias_ih = bias`.
     """
@@ -44,14 +48,27 @@ def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0
         raise ValueError(f"lstm_from_tf: expected a kernel [input + units, 4 * units] and a "
                          f"bias [4 * units], got {list(kernel.shape)} and {list(bias.shape)}")
     units = kernel.shape[1] // 4
-    if kernel.shape[0] <= units:
+    hidden = units
+    if projection is not None:
+        projection = torch.as_tensor(projection.detach() if isinstance(projection, torch.Tensor)
+                                     else np.asarray(projection))
+        if projection.dim() != 2 or projection.shape[0] != units or (
+                not projection.is_floating_point()):
+            raise ValueError(f"lstm_from_tf: expected a projection kernel [{units} units, "
+                             f"num_proj] of floating point, got {list(projection.shape)} "
+                             f"{projection.dtype}")
+        hidden = projection.shape[1]
+    if kernel.shape[0] <= hidden:
         raise ValueError(f"lstm_from_tf: a kernel of {kernel.shape[0]} rows has no input rows "
-                         f"before its {units} hidden ones")
+                         f"before its {hidden} hidden ones")
     order = torch.cat([torch.arange(units) + units * gate for gate in (0, 2, 1, 3)])   # i f j o
     weights = kernel[:, order].t().contiguous()
     folded = bias[order].clone()
     folded[units:2 * units] += forget_bias
-    inputs = kernel.shape[0] - units
-    return {f"weight_ih_l{layer}": weights[:, :inputs].contiguous(),
-            f"weight_hh_l{layer}": weights[:, inputs:].contiguous(),
-            f"bias_ih_l{layer}": folded, f"bias_hh_l{layer}": torch.zeros_like(folded)}
+    inputs = kernel.shape[0] - hidden
+    state = {f"weight_ih_l{layer}": weights[:, :inputs].contiguous(),
+             f"weight_hh_l{layer}": weights[:, inputs:].contiguous(),
+             f"bias_ih_l{layer}": folded, f"bias_hh_l{layer}": torch.zeros_like(folded)}
+    if projection is not None:
+        state[f"weight_hr_l{layer}"] = projection.t().contiguous()
+    return state

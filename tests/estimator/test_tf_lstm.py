@@ -1,5 +1,5 @@
 """est.checkpoint.lstm_from_tf: TF1's LSTM cells (BasicLSTMCell, LSTMCell,
-MultiRNNCell over dynamic_rnn) as torch.nn.LSTM, recorded from TF 2.15 by
+MultiRNNCell over dynamic_rnn, LSTMCell's num_proj) as torch.nn.LSTM, recorded from TF 2.15 by
 tests/support/fixtures/record_tf_lstm.py: the same outputs and states, and
 with bias_hh frozen the same SGD step."""
 import json
@@ -20,17 +20,19 @@ def _state(variables, case):
     state = {}
     for layer in range(case["layers"]):
         prefix = next(n for n in variables if f"cell_{layer}/" in n or case["layers"] == 1)
-        prefix = prefix.rsplit("/", 1)[0] + "/"
-        state.update(est.checkpoint.lstm_from_tf(np.array(variables[prefix + "kernel"]),
-                                                 variables[prefix + "bias"],
-                                                 case["forget_bias"], layer=layer))
+        prefix = prefix.split("lstm_cell/", 1)[0] + "lstm_cell/"
+        state.update(est.checkpoint.lstm_from_tf(
+            np.array(variables[prefix + "kernel"]), variables[prefix + "bias"],
+            case["forget_bias"], layer=layer, projection=variables.get(
+                prefix + "projection/kernel")))
     return state
 
 
 @pytest.mark.parametrize("name", sorted(TF["cases"]))
 def test_a_tf_lstm_runs_and_trains_as_torchs_lstm(name):
     case = TF["cases"][name]
-    lstm = torch.nn.LSTM(TF["input"], TF["units"], num_layers=case["layers"], batch_first=True)
+    lstm = torch.nn.LSTM(TF["input"], TF["units"], num_layers=case["layers"], batch_first=True,
+                         proj_size=case.get("num_proj", 0))
     lstm.load_state_dict(_state(case["before"], case))
     for layer in range(case["layers"]):
         getattr(lstm, f"bias_hh_l{layer}").requires_grad_(False)
@@ -55,6 +57,11 @@ def test_wrong_shapes_are_said():
         est.checkpoint.lstm_from_tf(np.zeros((3, 12)), np.zeros(12))
     with pytest.raises(ValueError, match="of floating point, got torch.int64"):
         est.checkpoint.lstm_from_tf(np.zeros((7, 12), np.int64), np.zeros(12))
+    with pytest.raises(ValueError, match=r"expected a projection kernel \[3 units, num_proj\] "
+                                         r"of floating point, got \[2, 3\]"):
+        est.checkpoint.lstm_from_tf(np.zeros((6, 12)), np.zeros(12), projection=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="a kernel of 2 rows has no input rows before its 2"):
+        est.checkpoint.lstm_from_tf(np.zeros((2, 12)), np.zeros(12), projection=np.zeros((3, 2)))
 
 
 def test_parameters_are_taken_as_values():
