@@ -55,6 +55,7 @@ import distribute
 from hooks import model_scope
 
 from . import host_transform, io as tf_io
+from ._dropout_check import DropoutWatch
 from .feature_column import recorded
 from .host_transform import EXAMPLES, HostTransform, is_host_value, template_examples
 from hooks.mode_keys import ModeKeys
@@ -758,10 +759,12 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                              f"dimensions of any size past the batch are not exported with "
                              f"string or tf.Example inputs")
         try:
-            built = _host_program(receiver, scope, call) if host else _tensor_program(
-                receiver, scope, call, any_size)
+            with DropoutWatch() as watch:   # (functional dropout left on: a random model)
+                built = _host_program(receiver, scope, call) if host else _tensor_program(
+                    receiver, scope, call, any_size)
         except KeyError as e:
             raise _missing_feature(e, receiver) or e
+        watch.warn("The export (its served outputs would be random)")
         try:
             program = _trace(built, scope)
         except Exception as e:

@@ -181,11 +181,16 @@ def test_functional_dropout_left_on_outside_train_is_warned(tmp_path, caplog):
         with caplog.at_level(logging.WARNING):
             e.evaluate(lambda: [({"x": x}, y)] * 2)
             list(e.predict(lambda: [{"x": x}]))
+            e.export_saved_model(str(tmp_path / "export"),
+                                 est.export.build_raw_serving_input_receiver_fn(
+                                     {"x": torch.from_numpy(x)}))
         warned = [r.getMessage() for r in caplog.records if "applies dropout" in r.getMessage()]
         if training_given:
             assert warned == []
-        else:
-            assert len(warned) == 2, warned   # evaluate and predict, once each
+        else:   # (an export traced it: every request's outputs random, it was not said)
+            assert len(warned) == 3, warned   # evaluate, predict and export, once each
+            assert warned[2].startswith("The export (its served outputs would be random): "
+                                        "the model_fn applies dropout (dropout(p=0.3))")
             assert "'eval' mode: the model_fn applies dropout (dropout(p=0.3)) with " \
                    "training=True" in warned[0]
             assert "training=est.is_training()" in warned[0]
