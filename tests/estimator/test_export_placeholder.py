@@ -265,7 +265,7 @@ def test_a_receiver_naming_features_otherwise_than_training_says_so(tmp_path):
 class MaskedEncoder(torch.nn.Module):
     """A transformer encoder over token ids with a padding mask (0 is padding),
     mean-pooled: torch's nested-tensor fast path cannot run a sequence that
-    is all padding, which zeros are."""
+    is all padding, which zeros are (the export runs it without that path)."""
 
     def __init__(self):
         super().__init__()
@@ -289,24 +289,55 @@ def masked_model_fn(features, labels, mode):
         optimizer=est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.02)))
 
 
-def test_a_placeholder_traced_with_fill_value_one_exports_a_padding_mask_model(tmp_path):
-    """The export runs the PREDICT path on the placeholder's values: zeros,
-    all padding here, failed inside torch ("to_padded_tensor: at least one
-    constituent tensor should have non-zero numel") without a word about the
-    export. The error now says what ran on what; fill_value=1 exports it."""
-    def receiver(fill_value):
-        return est.export.build_raw_serving_input_receiver_fn(
-            {"ids": est.export.placeholder(torch.int64, [None, None], fill_value=fill_value)})
+def _ids_receiver(fill_value):
+    return est.export.build_raw_serving_input_receiver_fn(
+        {"ids": est.export.placeholder(torch.int64, [None, None], fill_value=fill_value)})
+
+
+@pytest.mark.parametrize("fill_value", [0, 1])
+def test_a_padding_mask_model_exports_from_a_placeholder(tmp_path, fill_value):
+    """Zeros are all padding: the export's run of the PREDICT path (torch's
+    nested-tensor fast path, off since the export watches for dropout) and
+    its trace take them; the served model equals predict."""
     e = est.Estimator(masked_model_fn, str(tmp_path / "m"))
     rows = text_rows(32, 0)
     e.train(lambda: [(f, y) for f, y in rows], steps=4)
-    with pytest.raises(RuntimeError) as raised:
-        e.export_saved_model(str(tmp_path / "zeros"), receiver(fill_value=0))
-    assert "ids all zeros" in "".join(getattr(raised.value, "__notes__", []))
-    assert "fill_value=1" in "".join(raised.value.__notes__)
-    path = e.export_saved_model(str(tmp_path / "ones"), receiver(fill_value=1))
+    path = e.export_saved_model(str(tmp_path / "e"), _ids_receiver(fill_value))
     ids = rows[0][0]["ids"]
     want = np.stack([p["logistic"] for p in e.predict(lambda: [{"ids": ids}])])
     got = est.export.load(path).signatures["predict"](ids=ids)["logistic"]
     np.testing.assert_allclose(got.numpy(), want, atol=1e-5)
     assert est.export.placeholder(torch.int64, [None, 3], fill_value=1).eq(1).all()
+
+
+class PackedGRU(torch.nn.Module):
+    """A GRU over the ids' packed lengths (0 is padding): a sequence of zero
+    length cannot be packed."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 8, padding_idx=0)
+        self.gru = torch.nn.GRU(8, 4, batch_first=True)
+        self.out = torch.nn.Linear(4, 1)
+
+    def forward(self, ids):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(
+            self.embed(ids), (ids != 0).sum(1).cpu(), batch_first=True, enforce_sorted=False)
+        return self.out(self.gru(packed)[1][-1])
+
+
+def test_a_path_failing_on_a_placeholders_zeros_says_so(tmp_path):
+    """The export runs the PREDICT path on the placeholder's values: zeros,
+    all padding here, failed inside torch ("Length of all samples has to be
+    greater than 0") without a word about the export. The error now says
+    what ran on what, and to trace with fill_value=1."""
+    def model_fn(features, labels, mode):
+        return est.BinaryClassHead().create_estimator_spec(
+            features, mode, est.get_module("gru", PackedGRU)(features["ids"]), labels,
+            optimizer=est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.02)))
+    e = est.Estimator(model_fn, str(tmp_path / "m"))
+    e.train(lambda: [(f, y) for f, y in text_rows(8, 0)], steps=1)
+    with pytest.raises(RuntimeError, match="has to be greater than 0") as raised:
+        e.export_saved_model(str(tmp_path / "zeros"), _ids_receiver(0))
+    assert "ids all zeros" in "".join(getattr(raised.value, "__notes__", []))
+    assert "fill_value=1" in "".join(raised.value.__notes__)
