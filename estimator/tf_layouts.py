@@ -39,8 +39,7 @@ def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0,
     Keras' `LSTM` needs none of this: its gates are torch's order, so
     `weight_ih = kernel.T`, `weight_hh = recurrent_kernel.T`, `bias_ih = bias`.
     """
-    kernel, bias = (torch.as_tensor(v.detach() if isinstance(v, torch.Tensor) else np.asarray(v))
-                    for v in (kernel, bias))
+    kernel, bias = _value(kernel), _value(bias)
     if not (kernel.is_floating_point() and bias.is_floating_point()):
         raise ValueError(f"lstm_from_tf: a kernel and a bias of floating point, got "
                          f"{kernel.dtype} and {bias.dtype}")
@@ -50,8 +49,7 @@ def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0,
     units = kernel.shape[1] // 4
     hidden = units
     if projection is not None:
-        projection = torch.as_tensor(projection.detach() if isinstance(projection, torch.Tensor)
-                                     else np.asarray(projection))
+        projection = _value(projection)
         if projection.dim() != 2 or projection.shape[0] != units or (
                 not projection.is_floating_point()):
             raise ValueError(f"lstm_from_tf: expected a projection kernel [{units} units, "
@@ -72,3 +70,9 @@ def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0,
     if projection is not None:
         state[f"weight_hr_l{layer}"] = projection.t().contiguous()
     return state
+
+
+def _value(variable) -> torch.Tensor:
+    """A variable's value (numpy, a list, a tensor or a Parameter) as a tensor."""
+    return torch.as_tensor(variable.detach() if isinstance(variable, torch.Tensor)
+                           else np.asarray(variable))
