@@ -11,13 +11,24 @@ renewed by the worker's heartbeats while it runs; when a lease runs out (the
 worker died, or its machine did) the closure goes back to the front of the
 queue for another worker. A late result of a closure already re-run is
 dropped (the first result counts).
+
+One coordinator at a time, as TF's (whose functions live in the coordinator
+process and die with it): a coordinator silent for longer than its lease
+(killed: it collects results every 50 ms), one that left (its program
+ended), and an earlier one when another starts (`claim`) are gone: their
+waiting closures are dropped, their running ones finish but are not run
+again. Without that a killed coordinator's queue went on training the
+variables of the next one, which has the same names.
 """
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Dict, Optional, Tuple
+
+logger = logging.getLogger(__name__)
 
 STOP = "stop"
 
@@ -32,21 +43,62 @@ class ClosureQueue:
         self._stopped = False
         self.lease_secs = 10.0
         self.rerun = 0
+        self._seen: Dict[str, float] = {}   # coordinator -> when it last called
+        self._gone: Dict[str, str] = {}     # coordinator -> why its closures were dropped
+
+    def _heard(self, owner: str) -> None:
+        if owner in self._gone:
+            raise RuntimeError(f"ps 0 dropped this coordinator's functions: {self._gone[owner]}")
+        self._seen[owner] = time.monotonic()
 
     def put(self, cid: tuple, payload: bytes, lease_secs: float) -> None:
         with self._lock:
+            self._heard(cid[0])
             self.lease_secs = lease_secs
             self._stopped = False
             self._pending.append((cid, payload))
             self._lock.notify_all()
 
+    def _drop(self, owner: str, why: str) -> None:
+        """`owner`'s waiting closures dropped; its running ones not run again."""
+        self._gone[owner] = why
+        self._seen.pop(owner, None)
+        dropped = sum(cid[0] == owner for cid, _ in self._pending)
+        self._pending = collections.deque(p for p in self._pending if p[0][0] != owner)
+        running = sum(cid[0] == owner for cid in self._running)
+        (logger.warning if dropped or running else logger.info)(
+            "ps 0: dropped %d waiting function(s) of coordinator %s (%d running are not "
+            "run again): %s", dropped, owner, running, why)
+
     def _expire(self) -> None:
         now = time.monotonic()
+        for owner, seen in list(self._seen.items()):
+            if seen + self.lease_secs < now:
+                self._drop(owner, f"it was not heard from for {now - seen:.1f} s (its lease "
+                                  f"is {self.lease_secs:g} s): killed, as TF's coordinator "
+                                  "program ends its functions")
         for cid, (worker, payload, until) in list(self._running.items()):
             if until < now:
                 del self._running[cid]
-                self._pending.appendleft((cid, payload))
-                self.rerun += 1
+                if cid[0] not in self._gone:
+                    self._pending.appendleft((cid, payload))
+                    self.rerun += 1
+
+    def claim(self, owner: str) -> int:
+        """`owner` is the cluster's coordinator now: the closures of earlier
+        ones are dropped; how many of theirs workers still run."""
+        with self._lock:
+            for other in {cid[0] for cid, _ in self._pending} | set(self._seen):
+                if other != owner:
+                    self._drop(other, f"a new coordinator ({owner}) started")
+            self._seen[owner] = time.monotonic()
+            return sum(cid[0] != owner for cid in self._running)
+
+    def leave(self, owner: str) -> None:
+        """`owner`'s program ends without ending training (its functions end too)."""
+        with self._lock:
+            if owner not in self._gone:
+                self._drop(owner, "its program ended")
 
     def take(self, worker: str, wait: float):
         """(cid, payload) for `worker`, None after `wait` seconds without
@@ -80,15 +132,18 @@ class ClosureQueue:
             self._running.pop(cid, None)
             self._pending = collections.deque(p for p in self._pending if p[0] != cid)
             self._finished.add(cid)
-            self._results[cid] = result
+            if cid[0] not in self._gone:   # (nobody collects a gone coordinator's)
+                self._results[cid] = result
 
-    def collect(self) -> Tuple[Dict[tuple, bytes], dict]:
-        """The results since the last call, and the queue's counts."""
+    def collect(self, owner: str) -> Tuple[Dict[tuple, bytes], dict]:
+        """`owner`'s results since its last call, and the queue's counts."""
         with self._lock:
             self._expire()
-            results, self._results = self._results, {}
-            return results, {"pending": len(self._pending), "running": len(self._running),
-                             "rerun": self.rerun}
+            self._heard(owner)
+            mine = {cid: r for cid, r in self._results.items() if cid[0] == owner}
+            self._results = {cid: r for cid, r in self._results.items() if cid[0] != owner}
+            return mine, {"pending": len(self._pending), "running": len(self._running),
+                          "rerun": self.rerun}
 
     def cancel(self, owner: str) -> list:
         """Drop `owner`'s closures no worker has taken; their ids."""
@@ -102,6 +157,7 @@ class ClosureQueue:
             self._stopped = True
             self._pending.clear()
             self._running.clear()
+            self._seen.clear()
             self._lock.notify_all()
 
 
@@ -134,8 +190,16 @@ def _done(worker, cid, result):
     return _local().done(worker, cid, result)
 
 
-def _collect():
-    return _local().collect()
+def _collect(owner):
+    return _local().collect(owner)
+
+
+def _claim(owner):
+    return _local().claim(owner)
+
+
+def _leave(owner):
+    return _local().leave(owner)
 
 
 def _cancel(owner):

@@ -205,6 +205,7 @@ class ClusterCoordinator:
         self._client = ps_client.Client(spec, extended._task_type, extended._task_id,
                                         extended._timeout, extended._init_timeout)
         self._client.register()
+        self._claim()
         self._ids = itertools.count()
         self._values: Dict[tuple, RemoteValue] = {}
         self._lock = threading.Lock()
@@ -220,6 +221,29 @@ class ClusterCoordinator:
                                         daemon=True)
         self._poller.start()
         atexit.register(self.shutdown, end_training=False)
+
+    def _claim(self) -> None:
+        """Be the cluster's one coordinator: an earlier one's functions (a
+        killed coordinator's, queued on ps 0) are dropped, and those workers
+        still run are waited for, so that none updates this one's variables
+        (bounded: a function stuck on a worker is said, not waited for)."""
+        deadline = time.monotonic() + max(30.0, 3 * self._lease)
+        said = False
+        while True:
+            running = self._client.call(0, _cq._claim, self._client.name,
+                                        what="claiming the cluster's queue")
+            if not running:
+                return
+            if time.monotonic() > deadline:
+                logger.warning("coordinator: %d function(s) of an earlier coordinator still run "
+                               "on the workers; their updates may reach this coordinator's "
+                               "variables", running)
+                return
+            if not said:
+                logger.info("coordinator: waiting for %d function(s) of an earlier coordinator "
+                            "that workers still run", running)
+                said = True
+            time.sleep(_POLL_SECS)
 
     # -- variables on the ps tasks ------------------------------------------------------
     def create_module(self, name: str, factory: Callable[[], torch.nn.Module]) -> RemoteModule:
@@ -389,7 +413,7 @@ class ClusterCoordinator:
         next_check = 0.0
         while not self._stopped.is_set():
             try:
-                results, self.stats = self._client.call(0, _cq._collect,
+                results, self.stats = self._client.call(0, _cq._collect, self._client.name,
                                                          what="collecting results")
                 if time.monotonic() > next_check:
                     next_check = time.monotonic() + _PS_CHECK_SECS
@@ -445,12 +469,16 @@ class ClusterCoordinator:
         # teardown under a thread still waiting on it can abort the process):
         # the poller's call ends within the RPC timeout.
         self._poller.join(timeout=self._client.timeout + 5.0)
-        if end_training:
-            try:
+        try:
+            if end_training:
                 self._client.call(0, _cq._stop, what="stopping the workers", timeout=5.0)
                 self._client.end_training()
-            except Exception as e:
-                logger.warning("coordinator: could not end training on ps 0: %s", e)
+            else:   # (the program ends: its waiting functions end with it, as TF's)
+                self._client.call(0, _cq._leave, self._client.name,
+                                  what="dropping the waiting functions", timeout=5.0)
+        except Exception as e:
+            logger.warning("coordinator: could not %s on ps 0: %s", "end training" if end_training
+                           else "drop its waiting functions", e)
         self._client.close()
 
 

@@ -189,6 +189,32 @@ def test_a_restarted_coordinator_resumes_from_its_checkpoint(cluster, tmp_path):
     assert result["accuracy"] >= 0.9, result
 
 
+@pytest.mark.parametrize("restart_at_once", [True, False])
+def test_a_killed_coordinators_queued_functions_do_not_train_the_next_ones(
+        cluster, tmp_path, restart_at_once):
+    """Its functions live on ps 0's queue: they went on training, then
+    updated the next coordinator's variables (the same names), silently.
+    Now a new coordinator drops them (`restart_at_once`: within the first
+    one's lease), and ps 0 drops them once a coordinator is silent for its
+    lease, as TF's functions end with the coordinator's process."""
+    cluster.start_servers()
+    first = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "2000",
+                          "--crash-after", "10")
+    assert cluster.wait(first) == 3, cluster.all_logs()
+    if not restart_at_once:
+        deadline = time.monotonic() + TIMEOUT
+        while "it was not heard from" not in cluster.log("ps", 0):
+            assert time.monotonic() < deadline, cluster.all_logs()
+            time.sleep(0.1)
+    second = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "40",
+                           "--check-quiet", "3")
+    assert cluster.wait(second, timeout=90) == 0, cluster.all_logs()
+    assert "variables untouched while idle: True" in cluster.log("chief", 0), cluster.all_logs()
+    assert "waiting function(s) of coordinator chief:0:" in cluster.log("ps", 0)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert sorted(result["steps"]) == list(range(40)) and result["stats"]["pending"] == 0
+
+
 def test_a_partitioner_the_coordinator_does_not_apply_is_said(caplog):
     """variable_partitioner was ignored on the coordinator's path without a
     word (coordinator probe: TF2 builds a ShardedVariable)."""

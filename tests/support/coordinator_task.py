@@ -3,6 +3,7 @@
     python coordinator_task.py CLUSTER_JSON ps|worker INDEX
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --steps N
         [--model_dir D] [--save-and-crash-at N] [--restore] [--sparse] [--noted] [--bn]
+        [--crash-after N] [--check-quiet SECS]
     python coordinator_task.py CLUSTER_JSON chief 0 --out DIR --semantics
 
 The chief is the coordinator: it schedules `coordinator_model.train_step`
@@ -11,6 +12,9 @@ DIR/progress (results so far) while it waits, and DIR/result.json (every
 result, the accuracy, the queue's counts) at the end. `--save-and-crash-at
 N`: after step N is done, save a checkpoint to --model_dir and die without
 ending training; `--restore`: start from --model_dir's latest checkpoint.
+`--crash-after N`: schedule every step, die once N results are in (the
+rest queued); `--check-quiet SECS`: before scheduling, say whether the
+variables stayed as created for SECS seconds.
 `--semantics`: the scenarios of `semantics`, written to DIR/semantics.json.
 `--sparse`: `coordinator_model.SparseNet` (a sparse embedding) under Adagrad;
 `--noted`: `coordinator_model.NotedNet` (a dense table, its lookups noted)
@@ -59,6 +63,12 @@ def coordinate(cluster, args):
                    for k, v in saved["coordinator"]["modules"]["net"].items())
         print(f"restored step {first} from {path}; ps values equal the checkpoint: {same}",
               flush=True)
+    if args.check_quiet:   # (no function of an earlier coordinator changes the variables)
+        before = coordinator.state_dict()["modules"]["net"]
+        time.sleep(args.check_quiet)
+        after = coordinator.state_dict()["modules"]["net"]
+        print("variables untouched while idle:",
+              all(bool((before[k] == v).all()) for k, v in after.items()), flush=True)
     iterator = iter(coordinator.create_per_worker_dataset(model.dataset_fn))
     values = []
     for step in range(first, args.steps):
@@ -70,6 +80,11 @@ def coordinate(cluster, args):
                 {"coordinator": coordinator.state_dict(), "global_step": step + 1}, step + 1)
             print(f"saved step {step + 1}; crashing", flush=True)
             os._exit(3)
+    while args.crash_after and sum(v._event.is_set() for v in values) < args.crash_after:
+        time.sleep(0.01)
+    if args.crash_after:   # (as kill -9: the functions still queued are left on ps 0)
+        print(f"{args.crash_after} results in; crashing", flush=True)
+        os._exit(3)
     finished = threading.Event()
 
     def progress():   # how many results are in, for the test to time its faults
@@ -186,6 +201,8 @@ def main():
     parser.add_argument("--model_dir")
     parser.add_argument("--save-and-crash-at", type=int, default=0)
     parser.add_argument("--restore", action="store_true")
+    parser.add_argument("--crash-after", type=int, default=0)
+    parser.add_argument("--check-quiet", type=float, default=0.0)
     parser.add_argument("--semantics", action="store_true")
     parser.add_argument("--sparse", action="store_true")
     parser.add_argument("--noted", action="store_true")
