@@ -129,11 +129,12 @@ def _on_disk(model_dir: str) -> List[str]:
     return sorted(names, key=lambda n: -int(_CKPT_RE.match(n).group(1)))
 
 
-def _candidates(model_dir: str, warn: bool) -> List[str]:
+def _candidates(model_dir: str, warn: bool, none_left: str = "") -> List[str]:
     """Checkpoint paths to restore from, best first: the index's latest, then
     the others it lists, newest first; when the index is missing, empty,
     unreadable or names no existing file, the files on disk, newest step
-    first (with a warning naming the problem, when `warn`)."""
+    first (with a warning naming the problem, when `warn`, and `none_left`
+    where there are none)."""
     index = os.path.join(model_dir, INDEX)
     try:
         latest, kept = _read_index(model_dir)
@@ -167,6 +168,9 @@ def _candidates(model_dir: str, warn: bool) -> List[str]:
     if files and warn:
         logger.warning("The checkpoint index %s %s; using the checkpoint files in %s "
                        "(newest: %s)", index, problem, model_dir, files[0])
+    elif warn and os.path.exists(index):   # (TF: "Couldn't match files for checkpoint")
+        logger.warning("The checkpoint index %s %s, and %s holds no checkpoint file: %s",
+                       index, problem, model_dir, none_left)
     return [os.path.join(model_dir, n) for n in files]
 
 
@@ -215,7 +219,7 @@ def restore_latest(model_dir: Optional[str], none_left: str = "training starts f
     follows) when files were there."""
     if not model_dir or not os.path.isdir(model_dir):
         return None, None
-    candidates = _candidates(model_dir, warn=True)
+    candidates = _candidates(model_dir, warn=True, none_left=none_left)
     for i, path in enumerate(candidates):
         try:
             return path, load(path)

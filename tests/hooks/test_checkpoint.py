@@ -307,6 +307,24 @@ def test_a_damaged_index_or_checkpoint_falls_back_to_the_newest_good_one(tmp_pat
         caplog.text
 
 
+def test_an_index_naming_only_deleted_checkpoints_says_training_starts_over(tmp_path, caplog):
+    """Every checkpoint file deleted, the index left: training started from
+    step 0 without a word (fault probe; TF: "Couldn't match files for
+    checkpoint"); with the latest alone deleted it was said."""
+    train(tmp_path, 12, save_checkpoints_steps=5)
+    for path in tmp_path.glob("model.ckpt-*"):
+        path.unlink()
+    with caplog.at_level("WARNING"):
+        assert _resumed_step(tmp_path) == 0
+    assert ("names 'model.ckpt-12', which does not exist, and " + str(tmp_path) +
+            " holds no checkpoint file: training starts from step 0") in caplog.text
+    caplog.clear()
+    fresh = tmp_path / "fresh"
+    with caplog.at_level("WARNING"):   # (a model_dir without an index: nothing to say)
+        assert _resumed_step(fresh) == 0
+    assert "no checkpoint to restore" not in caplog.text
+
+
 def test_a_damaged_checkpoint_at_max_steps_is_trained_again(tmp_path, caplog):
     """train(max_steps=30) over a damaged model.ckpt-30 said "Skipping training
     since max_steps has already saved" and returned: the model stayed at step
