@@ -333,16 +333,20 @@ def launch(argv_or_command: Union[str, Sequence[str]], chief: bool = True, worke
                max_restarts, model_dir, env, cwd, host, stop_grace_secs, timeout,
                output or sys.stdout)
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = None
+    previous = {}
     terminated = []
     if in_main_thread:
         def on_sigterm(signum, frame):
             terminated.append(signum)
             raise KeyboardInterrupt
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm),
+                    signal.SIGINT: signal.getsignal(signal.SIGINT)}
     try:
         return job.run()
     except KeyboardInterrupt:
+        if in_main_thread:   # a second signal (timeout's to the group too, Ctrl-C twice)
+            for sig in previous:   # must not cut the tasks' preemption saves short
+                signal.signal(sig, lambda signum, frame: None)
         sig = signal.SIGTERM if terminated else signal.SIGINT
         job.say(f"{signal.Signals(sig).name}: forwarding to every task")
         job.stop(job.tasks, first_signal=sig)
@@ -350,8 +354,8 @@ def launch(argv_or_command: Union[str, Sequence[str]], chief: bool = True, worke
     finally:
         job.stop(job.tasks, first_signal=signal.SIGKILL)   # nothing outlives the launcher
         job.kill_groups()
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # -- command line ------------------------------------------------------------------

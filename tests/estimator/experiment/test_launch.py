@@ -74,6 +74,15 @@ if action == "stop42_when_chief_saves":   # a worker stopping at the step the ch
     while not os.path.exists(os.path.join(out, "chief0.saving")) and time.time() < deadline:
         time.sleep(0.05)
     sys.exit(42)
+if action == "sigterm_save":   # a task saving for 2 s on SIGTERM (a preemption save)
+    def on_term(*args):
+        record(".saving", "")
+        time.sleep(2)
+        record(".saved", "")
+        sys.exit(42)
+    signal.signal(signal.SIGTERM, on_term)
+    record(".ready", "")
+    time.sleep(600)
 if action in ("sleep", "sigint"):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     record(".child", str(child.pid))
@@ -254,6 +263,35 @@ def test_ctrl_c_is_forwarded_to_every_task(task, tmp_path):
     assert (task.out / "chief0.sigint").exists() and (task.out / "worker0.sigint").exists()
     started = [pids(task.out, n, s)[0] for n in ("chief0", "worker0") for s in (".pid", ".child")]
     assert gone(started)
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_while_the_tasks_save_does_not_kill_them(task, tmp_path):
+    """`timeout`, systemd or a second Ctrl-C signal the launcher twice: the
+    second raised inside its handling of the first (a KeyboardInterrupt
+    traceback, exit -2) and SIGKILLed the tasks in their preemption save."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "estimator", "launch", "--workers", "1", "--stop-grace-secs", "20",
+         *task(chief0="sigterm_save", worker0="sigterm_save")],
+        cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ((task.out / "chief0.ready").exists() and (task.out / "worker0.ready").exists()):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.send_signal(signal.SIGINT)
+        output, _ = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 128 + signal.SIGTERM, output
+    assert "Traceback" not in output and "[launch] SIGTERM: forwarding to every task" in output
+    assert (task.out / "chief0.saved").exists() and (task.out / "worker0.saved").exists()
 
 
 def test_arguments_and_commands(tmp_path, capsys):
