@@ -78,6 +78,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
         try:
             sock.bind(address)
         except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise OSError(e.errno, f"cannot listen at {host}:{port}, this task's address in "
+                                       f"the cluster (TF_CONFIG), for the rendezvous: "
+                                       f"{e.strerror} (by another process: an earlier run's "
+                                       "task still alive, or another job's)") from None
             if e.errno != errno.EADDRNOTAVAIL or not bind_host:
                 raise
             logger.warning("%s is not an address of this machine: the rendezvous listens on "

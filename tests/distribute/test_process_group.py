@@ -46,3 +46,20 @@ def test_a_peers_own_error_is_named(group_of_two):
                                  "the gradient all-reduce")
     assert str(error) == ("the gradient all-reduce failed on replica 1 (cpu:1): replica 0 "
                           "(cpu:0) failed: ValueError: bad feature 'age' at line 3")
+
+
+def test_a_rendezvous_port_in_use_names_the_address():
+    """A chief's (or ps 0's) port held by another process: "[Errno 98]
+    Address already in use" named neither the address nor what it was for
+    (fault probe)."""
+    import errno
+    held = _process_group.listening_socket("127.0.0.1", 0)
+    port = held.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=rf"cannot listen at 127.0.0.1:{port}, this task's "
+                                          r"address in the cluster \(TF_CONFIG\), for the "
+                                          "rendezvous: Address already in use") as raised:
+            _process_group.listening_socket("127.0.0.1", port)
+        assert raised.value.errno == errno.EADDRINUSE
+    finally:
+        held.close()
