@@ -13,12 +13,13 @@ queue for another worker. A late result of a closure already re-run is
 dropped (the first result counts).
 
 One coordinator at a time, as TF's (whose functions live in the coordinator
-process and die with it): a coordinator silent for longer than its lease
-(killed: it collects results every 50 ms), one that left (its program
-ended), and an earlier one when another starts (`claim`) are gone: their
-waiting closures are dropped, their running ones finish but are not run
-again. Without that a killed coordinator's queue went on training the
-variables of the next one, which has the same names.
+process and die with it): one that left (its program ended) and an earlier
+one when another starts (`claim`) are gone: their waiting closures are
+dropped, their running ones finish but are not run again. One silent for
+long (killed: it collects results every 50 ms) has its closures dropped
+too, and is told which when it comes back (a stalled process). Without that
+a killed coordinator's queue went on training the variables of the next
+one, which has the same names.
 """
 from __future__ import annotations
 
@@ -44,7 +45,14 @@ class ClosureQueue:
         self.lease_secs = 10.0
         self.rerun = 0
         self._seen: Dict[str, float] = {}   # coordinator -> when it last called
-        self._gone: Dict[str, str] = {}     # coordinator -> why its closures were dropped
+        self._gone: Dict[str, str] = {}     # coordinator -> why (ended, or replaced)
+        self._silent: Dict[str, Tuple[str, list]] = {}   # coordinator -> (why, dropped ids)
+
+    def silent_secs(self) -> float:
+        """How long a coordinator may go without a call before its functions
+        are dropped (it calls every 50 ms; a stall of its process, a suspend
+        or a long call holding the GIL, is not taken for its death)."""
+        return 3 * self.lease_secs + 10.0
 
     def _heard(self, owner: str) -> None:
         if owner in self._gone:
@@ -59,28 +67,37 @@ class ClosureQueue:
             self._pending.append((cid, payload))
             self._lock.notify_all()
 
-    def _drop(self, owner: str, why: str) -> None:
-        """`owner`'s waiting closures dropped; its running ones not run again."""
-        self._gone[owner] = why
+    def _drop(self, owner: str, why: str, final: bool = True) -> list:
+        """`owner`'s waiting closures dropped (their ids); its running ones not
+        run again. `final`: the coordinator ended or was replaced (else it was
+        silent, and may come back for its results)."""
+        if final:
+            self._gone[owner] = why
+            self._silent.pop(owner, None)
+            self._results = {cid: r for cid, r in self._results.items() if cid[0] != owner}
         self._seen.pop(owner, None)
-        dropped = sum(cid[0] == owner for cid, _ in self._pending)
+        dropped = [cid for cid, _ in self._pending if cid[0] == owner]
         self._pending = collections.deque(p for p in self._pending if p[0][0] != owner)
         running = sum(cid[0] == owner for cid in self._running)
         (logger.warning if dropped or running else logger.info)(
             "ps 0: dropped %d waiting function(s) of coordinator %s (%d running are not "
-            "run again): %s", dropped, owner, running, why)
+            "run again): %s", len(dropped), owner, running, why)
+        return dropped
 
     def _expire(self) -> None:
         now = time.monotonic()
         for owner, seen in list(self._seen.items()):
-            if seen + self.lease_secs < now:
-                self._drop(owner, f"it was not heard from for {now - seen:.1f} s (its lease "
-                                  f"is {self.lease_secs:g} s): killed, as TF's coordinator "
-                                  "program ends its functions")
+            if seen + self.silent_secs() < now:
+                why = (f"it was not heard from for {now - seen:.1f} s (more than 3 x lease_secs "
+                       f"+ 10 = {self.silent_secs():g} s), so it was taken for killed, as TF's "
+                       "coordinator's functions end with its process")
+                self._silent[owner] = (why, self._drop(owner, why, final=False))
         for cid, (worker, payload, until) in list(self._running.items()):
             if until < now:
                 del self._running[cid]
-                if cid[0] not in self._gone:
+                if cid[0] in self._silent:
+                    self._silent[cid[0]][1].append(cid)
+                elif cid[0] not in self._gone:
                     self._pending.appendleft((cid, payload))
                     self.rerun += 1
 
@@ -88,9 +105,9 @@ class ClosureQueue:
         """`owner` is the cluster's coordinator now: the closures of earlier
         ones are dropped; how many of theirs workers still run."""
         with self._lock:
-            for other in {cid[0] for cid, _ in self._pending} | set(self._seen):
-                if other != owner:
-                    self._drop(other, f"a new coordinator ({owner}) started")
+            others = {cid[0] for cid, _ in self._pending} | set(self._seen) | set(self._silent)
+            for other in others - {owner}:
+                self._drop(other, f"a new coordinator ({owner}) started")
             self._seen[owner] = time.monotonic()
             return sum(cid[0] != owner for cid in self._running)
 
@@ -136,14 +153,21 @@ class ClosureQueue:
                 self._results[cid] = result
 
     def collect(self, owner: str) -> Tuple[Dict[tuple, bytes], dict]:
-        """`owner`'s results since its last call, and the queue's counts."""
+        """`owner`'s results since its last call, and the queue's counts;
+        with "gone" (why) for a coordinator ended or replaced, "dropped"
+        (why, ids) for one back after a silence."""
         with self._lock:
             self._expire()
+            counts = {"pending": len(self._pending), "running": len(self._running),
+                      "rerun": self.rerun}
+            if owner in self._gone:
+                return {}, dict(counts, gone=self._gone[owner])
+            if owner in self._silent:
+                counts["dropped"] = self._silent.pop(owner)
             self._heard(owner)
             mine = {cid: r for cid, r in self._results.items() if cid[0] == owner}
             self._results = {cid: r for cid, r in self._results.items() if cid[0] != owner}
-            return mine, {"pending": len(self._pending), "running": len(self._running),
-                          "rerun": self.rerun}
+            return mine, counts
 
     def cancel(self, owner: str) -> list:
         """Drop `owner`'s closures no worker has taken; their ids."""

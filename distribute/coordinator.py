@@ -419,6 +419,10 @@ class ClusterCoordinator:
                     next_check = time.monotonic() + _PS_CHECK_SECS
                     self._client.on_each({ps: (_ps_rpc._status,) for ps in range(self._num_ps)},
                                          "checking the ps tasks")
+                gone = self.stats.pop("gone", None)
+                if gone is not None:
+                    raise RuntimeError(f"ClusterCoordinator {self._client.name}: ps 0 dropped "
+                                       f"this coordinator's functions: {gone}")
             except Exception as e:   # a ps task is gone: every pending function fails
                 if self._stopped.is_set():
                     return
@@ -428,6 +432,8 @@ class ClusterCoordinator:
                 for value in pending.values():
                     value._set(error=e)
                 return
+            if "dropped" in self.stats:   # back after a silence: those functions did not run
+                self._dropped(*self.stats.pop("dropped"))
             for cid, payload in results.items():
                 kind, value = pickle.loads(payload)
                 with self._lock:
@@ -442,6 +448,19 @@ class ClusterCoordinator:
                 else:
                     remote._set(value)
             time.sleep(_POLL_SECS)
+
+    def _dropped(self, why: str, cids: list) -> None:
+        """Fail the functions ps 0 dropped while this coordinator was silent
+        (the first such error is raised as a function's, by join)."""
+        error = RuntimeError(f"ps 0 dropped this function without running it: this "
+                             f"coordinator {why}; reschedule it")
+        with self._lock:
+            remotes = [self._values.pop(tuple(cid)) for cid in cids
+                       if tuple(cid) in self._values]
+            if remotes and self._error is None:
+                self._error = error
+        for remote in remotes:
+            remote._set(error=error)
 
     def _cancel_waiting(self) -> None:
         """When a function's error is raised: the functions no worker has

@@ -65,7 +65,7 @@ class Client:
         """A ParameterServerError naming ps `ps` for a transport failure;
         `exc` itself for an error the ps raised."""
         text = str(exc).strip()
-        if text.startswith("On WorkerInfo(") or "\nOn WorkerInfo(" in text[:200]:
+        if "On WorkerInfo(" in text[:200]:   # (the remote's own error, its traceback after)
             return exc
         first = text.splitlines()[0] if text else type(exc).__name__
         return _ps_rpc.ParameterServerError(

@@ -35,20 +35,28 @@ def test_a_new_coordinator_drops_the_earlier_ones_functions():
     with pytest.raises(RuntimeError, match="dropped this coordinator's functions: a new "
                                            r"coordinator \(chief:0:9\) started"):
         queue.put(("chief:0:3", 9), b"fn", 5.0)
-    with pytest.raises(RuntimeError, match="dropped this coordinator's functions"):
-        queue.collect("chief:0:3")
+    assert queue.collect("chief:0:3") == ({}, {"pending": 0, "running": 0, "rerun": 0,
+                                               "gone": "a new coordinator (chief:0:9) started"})
 
 
-def test_a_silent_coordinators_functions_are_dropped_after_its_lease():
+def test_a_silent_coordinators_functions_are_dropped_and_it_is_told_when_back():
     """Killed (kill -9: nothing runs at its exit), it stops collecting: its
-    functions stop once its lease runs out, as TF's die with its process;
-    a running one whose worker dies too is not run again."""
+    functions stop (as TF's die with its process), a running one whose
+    worker dies too is not run again. A stalled one (a suspend, a long call
+    holding the GIL) that comes back is told which did not run, and goes on."""
     queue = _queue(lease_secs=0.2)
+    assert queue.silent_secs() == pytest.approx(10.6)   # (3 leases + 10 s: not a stall)
+    queue.silent_secs = lambda: 0.3
     assert queue.take("worker:0:4", wait=0)[0] == ("chief:0:3", 0)
-    time.sleep(0.3)
+    time.sleep(0.4)
     assert queue.take("worker:1:5", wait=0) is None
-    _, counts = queue.collect("chief:0:9")
-    assert counts == {"pending": 0, "running": 0, "rerun": 0}
+    results, counts = queue.collect("chief:0:3")
+    why, dropped = counts.pop("dropped")
+    assert results == {} and counts == {"pending": 0, "running": 0, "rerun": 0}
+    assert sorted(dropped) == [("chief:0:3", i) for i in range(4)]
+    assert why.startswith("it was not heard from for ")
+    queue.put(("chief:0:3", 4), b"fn", 0.2)   # it goes on
+    assert queue.take("worker:1:5", wait=0)[0] == ("chief:0:3", 4)
 
 
 def test_a_collecting_coordinators_functions_run_and_a_dead_workers_run_again():

@@ -215,6 +215,22 @@ def test_a_killed_coordinators_queued_functions_do_not_train_the_next_ones(
     assert sorted(result["steps"]) == list(range(40)) and result["stats"]["pending"] == 0
 
 
+def test_a_coordinator_stopped_for_longer_than_its_lease_goes_on(cluster, tmp_path):
+    """Ctrl-Z then fg (or a long call holding the GIL) for 5 s with a 2 s
+    lease: ps 0 took the coordinator for killed and dropped it for good
+    (attack probe); a coordinator's silence is now 3 leases + 10 s."""
+    cluster.start_servers()
+    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "150")
+    _wait_progress(cluster, tmp_path, 10)
+    chief.send_signal(signal.SIGSTOP)
+    time.sleep(5)
+    chief.send_signal(signal.SIGCONT)
+    assert cluster.wait(chief) == 0, cluster.all_logs()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert sorted(result["steps"]) == list(range(150))
+    assert "dropped" not in cluster.log("ps", 0)
+
+
 def test_a_partitioner_the_coordinator_does_not_apply_is_said(caplog):
     """variable_partitioner was ignored on the coordinator's path without a
     word (coordinator probe: TF2 builds a ShardedVariable)."""
