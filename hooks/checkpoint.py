@@ -168,7 +168,8 @@ def _candidates(model_dir: str, warn: bool, none_left: str = "") -> List[str]:
     if files and warn:
         logger.warning("The checkpoint index %s %s; using the checkpoint files in %s "
                        "(newest: %s)", index, problem, model_dir, files[0])
-    elif warn and os.path.exists(index):   # (TF: "Couldn't match files for checkpoint")
+    elif warn and os.path.exists(index) and tf_checkpoint.find_prefix(model_dir) is None:
+        # (TF: "Couldn't match files for checkpoint"; a TF model_dir's is said where it is read)
         logger.warning("The checkpoint index %s %s, and %s holds no checkpoint file: %s",
                        index, problem, model_dir, none_left)
     return [os.path.join(model_dir, n) for n in files]

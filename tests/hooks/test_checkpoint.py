@@ -5,6 +5,7 @@ import os
 import pickle
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from estimator import checkpoint
 from estimator.experiment import cli
 from hooks import files as checkpoint_files
 from models import regression_input_fn, regression_model_fn
-from paths import ROOT, SUPPORT
+from paths import FIXTURES, ROOT, SUPPORT
 
 
 def train(model_dir, steps, **config):
@@ -322,7 +323,12 @@ def test_an_index_naming_only_deleted_checkpoints_says_training_starts_over(tmp_
     fresh = tmp_path / "fresh"
     with caplog.at_level("WARNING"):   # (a model_dir without an index: nothing to say)
         assert _resumed_step(fresh) == 0
-    assert "no checkpoint to restore" not in caplog.text
+    assert "holds no checkpoint file" not in caplog.text
+    tf_dir = tmp_path / "tf"   # (TF's own checkpoint: another error says so, not this)
+    shutil.copytree(os.path.join(FIXTURES, "tf_ckpt", "dnn"), tf_dir)
+    with caplog.at_level("WARNING"), pytest.raises(ValueError, match="TensorFlow"):
+        _resumed_step(tf_dir)
+    assert "holds no checkpoint file" not in caplog.text
 
 
 def test_a_damaged_checkpoint_at_max_steps_is_trained_again(tmp_path, caplog):
