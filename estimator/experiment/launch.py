@@ -131,6 +131,8 @@ class _Job:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.output = output
         self.lock = threading.Lock()
+        self.starting = False      # in start(): a signal's KeyboardInterrupt waits
+        self.interrupted = False   # a signal came while starting
         self.cluster: dict = {}
         self.started: List[subprocess.Popen] = []
 
@@ -173,15 +175,23 @@ class _Job:
         # Tasks import the same `estimator` as the launcher (`python -m estimator run`).
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        task.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
-                                     start_new_session=True)   # its own group: we signal it
-        self.started.append(task.proc)
+        self.starting = True   # (a signal meanwhile is acted on once the task is known)
+        try:
+            task.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
+                start_new_session=True)   # its own group: we signal it
+            self.started.append(task.proc)
+        finally:
+            self.starting = False
         task.returncode = None
         task.stopping = False
         task.pump = threading.Thread(target=self._pump, args=(task, task.proc.stdout),
                                      name=f"launch-{task.name}", daemon=True)
         task.pump.start()
+        if self.interrupted:   # (raised inside Popen, it left a task nobody would stop)
+            self.interrupted = False
+            raise KeyboardInterrupt
 
     def poll(self, task: _Task) -> Optional[int]:
         if task.running:
@@ -336,11 +346,17 @@ def launch(argv_or_command: Union[str, Sequence[str]], chief: bool = True, worke
     previous = {}
     terminated = []
     if in_main_thread:
-        def on_sigterm(signum, frame):
-            terminated.append(signum)
+        def on_signal(signum, frame):
+            if signum == signal.SIGTERM:
+                terminated.append(signum)
+            if job.starting:
+                job.interrupted = True
+                return
             raise KeyboardInterrupt
-        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm),
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_signal),
                     signal.SIGINT: signal.getsignal(signal.SIGINT)}
+        if previous[signal.SIGINT] is signal.default_int_handler:   # (a caller's own stays)
+            signal.signal(signal.SIGINT, on_signal)
     try:
         return job.run()
     except KeyboardInterrupt:

@@ -234,6 +234,30 @@ def test_ps_tasks_are_stopped_once_training_is_done(task):
 
 
 @pytest.mark.slow
+def test_a_signal_while_a_task_starts_stops_that_task_too(task, monkeypatch):
+    """A SIGTERM inside Popen (after the fork, before it returned) raised
+    there: the task was never recorded, so it outlived the launcher
+    (attack probe: 6 runs in 150 with a signal in the first 60 ms)."""
+    started = []
+    real = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGTERM)   # (handled before Popen would have returned)
+        return started[-1]
+    monkeypatch.setattr(launch_lib.subprocess, "Popen", popen)
+    try:
+        status, output, _ = run(task(chief0="sleep"))
+        assert status == 128 + signal.SIGTERM, output
+        assert len(started) == 1 and gone([started[0].pid]), output
+    finally:   # (a failure leaves nothing behind)
+        for proc in started:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_timeout_stops_everything(task):
     status, output, took = run(task(chief0="sleep"), timeout=2)
     assert status == 124 and "timeout" in output and took < 20
