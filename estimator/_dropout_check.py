@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
@@ -18,6 +19,22 @@ logger = logging.getLogger(__name__)
 
 _DROPOUTS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
              F.feature_alpha_dropout}
+# torch's own: (input, p, train), positional (what F.dropout calls; also called directly)
+_TORCH_DROPOUTS = {torch.dropout, torch.dropout_, torch.alpha_dropout, torch.alpha_dropout_,
+                   torch.feature_dropout, torch.feature_dropout_, torch.feature_alpha_dropout,
+                   torch.feature_alpha_dropout_}
+
+
+def _applied(func, args: tuple, kwargs: dict):
+    """(p) of a dropout applied in training mode with p > 0, else None."""
+    if func in _DROPOUTS:
+        p, training = kwargs.get("p", 0.5), kwargs.get("training", True)
+    elif func in _TORCH_DROPOUTS:
+        named = dict(zip(("input", "p", "train"), args), **kwargs)
+        p, training = named.get("p", 0.5), named.get("train", True)
+    else:
+        return None
+    return p if training and p > 0 else None
 
 
 class DropoutWatch(TorchFunctionMode):
@@ -30,8 +47,9 @@ class DropoutWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _DROPOUTS and kwargs.get("training", True) and kwargs.get("p", 0.5) > 0:
-            self.applied.append(f"{func.__name__}(p={kwargs.get('p', 0.5)})")
+        p = _applied(func, args, kwargs)
+        if p is not None:
+            self.applied.append(f"{func.__name__}(p={p})")
         return func(*args, **kwargs)
 
     def warn(self, what: str) -> None:

@@ -150,6 +150,28 @@ def test_export_served_in_a_fresh_process_is_deterministic_and_equals_predict(tr
         > os.path.basename(export_dir)   # TF1's name writes a newer export
 
 
+def test_torchs_own_dropout_left_on_is_warned_too(tmp_path, caplog):
+    """`torch.dropout(x, p, True)` (what F.dropout calls) was not watched:
+    predict and the export were random without a word (attack probe)."""
+    import logging
+
+    def model_fn(features, labels, mode):
+        h = torch.dropout(features["x"], 0.3, True)
+        h = torch.feature_dropout(h, 0.0, True)   # (p=0: nothing dropped, nothing said)
+        logits = est.get_module("net", lambda: torch.nn.Linear(4, 3))(h)
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"logits": logits})
+        return est.EstimatorSpec(mode, loss=torch.nn.functional.cross_entropy(logits, labels),
+                                 train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, 0.1)))
+    x = np.random.RandomState(0).rand(8, 4).astype(np.float32)
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    e.train(lambda: [({"x": x}, np.arange(8) % 3)], steps=1)
+    with caplog.at_level(logging.WARNING):
+        list(e.predict(lambda: [{"x": x}]))
+    warned = [r.getMessage() for r in caplog.records if "applies dropout" in r.getMessage()]
+    assert len(warned) == 1 and "(dropout(p=0.3)) with training=True" in warned[0], warned
+
+
 def test_functional_dropout_left_on_outside_train_is_warned(tmp_path, caplog):
     """`torch.nn.functional.dropout(x, p)` defaults to training=True: a port
     of `tf.layers.dropout(x, rate, training=...)` that drops the argument
