@@ -1021,19 +1021,21 @@ def _host_program(receiver, scope, call):
                str(v.dtype).replace("torch.", ""),
                "shape": [None] + (list(v.shape[1:]) if isinstance(v, (torch.Tensor, np.ndarray))
                                   else [None]),
-               **({"python_type": "bytes"} if receiver.parse_spec is None
-                  and _holds_bytes(v) else {})}
+               **({"python_type": kind} if receiver.parse_spec is None
+                  and (kind := _string_kind(v)) else {})}
               for n, v in raw.items()]
     return _Built(module, outputs, inputs, trace_inputs, shapes, receiver.dynamic_batch,
                   len(next(iter(raw.values()))), transform, client)
 
 
-def _holds_bytes(value) -> bool:
-    """Whether a string input's example holds bytes (``placeholder(bytes)``):
-    a server then hands the receiver's function bytes, as TF's tf.string."""
+def _string_kind(value) -> Optional[str]:
+    """"bytes" or "str": what a string input's example holds
+    (``placeholder(bytes)``, ``placeholder(str)``), which a server hands
+    the receiver's function whatever the request's JSON (TF's tf.string
+    holds either); None for another input."""
     while isinstance(value, (list, tuple, np.ndarray)) and len(value):
         value = value[0]
-    return isinstance(value, bytes)
+    return "bytes" if isinstance(value, bytes) else "str" if isinstance(value, str) else None
 
 
 def _check_redone(transform: HostTransform, raw: dict, inputs: dict, records) -> None:
@@ -1142,19 +1144,37 @@ class LoadedExport:
         for spec in self.signature["inputs"]:
             if spec["dtype"] == "string" and spec["name"] in inputs:
                 _check_nesting(spec["name"], inputs[spec["name"]], spec["shape"])
-                if spec.get("python_type") == "bytes":   # (as tf.string holds a str given)
-                    inputs = {**inputs, spec["name"]: _utf8(inputs[spec["name"]])}
+                if spec.get("python_type"):   # (str or bytes, as the receiver's example)
+                    inputs = {**inputs, spec["name"]: _as_kind(
+                        inputs[spec["name"]], spec["python_type"], spec["name"])}
         features = self.transform.features(inputs)
         return self.program(**self.transform.program_inputs(inputs, features)), features
 
 
-def _utf8(values):
-    """A string input's str values as utf-8 bytes (rows of them too)."""
-    if isinstance(values, str):
-        return values.encode("utf-8")
+def _as_kind(values, kind: str, name: str):
+    """A string input's values (rows of them too) as `kind`: str as utf-8
+    bytes, or bytes as utf-8 text (a ValueError naming the input where they
+    are not)."""
     if isinstance(values, list):
-        return [_utf8(v) for v in values]
-    return host_transform.as_bytes(values) if isinstance(values, np.ndarray) else values
+        return [_as_kind(v, kind, name) for v in values]
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind == ("U" if kind == "str" else "S"):
+            return values   # (all of that kind already)
+        out = values.astype(object)   # (a copy: the caller's array is left as it was)
+        flat = out.reshape(-1)
+        for i, value in enumerate(flat):
+            flat[i] = _as_kind(value, kind, name)
+        return out
+    if kind == "bytes" and isinstance(values, str):
+        return values.encode("utf-8")
+    if kind == "str" and isinstance(values, bytes):
+        try:
+            return values.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"input {name!r} is text (exported from a str placeholder), and a "
+                             f"value given as bytes is not utf-8 ({e}); export it from "
+                             "est.export.placeholder(bytes, ...) to take binary data") from None
+    return values
 
 
 def _check_nesting(name: str, values, shape: list) -> None:

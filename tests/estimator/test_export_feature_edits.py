@@ -206,6 +206,34 @@ def test_a_bytes_placeholder_is_served_bytes_as_tf_string(tmp_path):
                                predicted, rtol=1e-5, atol=1e-6)
 
 
+def decode_text(receiver_tensors):
+    """A receiver's function written for str (`.lower()` of text)."""
+    features = dict(receiver_tensors)
+    features["c"] = np.array([value.lower() for value in features["c"]])
+    return add_engineered(features)
+
+
+def test_a_str_placeholder_is_served_str_whatever_the_json(tmp_path):
+    """`{"b64": ...}` sent to a `placeholder(str)` input reached its function
+    as bytes beside the JSON strings' str (attack probe: a str-only
+    function mixed them up); now as text, or a 400 where it is not utf-8."""
+    e = _estimator(tmp_path, lambda features: None, _engineered_columns(True),
+                   add_engineered(ROWS))
+    path = e.export_saved_model(str(tmp_path / "e"), lambda: est.export.ServingInputReceiver(
+        decode_text, dict(ROWS)))
+    predicted = np.stack([p["y"] for p in e.predict(lambda: [add_engineered(ROWS)])])
+    instances = [{k: (v[i].item() if isinstance(v, torch.Tensor) else str(v[i]))
+                  for k, v in ROWS.items()} for i in range(4)]
+    mixed = [{**row, "c": {"b64": base64.b64encode(row["c"].encode()).decode()}}
+             if i % 2 else row for i, row in enumerate(instances)]
+    model = est.serving.Model(path)
+    np.testing.assert_allclose(model.predict({"instances": mixed})["predictions"],
+                               predicted, rtol=1e-5, atol=1e-6)
+    binary = [{**instances[0], "c": {"b64": base64.b64encode(b"\xff\xfe").decode()}}]
+    with pytest.raises(est.serving.RequestError, match="input 'c' is text .* not utf-8"):
+        model.predict({"instances": binary})
+
+
 def _shifted_in_place(features):
     features["lat"] += 0.5   # (the same tensor object, changed)
 
