@@ -50,8 +50,8 @@ def lstm_from_tf(kernel, bias, forget_bias: float = 1.0, layer: int = 0,
     hidden = units
     if projection is not None:
         projection = _value(projection)
-        if projection.dim() != 2 or projection.shape[0] != units or (
-                not projection.is_floating_point()):
+        if projection.dim() != 2 or projection.shape[0] != units or projection.shape[1] < 1 \
+                or not projection.is_floating_point():
             raise ValueError(f"lstm_from_tf: expected a projection kernel [{units} units, "
                              f"num_proj] of floating point, got {list(projection.shape)} "
                              f"{projection.dtype}")

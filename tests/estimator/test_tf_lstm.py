@@ -60,6 +60,8 @@ def test_wrong_shapes_are_said():
     with pytest.raises(ValueError, match=r"expected a projection kernel \[3 units, num_proj\] "
                                          r"of floating point, got \[2, 3\]"):
         est.checkpoint.lstm_from_tf(np.zeros((6, 12)), np.zeros(12), projection=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"got \[3, 0\]"):
+        est.checkpoint.lstm_from_tf(np.zeros((6, 12)), np.zeros(12), projection=np.zeros((3, 0)))
     with pytest.raises(ValueError, match="a kernel of 2 rows has no input rows before its 2"):
         est.checkpoint.lstm_from_tf(np.zeros((2, 12)), np.zeros(12), projection=np.zeros((3, 2)))
 
