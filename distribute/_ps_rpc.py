@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import logging
 import os
 import threading
@@ -164,8 +165,13 @@ def _connect_store(host: str, port: int, timeout: float, what: str) -> dist.TCPS
 
 
 def _start_agent(name: str, rank: int, host: str, port: int, timeout: float) -> None:
-    rpc.init_rpc(name, backend=_backend(), rank=rank,
-                 rpc_backend_options=_options(host, port, timeout))
+    try:
+        rpc.init_rpc(name, backend=_backend(), rank=rank,
+                     rpc_backend_options=_options(host, port, timeout))
+    except OSError as e:   # (ps 0's port in use: said by our listening socket, not torch's)
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise OSError(e.errno, e.strerror) from None
 
 
 # -- packing tensors (one flat tensor per dtype per message) ---------------------------
