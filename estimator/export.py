@@ -1140,6 +1140,7 @@ class LoadedExport:
     def _run(self, inputs: dict) -> tuple:
         """(the program's outputs, the features it was given)."""
         if self.transform is None:
+            inputs = _as_declared(inputs, self.signature["inputs"])
             return self.program(**inputs), inputs
         for spec in self.signature["inputs"]:
             if spec["dtype"] == "string" and spec["name"] in inputs:
@@ -1149,6 +1150,35 @@ class LoadedExport:
                         inputs[spec["name"]], spec["python_type"], spec["name"])}
         features = self.transform.features(inputs)
         return self.program(**self.transform.program_inputs(inputs, features)), features
+
+
+def _as_declared(inputs: dict, specs: list) -> dict:
+    """`inputs` as the signature declares them, as TF's signature function
+    binds its TensorSpecs: numpy arrays and lists converted to the declared
+    dtype; a tensor of another dtype, a shape that does not fit, or inputs
+    named otherwise a TypeError naming them (torch's errors named none:
+    "'int' object is not callable" for numpy, a matmul's dtypes)."""
+    declared = {spec["name"]: spec for spec in specs}
+    if set(inputs) != set(declared):
+        raise TypeError(f"the signature takes the inputs {sorted(declared)}, got "
+                        f"{sorted(inputs)}")
+    out = {}
+    for name, value in inputs.items():
+        spec = declared[name]
+        dtype = getattr(torch, spec["dtype"])
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(np.asarray(value), dtype=dtype)
+        elif value.dtype != dtype:
+            raise TypeError(f"input {name!r} was expected to be a {spec['dtype']} tensor but is "
+                            f"a {str(value.dtype).replace('torch.', '')} tensor (numpy and "
+                            "lists are converted)")
+        shape = spec["shape"]
+        if value.dim() != len(shape) or any(d is not None and d != n
+                                            for d, n in zip(shape, value.shape)):
+            raise TypeError(f"input {name!r} has shape {list(value.shape)}, where the signature "
+                            f"takes {shape} (None: any size)")
+        out[name] = value
+    return out
 
 
 def _as_kind(values, kind: str, name: str):

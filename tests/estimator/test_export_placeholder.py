@@ -114,9 +114,32 @@ def test_without_a_placeholder_the_length_stays_the_examples(trained, tmp_path):
     served = est.export.load(export_dir)
     served.signatures["serving_default"](ids=torch.ones(3, 8, dtype=torch.int64),
                                          mask=torch.ones(3, 8))
-    with pytest.raises(AssertionError, match=r"Guard failed: .*size\(\)\[1\] == 8"):
+    with pytest.raises(TypeError, match=r"input 'ids' has shape \[3, 5\], where the signature "
+                                        r"takes \[None, 8\]"):
         served.signatures["serving_default"](ids=torch.ones(3, 5, dtype=torch.int64),
                                              mask=torch.ones(3, 5))
+
+
+def test_a_loaded_signature_takes_numpy_and_lists_as_tfs_and_names_what_does_not_fit(
+        trained, tmp_path):
+    """TF's signature functions convert numpy and lists to their specs'
+    dtypes; here numpy failed inside torch's guards ("'int' object is not
+    callable"), a float64 tensor in a matmul (attack probe)."""
+    export_dir = trained.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(
+            {"ids": torch.zeros(1, 8, dtype=torch.int64), "mask": torch.ones(1, 8)}))
+    signature = est.export.load(export_dir).signatures["serving_default"]
+    ids, mask = torch.arange(24).reshape(3, 8) % VOCAB, torch.ones(3, 8)
+    want = signature(ids=ids, mask=mask)["logistic"]
+    for given in ({"ids": ids.numpy(), "mask": mask.numpy().astype(np.float64)},
+                  {"ids": ids.tolist(), "mask": mask.tolist()}):
+        torch.testing.assert_close(signature(**given)["logistic"], want)
+    with pytest.raises(TypeError, match="input 'mask' was expected to be a float32 tensor but "
+                                        "is a float64 tensor"):
+        signature(ids=ids, mask=mask.double())
+    with pytest.raises(TypeError, match=r"the signature takes the inputs \['ids', 'mask'\], "
+                                        r"got \['ids', 'masks'\]"):
+        signature(ids=ids, masks=mask)
 
 
 def test_a_model_that_fixes_a_dimension_of_any_size_is_named(tmp_path):
