@@ -91,7 +91,8 @@ class ClosureQueue:
                 why = (f"it was not heard from for {now - seen:.1f} s (more than 3 x lease_secs "
                        f"+ 10 = {self.silent_secs():g} s), so it was taken for killed, as TF's "
                        "coordinator's functions end with its process")
-                self._silent[owner] = (why, self._drop(owner, why, final=False))
+                earlier = self._silent.get(owner, (why, []))[1]   # (silent again, unasked)
+                self._silent[owner] = (why, earlier + self._drop(owner, why, final=False))
         for cid, (worker, payload, until) in list(self._running.items()):
             if until < now:
                 del self._running[cid]
@@ -105,7 +106,8 @@ class ClosureQueue:
         """`owner` is the cluster's coordinator now: the closures of earlier
         ones are dropped; how many of theirs workers still run."""
         with self._lock:
-            others = {cid[0] for cid, _ in self._pending} | set(self._seen) | set(self._silent)
+            others = ({cid[0] for cid, _ in self._pending} | {cid[0] for cid in self._running}
+                      | set(self._seen) | set(self._silent))
             for other in others - {owner}:
                 self._drop(other, f"a new coordinator ({owner}) started")
             self._seen[owner] = time.monotonic()
