@@ -108,7 +108,7 @@ class ClosureQueue:
         with self._lock:
             others = ({cid[0] for cid, _ in self._pending} | {cid[0] for cid in self._running}
                       | set(self._seen) | set(self._silent))
-            for other in others - {owner}:
+            for other in others - {owner} - set(self._gone):   # (claim is asked again)
                 self._drop(other, f"a new coordinator ({owner}) started")
             self._seen[owner] = time.monotonic()
             return sum(cid[0] != owner for cid in self._running)

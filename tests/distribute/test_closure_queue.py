@@ -18,11 +18,14 @@ def _queue(lease_secs=5.0, owner="chief:0:3", n=4):
     return queue
 
 
-def test_a_new_coordinator_drops_the_earlier_ones_functions():
+def test_a_new_coordinator_drops_the_earlier_ones_functions(caplog):
     queue = _queue()
     taken = queue.take("worker:0:4", wait=0)
     assert taken == (("chief:0:3", 0), b"fn")
     assert queue.claim("chief:0:9") == 1   # one still runs on a worker: waited for
+    with caplog.at_level("INFO"):   # (asked again while it runs: nothing dropped again)
+        assert queue.claim("chief:0:9") == 1
+    assert "dropped" not in caplog.text
     assert queue.take("worker:1:5", wait=0) is None   # the 3 waiting ones are gone
     queue.done("worker:0:4", ("chief:0:3", 0), b"late")
     assert queue.claim("chief:0:9") == 0
