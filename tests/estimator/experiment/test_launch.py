@@ -264,25 +264,35 @@ def test_timeout_stops_everything(task):
     assert gone(pids(task.out, "chief0"))
 
 
-@pytest.mark.slow
-def test_ctrl_c_is_forwarded_to_every_task(task, tmp_path):
+def _signalled(task, tmp_path, behaviour: str, grace: int, ready: str, signals) -> tuple:
+    """(exit code, output) of `estimator launch` (a chief and a worker doing
+    `behaviour`) sent `signals` [(signal, seconds to wait after)] once both
+    tasks wrote their `ready` file."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "estimator", "launch", "--workers", "1", "--stop-grace-secs", "5",
-         *task(chief0="sigint", worker0="sigint")],
+        [sys.executable, "-m", "estimator", "launch", "--workers", "1", "--stop-grace-secs",
+         str(grace), *task(chief0=behaviour, worker0=behaviour)],
         cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not (pids(task.out, "chief0", ".child") and pids(task.out, "worker0", ".child")):
+        while not all((task.out / f"{n}{ready}").exists() for n in ("chief0", "worker0")):
             assert time.monotonic() < deadline and launcher.poll() is None
             time.sleep(0.1)
-        launcher.send_signal(signal.SIGINT)
+        for sig, wait in signals:
+            launcher.send_signal(sig)
+            time.sleep(wait)
         output, _ = launcher.communicate(timeout=60)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-    assert launcher.returncode == 130, output
+    return launcher.returncode, output
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_forwarded_to_every_task(task, tmp_path):
+    status, output = _signalled(task, tmp_path, "sigint", 5, ".child", [(signal.SIGINT, 0)])
+    assert status == 130, output
     assert "[launch] SIGINT: forwarding to every task" in output
     assert (task.out / "chief0.sigint").exists() and (task.out / "worker0.sigint").exists()
     started = [pids(task.out, n, s)[0] for n in ("chief0", "worker0") for s in (".pid", ".child")]
@@ -294,26 +304,9 @@ def test_a_second_sigterm_while_the_tasks_save_does_not_kill_them(task, tmp_path
     """`timeout`, systemd or a second Ctrl-C signal the launcher twice: the
     second raised inside its handling of the first (a KeyboardInterrupt
     traceback, exit -2) and SIGKILLed the tasks in their preemption save."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "estimator", "launch", "--workers", "1", "--stop-grace-secs", "20",
-         *task(chief0="sigterm_save", worker0="sigterm_save")],
-        cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not ((task.out / "chief0.ready").exists() and (task.out / "worker0.ready").exists()):
-            assert time.monotonic() < deadline and launcher.poll() is None
-            time.sleep(0.1)
-        launcher.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        launcher.send_signal(signal.SIGTERM)
-        launcher.send_signal(signal.SIGINT)
-        output, _ = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-    assert launcher.returncode == 128 + signal.SIGTERM, output
+    status, output = _signalled(task, tmp_path, "sigterm_save", 20, ".ready", [
+        (signal.SIGTERM, 0.3), (signal.SIGTERM, 0), (signal.SIGINT, 0)])
+    assert status == 128 + signal.SIGTERM, output
     assert "Traceback" not in output and "[launch] SIGTERM: forwarding to every task" in output
     assert (task.out / "chief0.saved").exists() and (task.out / "worker0.saved").exists()
 
