@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import pickle
 import threading
 import time
 from typing import Dict, Optional, Tuple
@@ -46,7 +47,7 @@ class ClosureQueue:
         self.rerun = 0
         self._seen: Dict[str, float] = {}   # coordinator -> when it last called
         self._gone: Dict[str, str] = {}     # coordinator -> why (ended, or replaced)
-        self._silent: Dict[str, Tuple[str, list]] = {}   # coordinator -> (why, dropped ids)
+        self._silent: Dict[str, str] = {}   # coordinator -> why its closures were dropped
 
     def silent_secs(self) -> float:
         """How long a coordinator may go without a call before its functions
@@ -67,37 +68,45 @@ class ClosureQueue:
             self._pending.append((cid, payload))
             self._lock.notify_all()
 
-    def _drop(self, owner: str, why: str, final: bool = True) -> list:
-        """`owner`'s waiting closures dropped (their ids); its running ones not
-        run again. `final`: the coordinator ended or was replaced (else it was
-        silent, and may come back for its results)."""
+    def _drop(self, owner: str, why: str, final: bool = True) -> None:
+        """`owner`'s waiting closures dropped; its running ones not run again.
+        `final`: the coordinator ended or was replaced; else it was silent,
+        and finds each dropped closure's result saying so when it comes back."""
         if final:
             self._gone[owner] = why
             self._silent.pop(owner, None)
             self._results = {cid: r for cid, r in self._results.items() if cid[0] != owner}
+        else:
+            self._silent[owner] = why
         self._seen.pop(owner, None)
         dropped = [cid for cid, _ in self._pending if cid[0] == owner]
         self._pending = collections.deque(p for p in self._pending if p[0][0] != owner)
+        if not final:
+            for cid in dropped:
+                self._results[cid] = pickle.dumps(("dropped", f"ps 0 dropped this function "
+                                                   f"without running it: this coordinator was "
+                                                   f"{why}; reschedule it"))
         running = sum(cid[0] == owner for cid in self._running)
         (logger.warning if dropped or running else logger.info)(
             "ps 0: dropped %d waiting function(s) of coordinator %s (%d running are not "
             "run again): %s", len(dropped), owner, running, why)
-        return dropped
 
     def _expire(self) -> None:
         now = time.monotonic()
         for owner, seen in list(self._seen.items()):
             if seen + self.silent_secs() < now:
-                why = (f"it was not heard from for {now - seen:.1f} s (more than 3 x lease_secs "
-                       f"+ 10 = {self.silent_secs():g} s), so it was taken for killed, as TF's "
-                       "coordinator's functions end with its process")
-                earlier = self._silent.get(owner, (why, []))[1]   # (silent again, unasked)
-                self._silent[owner] = (why, earlier + self._drop(owner, why, final=False))
+                self._drop(owner, f"not heard from for {now - seen:.1f} s (more than 3 x "
+                                  f"lease_secs + 10 = {self.silent_secs():g} s), so taken for "
+                                  "killed, as TF's coordinator's functions end with its process",
+                           final=False)
         for cid, (worker, payload, until) in list(self._running.items()):
             if until < now:
                 del self._running[cid]
-                if cid[0] in self._silent:
-                    self._silent[cid[0]][1].append(cid)
+                if cid[0] in self._silent:   # (a late result of its worker still counts)
+                    self._results[cid] = pickle.dumps(("dropped", (
+                        f"ps 0 did not run this function again: its worker was not heard from "
+                        f"while this coordinator was {self._silent[cid[0]]}; it may have run "
+                        "in part")))
                 elif cid[0] not in self._gone:
                     self._pending.appendleft((cid, payload))
                     self.rerun += 1
@@ -154,22 +163,21 @@ class ClosureQueue:
             if cid[0] not in self._gone:   # (nobody collects a gone coordinator's)
                 self._results[cid] = result
 
-    def collect(self, owner: str) -> Tuple[Dict[tuple, bytes], dict]:
-        """`owner`'s results since its last call, and the queue's counts;
-        with "gone" (why) for a coordinator ended or replaced, "dropped"
-        (why, ids) for one back after a silence."""
+    def collect(self, owner: str, received=()) -> Tuple[Dict[tuple, bytes], dict]:
+        """`owner`'s results not yet `received` (the ids its last call got: an
+        answer lost on the way is given again), and the queue's counts, with
+        "gone" (why) for a coordinator ended or replaced."""
         with self._lock:
             self._expire()
             counts = {"pending": len(self._pending), "running": len(self._running),
                       "rerun": self.rerun}
             if owner in self._gone:
                 return {}, dict(counts, gone=self._gone[owner])
-            if owner in self._silent:
-                counts["dropped"] = self._silent.pop(owner)
+            for cid in received:
+                self._results.pop(tuple(cid), None)
+            self._silent.pop(owner, None)
             self._heard(owner)
-            mine = {cid: r for cid, r in self._results.items() if cid[0] == owner}
-            self._results = {cid: r for cid, r in self._results.items() if cid[0] != owner}
-            return mine, counts
+            return {cid: r for cid, r in self._results.items() if cid[0] == owner}, counts
 
     def cancel(self, owner: str) -> list:
         """Drop `owner`'s closures no worker has taken; their ids."""
@@ -216,8 +224,8 @@ def _done(worker, cid, result):
     return _local().done(worker, cid, result)
 
 
-def _collect(owner):
-    return _local().collect(owner)
+def _collect(owner, received=()):
+    return _local().collect(owner, received)
 
 
 def _claim(owner):

@@ -411,31 +411,35 @@ class ClusterCoordinator:
 
     def _poll(self) -> None:
         next_check = 0.0
+        received: list = []
         while not self._stopped.is_set():
             try:
                 results, self.stats = self._client.call(0, _cq._collect, self._client.name,
-                                                         what="collecting results")
+                                                         received, what="collecting results")
                 if time.monotonic() > next_check:
                     next_check = time.monotonic() + _PS_CHECK_SECS
-                    self._client.on_each({ps: (_ps_rpc._status,) for ps in range(self._num_ps)},
-                                         "checking the ps tasks")
-                gone = self.stats.pop("gone", None)
-                if gone is not None:
-                    raise RuntimeError(f"ClusterCoordinator {self._client.name}: ps 0 dropped "
-                                       f"this coordinator's functions: {gone}")
-            except Exception as e:   # a ps task is gone: every pending function fails
+                    self._check_ps()
+            except Exception as e:   # noqa: BLE001
                 if self._stopped.is_set():
                     return
-                self._ps_error = e
-                with self._lock:
-                    pending, self._values = self._values, {}
-                for value in pending.values():
-                    value._set(error=e)
+                try:   # (this process stalled past the RPC timeout, a suspend: ps 0 is there)
+                    self._check_ps()
+                    logger.warning("coordinator: a call to ps 0 failed (%s), but the ps tasks "
+                                   "answer: going on", str(e).splitlines()[0] if str(e) else e)
+                    continue
+                except Exception:   # noqa: BLE001 (a ps task is gone: every function fails)
+                    self._fail_all(e)
+                    return
+            gone = self.stats.pop("gone", None)
+            if gone is not None:
+                self._fail_all(RuntimeError(f"ClusterCoordinator {self._client.name}: ps 0 "
+                                            f"dropped this coordinator's functions: {gone}"))
                 return
-            if "dropped" in self.stats:   # back after a silence: those functions did not run
-                self._dropped(*self.stats.pop("dropped"))
+            received = list(results)
             for cid, payload in results.items():
                 kind, value = pickle.loads(payload)
+                if kind == "dropped":   # (while this coordinator was silent: said by ps 0)
+                    kind, value = "error", RuntimeError(value)
                 with self._lock:
                     remote = self._values.pop(cid, None)
                     failed = remote is not None and kind != "ok"
@@ -449,18 +453,18 @@ class ClusterCoordinator:
                     remote._set(value)
             time.sleep(_POLL_SECS)
 
-    def _dropped(self, why: str, cids: list) -> None:
-        """Fail the functions ps 0 dropped while this coordinator was silent
-        (the first such error is raised as a function's, by join)."""
-        error = RuntimeError(f"ps 0 dropped this function without running it: this "
-                             f"coordinator {why}; reschedule it")
+    def _check_ps(self) -> None:
+        self._client.on_each({ps: (_ps_rpc._status,) for ps in range(self._num_ps)},
+                             "checking the ps tasks")
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Every function not finished fails with `error`, and so does every
+        later call (a ps task is gone, or this coordinator was replaced)."""
+        self._ps_error = error
         with self._lock:
-            remotes = [self._values.pop(tuple(cid)) for cid in cids
-                       if tuple(cid) in self._values]
-            if remotes and self._error is None:
-                self._error = error
-        for remote in remotes:
-            remote._set(error=error)
+            pending, self._values = self._values, {}
+        for value in pending.values():
+            value._set(error=error)
 
     def _cancel_waiting(self) -> None:
         """When a function's error is raised: the functions no worker has

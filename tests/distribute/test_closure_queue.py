@@ -4,6 +4,7 @@ its program. A killed coordinator's queued functions went on training the
 variables of the next coordinator (the same names) for minutes (fault
 probe: 90 steps in 5 s on the new coordinator's fresh weights, its own
 first function waiting 103 s behind 1858 old ones)."""
+import pickle
 import time
 
 import pytest
@@ -36,6 +37,8 @@ def test_a_new_coordinator_drops_the_earlier_ones_functions(caplog):
     results, counts = queue.collect("chief:0:9")
     assert results == {("chief:0:9", 0): b"result"}   # not the earlier one's late result
     assert counts["pending"] == 0 and counts["running"] == 0
+    assert queue.collect("chief:0:9")[0] == results   # (until received: an answer may be lost)
+    assert queue.collect("chief:0:9", list(results))[0] == {}
     with pytest.raises(RuntimeError, match="dropped this coordinator's functions: a new "
                                            r"coordinator \(chief:0:9\) started"):
         queue.put(("chief:0:3", 9), b"fn", 5.0)
@@ -52,13 +55,18 @@ def test_a_silent_coordinators_functions_are_dropped_and_it_is_told_when_back():
     assert queue.silent_secs() == pytest.approx(10.6)   # (3 leases + 10 s: not a stall)
     queue.silent_secs = lambda: 0.3
     assert queue.take("worker:0:4", wait=0)[0] == ("chief:0:3", 0)
+    assert queue.take("worker:1:5", wait=0)[0] == ("chief:0:3", 1)
     time.sleep(0.4)
     assert queue.take("worker:1:5", wait=0) is None
+    queue.done("worker:1:5", ("chief:0:3", 1), b"late")   # (its worker was only slow)
     results, counts = queue.collect("chief:0:3")
-    why, dropped = counts.pop("dropped")
-    assert results == {} and counts == {"pending": 0, "running": 0, "rerun": 0}
-    assert sorted(dropped) == [("chief:0:3", i) for i in range(4)]
-    assert why.startswith("it was not heard from for ")
+    assert counts == {"pending": 0, "running": 0, "rerun": 0}
+    assert results.pop(("chief:0:3", 1)) == b"late"
+    told = {cid: pickle.loads(r) for cid, r in results.items()}
+    assert sorted(told) == [("chief:0:3", i) for i in (0, 2, 3)]
+    assert told[("chief:0:3", 2)][0] == "dropped" and told[("chief:0:3", 2)][1].startswith(
+        "ps 0 dropped this function without running it: this coordinator was not heard from ")
+    assert "did not run this function again: its worker" in told[("chief:0:3", 0)][1]
     queue.put(("chief:0:3", 4), b"fn", 0.2)   # it goes on
     assert queue.take("worker:1:5", wait=0)[0] == ("chief:0:3", 4)
 

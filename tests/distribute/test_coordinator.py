@@ -203,7 +203,7 @@ def test_a_killed_coordinators_queued_functions_do_not_train_the_next_ones(
     assert cluster.wait(first) == 3, cluster.all_logs()
     if not restart_at_once:
         deadline = time.monotonic() + TIMEOUT
-        while "it was not heard from" not in cluster.log("ps", 0):
+        while "not heard from for" not in cluster.log("ps", 0):
             assert time.monotonic() < deadline, cluster.all_logs()
             time.sleep(0.1)
     second = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "40",
@@ -229,6 +229,24 @@ def test_a_coordinator_stopped_for_longer_than_its_lease_goes_on(cluster, tmp_pa
     result = json.loads((tmp_path / "result.json").read_text())
     assert sorted(result["steps"]) == list(range(150))
     assert "dropped" not in cluster.log("ps", 0)
+
+
+def test_a_coordinator_stopped_past_its_silence_and_rpc_timeout_is_told_what_was_dropped(
+        cluster, tmp_path):
+    """Stopped for 25 s (silence 16 s, RPC timeout 10 s): its collect timed
+    out and it took ps 0 for dead, for good (attack probe); now ps 0 answers
+    a check, and join raises once that its waiting functions were dropped."""
+    cluster.start_servers()
+    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "1500")
+    _wait_progress(cluster, tmp_path, 10)
+    chief.send_signal(signal.SIGSTOP)
+    time.sleep(25)
+    chief.send_signal(signal.SIGCONT)
+    assert cluster.wait(chief) != 0
+    log = cluster.log("chief", 0)
+    assert "ps 0 dropped this function without running it: this coordinator was not heard " \
+           "from for" in log, cluster.all_logs()
+    assert "ParameterServerError" not in log
 
 
 def test_a_partitioner_the_coordinator_does_not_apply_is_said(caplog):
