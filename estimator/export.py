@@ -1167,7 +1167,7 @@ def _as_declared(inputs: dict, specs: list) -> dict:
         spec = declared[name]
         dtype = getattr(torch, spec["dtype"])
         if not isinstance(value, torch.Tensor):
-            value = torch.as_tensor(np.asarray(value), dtype=dtype)
+            value = _converted(name, value, spec["dtype"], dtype)
         elif value.dtype != dtype:
             raise TypeError(f"input {name!r} was expected to be a {spec['dtype']} tensor but is "
                             f"a {str(value.dtype).replace('torch.', '')} tensor (numpy and "
@@ -1179,6 +1179,40 @@ def _as_declared(inputs: dict, specs: list) -> dict:
                             f"takes {shape} (None: any size)")
         out[name] = value
     return out
+
+
+def _converted(name: str, value, declared: str, dtype: torch.dtype) -> torch.Tensor:
+    """numpy or a list as a tensor of the declared dtype; a TypeError naming
+    the input for values it cannot hold: not numbers, a fraction, NaN or a
+    number out of range for an integer, other than 0/1 for a bool, a finite
+    number past a float's range (float64 rounding to float32 is taken, as
+    TF takes it)."""
+    try:
+        source = torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"input {name!r} ({declared}) cannot be made a tensor: {e}") from None
+    if source.is_complex():
+        raise TypeError(f"input {name!r} ({declared}): expected real numbers, got {source.dtype}")
+    converted = source.to(dtype)
+    problem = None
+    if source.numel() and dtype == torch.bool and source.dtype != torch.bool:
+        problem = None if ((source == 0) | (source == 1)).all() else "a value not 0, 1 or a bool"
+    elif source.numel() and not dtype.is_floating_point and dtype != torch.bool:
+        info = torch.iinfo(dtype)
+        if source.is_floating_point() and not (torch.isfinite(source).all()
+                                               and (source == source.round()).all()):
+            problem = "a fraction, NaN or infinity"
+        elif source.is_floating_point() and (source.min() < info.min or source.max() >= float(
+                info.max + 1)) or not source.is_floating_point() and (
+                source.min() < info.min or source.max() > info.max):   # (2**k: exact floats)
+            problem = f"a number outside [{info.min}, {info.max}]"
+    elif source.numel() and dtype.is_floating_point and (
+            torch.isfinite(source) & ~torch.isfinite(converted)).any():
+        problem = f"a number past {declared}'s range"
+    if problem is not None:
+        raise TypeError(f"input {name!r} ({declared}) cannot hold its values without loss: "
+                        f"{problem}")
+    return converted
 
 
 def _as_kind(values, kind: str, name: str):

@@ -140,6 +140,14 @@ def test_a_loaded_signature_takes_numpy_and_lists_as_tfs_and_names_what_does_not
     with pytest.raises(TypeError, match=r"the signature takes the inputs \['ids', 'mask'\], "
                                         r"got \['ids', 'masks'\]"):
         signature(ids=ids, masks=mask)
+    for bad, problem in (([[1.5] * 8] * 3, "a fraction, NaN or infinity"),   # (truncated, or
+                         (np.full((3, 8), 1e19), "a number outside")):       # wrapped: attack)
+        with pytest.raises(TypeError, match=f"input 'ids' \\(int64\\) cannot hold its values "
+                                            f"without loss: {problem}"):
+            signature(ids=bad, mask=mask)
+    with pytest.raises(TypeError, match="input 'mask' \\(float32\\) cannot hold its values "
+                                        "without loss: a number past float32's range"):
+        signature(ids=ids, mask=np.full((3, 8), 1e39))
 
 
 def test_a_model_that_fixes_a_dimension_of_any_size_is_named(tmp_path):
