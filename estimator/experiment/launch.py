@@ -357,17 +357,19 @@ def launch(argv_or_command: Union[str, Sequence[str]], chief: bool = True, worke
                     signal.SIGINT: signal.getsignal(signal.SIGINT)}
         if previous[signal.SIGINT] is signal.default_int_handler:   # (a caller's own stays)
             signal.signal(signal.SIGINT, on_signal)
+    def ignore_signals():   # a second signal (timeout's to the group too, Ctrl-C twice)
+        for sig in previous:   # must not cut the tasks' saves or the clean-up short
+            signal.signal(sig, lambda signum, frame: None)
     try:
         return job.run()
     except KeyboardInterrupt:
-        if in_main_thread:   # a second signal (timeout's to the group too, Ctrl-C twice)
-            for sig in previous:   # must not cut the tasks' preemption saves short
-                signal.signal(sig, lambda signum, frame: None)
+        ignore_signals()
         sig = signal.SIGTERM if terminated else signal.SIGINT
         job.say(f"{signal.Signals(sig).name}: forwarding to every task")
         job.stop(job.tasks, first_signal=sig)
         return 128 + sig
     finally:
+        ignore_signals()
         job.stop(job.tasks, first_signal=signal.SIGKILL)   # nothing outlives the launcher
         job.kill_groups()
         for sig, handler in previous.items():

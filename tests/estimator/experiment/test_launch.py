@@ -258,6 +258,21 @@ def test_a_signal_while_a_task_starts_stops_that_task_too(task, monkeypatch):
                 pass
 
 
+def test_a_signal_during_the_clean_up_neither_escapes_nor_skips_it(task, monkeypatch):
+    """A SIGINT as the launcher's `finally` ran raised there: kill_groups was
+    skipped (a task's child outlived it) and the launcher's handlers stayed
+    installed (attack probe)."""
+    real = launch_lib._Job.kill_groups
+
+    def kill_groups(job):
+        os.kill(os.getpid(), signal.SIGINT)   # (handled before the groups are killed)
+        real(job)
+    monkeypatch.setattr(launch_lib._Job, "kill_groups", kill_groups)
+    status, output, _ = run(task(chief0="exit0"))
+    assert status == 0, output
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_timeout_stops_everything(task):
     status, output, took = run(task(chief0="sleep"), timeout=2)
     assert status == 124 and "timeout" in output and took < 20
