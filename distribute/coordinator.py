@@ -414,8 +414,8 @@ class ClusterCoordinator:
         received: list = []
         while not self._stopped.is_set():
             try:
-                results, self.stats = self._client.call(0, _cq._collect, self._client.name,
-                                                         received, what="collecting results")
+                results, self.stats = self._client.call(
+                    0, _cq._collect, self._client.name, received, what="collecting results")
                 if time.monotonic() > next_check:
                     next_check = time.monotonic() + _PS_CHECK_SECS
                     self._check_ps()

@@ -357,6 +357,7 @@ def launch(argv_or_command: Union[str, Sequence[str]], chief: bool = True, worke
                     signal.SIGINT: signal.getsignal(signal.SIGINT)}
         if previous[signal.SIGINT] is signal.default_int_handler:   # (a caller's own stays)
             signal.signal(signal.SIGINT, on_signal)
+
     def ignore_signals():   # a second signal (timeout's to the group too, Ctrl-C twice)
         for sig in previous:   # must not cut the tasks' saves or the clean-up short
             signal.signal(sig, lambda signum, frame: None)
