@@ -215,17 +215,23 @@ def test_a_killed_coordinators_queued_functions_do_not_train_the_next_ones(
     assert sorted(result["steps"]) == list(range(40)) and result["stats"]["pending"] == 0
 
 
+def _stopped_a_while(cluster, tmp_path, steps: int, secs: float) -> int:
+    """The exit code of a coordinator scheduling `steps` steps, stopped
+    (SIGSTOP, as Ctrl-Z) for `secs` seconds after its tenth result."""
+    cluster.start_servers()
+    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", str(steps))
+    _wait_progress(cluster, tmp_path, 10)
+    chief.send_signal(signal.SIGSTOP)
+    time.sleep(secs)
+    chief.send_signal(signal.SIGCONT)
+    return cluster.wait(chief)
+
+
 def test_a_coordinator_stopped_for_longer_than_its_lease_goes_on(cluster, tmp_path):
     """Ctrl-Z then fg (or a long call holding the GIL) for 5 s with a 2 s
     lease: ps 0 took the coordinator for killed and dropped it for good
     (attack probe); a coordinator's silence is now 3 leases + 10 s."""
-    cluster.start_servers()
-    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "150")
-    _wait_progress(cluster, tmp_path, 10)
-    chief.send_signal(signal.SIGSTOP)
-    time.sleep(5)
-    chief.send_signal(signal.SIGCONT)
-    assert cluster.wait(chief) == 0, cluster.all_logs()
+    assert _stopped_a_while(cluster, tmp_path, steps=150, secs=5) == 0, cluster.all_logs()
     result = json.loads((tmp_path / "result.json").read_text())
     assert sorted(result["steps"]) == list(range(150))
     assert "dropped" not in cluster.log("ps", 0)
@@ -236,13 +242,7 @@ def test_a_coordinator_stopped_past_its_silence_and_rpc_timeout_is_told_what_was
     """Stopped for 25 s (silence 16 s, RPC timeout 10 s): its collect timed
     out and it took ps 0 for dead, for good (attack probe); now ps 0 answers
     a check, and join raises once that its waiting functions were dropped."""
-    cluster.start_servers()
-    chief = cluster.start("chief", 0, "--out", str(tmp_path), "--steps", "1500")
-    _wait_progress(cluster, tmp_path, 10)
-    chief.send_signal(signal.SIGSTOP)
-    time.sleep(25)
-    chief.send_signal(signal.SIGCONT)
-    assert cluster.wait(chief) != 0
+    assert _stopped_a_while(cluster, tmp_path, steps=1500, secs=25) != 0
     log = cluster.log("chief", 0)
     assert "ps 0 dropped this function without running it: this coordinator was not heard " \
            "from for" in log, cluster.all_logs()
