@@ -1073,12 +1073,15 @@ def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     so `LoggingTensorHook(tensors=[name])` can find it). Costs a dict store; the
     value is copied to the host only on steps where a hook asks for it. When a
     hook feeds `name` for this step (`hooks.FeedFnHook`, TF's feed_dict), the
-    fed value is returned instead, with `tensor`'s dtype and device."""
+    fed value is returned instead, with `tensor`'s dtype and device. A Python
+    number is a tensor of torch's default dtype to hooks (TF's constant: a
+    float is float32), and is returned as given when not fed."""
     if _current is not None:
+        value = tensor if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor)
         feed = _current.feed_dict
         if feed is not None and name in feed:
-            tensor = torch.as_tensor(feed[name], dtype=tensor.dtype, device=tensor.device)
-        _current.named_tensors[name] = tensor
+            tensor = value = torch.as_tensor(feed[name], dtype=value.dtype, device=value.device)
+        _current.named_tensors[name] = value
     return tensor
 
 

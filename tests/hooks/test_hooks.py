@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
@@ -364,6 +365,26 @@ def test_feed_fn_hook_replaces_named_tensors_for_the_step():
         run_steps(sess, 3, train_step)
     assert seen == [(0.5, torch.float64), (0.1, torch.float64), (0.25, torch.float64)]
     assert rec.final_ops_values == 0.25
+
+
+def test_a_python_number_named_is_a_float32_tensor_to_hooks_and_can_be_fed():
+    """`named_tensor("scale", 0.1 + 0.2)`: logged as 0.30000000000000004 (TF's
+    constant is float32: 0.3), and a feed of it raised AttributeError."""
+    feeds = iter([{}, {"scale": 2}])
+    seen = []
+
+    def train_step():
+        scale = est.named_tensor("scale", 0.1 + 0.2)
+        seen.append(scale)
+        return {"loss": torch.tensor(1.0) * scale}
+    rec = hooks.FinalOpsHook("scale")
+    with session([rec]) as sess:
+        run_steps(sess, 1, train_step)
+    assert type(rec.final_ops_values) is np.float32 and str(rec.final_ops_values) == "0.3"
+    with session([hooks.FeedFnHook(lambda: next(feeds)), rec]) as sess:
+        run_steps(sess, 2, train_step)
+    assert seen[1] == 0.1 + 0.2 and torch.equal(seen[2], torch.tensor(2.0))
+    assert rec.final_ops_values == 2.0
 
 
 def test_feed_fn_hook_reaches_the_estimators_model_fn(tmp_path):
