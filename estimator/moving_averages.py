@@ -37,7 +37,8 @@ class ExponentialMovingAverage:
     `with tf.control_dependencies([train_op]): train_op = ema.apply(...)`
     (after the forward pass of a lazy module, which makes its parameters).
     An average starts at its variable's value when `apply` first sees it: the
-    initial value, as TF's, when that is in the first step before the update.
+    initial value, as TF's, when that is in the first step before the update
+    (a buffer's, batch norm's statistics, from before the forward pass).
     Each update is TF's: `decay = min(decay, (1 + n) / (10 + n))` where
     `num_updates` is given, then `average -= (1 - decay) * (average - variable)`.
     `num_updates=est.get_global_step()` reads, as TF's under that dependency,
@@ -159,7 +160,7 @@ class ExponentialMovingAverage:
                 "was written before they began, or by a model without them): they start "
                 "from the variables' values now", self._name, scope.restore_path,
                 ", ".join(absent))
-        return [s.slot(self._name, v) for v, s in zip(variables, slots)]
+        return [s.slot(self._name, model_scope.initial_value(v)) for v, s in zip(variables, slots)]
 
     def _slots(self, scope, var_list, method: str) -> Tuple[List[torch.Tensor], list]:
         variables = _variables(scope, var_list, method)

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 _stack: list = []                         # active scopes, innermost last
 _current: Optional["ModelScope"] = None   # _stack[-1], kept for the hot path
+# A fresh run's buffers up to this size are kept for their first step (a
+# moving average's initial value); larger ones (a frozen table) are not copied.
+_INITIAL_BUFFER_MAX = 1 << 20
 
 
 def _uncompiled(module: torch.nn.Module) -> torch.nn.Module:
@@ -249,6 +252,7 @@ class ModelScope:
         # (watched through that step only: `_note_first_updates`)
         self.updated_in_first_step: set = set()
         self._first_step_watches: list = []
+        self.initial_buffers: Dict[int, torch.Tensor] = {}   # (the first step's: create_module)
         self._names: Dict[int, str] = {}
         self._names_of = 0   # the number of modules `_names` was made from
         self.averages_copied: Optional[tuple] = None   # (ExponentialMovingAverage.copy_to)
@@ -309,6 +313,12 @@ class ModelScope:
         placed = self.strategy.extended.create_module(name, module)
         placed.train(self.mode == ModeKeys.TRAIN)
         self.modules[name] = placed
+        if self._restore is None and self.global_step == 0 and self.mode == ModeKeys.TRAIN:
+            # a fresh run's first step: the buffers' initial values, for averages
+            # begun after the forward pass changed them (batch norm's statistics)
+            self.initial_buffers.update(
+                (id(b), b.detach().clone()) for b in original.buffers()
+                if b.is_floating_point() and b.numel() <= _INITIAL_BUFFER_MAX)
         return placed
 
     def get_slots(self, variable: str) -> Slots:
@@ -716,6 +726,8 @@ class ModelScope:
         holds is said once (gradual unfreezing: nothing would step it). One
         test where nothing was left out, a `requires_grad` read of each frozen
         one else."""
+        if self.initial_buffers:
+            self.initial_buffers.clear()
         if self._first_step_watches:   # (the first step is over)
             for watch in self._first_step_watches:
                 watch.remove()
@@ -1155,6 +1167,13 @@ def get_slots(variable: str) -> Slots:
 def variable_names() -> Dict[int, str]:
     """{id(tensor): variable name} of the active scope's parameters and buffers."""
     return current().variable_names()
+
+
+def initial_value(variable: torch.Tensor) -> torch.Tensor:
+    """`variable`'s value when its module was made, in a fresh run's first
+    training step, for a buffer the step's forward pass may have changed
+    since (TF's `initialized_value()`); else `variable` itself."""
+    return current().initial_buffers.get(id(variable), variable)
 
 
 def after_update(fn: Callable[[], None]) -> None:

@@ -131,6 +131,49 @@ def test_evaluate_predict_and_export_run_on_the_averages(tmp_path):
                            TF["variables"]["hidden/kernel/warm"], atol=1e-3)
 
 
+with open(os.path.join(FIXTURES, "tf_moving_averages_batch_norm.json"), encoding="utf-8") as _f:
+    TF_BN = json.load(_f)
+_TORCH_NAMES = {"bn/gamma": "bn/weight", "bn/beta": "bn/bias", "bn/moving_mean":
+                "bn/running_mean", "bn/moving_variance": "bn/running_var"}
+
+
+@pytest.mark.parametrize("apply_at", ["the end", "the start"])
+def test_batch_norm_statistics_average_from_their_initial_values_as_tfs(tmp_path, apply_at):
+    """EfficientNet's averages (its get_ema_vars: the trainable variables and
+    batch norm's moving statistics) applied after the forward pass, where the
+    docs place `apply`: the statistics' averages started from the values the
+    first forward pass wrote (1.22x TF's after a step; EfficientNet port
+    probe), TF's from the initial ones."""
+    def model_fn(features, labels, mode):
+        bn = est.get_module("bn", lambda: torch.nn.BatchNorm2d(2, momentum=0.1, eps=1e-3))
+        kernel = est.get_module("dense", lambda: torch.nn.ParameterDict({"kernel": torch.nn.Parameter(
+            torch.tensor(TF_BN["init"]["dense/kernel"]))}))["kernel"]
+        ema = ema_lib.ExponentialMovingAverage(0.8, num_updates=est.get_global_step())
+        ema_vars = [*bn.parameters(), kernel, bn.running_mean, bn.running_var]
+        if apply_at == "the start":
+            ema.apply(ema_vars)
+        x = bn(features["x"].permute(0, 3, 1, 2)).mean((2, 3))
+        loss = torch.nn.functional.mse_loss(x @ kernel, labels)
+        if apply_at == "the end":
+            ema.apply(ema_vars)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+
+    x, y = np.array(TF_BN["x"], np.float32), np.array(TF_BN["y"], np.float32)
+
+    def input_fn():
+        while True:
+            for i in (0, 4):
+                yield {"x": x[i:i + 4]}, y[i:i + 4]
+    estimator = est.Estimator(model_fn, str(tmp_path))
+    estimator.train(input_fn, max_steps=TF_BN["steps"])
+    for name, value in sorted(TF_BN["variables"].items()):
+        variable, _, average = name.partition("/Exp")
+        ours = _TORCH_NAMES.get(variable, variable) + ("/Exp" + average if average else "")
+        np.testing.assert_allclose(estimator.get_variable_value(ours), value,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_an_average_begun_after_the_first_update_is_refused(tmp_path):
     with pytest.raises(ValueError, match="first called after hidden/kernel was updated"):
         _train(str(tmp_path), 2, apply_in_train_op="after the first step")
