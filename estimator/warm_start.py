@@ -278,25 +278,39 @@ _TORCH_LAYOUT_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch
                         torch.nn.ConvTranspose3d)
 
 
-def _layer_weights(module: torch.nn.Module) -> set:
-    """State-dict keys of `module`'s torch.nn.Linear and convolution weights."""
-    return {f"{prefix}.weight" if prefix else "weight"
+def _layer_weights(module: torch.nn.Module) -> dict:
+    """{state-dict key: layer} of `module`'s torch.nn.Linear and convolution weights."""
+    return {f"{prefix}.weight" if prefix else "weight": layer
             for prefix, layer in module.named_modules() if isinstance(layer, _TORCH_LAYOUT_LAYERS)}
 
 
-def _torch_layout(value: torch.Tensor, shape: tuple, name: str, layer_weight: bool
-                  ) -> torch.Tensor:
-    """A TF kernel [*spatial, in, out] in torch's layout [out, in, *spatial].
+def _depthwise(layer: Optional[torch.nn.Module], value: torch.Tensor) -> bool:
+    """Whether `value` is TF's depthwise kernel [*spatial, in, multiplier]
+    (`tf.nn.depthwise_conv2d`, `DepthwiseConv2D`: MobileNet's, EfficientNet's)
+    for `layer`, a convolution with one group per input channel (TF2's
+    `Conv2D(groups=in)` kernel [*spatial, 1, out] is an ordinary one)."""
+    groups = getattr(layer, "groups", 1)
+    return (groups > 1 and not layer.transposed and groups == layer.in_channels
+            and value.shape[-2] == groups and value.shape[-1] * groups == layer.out_channels)
 
-    A torch.nn.Linear or convolution weight (`layer_weight`) always takes it
-    so, whatever the TF variable's name (`kernel`, TF-slim's `weights`): the
-    layer says, where shapes cannot (a square dense kernel; a 3x3 kernel from
-    3 to 3 channels). Another module's variable takes it only from a TF
+
+def _torch_layout(value: torch.Tensor, shape: tuple, name: str,
+                  layer: Optional[torch.nn.Module]) -> torch.Tensor:
+    """A TF kernel [*spatial, in, out] in torch's layout [out, in, *spatial]
+    (a depthwise kernel [*spatial, in, multiplier]: [in * multiplier, 1, *spatial]).
+
+    A torch.nn.Linear or convolution weight (its `layer` given) always takes
+    it so, whatever the TF variable's name (`kernel`, TF-slim's `weights`):
+    the layer says, where shapes cannot (a square dense kernel; a 3x3 kernel
+    from 3 to 3 channels). Another module's variable takes it only from a TF
     `kernel` whose shape matches the target's only so."""
     if value.dim() < 2 or value.dim() != len(shape):
         return value
-    permuted = value.permute(value.dim() - 1, value.dim() - 2, *range(value.dim() - 2))
-    if layer_weight:
+    spatial = range(value.dim() - 2)
+    if layer is not None and _depthwise(layer, value):
+        return value.reshape(*value.shape[:-2], -1).permute(-1, *spatial).unsqueeze(1)
+    permuted = value.permute(value.dim() - 1, value.dim() - 2, *spatial)
+    if layer is not None:
         return permuted
     if name.endswith("kernel") and tuple(value.shape) != shape and \
             tuple(permuted.shape) == shape:
@@ -539,12 +553,13 @@ class _WarmStarter:
         return [n for n in self._variables if n.startswith(prev_var + "/")
                 and not re.fullmatch(r"part_\d+", n[len(prev_var) + 1:])]
 
-    def _layout(self, shape: tuple, prev: str, layer_weight: bool) -> Callable:
+    def _layout(self, shape: tuple, prev: str, layer: Optional[torch.nn.Module]) -> Callable:
         """How a value of checkpoint variable `prev` (or a slot of it) becomes
-        one of `shape`: TF's kernels in torch's layout; ours as they are."""
+        one of `shape` (`layer`'s weight): TF's kernels in torch's layout;
+        ours as they are."""
         if not isinstance(self._variables, _TFVariables):
             return lambda value: value
-        return lambda value: _torch_layout(value, shape, prev, layer_weight)
+        return lambda value: _torch_layout(value, shape, prev, layer)
 
     def _wanted(self, name: str) -> bool:
         patterns = self._settings.vars_to_warm_start
@@ -557,7 +572,7 @@ class _WarmStarter:
     def apply(self, owner: str, module: torch.nn.Module) -> None:
         settings = self._settings
         layer_weights = _layer_weights(module) if isinstance(self._variables, _TFVariables) \
-            else set()
+            else {}
         # A regex (or None) reaches trainable variables only, as TF's
         # TRAINABLE_VARIABLES: not buffers (batch norm's moving statistics),
         # not frozen parameters; a list reaches every variable.
@@ -596,7 +611,7 @@ class _WarmStarter:
         prev_var, layout = self._layouts.get(variable, (variable, None))
         self._apply(variable, [(slot, tensor)], set(), None, slot_of=(prev_var, layout))
 
-    def _apply(self, owner: str, items, layer_weights: set, trainable,
+    def _apply(self, owner: str, items, layer_weights: dict, trainable,
                slot_of: Optional[tuple] = None) -> None:
         """`slot_of`: (the checkpoint name, the layout) of the variable whose
         slots `items` are."""
@@ -629,18 +644,21 @@ class _WarmStarter:
                         f"{self.path}" + (f"; the closest names: {close}" if close else "") +
                         "; leave the variable out of vars_to_warm_start or map it to a "
                         "checkpoint name in var_name_to_prev_var_name")
-                value = self._variables[prev]
+                value = stored = self._variables[prev]
                 if info is not None:
                     value = _remapped(value, info, tuple(tensor.shape), name, prev)
                     self._remapped.add(name)
                 else:
                     layout = slot_of[1] if slot_of is not None else None
                     self._layouts[name] = (prev, layout or self._layout(
-                        tuple(tensor.shape), prev, key in layer_weights))
+                        tuple(tensor.shape), prev, layer_weights.get(key)))
                     value = self._layouts[name][1](value)
                 if tuple(value.shape) != tuple(tensor.shape):
+                    moved = (f" ({tuple(value.shape)} in torch's layout)"
+                             if value.shape != stored.shape else "")
                     raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "
-                                     f"{prev!r} in {self.path} has shape {tuple(value.shape)}")
+                                     f"{prev!r} in {self.path} has shape "
+                                     f"{tuple(stored.shape)}{moved}")
                 if rounded_by_cast(value, tensor.dtype):
                     raise ValueError(
                         f"Warm-start: {name!r} is {tensor.dtype} but {prev!r} in {self.path} is "

@@ -5,6 +5,7 @@ predict what TF predicted and evaluate what TF evaluated (recorded by
 ``record_tf_canned_eval.py``)."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -166,6 +167,18 @@ def test_hand_written_modules_map_tf_names_with_the_kernel_transposed(tmp_path):
     estimator = est.Estimator(model_fn, model_dir=str(tmp_path), warm_start_from=settings)
     estimator.train(lambda: [({"x": torch.ones(2, 4)}, torch.zeros(2, 1))], max_steps=1)
     np.testing.assert_array_equal(estimator.get_variable_value("head/weight"), kernel.T)
+    # a misfit names the shape TF stored, and the one it has in torch's layout
+    # (it gave the latter alone, as the checkpoint's)
+    settings = est.WarmStartSettings(prefix, var_name_to_prev_var_name={
+        "head/weight": "dnn/logits/kernel", "head/bias": "dnn/logits/bias"})
+    def wider(features, labels, mode):
+        net = est.get_module("head", lambda: torch.nn.Linear(5, 1))
+        return est.EstimatorSpec(mode, predictions=net(features["x"]))
+    wrong = est.Estimator(wider, model_dir=str(tmp_path / "wrong"), warm_start_from=settings)
+    with pytest.raises(ValueError, match=re.escape(
+            f"'head/weight' has shape (1, 5) but 'dnn/logits/kernel' in {prefix} has shape "
+            f"{kernel.shape} ({kernel.T.shape} in torch's layout)")):
+        next(wrong.predict(lambda: [{"x": torch.ones(2, 5)}]))
 
 
 def test_adagrad_and_ftrl_slots_warm_start_when_listed(tmp_path):
@@ -255,22 +268,30 @@ class _Layers(torch.nn.Module):
         super().__init__()
         self.hidden, self.out = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
         self.conv2d, self.conv1d = torch.nn.Conv2d(3, 3, 3), torch.nn.Conv1d(3, 3, 3)
+        self.depthwise = torch.nn.Conv2d(3, 6, 3, groups=3)   # TF's depth_multiplier=2
 
     def forward(self, features):
         images = features["conv2d"].permute(0, 3, 1, 2)   # NHWC -> NCHW
         sequences = features["conv1d"].permute(0, 2, 1)   # NWC -> NCW
         return {"dense": self.out(torch.relu(self.hidden(features["dense"]))),
                 "conv2d": self.conv2d(images).permute(0, 2, 3, 1),
-                "conv1d": self.conv1d(sequences).permute(0, 2, 1)}
+                "conv1d": self.conv1d(sequences).permute(0, 2, 1),
+                "depthwise": self.depthwise(
+                    features["depthwise"].permute(0, 3, 1, 2)).permute(0, 2, 3, 1)}
 
 
 def test_torch_layers_warm_started_from_tf_layers_compute_what_tf_computed(tmp_path):
     """torch.nn.Linear/Conv1d/Conv2d weights take TF's kernels in torch's
     layout even where the shapes cannot tell them apart (a square dense
-    kernel; a 3x3 conv kernel from 3 to 3 channels): the layer type says."""
+    kernel; a 3x3 conv kernel from 3 to 3 channels): the layer type says. A
+    convolution with a group per input channel takes TF's depthwise kernel
+    [h, w, in, multiplier] (it was permuted as an ordinary one and refused;
+    EfficientNet port probe)."""
     names = {f"layers/{layer}/{ours}": f"{layer}/{theirs}"
              for layer in ("hidden", "out", "conv2d", "conv1d")
              for ours, theirs in (("weight", "kernel"), ("bias", "bias"))}
+    names.update({"layers/depthwise/weight": "depthwise/depthwise_kernel",
+                  "layers/depthwise/bias": "depthwise/bias"})
     settings = est.WarmStartSettings(os.path.join(FIXTURES, LAYERS["prefix"]),
                                      var_name_to_prev_var_name=names)
 
