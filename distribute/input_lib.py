@@ -148,13 +148,16 @@ def shard(dataset, num_shards: int, index: int, seed: int = 0,
                         "%d-th %s", index, num_shards, num_shards,
                         "batch" if by_batch else "example")
             return loader
-    logger.warning(
-        "input_fn does not take an input_context: replica %d of %d reads the whole input "
-        "and keeps every %d-th batch (TF's AutoShardPolicy.DATA; TF's Estimator would have "
-        "each replica read it all). Take `input_context` and read only "
-        "`input_context.input_pipeline_id`'s part to save the reading; an input_fn that "
-        "already reads its part (by TF_CONFIG) must take it too, or it is sharded twice",
-        index, num_shards, num_shards)
+    # said once (replica 0), not by every replica
+    logger.log(logging.WARNING if index == 0 else logging.DEBUG,
+               "input_fn does not take an input_context: each of the %d replicas reads the "
+               "whole input and keeps every %d-th batch (TF's AutoShardPolicy.DATA: the "
+               "batches are those TF's one-machine MirroredStrategy hands its replicas from "
+               "one input; across machines TF's Estimator would have each worker read it "
+               "all). Take `input_context` and read only `input_context.input_pipeline_id`'s "
+               "part to save the reading; an input_fn that already reads its part (by "
+               "TF_CONFIG) must take it too, or it is sharded twice",
+               num_shards, num_shards)
     return _every_nth(dataset, num_shards, index)
 
 
