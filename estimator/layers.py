@@ -22,6 +22,9 @@ class BatchNormalization(torch.nn.Module):
     is TF's fused one: `torch.nn.BatchNorm2d(channels, momentum=1 - momentum,
     eps=epsilon)`.
     """
+    # its training forward pass moves its buffers: a moving average of them
+    # begun after it starts from their initial values (as torch's batch norm)
+    updates_buffers_in_forward = True
 
     def __init__(self, units: int, momentum: float = 0.99, epsilon: float = 1e-3,
                  center: bool = True, scale: bool = True, fused=None):

@@ -160,7 +160,8 @@ class ExponentialMovingAverage:
                 "was written before they began, or by a model without them): they start "
                 "from the variables' values now", self._name, scope.restore_path,
                 ", ".join(absent))
-        return [s.slot(self._name, model_scope.initial_value(v)) for v, s in zip(variables, slots)]
+        return [s.slot(self._name, model_scope.initial_value(s.variable, v))
+                for v, s in zip(variables, slots)]
 
     def _slots(self, scope, var_list, method: str) -> Tuple[List[torch.Tensor], list]:
         variables = _variables(scope, var_list, method)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import numbers
 import re
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
 import numpy as np
 import torch
+from torch.nn.parameter import is_lazy
 
 from distribute import lookups
 from distribute.loss_scaling import gradients_summed
@@ -31,9 +33,6 @@ logger = logging.getLogger(__name__)
 
 _stack: list = []                         # active scopes, innermost last
 _current: Optional["ModelScope"] = None   # _stack[-1], kept for the hot path
-# A fresh run's buffers up to this size are kept for their first step (a
-# moving average's initial value); larger ones (a frozen table) are not copied.
-_INITIAL_BUFFER_MAX = 1 << 20
 
 
 def _uncompiled(module: torch.nn.Module) -> torch.nn.Module:
@@ -252,7 +251,8 @@ class ModelScope:
         # (watched through that step only: `_note_first_updates`)
         self.updated_in_first_step: set = set()
         self._first_step_watches: list = []
-        self.initial_buffers: Dict[int, torch.Tensor] = {}   # (the first step's: create_module)
+        self.initial_buffers: Dict[str, torch.Tensor] = {}   # (a fresh run's first step's)
+        self._first_step_over = False
         self._names: Dict[int, str] = {}
         self._names_of = 0   # the number of modules `_names` was made from
         self.averages_copied: Optional[tuple] = None   # (ExponentialMovingAverage.copy_to)
@@ -313,13 +313,26 @@ class ModelScope:
         placed = self.strategy.extended.create_module(name, module)
         placed.train(self.mode == ModeKeys.TRAIN)
         self.modules[name] = placed
-        if self._restore is None and self.global_step == 0 and self.mode == ModeKeys.TRAIN:
-            # a fresh run's first step: the buffers' initial values, for averages
-            # begun after the forward pass changed them (batch norm's statistics)
-            self.initial_buffers.update(
-                (id(b), b.detach().clone()) for b in original.buffers()
-                if b.is_floating_point() and b.numel() <= _INITIAL_BUFFER_MAX)
+        if self._fresh_first_step():
+            self._keep_initial_statistics(name, original)
         return placed
+
+    def _fresh_first_step(self) -> bool:
+        """A training run's first step, not resumed (warm-started or not)."""
+        return self._restore is None and not self._first_step_over \
+            and self.mode == ModeKeys.TRAIN
+
+    def _keep_initial_statistics(self, name: str, module: torch.nn.Module) -> None:
+        """The initial values of the buffers that `module`'s training forward
+        passes move (batch norm's statistics: TF's moving_mean and
+        moving_variance), for moving averages begun after the first of them:
+        TF's averages start from a variable's initialized value."""
+        for prefix, sub in module.named_modules():
+            if getattr(sub, "track_running_stats", False) is True \
+                    or getattr(sub, "updates_buffers_in_forward", False) is True:
+                for key, buffer in sub.named_buffers(prefix, recurse=False):
+                    if buffer.is_floating_point() and not is_lazy(buffer):
+                        self.initial_buffers[_variable_name(name, key)] = buffer.detach().clone()
 
     def get_slots(self, variable: str) -> Slots:
         """The slots of the variable named `variable` (made on first call)."""
@@ -471,7 +484,7 @@ class ModelScope:
                 and self.mode == ModeKeys.TRAIN:
             self._warm_start.apply_optimizer(optimizer, var_names, name)
         self.optimizers[name] = optimizer
-        if self._restore is None and self.global_step == 0 and self.mode == ModeKeys.TRAIN:
+        if self._fresh_first_step():
             self._first_step_watches.append(
                 optimizer.register_step_post_hook(self._note_first_updates))
         self.optimizer_var_names[name] = var_names
@@ -726,6 +739,7 @@ class ModelScope:
         holds is said once (gradual unfreezing: nothing would step it). One
         test where nothing was left out, a `requires_grad` read of each frozen
         one else."""
+        self._first_step_over = True
         if self.initial_buffers:
             self.initial_buffers.clear()
         if self._first_step_watches:   # (the first step is over)
@@ -1085,11 +1099,11 @@ def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     so `LoggingTensorHook(tensors=[name])` can find it). Costs a dict store; the
     value is copied to the host only on steps where a hook asks for it. When a
     hook feeds `name` for this step (`hooks.FeedFnHook`, TF's feed_dict), the
-    fed value is returned instead, with `tensor`'s dtype and device. A Python
-    number is a tensor of torch's default dtype to hooks (TF's constant: a
-    float is float32), and is returned as given when not fed."""
+    fed value is returned instead, with `tensor`'s dtype and device. A number
+    is a 0-d tensor to hooks (TF's constant: a Python float is float32), and
+    is returned as given when not fed; anything else is kept as given."""
     if _current is not None:
-        value = tensor if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor)
+        value = torch.as_tensor(tensor) if isinstance(tensor, numbers.Number) else tensor
         feed = _current.feed_dict
         if feed is not None and name in feed:
             tensor = value = torch.as_tensor(feed[name], dtype=value.dtype, device=value.device)
@@ -1169,11 +1183,15 @@ def variable_names() -> Dict[int, str]:
     return current().variable_names()
 
 
-def initial_value(variable: torch.Tensor) -> torch.Tensor:
-    """`variable`'s value when its module was made, in a fresh run's first
-    training step, for a buffer the step's forward pass may have changed
-    since (TF's `initialized_value()`); else `variable` itself."""
-    return current().initial_buffers.get(id(variable), variable)
+def initial_value(name: str, variable: torch.Tensor) -> torch.Tensor:
+    """In a fresh run's first training step, the value the model's variable
+    `name` had when its module was made, where its module's forward pass
+    moves it (batch norm's statistics: TF's `initialized_value()`); else
+    `variable` itself."""
+    initial = current().initial_buffers.get(name)
+    if initial is None or initial.shape != variable.shape:
+        return variable
+    return initial.to(device=variable.device, dtype=variable.dtype)
 
 
 def after_update(fn: Callable[[], None]) -> None:

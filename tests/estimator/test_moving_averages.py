@@ -174,6 +174,53 @@ def test_batch_norm_statistics_average_from_their_initial_values_as_tfs(tmp_path
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("case", ["converted", "tf1 layer", "warm-started step", "lazy"])
+def test_statistics_averages_start_from_their_initial_values_whatever_the_module(tmp_path,
+                                                                                 case):
+    """The attack on the above: a module converted in the model_fn
+    (`.double()`: new buffers, an average from another buffer's initial
+    value), est.layers.BatchNormalization, a first step past step 0 (a list
+    warm start carrying global_step: no initial values kept), and a lazy
+    module (every fresh run with one failed in its first step)."""
+    x = torch.tensor(np.random.RandomState(0).randn(8, 2) + 3.0, dtype=torch.float32)
+    make = {"tf1 layer": lambda: est.layers.BatchNormalization(2, momentum=0.9),
+            "lazy": lambda: torch.nn.Sequential(torch.nn.LazyLinear(2),
+                                                torch.nn.LazyBatchNorm1d(momentum=0.1))
+            }.get(case, lambda: torch.nn.BatchNorm1d(2, momentum=0.1))
+
+    def model_fn(features, labels, mode):
+        bn = est.get_module("bn", make)
+        if case == "converted":
+            bn = bn.double()
+        y = bn(features["x"].to(torch.float64 if case == "converted" else torch.float32))
+        if case != "lazy":
+            stats = [b for _, b in sorted(bn.named_buffers()) if b.is_floating_point()]
+            ema_lib.ExponentialMovingAverage(0.5).apply(stats)
+        return est.EstimatorSpec(mode, loss=y.pow(2).mean(), train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.0)))
+    warm = None
+    if case == "warm-started step":
+        est.Estimator(model_fn, str(tmp_path / "first")).train(
+            lambda: [({"x": x}, torch.zeros(8))], max_steps=1)
+        warm = est.WarmStartSettings(str(tmp_path / "first"), vars_to_warm_start=[
+            "bn/weight", "bn/bias", "bn/running_mean$", "bn/running_var$", "global_step"])
+    estimator = est.Estimator(model_fn, str(tmp_path / "run"), warm_start_from=warm)
+    estimator.train(lambda: [({"x": x}, torch.zeros(8))], steps=1)
+    if case == "lazy":
+        return   # (it trains)
+    names = ["bn/moving_mean", "bn/moving_variance"] if case == "tf1 layer" else [
+        "bn/running_mean", "bn/running_var"]
+    initial = [np.zeros(2), np.ones(2)]
+    if warm is not None:
+        reader = est.Estimator(model_fn, str(tmp_path / "first"))
+        initial = [reader.get_variable_value(n) for n in names]
+    for name, start in zip(names, initial):
+        now = estimator.get_variable_value(name)
+        np.testing.assert_allclose(
+            estimator.get_variable_value(name + "/ExponentialMovingAverage"),
+            start - 0.5 * (start - now), rtol=1e-6, err_msg=name)
+
+
 def test_an_average_begun_after_the_first_update_is_refused(tmp_path):
     with pytest.raises(ValueError, match="first called after hidden/kernel was updated"):
         _train(str(tmp_path), 2, apply_in_train_op="after the first step")
