@@ -291,7 +291,7 @@ def _depthwise(layer: Optional[torch.nn.Module], value: torch.Tensor) -> bool:
     `Conv2D(groups=in)` kernel [*spatial, 1, out] is an ordinary one)."""
     groups = getattr(layer, "groups", 1)
     return (groups > 1 and not layer.transposed and groups == layer.in_channels
-            and value.shape[-2] == groups and value.shape[-1] * groups == layer.out_channels)
+            and value.shape[-2] == groups)
 
 
 def _torch_layout(value: torch.Tensor, shape: tuple, name: str,
