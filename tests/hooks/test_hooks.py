@@ -385,6 +385,15 @@ def test_a_python_number_named_is_a_float32_tensor_to_hooks_and_can_be_fed():
         run_steps(sess, 2, train_step)
     assert seen[1] == 0.1 + 0.2 and torch.equal(seen[2], torch.tensor(2.0))
     assert rec.final_ops_values == 2.0
+    # anything else is kept as given (the attack: a string, None, tuples raised)
+    kept = hooks.FinalOpsHook(["phase", "none", "pair"])
+    pair = (torch.ones(2), torch.zeros(3))
+    with session([kept]) as sess:
+        run_steps(sess, 1, lambda: {"loss": torch.tensor(1.0) * est.named_tensor("pair", pair)[0]
+                                    .sum() * bool(est.named_tensor("phase", "train"))
+                                    * (est.named_tensor("none", None) is None)})
+    phase, none, held = kept.final_ops_values
+    assert phase == "train" and none is None and held[0] is pair[0]
 
 
 def test_feed_fn_hook_reaches_the_estimators_model_fn(tmp_path):
