@@ -155,8 +155,13 @@ class Experiment:
                     key not in (self._tree.get(("run_config",)) or {}):
                 continue      # TF's rule decides (600 s unless steps are given)
             kwargs[key] = value
-        return _located(lambda: RunConfig(**kwargs), self._tree, ("run_config",),
-                        "RunConfig", keys=kwargs)
+        quiet = logging.getLogger("estimator.run_config")   # (said by the check at load)
+        was, quiet.disabled = quiet.disabled, True
+        try:
+            return _located(lambda: RunConfig(**kwargs), self._tree, ("run_config",),
+                            "RunConfig", keys=kwargs)
+        finally:
+            quiet.disabled = was
 
     def warm_start_settings(self):
         settings = self.config.get("warm_start")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import logging
 import os
 import re
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
@@ -730,15 +729,11 @@ def _check_run_config(checker: _Checker, resolved: dict, given: dict) -> None:
              and ("run_config", k) not in checker.objects}
     if checker.problems:
         return
-    quiet = logging.getLogger("estimator.run_config")   # said once, by the run's own RunConfig
-    was, quiet.disabled = quiet.disabled, True
-    try:
+    try:   # (RunConfig's lines are said here, once: Experiment.run_config builds it quietly)
         _located(lambda: RunConfig(**plain), checker.tree, ("run_config",), "RunConfig",
                  keys=plain)
     except ExperimentError as e:
         checker.problems.extend(e.problems)
-    finally:
-        quiet.disabled = was
 
 
 def _suggest_path(prefix, missing, node) -> str:

@@ -369,12 +369,15 @@ def test_tf_only_run_config_keys_are_accepted_and_ignored_as_by_run_config(workd
 
 def test_run_config_says_its_lines_once_a_run(workdir, caplog, monkeypatch):
     """The check of the YAML's run_config built a RunConfig of its own: every
-    RunConfig line (TF_CONFIG, keys ignored) was said twice."""
+    RunConfig line (TF_CONFIG, keys ignored) was said twice. They are said at
+    load, so by --print-config and inspect too, and not again by the run."""
     monkeypatch.setenv("TF_CONFIG", json.dumps(
         {"cluster": {"chief": ["127.0.0.1:1"]}, "task": {"type": "chief", "index": 0}}))
     path = write(workdir, HEAD + "run_config:\n  session_config: {allow_soft_placement: true}\n")
     with caplog.at_level("INFO", logger="estimator.run_config"):
-        experiment.load(path).run_config()
+        exp = experiment.load(path)
+        assert caplog.text.count("session_config is accepted") == 1
+        exp.run_config()
     assert caplog.text.count("TF_CONFIG environment variable") == 1
     assert caplog.text.count("session_config is accepted") == 1
     assert not logging.getLogger("estimator.run_config").disabled
