@@ -70,6 +70,7 @@ from .collective_engine import _CollectiveStrategy, _local_devices, _MadeAtFirst
 from . import ps_client, ps_placement
 from .partitioners import num_partitions
 from .strategy import InputContext, StrategyExtended
+from .variable_names import var_name
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ class _ParameterServerExtended(StrategyExtended):
                 layout.append((key, "alias", seen[id(tensor)]))
                 continue
             seen[id(tensor)] = key
-            var = ps_placement.var_name(name, key)
+            var = var_name(name, key)
             is_param = id(tensor) in params
             count = num_partitions(self._partitioner, var, tensor.shape, tensor.dtype) \
                 if is_param else 1
@@ -353,10 +354,10 @@ class _ParameterServerExtended(StrategyExtended):
             tensor = local[key]
             if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
                 raise ValueError(
-                    f"{ps_placement.var_name(name, key)} has shape {list(tensor.shape)} ({tensor.dtype}) on "
+                    f"{var_name(name, key)} has shape {list(tensor.shape)} ({tensor.dtype}) on "
                     f"{self._client.task} but {list(shape)} ({dtype}) on the ps tasks: every "
                     "task must build the same model")
-            var = ps_placement.Variable(ps_placement.var_name(name, key), key, tensor, kind == "param",
+            var = ps_placement.Variable(var_name(name, key), key, tensor, kind == "param",
                             [ps_placement.Part(*p) for p in parts])
             for part in var.parts:
                 snap = None if var.snap is None else part.of(var.snap)

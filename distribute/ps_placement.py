@@ -67,10 +67,6 @@ def split_rows(rows: int, count: int) -> List[tuple]:
     return out
 
 
-def var_name(module: str, key: str) -> str:
-    return module + "/" + key.replace(".", "/")
-
-
 def join(pieces: List[torch.Tensor], var: Variable) -> torch.Tensor:
     """A variable's (or slot's) full value from its shards' values: row
     slices concatenated; a slot that is not per-element (Adam's step) taken once."""

@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional, Sequence, Union
 import torch
 from torch.nn.parameter import is_lazy
 
+from distribute.variable_names import var_name
 from hooks import tf_checkpoint
 from hooks.checkpoint import rounded_by_cast
 
@@ -623,7 +624,7 @@ class _WarmStarter:
                 if key.endswith("num_batches_tracked") and isinstance(self._variables,
                                                                       _TFVariables):
                     continue   # (torch's batch counter: no TF variable holds one)
-                name = owner + "/" + key.replace(".", "/")
+                name = var_name(owner, key)
                 self._names.append(name)
                 info = settings.var_name_to_vocab_info.get(name)
                 if not self._wanted(name) and not (

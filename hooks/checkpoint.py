@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from distribute.host_arrays import to_numpy
+from distribute.variable_names import var_name
 
 from . import tf_checkpoint
 from . import files
@@ -838,7 +839,7 @@ def flat_variables(state: dict) -> Dict[str, torch.Tensor]:
     out: Dict[str, torch.Tensor] = {}
     for owner, sd in state.get("modules", {}).items():   # (metrics: earlier versions saved
         for key, value in sd.items():                       # their running state; TF's never)
-            out[owner + "/" + key.replace(".", "/")] = value
+            out[var_name(owner, key)] = value
     for owner, sd in state.get("optimizers", {}).items():
         var_names = state.get("optimizer_var_names", {}).get(owner, [])
         for index, slots in sd.get("state", {}).items():

@@ -23,6 +23,7 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from distribute import lookups
+from distribute.variable_names import var_name
 from distribute.loss_scaling import gradients_summed
 
 from . import checkpoint
@@ -60,7 +61,7 @@ def _refuse_rounding(name: str, state: dict, module: torch.nn.Module, path) -> N
         if isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor) \
                 and checkpoint.rounded_by_cast(value, target.dtype):   # (a lazy one's too)
             raise ValueError(
-                f"get_module({name!r}): cannot restore {_variable_name(name, key)} from {path}: "
+                f"get_module({name!r}): cannot restore {var_name(name, key)} from {path}: "
                 f"the checkpoint holds it as {value.dtype}, the module as {target.dtype}, "
                 "which would round its values (TF refuses a restore into another dtype). Build "
                 "the module in the checkpoint's dtype; for lower-precision compute use "
@@ -107,21 +108,16 @@ def _by_variable_names(name: str, module: torch.nn.Module, saved: dict, path):
         if not owner.startswith(name + "/"):   # (only modules split from this one: never
             continue                           # an ancestor's own variables, `a`'s b.weight)
         for key, value in state.items():
-            variable = _variable_name(owner, key)
+            variable = var_name(owner, key)
             flat[variable] = None if variable in flat else value
     found = {key: own[key] if own is not None and key in own else
-             flat.get(_variable_name(name, key)) for key in keys}
+             flat.get(var_name(name, key)) for key in keys}
     if not keys or any(value is None for value in found.values()):
         return own
     logger.info("get_module(%r): restored from %s by variable names (the checkpoint holds "
                 "them in modules within it: %s)", name, path, ", ".join(sorted(
                     o for o in saved if o.startswith(name + "/"))))
     return found
-
-
-def _variable_name(owner: str, key: str) -> str:
-    """`net` + `0.weight` -> `net/0/weight` (TF-style variable names)."""
-    return owner + "/" + key.replace(".", "/")
 
 
 class _Rate(NamedTuple):
@@ -332,7 +328,7 @@ class ModelScope:
                     or getattr(sub, "updates_buffers_in_forward", False) is True:
                 for key, buffer in sub.named_buffers(prefix, recurse=False):
                     if buffer.is_floating_point() and not is_lazy(buffer):
-                        self.initial_buffers[_variable_name(name, key)] = buffer.detach().clone()
+                        self.initial_buffers[var_name(name, key)] = buffer.detach().clone()
 
     def get_slots(self, variable: str) -> Slots:
         """The slots of the variable named `variable` (made on first call)."""
@@ -357,7 +353,7 @@ class ModelScope:
                     if owner in self.slots:
                         continue
                     for key, tensor in [*module.named_parameters(), *module.named_buffers()]:
-                        names.setdefault(id(tensor), _variable_name(owner, key))
+                        names.setdefault(id(tensor), var_name(owner, key))
             self._names, self._names_of = names, len(self.raw_modules)
         return self._names
 
@@ -709,7 +705,7 @@ class ModelScope:
         steps, keeps its state, and one unfrozen since its first run, which
         an optimizer of its own steps, stays out, as in a run never stopped.
         Those left out are checked after the step (`check_left_out`)."""
-        names = {id(p): _variable_name(m, k)
+        names = {id(p): var_name(m, k)
                  for m, mod in self.raw_modules.items() for k, p in mod.named_parameters()}
         if var_list is None:
             params = [p for mod in self.raw_modules.values() for p in mod.parameters()]
@@ -775,7 +771,7 @@ class ModelScope:
         variables of one inside another module `outer/0/module/weight`:
         those names as they are now (`outer/0/weight`) where the model has
         them so."""
-        current = {_variable_name(m, k) for m, mod in self.raw_modules.items()
+        current = {var_name(m, k) for m, mod in self.raw_modules.items()
                    for k, _ in mod.named_parameters()}
         return [n if n in current or n.replace("/module/", "/") not in current
                 else n.replace("/module/", "/") for n in saved]
@@ -822,7 +818,7 @@ class ModelScope:
         by_id = dict(zip(map(id, params), var_names))
         in_groups = [p for group in optimizer.param_groups for p in group["params"]]
         if any(id(p) not in by_id for p in in_groups):   # (a parameter from elsewhere)
-            by_id = {**{id(p): _variable_name(m, k) for m, mod in self.raw_modules.items()
+            by_id = {**{id(p): var_name(m, k) for m, mod in self.raw_modules.items()
                         for k, p in mod.named_parameters()}, **by_id}
         return [by_id.get(id(p), f"param_{i}") for i, p in enumerate(in_groups)]
 

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from distribute import device_util
+from distribute.variable_names import torch_key
 from hooks import model_scope
 
 from ._columns import (CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn,
@@ -174,10 +175,17 @@ def _shared_name(name: str, column) -> str:
         return name
     found = _SHARED_NAMES.setdefault(scope, {})
     if name not in found:
-        own = "input_layer/" + column._var_scope_name
+        own = "input_layer/" + _scope_name(column)
         found[name] = next((m for m in scope.modules if m == own or m.endswith("/" + own)),
                            name)
     return found[name]
+
+
+def _scope_name(column) -> str:
+    """The column's variable scope as TF names it: a '/' of its name is '_'
+    (`linear_model/a_b/weights` for column "a/b"), a '.' kept (a linear
+    model's variables hold it as `torch_key`s)."""
+    return column._var_scope_name.replace("/", "_")
 
 
 def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
@@ -196,7 +204,7 @@ def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
         factory = None if not specs else (
             lambda specs=specs, column=column: ColumnVariables(
                 specs, getattr(column, "max_norm", None)))
-        factories.append((f"{prefix}/{column._var_scope_name}", factory))
+        factories.append((f"{prefix}/{_scope_name(column)}", factory))
     return ordered, factories
 
 
@@ -250,7 +258,8 @@ def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
                          f"{list(raw.column_names)}; this call gives {list(names)}: give "
                          "each set of columns its own scope=")
     if cols_to_vars is not None:
-        cols_to_vars.update((c, raw.column_parameters(c._var_scope_name)) for c in ordered)
+        cols_to_vars.update((c, raw.column_parameters(torch_key(_scope_name(c))))
+                            for c in ordered)
         cols_to_vars["bias"] = [raw.bias_weights]
     where = raw.bias_weights.device
     categorical = tuple(c for c in ordered if isinstance(c, CategoricalColumn))
@@ -313,5 +322,6 @@ def _linear_plan(feature_columns, units: int, trainable) -> tuple:
         specs = {"weights": ((rows, units), None, trainable)}
         if kind == "embedding":
             specs.update(column._variable_specs(trainable))
-        out.append((column._var_scope_name, kind, specs, getattr(column, "max_norm", None)))
-    return ordered, tuple(c._var_scope_name for c in ordered), out
+        out.append((torch_key(_scope_name(column)), kind, specs,
+                    getattr(column, "max_norm", None)))
+    return ordered, tuple(name for name, _, _, _ in out), out

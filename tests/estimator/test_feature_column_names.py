@@ -1,0 +1,54 @@
+"""Feature columns whose names hold '/' or '.' (R's `sepal.length`, a
+DataFrame's `a/b`): their variables named as TF's (a '/' made '_', a '.'
+kept), so TF's checkpoints warm-start them. TF's values recorded by
+tests/support/fixtures/record_tf_column_names.py."""
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import estimator as est
+from paths import FIXTURES
+
+with open(os.path.join(FIXTURES, "tf_column_names.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+fc = est.feature_column
+
+
+def _frame():
+    return pd.DataFrame({"a/b": np.array(TF["a/b"], dtype=object),
+                         "a.b": np.array(TF["a.b"], dtype=object), "n/1": TF["n/1"]})
+
+
+def _estimator(kind, model_dir, warm_start_from=None):
+    ab = fc.categorical_column_with_vocabulary_list("a/b", ["x", "y"])
+    dot = fc.categorical_column_with_vocabulary_list("a.b", ["x", "y"])
+    num = fc.numeric_column("n/1")
+    if kind == "linear":
+        return est.LinearClassifier([ab, dot, num], model_dir=model_dir,
+                                    warm_start_from=warm_start_from)
+    return est.DNNClassifier([4], [fc.embedding_column(ab, 2), fc.embedding_column(dot, 2), num],
+                             model_dir=model_dir, warm_start_from=warm_start_from)
+
+
+@pytest.mark.parametrize("kind", ["linear", "dnn"])
+def test_columns_named_with_slashes_and_dots_are_tfs_variables(kind, tmp_path):
+    """A linear model over a column named "a.b" failed ('parameter name can't
+    contain "."'); a column "a/b" made variables `a/b/weights` where TF's
+    are `a_b/weights`, so a warm start from TF failed (names probe)."""
+    estimator = _estimator(kind, str(tmp_path / "warm"),
+                           os.path.join(FIXTURES, TF[kind]["prefix"]))
+    logits = [p["logits"] for p in estimator.predict(
+        est.inputs.pandas_input_fn(_frame(), batch_size=20, shuffle=False))]
+    np.testing.assert_allclose(np.array(logits), np.array(TF[kind]["logits"]),
+                               rtol=1e-5, atol=1e-6)
+    trained = _estimator(kind, str(tmp_path / "trained"))
+    trained.train(est.inputs.pandas_input_fn(_frame(), pd.Series(TF["labels"]), batch_size=10,
+                                             shuffle=False, num_epochs=1), steps=2)
+    names = [n for n in trained.get_variable_names() if not n.startswith("optimizer/")]
+    assert sorted(names) == sorted(TF[kind]["variables"])
+    again = _estimator(kind, str(tmp_path / "trained"))   # (restored by those names)
+    assert len(list(again.predict(est.inputs.pandas_input_fn(
+        _frame(), batch_size=20, shuffle=False)))) == 20
