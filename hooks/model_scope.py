@@ -1097,7 +1097,10 @@ def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     hook feeds `name` for this step (`hooks.FeedFnHook`, TF's feed_dict), the
     fed value is returned instead, with `tensor`'s dtype and device. A number
     is a 0-d tensor to hooks (TF's constant: a Python float is float32), and
-    is returned as given when not fed; anything else is kept as given."""
+    is returned as given when not fed; anything else is kept as given.
+    "loss" fetches the step's own loss where it has one (its log, summary
+    and NaN check, as TF's hooks fetch the loss tensor), "global_step" the
+    global step, whatever is named so."""
     if _current is not None:
         value = torch.as_tensor(tensor) if isinstance(tensor, numbers.Number) else tensor
         feed = _current.feed_dict

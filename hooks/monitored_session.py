@@ -452,14 +452,14 @@ class MonitoredSession:
             return np.int64(scope.global_step)   # (TF's int64 variable, read by session.run)
         if name == "summaries":
             return list(scope.summaries)
-        if name in named:
-            return named[name]
-        if name == "loss":
+        if name == "loss":   # the step's own loss, as TF's hooks fetch its loss tensor
             loss = getattr(outputs, "loss", outputs if isinstance(outputs, torch.Tensor) else None)
             if loss is None and isinstance(outputs, dict):
                 loss = outputs.get("loss")
             if loss is not None:
                 return scope.reported_loss(loss)
+        if name in named:
+            return named[name]
         exposed = getattr(outputs, "predictions", outputs)
         if isinstance(exposed, dict) and name in exposed:
             return exposed[name]

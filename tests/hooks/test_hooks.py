@@ -396,6 +396,29 @@ def test_a_python_number_named_is_a_float32_tensor_to_hooks_and_can_be_fed():
     assert phase == "train" and none is None and held[0] is pair[0]
 
 
+def test_a_tensor_named_loss_leaves_the_logged_and_summarized_loss_the_steps(tmp_path, caplog):
+    """`est.named_tensor("loss", other)` took over the Estimator's loss log
+    and TensorBoard curve (123.0 where the losses were 1.14, 1.27; names
+    probe): TF's hooks fetch the loss tensor, not a name."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    losses = []
+
+    def model_fn(features, labels, mode, params):
+        spec = regression_model_fn(features, labels, mode, params)
+        est.named_tensor("loss", torch.tensor(123.0))
+        losses.append(spec.loss.item())
+        return spec
+    e = est.Estimator(model_fn, str(tmp_path), config=est.RunConfig(
+        log_step_count_steps=1, save_summary_steps=1))
+    with caplog.at_level(logging.INFO):
+        e.train(regression_input_fn(), steps=2)
+    assert "123" not in caplog.text and f"loss = {losses[0]:.7g}" in caplog.text
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [round(ev.value, 5) for ev in events.Scalars("loss")] == [
+        round(v, 5) for v in losses]
+
+
 def test_feed_fn_hook_reaches_the_estimators_model_fn(tmp_path):
     scales = []
 
