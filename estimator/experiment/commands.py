@@ -431,7 +431,13 @@ def _write_csv(predictions, out) -> int:
                 row[key] = _jsonable(value)
             else:
                 for index in np.ndindex(value.shape):
-                    row[key + "_" + "_".join(map(str, index))] = _jsonable(value[index])
+                    column = key + "_" + "_".join(map(str, index))
+                    if column in p:
+                        raise ValueError(
+                            f"prediction {key!r}'s column {column!r} would overwrite the "
+                            f"prediction named {column!r} in CSV; write JSON lines "
+                            "(--format jsonl), or rename one of them")
+                    row[column] = _jsonable(value[index])
         if writer is None:
             header = list(row)
             writer = csv.DictWriter(out, fieldnames=header)

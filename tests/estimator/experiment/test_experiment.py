@@ -3,6 +3,7 @@ the `estimator` CLI: the bad-file table (exact error text: file, line, key
 path, fix), overrides, interpolation, the registry, saving, every config in
 configs/, and run/train/evaluate/predict/export/inspect."""
 import csv
+import io
 import glob
 import json
 import logging
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -1018,6 +1020,16 @@ def test_cli_predict_jsonl_and_csv(trained, tmp_path, capsys):
                               "probabilities_2"]
     assert [int(r["class_ids"]) for r in table] == [r["class_ids"] for r in rows]
     assert "Wrote 30 predictions (csv)" in capsys.readouterr().err
+
+
+def test_cli_predict_csv_refuses_a_column_two_predictions_would_fill():
+    """`p` of shape [2] and a prediction named `p_0`: the second overwrote
+    p[0] in the CSV without a word (names probe)."""
+    from estimator.experiment import commands
+    rows = [{"p": np.array([0.25, 0.75], np.float32), "p_0": np.float32(7)}]
+    with pytest.raises(ValueError, match="prediction 'p''s column 'p_0' would overwrite the "
+                                         "prediction named 'p_0' in CSV"):
+        commands._write_csv(iter(rows), io.StringIO())
 
 
 def test_cli_predict_that_fails_leaves_the_output_file_as_it_was(trained, tmp_path, capsys):
