@@ -980,27 +980,31 @@ def _host_program(receiver, scope, call):
         elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
             numeric[key] = torch.from_numpy(np.ascontiguousarray(value))
     host = {k: v for k, v in features.items() if k not in numeric}
-    for key in numeric:
-        if not key.isidentifier() or keyword.iskeyword(key):
-            raise ValueError(f"feature {key!r} must be a Python identifier: it is an input "
-                             "of the exported program")
+    # a feature whose name is no Python identifier (`marital-status`, TF's
+    # feature keys) is a program input under another name
+    renamed = {k: f"feature_{i}" for i, k in enumerate(numeric)
+               if not k.isidentifier() or keyword.iskeyword(k)}
+    program = {renamed.get(k, k): k for k in numeric}   # program input -> feature
+    if len(program) < len(numeric):
+        raise ValueError(f"the features {sorted(numeric)} cannot all be inputs of the "
+                         "exported program: rename a feature named feature_<n>")
     recorder = recorded.Recorder({**host, **numeric})
     _ServingModule(scope, call, lambda _: _ServingFeatures(recorder))._serve({})
     records = [recorded.to_json(record) for record, _ in recorder.records]
     keys = [list(tensors) for _, tensors in recorder.records]
-    inputs = dict(numeric)
+    inputs = {name: numeric[k] for name, k in program.items()}
     for i, (_, tensors) in enumerate(recorder.records):
         inputs.update((HostTransform.input_name(i, k), t) for k, t in tensors.items()
                       if t is not None)
     transform = HostTransform(receiver.parse_spec,
                               {k: str(t.dtype).replace("torch.", "") for k, t in numeric.items()},
-                              records, keys, features_fn)
+                              records, keys, features_fn, renamed)
     _check_redone(transform, raw, inputs, recorder.records)
 
     def features_fn(program_inputs):
         tensors = [{k: program_inputs.get(HostTransform.input_name(i, k)) for k in record_keys}
                    for i, record_keys in enumerate(keys)]
-        current = {**host, **{k: program_inputs[k] for k in numeric}}
+        current = {**host, **{k: program_inputs[name] for name, k in program.items()}}
         return _ServingFeatures(recorded.Replayer(current, tensors, records))
 
     module = _serving_class(list(inputs))(scope, call, features_fn)
@@ -1008,8 +1012,8 @@ def _host_program(receiver, scope, call):
     batch = torch.export.Dim("batch") if receiver.dynamic_batch else None
     trace_inputs, shapes, id_dims = {}, {}, {}
     for name, t in inputs.items():
-        key = name.split("_", 1)[1] if name not in numeric else None
-        if name in numeric or key in _BATCH_KEYS:
+        key = name.split("_", 1)[1] if name not in program else None
+        if name in program or key in _BATCH_KEYS:
             trace_inputs[name] = t
             shapes[name] = {0: batch} if t.dim() and batch is not None else None
         else:   # ids / weights: as many as the batch holds (traced from 2 at least)
@@ -1049,7 +1053,8 @@ def _check_redone(transform: HostTransform, raw: dict, inputs: dict, records) ->
                          f"records: {type(e).__name__}: {e}") from e
     for name, tensor in inputs.items():
         if not torch.equal(redone[name], tensor):
-            index = int(name[1:].split("_", 1)[0]) if name not in transform.numeric else None
+            index = (int(name[1:].split("_", 1)[0]) if name not in transform.numeric
+                     and name not in transform.program_names.values() else None)
             what = (", ".join(c.name for c in _record_columns(records[index][0]))
                     if index is not None else name)
             raise ValueError(f"the export's feature transform of {what} cannot be redone "

@@ -220,13 +220,17 @@ def _vocabulary_files(config, found: list):
 class HostTransform:
     """What runs before an export's program: parse (optional), then the
     recorded feature-column work. `numeric` names the features the program
-    takes as they are (with their dtypes); `records` the feature-column work
-    (JSON) whose tensors follow them as inputs ``t<i>_<key>``."""
+    takes as they are (with their dtypes), under their names or, where a
+    name is not a Python identifier (`marital-status`), `program_names`';
+    `records` the feature-column work (JSON) whose tensors follow them as
+    inputs ``t<i>_<key>``."""
 
     def __init__(self, parse_spec: Optional[dict], numeric: Dict[str, str], records: list,
-                 record_keys: List[List[str]], features_fn: Optional[str] = None):
+                 record_keys: List[List[str]], features_fn: Optional[str] = None,
+                 program_names: Optional[Dict[str, str]] = None):
         self.parse_spec = parse_spec
         self.numeric = numeric
+        self.program_names = program_names or {}
         self.records = records
         self.record_keys = record_keys
         # "module:qualname" of the receiver's `features(receiver_tensors)`, run per request
@@ -274,7 +278,8 @@ class HostTransform:
         for name, dtype in self.numeric.items():
             if name not in features:
                 raise ValueError(f"missing feature {name!r}")
-            out[name] = torch.as_tensor(np.asarray(features[name]) if not isinstance(
+            out[self.program_names.get(name, name)] = torch.as_tensor(
+                np.asarray(features[name]) if not isinstance(
                 features[name], torch.Tensor) else features[name],
                 dtype=getattr(torch, dtype))
         builder = recorded.general_builder(features)
@@ -301,8 +306,9 @@ class HostTransform:
             k: _spec_to_json(v) for k, v in self.parse_spec.items()}
         with open(os.path.join(export_dir, TRANSFORM), "w") as f:
             json.dump({"parse_spec": spec, "numeric": self.numeric, "records": records,
-                       "record_keys": self.record_keys, "features_fn": self.features_fn},
-                      f, indent=1)
+                       "record_keys": self.record_keys, "features_fn": self.features_fn,
+                       **({"program_names": self.program_names} if self.program_names
+                          else {})}, f, indent=1)
 
     @classmethod
     def load(cls, export_dir: str) -> Optional["HostTransform"]:
@@ -317,4 +323,4 @@ class HostTransform:
         spec = None if data["parse_spec"] is None else {
             k: _spec_from_json(v) for k, v in data["parse_spec"].items()}
         return cls(spec, data["numeric"], data["records"], data["record_keys"],
-                   data.get("features_fn"))
+                   data.get("features_fn"), data.get("program_names"))

@@ -532,3 +532,28 @@ def test_a_sparse_feature_forwarded_fails_the_export_as_it_fails_predict(tmp_pat
         e.export_saved_model(str(tmp_path / "export"),
                              est.export.build_raw_serving_input_receiver_fn(
                                  {"tags": [["a"], ["a", "b"]]}))
+
+
+def test_features_named_otherwise_than_python_export_and_serve_as_predict(tmp_path):
+    """Numeric features named as TF's feature keys may be (`marital-status`,
+    `1st.val/x`, `class`): the export with a parsing receiver refused them
+    ("must be a Python identifier"; names probe); they are program inputs
+    under other names, as the export's transform says."""
+    columns = [fc.numeric_column("hours-per-week"), fc.numeric_column("1st.val/x"),
+               fc.numeric_column("class"), fc.numeric_column("age")]
+    rng = np.random.RandomState(0)
+    rows = {c.name: rng.uniform(0, 5, 6).astype(np.float32) for c in columns}
+    estimator = est.DNNRegressor([3], columns, model_dir=str(tmp_path / "model"))
+    estimator.train(lambda: [(rows, rows["age"][:, None])], max_steps=2)
+    spec = fc.make_parse_example_spec(columns)
+    path = estimator.export_saved_model(
+        str(tmp_path / "export"), est.export.build_parsing_serving_input_receiver_fn(spec))
+    expected = np.stack([p["predictions"] for p in estimator.predict(lambda: [rows])])
+    served = est.export.load(path).signatures["predict"](examples=_examples(rows, spec))
+    np.testing.assert_allclose(served["predictions"], expected, rtol=1e-6)
+    url = _served(path, "names")
+    status, answer = _post(next(url) + ":predict", {"instances": [
+        {"b64": base64.b64encode(e).decode()} for e in _examples(rows, spec)]})
+    next(url, None)
+    assert status == 200, answer
+    np.testing.assert_allclose(np.array(answer["predictions"]), expected, rtol=1e-5)
