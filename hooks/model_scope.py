@@ -260,6 +260,10 @@ class ModelScope:
 
     # -- creation (the interception point) ---------------------------------
     def create_module(self, name: str, factory: Callable[[], torch.nn.Module]):
+        if not isinstance(name, str) or not name or name.startswith("/") \
+                or name.endswith("/") or "//" in name:
+            raise ValueError(f"get_module: the name must be a variable scope, as TF's "
+                             f"(`net`, `encoder/layer_0`), got {name!r}")
         if self._restore is None:
             module = factory()
         else:   # the checkpoint replaces its initial values: drawing them must not move
@@ -302,6 +306,7 @@ class ModelScope:
                                  f"{_misfit(name, original, state) or e}") from None
         elif self._warm_start is not None:
             self._warm_start.apply(name, original)
+        self._refuse_clashes(name, original)
         self.raw_modules[name] = original
         if self.optimizers and self.mode == ModeKeys.TRAIN:   # (checked after the step)
             self._made_late.update((id(p), (p, name)) for p in original.parameters()
@@ -312,6 +317,22 @@ class ModelScope:
         if self._fresh_first_step():
             self._keep_initial_statistics(name, original)
         return placed
+
+    def _refuse_clashes(self, name: str, module: torch.nn.Module) -> None:
+        """A module whose variables are named as another's (`a` holding `b`,
+        and `a/b`) would be one variable in a checkpoint's names, which TF
+        refuses ("Variable ... already exists")."""
+        names = {var_name(name, key) for key in module.state_dict()}
+        for owner, other in self.raw_modules.items():
+            if owner in self.slots or not (owner.startswith(name + "/")
+                                           or name.startswith(owner + "/")):
+                continue
+            clash = names & {var_name(owner, key) for key in other.state_dict()}
+            if clash:
+                raise ValueError(
+                    f"get_module({name!r}): its variable {min(clash)} is also module "
+                    f"{owner!r}'s: give one of them another name (TF: Variable "
+                    f"{min(clash)} already exists)")
 
     def _fresh_first_step(self) -> bool:
         """A training run's first step, not resumed (warm-started or not)."""

@@ -1309,6 +1309,27 @@ def test_a_module_named_within_anothers_is_not_restored_from_its_variables(tmp_p
                                                                         steps=1)
 
 
+@pytest.mark.parametrize("name", ["a/b", "", "a/", "/a", "a//b", 3])
+def test_modules_whose_variables_would_share_names_are_refused(tmp_path, name):
+    """`a` holding `b` and a module `a/b` were both made, one variable name
+    for two (a warm start from them took the second's weights for the
+    first's; TF: "Variable a/b/weight already exists"); names TF's scopes
+    cannot be ('', 'a/', 'a//b') made variables `/weight`, `a//weight` (names
+    probe)."""
+    def model_fn(features, labels, mode):
+        a = est.get_module("a", lambda: torch.nn.ModuleDict({"b": torch.nn.Linear(3, 1)}))
+        other = est.get_module(name, lambda: torch.nn.Linear(3, 1))
+        x = torch.as_tensor(features["x"])
+        loss = torch.nn.functional.mse_loss(a["b"](x) + other(x), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    match = (r"get_module\('a/b'\): its variable a/b/bias is also module 'a''s" if name == "a/b"
+             else "get_module: the name must be a variable scope")
+    with pytest.raises(ValueError, match=match):
+        est.Estimator(model_fn, model_dir=str(tmp_path)).train(regression_input_fn(), steps=1)
+    assert not os.path.exists(os.path.join(tmp_path, "checkpoint"))
+
+
 def test_hourly_and_unevaluated_checkpoints_stay_and_a_damaged_index_deletes_none(
         tmp_path, monkeypatch):
     """One not yet evaluated stays listed (an evaluator evaluating every
