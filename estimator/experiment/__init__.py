@@ -47,6 +47,7 @@ import difflib
 import inspect
 import logging
 import os
+import shlex
 import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -276,7 +277,7 @@ class Experiment:
         resolved["run_config"] = dict(resolved.get("run_config") or {}, model_dir=model_dir)
         text = (f"# Resolved experiment, written by `estimator {command}` from "
                 f"{os.path.abspath(self.path)} at {stamp}.\n"
-                f"# Run it again with: estimator {command} {path}\n"
+                f"# Run it again with: estimator {command} {shlex.quote(path)}\n"
                 + _yaml.dump(resolved))
         return SaveExperimentHook(path, text)
 

@@ -20,6 +20,7 @@ call, it converts each raw feature once and caches each column's transform
 """
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -391,9 +392,9 @@ class Builder:
         feature = self._raw.get(key)
         if feature is None:
             if key not in self.features:
-                known = sorted(map(str, self.features))
                 raise ValueError(f"Feature {key!r} is not in features dictionary; the "
-                                 f"features are {known}")
+                                 f"features are {sorted(self.features, key=str)}"
+                                 + _lookalike(key, self.features))
             feature = self._raw[key] = Feature(key, self.features[key])
         return feature
 
@@ -434,3 +435,18 @@ def transformation_cache(features) -> Builder:
 
 def _edits(edited: dict) -> set:
     return {(k, id(v), getattr(v, "_version", None)) for k, v in edited.items()}
+
+
+def _lookalike(key, features) -> str:
+    """What tells `key` from a feature that looks like it: a number where
+    the column names a string (a DataFrame's columns 0, 1), or another
+    Unicode normalization of the same text (NFD from a file, NFC typed)."""
+    for name in features:
+        if str(name) == str(key):
+            return (f" ({name!r} is a {type(name).__name__}, the column's key "
+                    f"{type(key).__name__}: rename the DataFrame's columns to strings)")
+        if isinstance(name, str) and isinstance(key, str) and \
+                unicodedata.normalize("NFC", name) == unicodedata.normalize("NFC", key):
+            return (f" ({name!r} is the same text in another Unicode normalization: "
+                    f"normalize the names, unicodedata.normalize('NFC', ...))")
+    return ""

@@ -52,3 +52,16 @@ def test_columns_named_with_slashes_and_dots_are_tfs_variables(kind, tmp_path):
     again = _estimator(kind, str(tmp_path / "trained"))   # (restored by those names)
     assert len(list(again.predict(est.inputs.pandas_input_fn(
         _frame(), batch_size=20, shuffle=False)))) == 20
+
+
+@pytest.mark.parametrize("features, key, hint", [
+    ({0: np.ones(2), 1: np.ones(2)}, "0", "0 is a int, the column's key str"),
+    ({"a\u0301ge": np.ones(2)}, "\u00e1ge", "is the same text in another Unicode normalization"),
+    ({"age": np.ones(2)}, "agee", None)])
+def test_a_missing_feature_says_what_tells_it_from_one_that_looks_like_it(features, key, hint):
+    """`numeric_column("0")` over a DataFrame's columns 0, 1 said "the
+    features are ['0', '1']" (the keys shown as strings); an NFD name beside
+    the column's NFC one looked the same (names probe)."""
+    with pytest.raises(ValueError, match=f"Feature {key!r} is not in features dictionary") as e:
+        fc.input_layer(features, [fc.numeric_column(key)])
+    assert (hint in str(e.value)) if hint else "(" not in str(e.value)

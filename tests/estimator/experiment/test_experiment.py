@@ -937,6 +937,18 @@ def test_cli_train_max_steps_then_relative_steps(tmp_path, capsys):
             in text.splitlines())
 
 
+def test_the_rerun_line_is_one_a_shell_takes(tmp_path, capsys):
+    """A model_dir with spaces (`runs/modèle 1`) made a rerun line the shell
+    split in two (names probe)."""
+    import shlex
+    model_dir = tmp_path / "modèle 1"
+    assert cli.main(["train", os.path.join(CONFIGS, "linear_regression.yaml"), "-q", "--set",
+                     f"run_config.model_dir={model_dir}", "--set", "train_spec.max_steps=2"]) == 0
+    line = (model_dir / "experiment.yaml").read_text().splitlines()[1]
+    assert shlex.split(line.split(": ", 1)[1]) == [
+        "estimator", "train", str(model_dir / "experiment.yaml")]
+
+
 def test_cli_inspect_errors(tmp_path, workdir, capsys):
     assert cli.main(["inspect", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err == (f"estimator inspect: error: {tmp_path / 'nope'} is not a "
