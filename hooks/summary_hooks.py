@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import errno
 import glob
 import logging
 import numbers
@@ -203,6 +204,11 @@ class SummaryWriterCache:
             # A deep queue: the writer thread drains it when the training thread
             # lets go of the GIL, instead of a step blocking on a full queue.
             with _naming_errors(key):
+                # (where the directory cannot be written, said here: tensorboard's
+                # writer thread would first print its own traceback of it)
+                os.makedirs(key, exist_ok=True)
+                if not os.access(key, os.W_OK | os.X_OK):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), key)
                 writer = SummaryWriter(log_dir=key, max_queue=1000)
             file_writer = writer._get_file_writer()
             file_writer.event_writer = _NamingErrors(file_writer.event_writer, key)
@@ -255,7 +261,18 @@ def _naming_errors(logdir: str):
     try:
         yield
     except OSError as e:
-        raise OSError(e.errno, f"{e.strerror or e} writing the summaries in {logdir}") from e
+        blocking = _file_in_the_way(logdir) if e.errno in (errno.EEXIST, errno.ENOTDIR) else None
+        raise OSError(e.errno, f"{e.strerror or e} writing the summaries in {logdir}" + (
+            f" ({blocking} is a file, not a directory)" if blocking else "")) from e
+
+
+def _file_in_the_way(path: str) -> Optional[str]:
+    """The file where `path` or one of the directories above it should be."""
+    while path and path != os.path.dirname(path):
+        if os.path.isfile(path):
+            return path
+        path = os.path.dirname(path)
+    return None
 
 
 class _NamingErrors:

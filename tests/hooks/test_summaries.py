@@ -583,6 +583,33 @@ def test_a_full_disk_under_the_summaries_names_their_directory(tmp_path, monkeyp
     monkeypatch.undo()
 
 
+@pytest.mark.parametrize("case", ["read-only", "a file above it", "a file as it"])
+def test_a_summary_directory_that_cannot_be_written_is_said_in_one_line(
+        tmp_path, monkeypatch, capfd, case):
+    """A read-only model_dir printed tensorboard's writer-thread traceback
+    (40 lines) before the error; a file where the eval directory or one
+    above the model_dir should be was "File exists" / "Not a directory"
+    without the file (names probe)."""
+    logdir, blocking = tmp_path / "m", None
+    if case == "read-only":
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+            False if str(path) == str(logdir) else real(path, mode, **kw)))
+    elif case == "a file above it":
+        blocking = tmp_path / "afile"
+        logdir = blocking / "m"
+    else:
+        blocking = logdir = tmp_path / "eval"
+    if blocking is not None:
+        blocking.write_text("")
+    with pytest.raises(OSError) as info:
+        hooks.SummaryWriterCache.get(str(logdir))
+    assert f"writing the summaries in {logdir}" in str(info.value)
+    assert ("Permission denied" in str(info.value) if blocking is None
+            else f"({blocking} is a file, not a directory)" in str(info.value))
+    assert "Exception in thread" not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("given_writer", [False, True])
 def test_events_are_written_in_step_order(tmp_path, given_writer):
     """The held loss and global_step/sec scalars are written before a later
