@@ -24,13 +24,14 @@ transformed once (a canned wide & deep model passes one to both parts).
 """
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Callable, Optional
 
 import torch
 
 from distribute import device_util
-from distribute.variable_names import torch_key
+from distribute.variable_names import DOT, torch_key
 from hooks import model_scope
 
 from ._columns import (CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn,
@@ -181,11 +182,33 @@ def _shared_name(name: str, column) -> str:
     return found[name]
 
 
+# TF's _sanitize_column_name_for_variable_scope: what is not [A-Za-z0-9_.-]
+# is '_'; a space, ':' or a non-ASCII character (which TF's scopes refuse) kept
+_NOT_IN_SCOPES = re.compile(r"[^A-Za-z0-9_.\- :\u0080-\U0010ffff]")
+
+
 def _scope_name(column) -> str:
-    """The column's variable scope as TF names it: a '/' of its name is '_'
-    (`linear_model/a_b/weights` for column "a/b"), a '.' kept (a linear
-    model's variables hold it as `torch_key`s)."""
-    return column._var_scope_name.replace("/", "_")
+    """The column's variable scope as TF names it: `linear_model/a_b/weights`
+    for column "a/b" (a '.' kept: a linear model's variables hold it as
+    `torch_key`s); a shared embedding's collection name as it is, as TF's."""
+    if isinstance(column, SharedEmbeddingColumn):
+        return column._var_scope_name
+    return _NOT_IN_SCOPES.sub("_", column._var_scope_name)
+
+
+def _refuse_shared_scopes(columns, what: str) -> None:
+    """Two columns whose variables TF would name alike ("a/b" and "a_b"):
+    TF's "Variable ... already exists", not one variable for both."""
+    seen = {}
+    for column in columns:
+        scope = _scope_name(column).replace(DOT, ".")
+        other = seen.setdefault(scope, column)
+        if other is not column and other.name != column.name and not (
+                isinstance(other, SharedEmbeddingColumn)     # (one collection's
+                and isinstance(column, SharedEmbeddingColumn)):   # table, shared)
+            raise ValueError(f"{what}: the columns {other.name!r} and {column.name!r} would "
+                             f"both be variable scope {scope!r} (TF: Variable {scope}/... "
+                             "already exists): rename one of them")
 
 
 def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
@@ -198,6 +221,7 @@ def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
                              "categorical column with an embedding_column or "
                              f"indicator_column. Given: {column}")
     ordered = sorted(columns, key=lambda c: c.name)
+    _refuse_shared_scopes([c for c in ordered if c._variable_specs(trainable)], "input_layer")
     factories = []
     for column in ordered:
         specs = column._variable_specs(trainable)
@@ -311,6 +335,7 @@ def _linear_plan(feature_columns, units: int, trainable) -> tuple:
                              "which linear_model does not take here; give it the categorical "
                              "column (or an embedding_column)")
     ordered = sorted(columns, key=lambda c: c._var_scope_name)
+    _refuse_shared_scopes(ordered, "linear_model")
     trainable = bool(trainable)
     out = []
     for column in ordered:

@@ -19,25 +19,30 @@ fc = est.feature_column
 
 def _frame():
     return pd.DataFrame({"a/b": np.array(TF["a/b"], dtype=object),
-                         "a.b": np.array(TF["a.b"], dtype=object), "n/1": TF["n/1"]})
+                         "a.b": np.array(TF["a.b"], dtype=object),
+                         "c>d": np.array(TF["c>d"], dtype=object), "n/1": TF["n/1"]})
 
 
 def _estimator(kind, model_dir, warm_start_from=None):
     ab = fc.categorical_column_with_vocabulary_list("a/b", ["x", "y"])
     dot = fc.categorical_column_with_vocabulary_list("a.b", ["x", "y"])
+    gt = fc.categorical_column_with_hash_bucket("c>d", 5)
     num = fc.numeric_column("n/1")
     if kind == "linear":
-        return est.LinearClassifier([ab, dot, num], model_dir=model_dir,
+        return est.LinearClassifier([ab, dot, gt, num], model_dir=model_dir,
                                     warm_start_from=warm_start_from)
-    return est.DNNClassifier([4], [fc.embedding_column(ab, 2), fc.embedding_column(dot, 2), num],
-                             model_dir=model_dir, warm_start_from=warm_start_from)
+    columns = (fc.shared_embedding_columns([ab, dot], 2) if kind == "shared" else [
+        fc.embedding_column(ab, 2), fc.embedding_column(dot, 2), fc.embedding_column(gt, 2)])
+    return est.DNNClassifier([4], columns + [num], model_dir=model_dir,
+                             warm_start_from=warm_start_from)
 
 
-@pytest.mark.parametrize("kind", ["linear", "dnn"])
+@pytest.mark.parametrize("kind", ["linear", "dnn", "shared"])
 def test_columns_named_with_slashes_and_dots_are_tfs_variables(kind, tmp_path):
     """A linear model over a column named "a.b" failed ('parameter name can't
     contain "."'); a column "a/b" made variables `a/b/weights` where TF's
-    are `a_b/weights`, so a warm start from TF failed (names probe)."""
+    are `a_b/weights`, so a warm start from TF failed (names probe); "c>d"
+    is TF's `c_d`, a shared embedding's collection name kept (the attack)."""
     estimator = _estimator(kind, str(tmp_path / "warm"),
                            os.path.join(FIXTURES, TF[kind]["prefix"]))
     logits = [p["logits"] for p in estimator.predict(
@@ -65,3 +70,17 @@ def test_a_missing_feature_says_what_tells_it_from_one_that_looks_like_it(featur
     with pytest.raises(ValueError, match=f"Feature {key!r} is not in features dictionary") as e:
         fc.input_layer(features, [fc.numeric_column(key)])
     assert (hint in str(e.value)) if hint else "(" not in str(e.value)
+
+
+@pytest.mark.parametrize("layer", ["linear", "dnn"])
+def test_columns_tf_would_name_alike_are_refused(layer, tmp_path):
+    """"a/b" and "a_b" shared one variable without a word (the attack); TF:
+    "Variable .../a_b/weights already exists"."""
+    columns = [fc.categorical_column_with_vocabulary_list(n, ["x", "y"]) for n in ("a/b", "a_b")]
+    estimator = (est.LinearClassifier(columns, model_dir=str(tmp_path)) if layer == "linear"
+                 else est.DNNClassifier([2], [fc.embedding_column(c, 2) for c in columns],
+                                        model_dir=str(tmp_path)))
+    rows = {"a/b": np.array(["x", "y"]), "a_b": np.array(["y", "x"])}
+    with pytest.raises(ValueError, match="the columns 'a/b(_embedding)?' and "
+                                         "'a_b(_embedding)?' would both be variable scope 'a_b"):
+        estimator.train(lambda: [(rows, np.array([0, 1]))], max_steps=1)
