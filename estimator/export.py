@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import copy
 import errno
+import itertools
 import json
 import keyword
 import logging
 import os
 import shutil
 import time
+import unicodedata
 import uuid
 import weakref
 import zipfile
@@ -187,9 +189,10 @@ class ServingInputReceiver:
         self.receiver_tensors = _check_tensors(receiver_tensors, "receiver_tensors",
                                                _SINGLE_RECEIVER_DEFAULT_NAME)
         for name in self.receiver_tensors:
-            if not name.isidentifier() or keyword.iskeyword(name):
-                raise ValueError(f"receiver_tensors name {name!r} must be a Python identifier: "
-                                 "it is a keyword argument of the exported program")
+            if not _parameter_name(name):
+                raise ValueError(f"receiver_tensors name {name!r} must be a Python identifier "
+                                 "(not a keyword, not `self`, as Python keeps it: NFKC): it is "
+                                 "a keyword argument of the exported program")
         if not callable(features):
             features = self._wrap_features(features)
         self.features = features
@@ -980,14 +983,15 @@ def _host_program(receiver, scope, call):
         elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
             numeric[key] = torch.from_numpy(np.ascontiguousarray(value))
     host = {k: v for k, v in features.items() if k not in numeric}
-    # a feature whose name is no Python identifier (`marital-status`, TF's
-    # feature keys) is a program input under another name
-    renamed = {k: f"feature_{i}" for i, k in enumerate(numeric)
-               if not k.isidentifier() or keyword.iskeyword(k)}
+    # a feature whose name is no Python parameter name (`marital-status`,
+    # TF's feature keys) is a program input under another name
+    renamed, taken = {}, set(numeric)
+    for key in numeric:
+        if not _parameter_name(key):
+            renamed[key] = next(n for n in (f"feature_{i}" for i in itertools.count())
+                                if n not in taken)
+            taken.add(renamed[key])
     program = {renamed.get(k, k): k for k in numeric}   # program input -> feature
-    if len(program) < len(numeric):
-        raise ValueError(f"the features {sorted(numeric)} cannot all be inputs of the "
-                         "exported program: rename a feature named feature_<n>")
     recorder = recorded.Recorder({**host, **numeric})
     _ServingModule(scope, call, lambda _: _ServingFeatures(recorder))._serve({})
     records = [recorded.to_json(record) for record, _ in recorder.records]
@@ -1030,6 +1034,13 @@ def _host_program(receiver, scope, call):
               for n, v in raw.items()]
     return _Built(module, outputs, inputs, trace_inputs, shapes, receiver.dynamic_batch,
                   len(next(iter(raw.values()))), transform, client)
+
+
+def _parameter_name(name: str) -> bool:
+    """Whether `name` can be a parameter of the program's generated
+    `forward(self, ...)` as it is (Python rewrites `µg` to `μg`: NFKC)."""
+    return (name.isidentifier() and not keyword.iskeyword(name) and name != "self"
+            and unicodedata.normalize("NFKC", name) == name)
 
 
 def _string_kind(value) -> Optional[str]:

@@ -539,8 +539,9 @@ def test_features_named_otherwise_than_python_export_and_serve_as_predict(tmp_pa
     `1st.val/x`, `class`): the export with a parsing receiver refused them
     ("must be a Python identifier"; names probe); they are program inputs
     under other names, as the export's transform says."""
-    columns = [fc.numeric_column("hours-per-week"), fc.numeric_column("1st.val/x"),
-               fc.numeric_column("class"), fc.numeric_column("age")]
+    columns = [fc.numeric_column(n) for n in (   # (the attack: feature_0 after a renamed
+        "hours-per-week", "1st.val/x", "class", "age", "feature_0", "self", "\u00b5g")]  # one,
+    # self, a name Python rewrites, µg to μg, failed)
     rng = np.random.RandomState(0)
     rows = {c.name: rng.uniform(0, 5, 6).astype(np.float32) for c in columns}
     estimator = est.DNNRegressor([3], columns, model_dir=str(tmp_path / "model"))
