@@ -319,15 +319,18 @@ class ModelScope:
         return placed
 
     def _refuse_clashes(self, name: str, module: torch.nn.Module) -> None:
-        """A module whose variables are named as another's (`a` holding `b`,
-        and `a/b`) would be one variable in a checkpoint's names, which TF
-        refuses ("Variable ... already exists")."""
-        names = {var_name(name, key) for key in module.state_dict()}
+        """A module whose variables are named as another's other variables
+        (`a` holding `b`, and a new `a/b`) would be one variable in a
+        checkpoint's names, which TF refuses ("Variable ... already exists");
+        a module holding another's very tensors (`a` made of `a/b`) is not."""
+        names = {var_name(name, key): id(t)
+                 for key, t in module.state_dict(keep_vars=True).items()}
         for owner, other in self.raw_modules.items():
             if owner in self.slots or not (owner.startswith(name + "/")
                                            or name.startswith(owner + "/")):
                 continue
-            clash = names & {var_name(owner, key) for key in other.state_dict()}
+            clash = {n for key, t in other.state_dict(keep_vars=True).items()
+                     if names.get(n := var_name(owner, key), id(t)) != id(t)}
             if clash:
                 raise ValueError(
                     f"get_module({name!r}): its variable {min(clash)} is also module "

@@ -1330,6 +1330,20 @@ def test_modules_whose_variables_would_share_names_are_refused(tmp_path, name):
     assert not os.path.exists(os.path.join(tmp_path, "checkpoint"))
 
 
+def test_a_module_made_of_another_modules_tensors_is_not_a_clash(tmp_path):
+    """`a` holding the module `a/b` itself is one variable per name, not two
+    (the attack: refused by the check above)."""
+    def model_fn(features, labels, mode):
+        b = est.get_module("a/b", lambda: torch.nn.Linear(3, 1))
+        a = est.get_module("a", lambda: torch.nn.ModuleDict({"b": b}))
+        loss = torch.nn.functional.mse_loss(a["b"](torch.as_tensor(features["x"])), labels)
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    e.train(regression_input_fn(), steps=2)
+    assert sorted(e.get_variable_names()) == ["a/b/bias", "a/b/weight", "global_step"]
+
+
 def test_hourly_and_unevaluated_checkpoints_stay_and_a_damaged_index_deletes_none(
         tmp_path, monkeypatch):
     """One not yet evaluated stays listed (an evaluator evaluating every
