@@ -453,9 +453,11 @@ class MonitoredSession:
         if name == "summaries":
             return list(scope.summaries)
         if name == "loss":   # the step's own loss, as TF's hooks fetch its loss tensor
-            loss = getattr(outputs, "loss", outputs if isinstance(outputs, torch.Tensor) else None)
+            loss = getattr(outputs, "loss", None)   # (an EstimatorSpec's)
             if loss is None and isinstance(outputs, dict):
                 loss = outputs.get("loss")
+            if loss is None and name not in named and isinstance(outputs, torch.Tensor):
+                loss = outputs   # (a custom loop's step returning its loss alone)
             if loss is not None:
                 return scope.reported_loss(loss)
         if name in named:

@@ -419,6 +419,20 @@ def test_a_tensor_named_loss_leaves_the_logged_and_summarized_loss_the_steps(tmp
         round(v, 5) for v in losses]
 
 
+def test_a_custom_steps_named_loss_is_what_loss_fetches_beside_another_tensor():
+    """A step naming its loss and returning another tensor (an accuracy):
+    "loss" fetched the returned tensor (the attack on the fix above); a step
+    returning its loss alone still has it fetched."""
+    rec = hooks.FinalOpsHook("loss")
+    with session([rec]) as sess:
+        run_steps(sess, 1, lambda: (est.named_tensor("loss", torch.tensor(8.5)),
+                                    torch.tensor(0.25))[1])
+    assert rec.final_ops_values == 8.5
+    with session([rec]) as sess:
+        run_steps(sess, 1, lambda: torch.tensor(3.5))
+    assert rec.final_ops_values == 3.5
+
+
 def test_feed_fn_hook_reaches_the_estimators_model_fn(tmp_path):
     scales = []
 
