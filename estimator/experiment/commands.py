@@ -424,20 +424,17 @@ def _write_csv(predictions, out) -> int:
     """One row per example; an array value becomes columns key_0, key_1, ..."""
     writer, header, count = None, None, 0
     for p in predictions:
-        row = {}
+        row, source = {}, {}
         for key, value in p.items():
             value = np.asarray(value)
-            if value.ndim == 0:
-                row[key] = _jsonable(value)
-            else:
-                for index in np.ndindex(value.shape):
-                    column = key + "_" + "_".join(map(str, index))
-                    if column in p:
-                        raise ValueError(
-                            f"prediction {key!r}'s column {column!r} would overwrite the "
-                            f"prediction named {column!r} in CSV; write JSON lines "
-                            "(--format jsonl), or rename one of them")
-                    row[column] = _jsonable(value[index])
+            cells = ([(key, value)] if value.ndim == 0 else
+                     [(key + "_" + "_".join(map(str, i)), value[i]) for i in np.ndindex(value.shape)])
+            for column, cell in cells:
+                if column in row:
+                    raise ValueError(
+                        f"predictions {source[column]!r} and {key!r} would both be CSV column "
+                        f"{column!r}; write JSON lines (--format jsonl), or rename one of them")
+                row[column], source[column] = _jsonable(cell), key
         if writer is None:
             header = list(row)
             writer = csv.DictWriter(out, fieldnames=header)

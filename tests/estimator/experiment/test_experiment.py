@@ -1038,10 +1038,15 @@ def test_cli_predict_csv_refuses_a_column_two_predictions_would_fill():
     """`p` of shape [2] and a prediction named `p_0`: the second overwrote
     p[0] in the CSV without a word (names probe)."""
     from estimator.experiment import commands
-    rows = [{"p": np.array([0.25, 0.75], np.float32), "p_0": np.float32(7)}]
-    with pytest.raises(ValueError, match="prediction 'p''s column 'p_0' would overwrite the "
-                                         "prediction named 'p_0' in CSV"):
-        commands._write_csv(iter(rows), io.StringIO())
+    for rows, column in (({"p": np.array([0.25, 0.75]), "p_0": np.float32(7)}, "p_0"),
+                         ({"p_0": np.ones(1), "p": np.ones((2, 2))}, "p_0_0")):
+        with pytest.raises(ValueError, match=f"predictions {list(rows)[0]!r} and "
+                                             f"{list(rows)[1]!r} would both be CSV column "
+                                             f"{column!r}"):
+            commands._write_csv(iter([rows]), io.StringIO())
+    out = io.StringIO()   # (p's p_0, p_1 and p_0's p_0_0 are three columns)
+    commands._write_csv(iter([{"p": np.ones(2), "p_0": np.zeros(1)}]), out)
+    assert out.getvalue().splitlines()[0] == "p_0,p_1,p_0_0"
 
 
 def test_cli_predict_that_fails_leaves_the_output_file_as_it_was(trained, tmp_path, capsys):
