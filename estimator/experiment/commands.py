@@ -428,7 +428,8 @@ def _write_csv(predictions, out) -> int:
         for key, value in p.items():
             value = np.asarray(value)
             cells = ([(key, value)] if value.ndim == 0 else
-                     [(key + "_" + "_".join(map(str, i)), value[i]) for i in np.ndindex(value.shape)])
+                     [(key + "_" + "_".join(map(str, i)), value[i])
+                      for i in np.ndindex(value.shape)])
             for column, cell in cells:
                 if column in row:
                     raise ValueError(

@@ -146,8 +146,8 @@ def test_batch_norm_statistics_average_from_their_initial_values_as_tfs(tmp_path
     probe), TF's from the initial ones."""
     def model_fn(features, labels, mode):
         bn = est.get_module("bn", lambda: torch.nn.BatchNorm2d(2, momentum=0.1, eps=1e-3))
-        kernel = est.get_module("dense", lambda: torch.nn.ParameterDict({"kernel": torch.nn.Parameter(
-            torch.tensor(TF_BN["init"]["dense/kernel"]))}))["kernel"]
+        kernel = est.get_module("dense", lambda: torch.nn.ParameterDict({
+            "kernel": torch.nn.Parameter(torch.tensor(TF_BN["init"]["dense/kernel"]))}))["kernel"]
         ema = ema_lib.ExponentialMovingAverage(0.8, num_updates=est.get_global_step())
         ema_vars = [*bn.parameters(), kernel, bn.running_mean, bn.running_var]
         if apply_at == "the start":

@@ -171,6 +171,7 @@ def test_hand_written_modules_map_tf_names_with_the_kernel_transposed(tmp_path):
     # (it gave the latter alone, as the checkpoint's)
     settings = est.WarmStartSettings(prefix, var_name_to_prev_var_name={
         "head/weight": "dnn/logits/kernel", "head/bias": "dnn/logits/bias"})
+
     def wider(features, labels, mode):
         net = est.get_module("head", lambda: torch.nn.Linear(5, 1))
         return est.EstimatorSpec(mode, predictions=net(features["x"]))
