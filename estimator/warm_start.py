@@ -610,7 +610,7 @@ class _WarmStarter:
                 not self._wanted(name):
             return
         prev_var, layout = self._layouts.get(variable, (variable, None))
-        self._apply(variable, [(slot, tensor)], set(), None, slot_of=(prev_var, layout))
+        self._apply(variable, [(slot, tensor)], {}, None, slot_of=(prev_var, layout))
 
     def _apply(self, owner: str, items, layer_weights: dict, trainable,
                slot_of: Optional[tuple] = None) -> None:

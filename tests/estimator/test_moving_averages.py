@@ -520,3 +520,27 @@ def test_an_evaluation_inside_training_leaves_a_module_made_once_alone(tmp_path)
             "net/weight" if shared == "top" else "net/0/weight")
     np.testing.assert_array_equal(weights["top"], weights["copied"])
     np.testing.assert_array_equal(weights["inside"], weights["copied"])
+
+
+def test_a_list_warm_start_of_an_average_alone_takes_it(tmp_path):
+    """`vars_to_warm_start=["net/weight/ExponentialMovingAverage"]`: the
+    average without its variable (the diff's reread: the layout's new
+    lookup failed there, 'set' object has no attribute 'get')."""
+    def model_fn(features, labels, mode):
+        net = est.get_module("net", lambda: torch.nn.Linear(2, 1))
+        loss = (net(features) - labels).pow(2).mean()
+        ema_lib.ExponentialMovingAverage(0.5).apply()
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, 0.1)))
+
+    def input_fn():
+        return [(torch.ones(4, 2), torch.zeros(4, 1))] * 3
+    first = est.Estimator(model_fn, str(tmp_path / "first"))
+    first.train(input_fn, steps=2)
+    average = first.get_variable_value("net/weight/ExponentialMovingAverage")
+    warm = est.Estimator(model_fn, str(tmp_path / "warm"), warm_start_from=est.WarmStartSettings(
+        str(tmp_path / "first"), vars_to_warm_start=["net/weight/ExponentialMovingAverage"]))
+    warm.train(input_fn, steps=1)
+    weight = warm.get_variable_value("net/weight")
+    np.testing.assert_allclose(warm.get_variable_value("net/weight/ExponentialMovingAverage"),
+                               average - 0.5 * (average - weight), rtol=1e-6)
