@@ -23,8 +23,8 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from distribute import lookups
-from distribute.variable_names import var_name
 from distribute.loss_scaling import gradients_summed
+from distribute.variable_names import var_name
 
 from . import checkpoint
 from ._factory_inputs import FactoryInputs
@@ -1126,7 +1126,8 @@ def named_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     and NaN check, as TF's hooks fetch the loss tensor), "global_step" the
     global step, whatever is named so."""
     if _current is not None:
-        value = torch.as_tensor(tensor) if isinstance(tensor, numbers.Number) else tensor
+        value = tensor if isinstance(tensor, torch.Tensor) or not isinstance(
+            tensor, numbers.Number) else torch.as_tensor(tensor)
         feed = _current.feed_dict
         if feed is not None and name in feed:
             tensor = value = torch.as_tensor(feed[name], dtype=value.dtype, device=value.device)
