@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
+import distribute
 from hooks import model_scope
 from hooks.mode_keys import ModeKeys
 
@@ -48,10 +49,18 @@ class ExponentialMovingAverage:
 
     `copy_to(var_list)` in EVAL and PREDICT (and so in exports) gives the
     variables their averages' values: TF1's `Scaffold(saver=Saver(
-    ema.variables_to_restore()))`. Averages of tensors other than the model's
-    variables (TF's `apply([loss])` for a summary) are not built here, so
-    `zero_debias` (which only those use in TF) changes nothing. Not under
-    ParameterServerStrategy's training (TF keeps the averages on the ps tasks).
+    ema.variables_to_restore()))`. Not under ParameterServerStrategy's
+    training (TF keeps the averages on the ps tasks).
+
+    Averages of other tensors (TF's `apply(losses + [total_loss])`,
+    cifar10's loss summaries) take a dict naming each, as TF names them by
+    their ops: `apply({"cross_entropy": ce, "total_loss": total})`, saved as
+    `cross_entropy/<name>`. As TF's, such an average starts at zero, moves
+    towards the mean of the replicas' values, with `num_updates` the global
+    step before the update (cifar10 applies them before the gradients), and
+    with `zero_debias=True` is divided by `1 - decay ** t` (its `biased` and
+    `local_step` kept beside it); `average(ce)` (or `average("cross_entropy")`)
+    is its value before this step's update, as TF's summaries read it.
     """
 
     def __init__(self, decay: float, num_updates: Optional[int] = None,
@@ -72,6 +81,7 @@ class ExponentialMovingAverage:
         # num_updates=est.get_global_step(): the global step, read at each update
         self._follows_step = (self._num_updates is not None
                               and self._num_updates == model_scope.current_step())
+        self._tensors: Dict[str, torch.Tensor] = {}   # apply's {name: tensor}, the last ones
 
     @property
     def name(self) -> str:
@@ -81,42 +91,78 @@ class ExponentialMovingAverage:
         """Update the averages of `var_list` (the model's parameters and
         buffers, modules for their parameters; by default every trainable
         parameter, TF's `tf.trainable_variables()`) after this step's update.
-        Outside TRAIN nothing is updated (TF runs no train_op there)."""
+        A dict {name: tensor} averages tensors (see the class). Outside TRAIN
+        nothing is updated (TF runs no train_op there)."""
         scope = model_scope.current()
+        if isinstance(var_list, dict):
+            return self._apply_tensors(scope, var_list)
         if scope.mode != ModeKeys.TRAIN:
             return
         variables, slots = self._slots(scope, var_list, "apply")
         if not variables:   # (TF: apply([]) is a no-op)
             return
-        if scope.strategy.extended.uses_parameter_servers:
-            raise ValueError(
-                "ExponentialMovingAverage.apply: not built for ParameterServerStrategy's "
-                "training (TF keeps the averages on the ps tasks, updated by every worker); "
-                "train under a synchronous strategy, or average in a custom loop of your own")
+        _refuse_parameter_servers(scope)
         if scope.updated_in_first_step:
             _check_not_updated(scope, variables, slots, self._name)
         shadows = self._made(scope, variables, slots)
+        self._note_updated(scope, slots)
+        model_scope.after_update(lambda: _move(shadows, [v.detach() for v in variables],
+                                               self._decay_at(scope, after=True)))
+
+    def _apply_tensors(self, scope, tensors: dict) -> None:
+        values = _tensors(scope, tensors)
+        self._tensors = dict(tensors)
+        if scope.mode != ModeKeys.TRAIN or not values:
+            return
+        _refuse_parameter_servers(scope)
+        slots = [scope.get_slots(name) for name in values]
+        self._note_updated(scope, slots)
+        means = _replica_means(list(values.values()))
+        decay = self._decay_at(scope, after=False)
+        zeros = [torch.zeros_like(v) for v in means]
+        shadows = [s.slot(self._name, z) for s, z in zip(slots, zeros)]
+        if not self._zero_debias:
+            return model_scope.after_update(lambda: _move(shadows, means, decay))
+        biased = [s.slot(self._name + "/biased", z) for s, z in zip(slots, zeros)]
+        counts = [s.slot(self._name + "/local_step", z.new_zeros(())) for s, z in zip(slots, zeros)]
+
+        def debiased():   # (TF's _zero_debias: biased / (1 - decay ** local_step))
+            _move(biased, means, decay)
+            with torch.no_grad():
+                for shadow, value, count in zip(shadows, biased, counts):
+                    count.add_(1)
+                    kept = 1 - torch.tensor(1.0 - decay, dtype=value.dtype)
+                    shadow.copy_(value / (1 - kept ** count))
+        model_scope.after_update(debiased)
+
+    def _note_updated(self, scope, slots: list) -> None:
         for slot in slots:   # (TF: "Moving average already computed for")
             if slot.updates.get(self._name) is scope.after_update:
                 raise ValueError(f"ExponentialMovingAverage({self._name!r}).apply: "
                                  f"{slot.variable} is averaged twice in one step")
             slot.updates[self._name] = scope.after_update
-        model_scope.after_update(lambda: self._update(scope, variables, shadows))
 
-    def _update(self, scope, variables: list, shadows: list) -> None:
-        decay = self._decay
-        if self._num_updates is not None:
-            n = (scope.global_step + (not scope.step_uncounted) if self._follows_step
-                 else self._num_updates)
-            decay = min(decay, (1.0 + n) / (10.0 + n))
-        with torch.no_grad():   # (TF's assign_moving_average, in its order of operations)
-            deltas = torch._foreach_sub(shadows, [v.detach() for v in variables])
-            torch._foreach_mul_(deltas, 1.0 - decay)
-            torch._foreach_sub_(shadows, deltas)
+    def _decay_at(self, scope, after: bool) -> float:
+        """This step's decay; `num_updates=est.get_global_step()` is the global
+        step after the update (`after`) or before it."""
+        if self._num_updates is None:
+            return self._decay
+        n = self._num_updates
+        if self._follows_step:
+            n = scope.global_step + (after and not scope.step_uncounted)
+        return min(self._decay, (1.0 + n) / (10.0 + n))
 
     def average(self, var) -> Optional[torch.Tensor]:
-        """The average of `var`, or None where none was made (TF's `average`)."""
+        """The average of `var`, or None where none was made (TF's `average`);
+        of a tensor given to `apply` (or its name there), its value before
+        this step's update."""
         scope = model_scope.current()
+        name = self._tensor_name(var)
+        if name is not None:
+            slots, tensor = scope.get_slots(name), self._tensors[name]
+            if slots.get(self._name) is None and not slots.saved(self._name):
+                return None
+            return slots.slot(self._name, torch.zeros_like(tensor)).clone()
         name = _name_of(scope, var, "average")
         slots = scope.get_slots(name)
         if slots.get(self._name) is None and slots.saved(self._name):   # (no step ran yet)
@@ -125,7 +171,14 @@ class ExponentialMovingAverage:
 
     def average_name(self, var) -> str:
         """The checkpoint name of `var`'s average: `<variable>/<name>`, TF's."""
-        return f"{_name_of(model_scope.current(), var, 'average_name')}/{self._name}"
+        name = self._tensor_name(var) or _name_of(model_scope.current(), var, "average_name")
+        return f"{name}/{self._name}"
+
+    def _tensor_name(self, var) -> Optional[str]:
+        """The name `apply` gave the tensor `var` (or `var`, one of those names)."""
+        if isinstance(var, str):
+            return var if var in self._tensors else None
+        return next((n for n, t in self._tensors.items() if t is var), None)
 
     def copy_to(self, var_list=None) -> None:
         """Give the variables of `var_list` (as `apply`'s) their averages'
@@ -140,6 +193,9 @@ class ExponentialMovingAverage:
                 "train on from the averages)")
         if torch.compiler.is_compiling() or torch.compiler.is_exporting():
             return   # (an export's trace: the program's variables, copied before it)
+        if isinstance(var_list, dict):
+            raise TypeError("ExponentialMovingAverage.copy_to: the averages of tensors (a dict) "
+                            "have no variables to copy to; read them with average()")
         variables, slots = self._slots(scope, var_list, "copy_to")
         done = (self._name, tuple(map(id, variables)))
         if scope.averages_copied == done:   # (every batch of an evaluation)
@@ -167,6 +223,58 @@ class ExponentialMovingAverage:
         variables = _variables(scope, var_list, method)
         names = scope.variable_names()
         return variables, [scope.get_slots(names[id(v)]) for v in variables]
+
+
+def _move(shadows: list, values: list, decay: float) -> None:
+    """TF's assign_moving_average, in its order of operations:
+    `shadow -= (shadow - value) * (1 - decay)`."""
+    with torch.no_grad():
+        deltas = torch._foreach_sub(shadows, values)
+        torch._foreach_mul_(deltas, 1.0 - decay)
+        torch._foreach_sub_(shadows, deltas)
+
+
+def _refuse_parameter_servers(scope) -> None:
+    if scope.strategy.extended.uses_parameter_servers:
+        raise ValueError(
+            "ExponentialMovingAverage.apply: not built for ParameterServerStrategy's "
+            "training (TF keeps the averages on the ps tasks, updated by every worker); "
+            "train under a synchronous strategy, or average in a custom loop of your own")
+
+
+def _tensors(scope, tensors: dict) -> Dict[str, torch.Tensor]:
+    """apply's {name: tensor}, checked: names a scope can hold, floating-point
+    tensors that are not the model's variables; their values detached."""
+    names = scope.variable_names()
+    taken, out = set(names.values()), {}
+    for name, tensor in tensors.items():
+        if not isinstance(name, str) or not name or name != name.strip("/") or "//" in name:
+            raise ValueError(f"ExponentialMovingAverage.apply: {name!r} cannot name an average "
+                             f"(a non-empty name like 'cross_entropy' or 'losses/total')")
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            what = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise TypeError(f"ExponentialMovingAverage.apply: {name!r} is {what}; an average's "
+                            f"tensor must be half, float or double (TF's rule)")
+        if id(tensor) in names:
+            raise TypeError(f"ExponentialMovingAverage.apply: {name!r} is the model's variable "
+                            f"{names[id(tensor)]}: give variables in a list, tensors in the dict")
+        if name in taken:
+            raise ValueError(f"ExponentialMovingAverage.apply: {name!r} names a variable of the "
+                             f"model: name the tensor otherwise (its average would be saved "
+                             f"as that variable's)")
+        out[name] = tensor.detach()
+    return out
+
+
+def _replica_means(values: list) -> list:
+    """The replicas' mean of each of `values` (TF's merge_call reducing an
+    average's value across the replicas), in one all-reduce."""
+    context = distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return values
+    flat = context.all_reduce(distribute.ReduceOp.MEAN, torch.cat([v.reshape(-1) for v in values]))
+    parts = flat.split([v.numel() for v in values])
+    return [p.reshape(v.shape).to(v.dtype) for p, v in zip(parts, values)]
 
 
 def _variables(scope, var_list, method: str) -> List[torch.Tensor]:
@@ -212,8 +320,8 @@ def _name_of(scope, variable, method: str, names=None) -> str:
                 else repr(variable))
         raise TypeError(
             f"ExponentialMovingAverage.{method}: {what} is not a variable of the model (a "
-            f"parameter or buffer of a module made with est.get_module); averages of other "
-            f"tensors (TF's apply([loss]) for a summary) are not built here")
+            f"parameter or buffer of a module made with est.get_module); name other tensors "
+            f"in a dict to average them (TF's apply([loss])): apply({{'loss': loss}})")
     return name
 
 
