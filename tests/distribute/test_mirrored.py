@@ -1210,8 +1210,7 @@ def test_too_little_input_for_the_replicas(tmp_path):
     e.train(lambda: batches(), steps=1)
     with pytest.raises(ValueError, match=r"no batch for replica 1 \(cpu:1\)"):
         e.evaluate(lambda: batches(n=30, batch_size=30))
-    with pytest.raises(ValueError, match="no data to evaluate"):
-        e.evaluate(lambda: [])
+    assert e.evaluate(lambda: [])["loss"] == 0.0   # no replica has a batch: TF's 0
 
 
 def test_nan_loss_fails_every_replica_on_the_same_step(tmp_path):

@@ -86,3 +86,25 @@ def test_the_evaluator_task_names_the_checkpoint_it_evaluated_not_its_link(tmp_p
     est.train_and_evaluate(e, est.TrainSpec(lambda: BATCHES, max_steps=4), est.EvalSpec(
         lambda: BATCHES, steps=None, start_delay_secs=0, throttle_secs=0))
     assert_events_are_tfs(events(os.path.join(model_dir, "eval"), model_dir), TF["eval"])
+
+
+def test_an_evaluation_of_no_batch_reports_tfs_zero_loss(tmp_path, caplog):
+    """An eval input_fn that gives nothing (an exhausted numpy_input_fn, a
+    filtered eval set) raised "input_fn returned no data to evaluate", and
+    train_and_evaluate died at its first checkpoint. TF reports the metrics
+    at 0 over no batch; here model_fn never ran, so the loss alone (said)."""
+    model_dir = str(tmp_path / "m")
+    e = est.Estimator(model_fn, config=est.RunConfig(
+        model_dir=model_dir, save_checkpoints_steps=2, tf_random_seed=1))
+    e.train(lambda: itertools.cycle(BATCHES), steps=4)
+    with caplog.at_level(logging.WARNING):
+        result = e.evaluate(lambda: [], name="empty")
+    tf = TF["empty_result"]
+    assert result == {"loss": tf["loss"], "global_step": tf["global_step"]}   # (TF's mae: 0)
+    assert "model_fn never ran, so its eval_metric_ops" in caplog.text
+    assert_events_are_tfs(events(os.path.join(model_dir, "eval_empty"), model_dir),
+                          [e for e in TF["eval_empty"] if e[1] != "mae"])
+    outcome = est.train_and_evaluate(e, est.TrainSpec(lambda: itertools.cycle(BATCHES),
+                                                      max_steps=8),
+                                     est.EvalSpec(lambda: iter(()), throttle_secs=0))
+    assert outcome[0] == {"loss": 0.0, "global_step": 8}
