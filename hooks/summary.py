@@ -158,6 +158,23 @@ def text(name: str, data, step: Optional[int] = None) -> bool:
     return True
 
 
+class _Merged:
+    """What `merge_all()` gives: every summary the model_fn recorded."""
+
+    def __repr__(self):
+        return "est.summary.merge_all()"
+
+
+MERGED = _Merged()
+
+
+def merge_all() -> _Merged:
+    """TF1's `tf.compat.v1.summary.merge_all()`, for a SummarySaverHook's
+    `summary_op` made in the model_fn: every summary the model_fn records,
+    without the Estimator's own `loss` (TF adds it after the model_fn)."""
+    return MERGED
+
+
 _NOT_IN_A_TAG = re.compile(r"[^-/\w.]")
 
 

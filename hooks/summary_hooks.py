@@ -365,7 +365,9 @@ class SummarySaverHook(_WritesSummaries):
     (1, 1 + N, 1 + 2N, ... from a fresh start), after TF's SessionLog START
     at the first (TensorBoard then drops what an interrupted run wrote past
     it). `summary_op` (TF: the summary tensor
-    to run) here names the tags to write, a string or a list; default all.
+    to run) here names the tags to write, a string or a list; default all;
+    `est.summary.merge_all()` (TF's, made in the model_fn) every summary the
+    model_fn records, without the Estimator's `loss`.
     `scaffold` is accepted empty (one with a part set, its `summary_op`,
     is refused: `hooks.scaffold`). The Estimator adds this hook on the
     chief only.
@@ -387,7 +389,7 @@ class SummarySaverHook(_WritesSummaries):
         self._tags = _tag_set(summary_op)
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
         self._fetches = {"summaries": "summaries"}
-        wants_loss = self._tags is None or "loss" in self._tags
+        wants_loss = summary_op is None or "loss" in (self._tags or ())
         self._fetches_loss = dict(self._fetches, loss="loss") if wants_loss else self._fetches
         self._due = False
         self._started = False
@@ -467,7 +469,7 @@ class StepCounterHook(_WritesSummaries):
 
 
 def _tag_set(summary_op):
-    if summary_op is None:
+    if summary_op is None or summary_op is _summary.MERGED:
         return None
     tags = [summary_op] if isinstance(summary_op, str) else summary_op
     if not isinstance(tags, (list, tuple, set)) or not tags \

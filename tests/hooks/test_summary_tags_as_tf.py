@@ -34,6 +34,7 @@ def _unique(loss):
     est.summary.image("img", torch.zeros(1, 2, 2, 1))
 
 
+OWN = []   # a case's own SummarySaverHook's directory: "own" in the model_dir
 CASES = {   # as the recorder's
     "own_loss": lambda loss: est.summary.scalar("loss", loss * 2),
     "other_scalar": lambda loss: est.summary.scalar("other", 1.0),
@@ -42,6 +43,9 @@ CASES = {   # as the recorder's
     "images_3_of_2": _images(2, 3),
     "images_1_of_1": _images(1, 1),
     "images_1_of_4": _images(4, 1),
+    "own_hook_merge_all": lambda loss: [est.SummarySaverHook(   # in "own"
+        save_steps=2, output_dir=OWN[0],
+        summary_op=(est.summary.scalar("other", loss), est.summary.merge_all())[1])],
 }
 
 
@@ -54,17 +58,21 @@ def _zeroed(module):
 
 def _run(record, model_dir):
     """The recorder's model: loss exactly 9.0 at every step."""
+    OWN[:] = [os.path.join(model_dir, "own")]
     def model_fn(features, labels, mode):
         net = est.get_module("dense", lambda: _zeroed(torch.nn.Linear(1, 1)))
         loss = torch.nn.functional.mse_loss(net(features), labels)
-        record(loss)
+        hooks = record(loss)
+        hooks = hooks if isinstance(hooks, list) else None   # (a case's own hook)
         return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
-            lambda p: torch.optim.SGD(p, lr=0.0)))
+            lambda p: torch.optim.SGD(p, lr=0.0)), training_hooks=hooks)
 
     def input_fn():
         return [(torch.ones(1, 1), torch.full((1, 1), 3.0))] * 3
     e = est.Estimator(model_fn, config=est.RunConfig(model_dir=model_dir, save_summary_steps=2))
     e.train(input_fn, steps=3)
+    if os.path.isdir(OWN[0]):
+        return {"estimator": summaries_outline(model_dir), "own": summaries_outline(OWN[0])}
     return summaries_outline(model_dir)
 
 
