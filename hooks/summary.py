@@ -182,15 +182,17 @@ def _tag(scope, name: str) -> str:
     """`name` as TF1 writes it: a character a tag may not hold made "_", and
     no leading or trailing "/" (cifar10's "cross_entropy (raw)" is
     "cross_entropy__raw_"); then `name_1`, `name_2`, ... when this model_fn
-    call already recorded a summary of that tag (TF's unique name scopes: two
-    `summary.scalar("x", ...)` in one graph write the tags `x` and `x_1`)."""
+    call already recorded a summary of that tag or named a tensor so with
+    `est.named_tensor` (TF's unique name scopes: two `summary.scalar("x", ...)`
+    in one graph write the tags `x` and `x_1`, as does official/r1/resnet's
+    `tf.identity(x, name="x")` before `summary.scalar("x", x)`)."""
     clean = _NOT_IN_A_TAG.sub("_", name).strip("/")
     if clean != name:
         if name not in _said_illegal:   # (TF logs it at every graph build; once here)
             _said_illegal.add(name)
             logger.info("Summary name %s is illegal; using %s instead.", name, clean)
         name = clean
-    used = {record.tag for record in scope.summaries}
+    used = {record.tag for record in scope.summaries}.union(scope.named_tensors)
     tag, i = name, 1
     while tag in used:
         tag, i = f"{name}_{i}", i + 1

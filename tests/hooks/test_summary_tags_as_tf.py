@@ -34,8 +34,16 @@ def _unique(loss):
     est.summary.image("img", torch.zeros(1, 2, 2, 1))
 
 
+def _identity_names(loss):
+    est.named_tensor("cross_entropy", loss)
+    est.summary.scalar("cross_entropy", loss)
+    est.summary.scalar("learning_rate", 0.1)
+    est.named_tensor("learning_rate", 0.1)
+
+
 OWN = []   # a case's own SummarySaverHook's directory: "own" in the model_dir
 CASES = {   # as the recorder's
+    "identity_names": _identity_names,
     "own_loss": lambda loss: est.summary.scalar("loss", loss * 2),
     "other_scalar": lambda loss: est.summary.scalar("other", 1.0),
     "unique": _unique,
