@@ -285,6 +285,10 @@ class _CollectiveExtended(StrategyExtended):
         self._tracked_upto = 0   # (the first of _ddp_params not tracked yet)
         self._accumulated: set = set()
         self._averaged: Dict[int, tuple] = {}   # id(param) -> its gradient's (id, version)
+        # The ids of the parameters whose next backward DDP averages: those of
+        # a module run forward with gradients since their last backward (a
+        # second backward through that graph, retain_graph=True, is local)
+        self._armed: set = set()
         # id(parameter) -> its name, for parameters frozen when their module was
         # made: DDP (or no DDP, for a module all frozen) never averages theirs
         self._frozen_at_wrap: Dict[int, str] = {}
@@ -487,6 +491,7 @@ class _CollectiveExtended(StrategyExtended):
             forward_sync_buffers=False, **({"bucket_cap_mb": cap} if cap else {}))
         ddp._read_own_names()
         self._ddp_params += [p for p in module.parameters() if p.requires_grad]
+        ddp._param_ids = tuple(id(p) for p in module.parameters() if p.requires_grad)
         if self._tracked_upto:   # (made after the first user step)
             self._track_accumulation()
         self._moving_buffers.watch(module)
@@ -595,6 +600,8 @@ class _CollectiveExtended(StrategyExtended):
 
     def _before_forward(self, module, args):
         self._await_agreement()
+        if torch.is_grad_enabled():   # (DDP prepares to average the next backward)
+            self._armed.update(module._param_ids)
 
     def create_optimizer(self, name: str, factory, params):
         optimizer = super().create_optimizer(name, factory, params)
@@ -653,7 +660,15 @@ class _CollectiveExtended(StrategyExtended):
         self._tracked_upto = len(self._ddp_params)
 
     def _note_accumulated(self, param: torch.Tensor) -> None:
-        self._accumulated.add(id(param))
+        """A backward accumulated `param`'s gradient: DDP averaged it where
+        it is the first backward since its module's forward; a later one
+        (`retain_graph=True`: a GAN's generator loss through the graph the
+        discriminator's loss went back through) added this replica's own."""
+        if id(param) in self._armed:
+            self._armed.discard(id(param))
+            self._accumulated.add(id(param))
+        else:
+            self._accumulated.discard(id(param))
         self._averaged.pop(id(param), None)
 
     def _set_by_hand(self, p: torch.Tensor) -> bool:
