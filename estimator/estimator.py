@@ -453,13 +453,14 @@ class Estimator:
                 contextlib.closing(self._batches(input_fn, ModeKeys.EVAL, strategy)) as batches:
             call = strategy.extended.in_replica_context(self._call_model_fn, ModeKeys.EVAL)
             first = self._first_spec(batches, scope, ModeKeys.EVAL, strategy, call)
-            if first is None:   # TF: its metrics read 0 over no batch
-                logger.warning(
-                    "The evaluation input_fn gave no batch: the loss is 0.0 over no batch, as "
-                    "TF reports it; model_fn never ran, so its eval_metric_ops and "
-                    "evaluation_hooks are absent from this evaluation (TF reports them at 0)")
-            mode, pending = ModeKeys.EVAL, [first] if first else []
-            spec_hooks = list(first[0].evaluation_hooks) if first else []
+            if first is None:
+                raise ValueError(
+                    "The evaluation input_fn gave no batch (an iterator or generator an "
+                    "earlier evaluation consumed? input_fn must return a new one at each "
+                    "call). TF reports every metric at 0 over no batch, a result exporters "
+                    "and early stopping would act on: evaluate refuses it instead")
+            mode, pending = ModeKeys.EVAL, [first]
+            first = first[0]
             loss = scope.create_metric("eval/loss", metrics.Mean)
             metric_ops = EvalMetricOps(scope)
 
@@ -476,13 +477,13 @@ class Estimator:
                 return spec
 
             stop = [_StopAfterNSteps(steps)] if steps is not None else []
-            all_hooks = (stop + user_hooks + spec_hooks
+            all_hooks = (stop + user_hooks + list(first.evaluation_hooks)
                          + progress_hooks("evaluate", num_steps=steps))
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
                 while not session.should_stop():
                     session.run(step)
             if pending:   # no step ran: TF's metrics read 0 over no batch
-                metric_ops.declare(pending[0][0].eval_metric_ops)
+                metric_ops.declare(first.eval_metric_ops)
             strategy.extended.reduce_metrics(list(scope.metrics.values()))
             results = {key: _metric_value(value) for key, value in metric_ops.results().items()}
             results["loss"] = _metric_value(loss.result())

@@ -88,23 +88,19 @@ def test_the_evaluator_task_names_the_checkpoint_it_evaluated_not_its_link(tmp_p
     assert_events_are_tfs(events(os.path.join(model_dir, "eval"), model_dir), TF["eval"])
 
 
-def test_an_evaluation_of_no_batch_reports_tfs_zero_loss(tmp_path, caplog):
-    """An eval input_fn that gives nothing (an exhausted numpy_input_fn, a
-    filtered eval set) raised "input_fn returned no data to evaluate", and
-    train_and_evaluate died at its first checkpoint. TF reports the metrics
-    at 0 over no batch; here model_fn never ran, so the loss alone (said)."""
+def test_an_evaluation_of_no_batch_is_refused_where_tf_reports_zeros(tmp_path):
+    """TF reports every metric at 0 over no batch (recorded): a loss of 0 a
+    BestExporter exports as the best model, early stopping reads, and the
+    eval dir keeps. A reused generator gives no batch from its second
+    evaluation on: refused, saying why, the eval dir left as it was."""
+    assert TF["empty_result"] == {"loss": 0.0, "mae": 0.0, "global_step": 4}
     model_dir = str(tmp_path / "m")
     e = est.Estimator(model_fn, config=est.RunConfig(
         model_dir=model_dir, save_checkpoints_steps=2, tf_random_seed=1))
     e.train(lambda: itertools.cycle(BATCHES), steps=4)
-    with caplog.at_level(logging.WARNING):
-        result = e.evaluate(lambda: [], name="empty")
-    tf = TF["empty_result"]
-    assert result == {"loss": tf["loss"], "global_step": tf["global_step"]}   # (TF's mae: 0)
-    assert "model_fn never ran, so its eval_metric_ops" in caplog.text
-    assert_events_are_tfs(events(os.path.join(model_dir, "eval_empty"), model_dir),
-                          [e for e in TF["eval_empty"] if e[1] != "mae"])
-    outcome = est.train_and_evaluate(e, est.TrainSpec(lambda: itertools.cycle(BATCHES),
-                                                      max_steps=8),
-                                     est.EvalSpec(lambda: iter(()), throttle_secs=0))
-    assert outcome[0] == {"loss": 0.0, "global_step": 8}
+    batches = iter(BATCHES)
+    e.evaluate(lambda: batches)
+    with pytest.raises(ValueError, match=r"gave no batch \(an iterator or generator an earlier "
+                                         r"evaluation consumed\?.*TF reports every metric at 0"):
+        e.evaluate(lambda: batches)
+    assert_events_are_tfs(events(os.path.join(model_dir, "eval"), model_dir), TF["eval"])
