@@ -120,7 +120,7 @@ class ExponentialMovingAverage:
         means = _replica_means(list(values.values()))
         decay = self._decay_at(scope, after=False)
         zeros = [torch.zeros_like(v) for v in means]
-        shadows = [s.slot(self._name, z) for s, z in zip(slots, zeros)]
+        shadows = [self._tensor_average(scope, s, z) for s, z in zip(slots, zeros)]
         if not self._zero_debias:
             return model_scope.after_update(lambda: _move(shadows, means, decay))
         biased = [s.slot(self._name + "/biased", z) for s, z in zip(slots, zeros)]
@@ -134,6 +134,16 @@ class ExponentialMovingAverage:
                     kept = 1 - torch.tensor(1.0 - decay, dtype=value.dtype)
                     shadow.copy_(value / (1 - kept ** count))
         model_scope.after_update(debiased)
+
+    def _tensor_average(self, scope, slots, zeros: torch.Tensor) -> torch.Tensor:
+        """A tensor's average: restored, or from zero (said where a restored
+        checkpoint lacks it)."""
+        if slots.get(self._name) is None and not slots.restored(self._name):
+            logger.warning(
+                "ExponentialMovingAverage(%r): the checkpoint %s holds no average of %s (it "
+                "was written before it began): it starts from zero now", self._name,
+                scope.restore_path, slots.variable)
+        return slots.slot(self._name, zeros)
 
     def _note_updated(self, scope, slots: list) -> None:
         for slot in slots:   # (TF: "Moving average already computed for")
@@ -155,14 +165,13 @@ class ExponentialMovingAverage:
     def average(self, var) -> Optional[torch.Tensor]:
         """The average of `var`, or None where none was made (TF's `average`);
         of a tensor given to `apply` (or its name there), its value before
-        this step's update."""
+        this step's update (from zero where no checkpoint holds it, as TF's
+        zeros slot, in EVAL and PREDICT too)."""
         scope = model_scope.current()
         name = self._tensor_name(var)
-        if name is not None:
-            slots, tensor = scope.get_slots(name), self._tensors[name]
-            if slots.get(self._name) is None and not slots.saved(self._name):
-                return None
-            return slots.slot(self._name, torch.zeros_like(tensor)).clone()
+        if name is not None:   # (TF's zeros slot, made in EVAL and PREDICT too)
+            return self._tensor_average(
+                scope, scope.get_slots(name), torch.zeros_like(self._tensors[name])).clone()
         name = _name_of(scope, var, "average")
         slots = scope.get_slots(name)
         if slots.get(self._name) is None and slots.saved(self._name):   # (no step ran yet)
@@ -246,7 +255,7 @@ def _tensors(scope, tensors: dict) -> Dict[str, torch.Tensor]:
     """apply's {name: tensor}, checked: names a scope can hold, floating-point
     tensors that are not the model's variables; their values detached."""
     names = scope.variable_names()
-    taken, out = set(names.values()), {}
+    taken, out, seen = set(names.values()), {}, {}
     for name, tensor in tensors.items():
         if not isinstance(name, str) or not name or name != name.strip("/") or "//" in name:
             raise ValueError(f"ExponentialMovingAverage.apply: {name!r} cannot name an average "
@@ -262,6 +271,10 @@ def _tensors(scope, tensors: dict) -> Dict[str, torch.Tensor]:
             raise ValueError(f"ExponentialMovingAverage.apply: {name!r} names a variable of the "
                              f"model: name the tensor otherwise (its average would be saved "
                              f"as that variable's)")
+        if id(tensor) in seen:   # (TF: "Moving average already computed")
+            raise ValueError(f"ExponentialMovingAverage.apply: {name!r} is the tensor "
+                             f"{seen[id(tensor)]!r} names already: give it one name")
+        seen[id(tensor)] = name
         out[name] = tensor.detach()
     return out
 

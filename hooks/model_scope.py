@@ -264,6 +264,9 @@ class ModelScope:
                 or name.endswith("/") or "//" in name:
             raise ValueError(f"get_module: the name must be a variable scope, as TF's "
                              f"(`net`, `encoder/layer_0`), got {name!r}")
+        if name in self.slots:   # (a tensor's moving average was named so first)
+            raise ValueError(f"get_module({name!r}): the name is taken by the slots (moving "
+                             f"averages) named so earlier; give the module another name")
         if self._restore is None:
             module = factory()
         else:   # the checkpoint replaces its initial values: drawing them must not move

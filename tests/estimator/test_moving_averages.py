@@ -678,6 +678,11 @@ def _tensor_erring_model_fn(features, labels, mode, params):
     elif case == "twice":
         ema.apply({"loss": loss})
         ema.apply({"loss": loss * 2})
+    elif case == "one tensor, two names":
+        ema.apply({"a": loss, "b": loss})
+    elif case == "a module named after it":
+        ema.apply({"head": loss})
+        est.get_module("head", lambda: torch.nn.Linear(1, 1))
     return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
         lambda p: torch.optim.SGD(p, lr=0.1)))
 
@@ -689,6 +694,9 @@ def _tensor_erring_model_fn(features, labels, mode, params):
     ("a variable's name", ValueError, r"'net/weight' names a variable of the model"),
     ("a bad name", ValueError, r"'losses/' cannot name an average"),
     ("twice", ValueError, r"loss is averaged twice in one step"),
+    ("one tensor, two names", ValueError, r"'b' is the tensor 'a' names already"),
+    ("a module named after it", ValueError, r"get_module\('head'\): the name is taken by the "
+                                            r"slots"),
 ])
 def test_a_tensor_average_that_cannot_be_is_refused(tmp_path, case, error, match):
     estimator = est.Estimator(_tensor_erring_model_fn, str(tmp_path), params={"case": case})
@@ -703,3 +711,35 @@ def test_copy_to_a_dict_of_tensors_is_refused(tmp_path):
         return est.EstimatorSpec(mode, predictions={"y": net(features["x"])})
     with pytest.raises(TypeError, match="averages of tensors .* have no variables to copy to"):
         list(est.Estimator(model_fn, str(tmp_path)).predict(lambda: iter([{"x": X}])))
+
+
+def _evaluated_average_model_fn(features, labels, mode, params):
+    net = est.get_module("net", lambda: torch.nn.Linear(4, 1))
+    loss = torch.nn.functional.mse_loss(net(features["x"]), labels)
+    ema = ema_lib.ExponentialMovingAverage(0.9, name="avg")
+    if params["averaged"]:
+        ema.apply({"mse": loss})
+    return est.EstimatorSpec(
+        mode, loss=loss, eval_metric_ops={"avg": est.metrics.mean(
+            ema.average(loss) if params["averaged"] else loss)},
+        train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+def test_a_tensors_average_no_checkpoint_holds_is_zero(tmp_path, caplog):
+    """The initial model's evaluation read None (summaries and metrics of it
+    crashed); TF makes its zeros slot there too (0.0). A checkpoint written
+    before the average began: from zero, said."""
+    fresh = est.Estimator(_evaluated_average_model_fn, str(tmp_path / "fresh"),
+                          params={"averaged": True})
+    assert fresh.evaluate(lambda: iter([({"x": X}, Y)]))["avg"] == 0.0
+    model_dir = str(tmp_path / "later")
+    est.Estimator(_evaluated_average_model_fn, model_dir, params={"averaged": False}).train(
+        batches, max_steps=1)
+    later = est.Estimator(_evaluated_average_model_fn, model_dir, params={"averaged": True})
+    with caplog.at_level("WARNING"):
+        later.train(batches, max_steps=2)
+    assert "holds no average of mse (it was written before it began)" in caplog.text
+    assert later.get_variable_value("mse/avg") == pytest.approx(
+        0.1 * later.evaluate(lambda: iter([({"x": X[:4]}, Y[:4])]), steps=1,
+                             checkpoint_path=os.path.join(model_dir, "model.ckpt-1"))["loss"],
+        rel=1e-5)
