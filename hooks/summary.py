@@ -171,7 +171,8 @@ MERGED = _Merged()
 def merge_all() -> _Merged:
     """TF1's `tf.compat.v1.summary.merge_all()`, for a SummarySaverHook's
     `summary_op` made in the model_fn: every summary the model_fn records,
-    without the Estimator's own `loss` (TF adds it after the model_fn)."""
+    without the Estimator's own `loss` (TF adds it after the model_fn); those
+    it records after the call too (TF's takes those made before it)."""
     return MERGED
 
 
@@ -183,18 +184,22 @@ def _tag(scope, name: str) -> str:
     no leading or trailing "/" (cifar10's "cross_entropy (raw)" is
     "cross_entropy__raw_"); then `name_1`, `name_2`, ... when this model_fn
     call already recorded a summary of that tag or named a tensor so with
-    `est.named_tensor` (TF's unique name scopes: two `summary.scalar("x", ...)`
-    in one graph write the tags `x` and `x_1`, as does official/r1/resnet's
-    `tf.identity(x, name="x")` before `summary.scalar("x", x)`)."""
+    `est.named_tensor`, compared without case (TF's unique names: two
+    `summary.scalar("x", ...)` in one graph write the tags `x` and `x_1`, as
+    does official/r1/resnet's `tf.identity(x, name="x")` before
+    `summary.scalar("x", x)`). A tensor named "loss" is left out: the
+    model_fn's "loss" summary stays the Estimator's loss curve (TF's tags
+    would be `loss_1`, and `loss_2` for the Estimator's own)."""
     clean = _NOT_IN_A_TAG.sub("_", name).strip("/")
     if clean != name:
         if name not in _said_illegal:   # (TF logs it at every graph build; once here)
             _said_illegal.add(name)
             logger.info("Summary name %s is illegal; using %s instead.", name, clean)
         name = clean
-    used = {record.tag for record in scope.summaries}.union(scope.named_tensors)
+    used = {record.tag.lower() for record in scope.summaries}
+    used.update(n.lower() for n in scope.named_tensors if n != "loss")
     tag, i = name, 1
-    while tag in used:
+    while tag.lower() in used:
         tag, i = f"{name}_{i}", i + 1
     return tag
 

@@ -39,6 +39,12 @@ def _identity_names(loss):
     est.summary.scalar("cross_entropy", loss)
     est.summary.scalar("learning_rate", 0.1)
     est.named_tensor("learning_rate", 0.1)
+    est.named_tensor("Xent", loss)
+    est.summary.scalar("xent", loss)
+    est.summary.scalar("Dup", loss)
+    est.summary.scalar("dup", loss)
+    est.named_tensor("a/b", loss)
+    est.summary.scalar("a", loss)
 
 
 OWN = []   # a case's own SummarySaverHook's directory: "own" in the model_dir
@@ -108,3 +114,15 @@ def test_a_name_a_tag_may_not_hold_is_cleaned_as_tf1_does(tmp_path):
     tags = set(_run(record, str(tmp_path))["scalars"])
     assert set(TF_NAMES.values()) <= tags
     assert not set(TF_NAMES) - set(TF_NAMES.values()) & tags
+
+
+def test_a_tensor_named_loss_leaves_the_models_loss_summary_the_loss_curve(tmp_path):
+    """The attack on the named-tensor uniquing: a tensor named "loss" made
+    the model_fn's "loss" summary `loss_1`, and the Estimator wrote its own
+    `loss` beside it (TF writes `loss_1` and `loss_2`): the loss curve
+    switched values without a word. "loss" is left out of the uniquing."""
+    def record(loss):
+        est.named_tensor("loss", loss)
+        est.summary.scalar("loss", loss + 100.0)
+    scalars = _run(record, str(tmp_path))["scalars"]
+    assert list(scalars) == ["loss"] and scalars["loss"][0][1] == pytest.approx(109.0)
