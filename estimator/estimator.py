@@ -670,6 +670,11 @@ def _input_notes(features, labels, mode, error: Exception) -> list:
         notes.append(f"(features {lists} are Python lists, given to model_fn as they are: "
                      "have the input_fn give arrays or tensors, e.g. np.asarray(values, "
                      "np.float32))")
+    if mode != ModeKeys.TRAIN and isinstance(error, RuntimeError) \
+            and "does not require grad" in str(error):
+        notes.append(f"(in {mode} the model_fn runs under torch.no_grad(): a loss that takes "
+                     "gradients, a gradient penalty, computes them inside `with "
+                     "torch.enable_grad():`, as TF's tf.gradients runs in any mode)")
     return notes
 
 

@@ -412,6 +412,26 @@ def test_a_checkpoint_that_does_not_fit_says_nothing_of_string_features(tmp_path
     assert not any("strings" in note for note in getattr(info.value, "__notes__", []))
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python 3.11")
+def test_a_gradient_penalty_in_evaluation_is_told_to_enable_gradients(tmp_path):
+    """WGAN-GP's loss takes gradients; torch's error under evaluate's
+    no_grad said only "element 0 of tensors does not require grad" (GAN
+    port probe; TF's tf.gradients runs in EVAL: eval loss 2.963773)."""
+    def model_fn(features, labels, mode):
+        critic = est.get_module("critic", lambda: torch.nn.Linear(2, 1))
+        x = features["x"].requires_grad_(True)
+        grad, = torch.autograd.grad(critic(x).sum(), x, create_graph=True)
+        loss = ((grad.norm(dim=1) - 1) ** 2).mean() + critic(x).mean()
+        return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    e = est.Estimator(model_fn, str(tmp_path))
+    e.train(lambda: [({"x": torch.ones(4, 2)}, None)], steps=1)
+    with pytest.raises(RuntimeError, match="does not require grad") as info:
+        e.evaluate(lambda: [({"x": torch.ones(4, 2)}, None)])
+    assert any("in eval the model_fn runs under torch.no_grad()" in note
+               for note in info.value.__notes__)
+
+
 def test_training_between_two_predictions_of_an_open_generator(tmp_path):
     """A predict generator waiting between two predictions held torch.no_grad
     over its caller: a `train` there failed ("the loss has no gradient"), and
