@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -81,7 +82,8 @@ class ExponentialMovingAverage:
         # num_updates=est.get_global_step(): the global step, read at each update
         self._follows_step = (self._num_updates is not None
                               and self._num_updates == model_scope.current_step())
-        self._tensors: Dict[str, torch.Tensor] = {}   # apply's {name: tensor}, the last ones
+        # apply's {name: (a weak reference to the tensor, its value)}, the last ones
+        self._tensors: Dict[str, Tuple[weakref.ref, torch.Tensor]] = {}
 
     @property
     def name(self) -> str:
@@ -111,7 +113,7 @@ class ExponentialMovingAverage:
 
     def _apply_tensors(self, scope, tensors: dict) -> None:
         values = _tensors(scope, tensors)
-        self._tensors = dict(tensors)
+        self._tensors = {n: (weakref.ref(tensors[n]), v) for n, v in values.items()}
         if scope.mode != ModeKeys.TRAIN or not values:
             return
         _refuse_parameter_servers(scope)
@@ -119,12 +121,12 @@ class ExponentialMovingAverage:
         self._note_updated(scope, slots)
         means = _replica_means(list(values.values()))
         decay = self._decay_at(scope, after=False)
-        zeros = [torch.zeros_like(v) for v in means]
-        shadows = [self._tensor_average(scope, s, z) for s, z in zip(slots, zeros)]
+        shadows = [self._tensor_average(scope, s, v) for s, v in zip(slots, means)]
         if not self._zero_debias:
             return model_scope.after_update(lambda: _move(shadows, means, decay))
-        biased = [s.slot(self._name + "/biased", z) for s, z in zip(slots, zeros)]
-        counts = [s.slot(self._name + "/local_step", z.new_zeros(())) for s, z in zip(slots, zeros)]
+        biased = [_zeros_slot(s, self._name + "/biased", v) for s, v in zip(slots, means)]
+        counts = [_zeros_slot(s, self._name + "/local_step", v, scalar=True)
+                  for s, v in zip(slots, means)]
 
         def debiased():   # (TF's _zero_debias: biased / (1 - decay ** local_step))
             _move(biased, means, decay)
@@ -135,15 +137,15 @@ class ExponentialMovingAverage:
                     shadow.copy_(value / (1 - kept ** count))
         model_scope.after_update(debiased)
 
-    def _tensor_average(self, scope, slots, zeros: torch.Tensor) -> torch.Tensor:
-        """A tensor's average: restored, or from zero (said where a restored
-        checkpoint lacks it)."""
+    def _tensor_average(self, scope, slots, like: torch.Tensor) -> torch.Tensor:
+        """The average of a tensor `like`: restored, or from zero (said where
+        a restored checkpoint lacks it)."""
         if slots.get(self._name) is None and not slots.restored(self._name):
             logger.warning(
                 "ExponentialMovingAverage(%r): the checkpoint %s holds no average of %s (it "
                 "was written before it began): it starts from zero now", self._name,
                 scope.restore_path, slots.variable)
-        return slots.slot(self._name, zeros)
+        return _zeros_slot(slots, self._name, like)
 
     def _note_updated(self, scope, slots: list) -> None:
         for slot in slots:   # (TF: "Moving average already computed for")
@@ -170,8 +172,8 @@ class ExponentialMovingAverage:
         scope = model_scope.current()
         name = self._tensor_name(var)
         if name is not None:   # (TF's zeros slot, made in EVAL and PREDICT too)
-            return self._tensor_average(
-                scope, scope.get_slots(name), torch.zeros_like(self._tensors[name])).clone()
+            return self._tensor_average(scope, scope.get_slots(name),
+                                        self._tensors[name][1]).clone()
         name = _name_of(scope, var, "average")
         slots = scope.get_slots(name)
         if slots.get(self._name) is None and slots.saved(self._name):   # (no step ran yet)
@@ -187,7 +189,7 @@ class ExponentialMovingAverage:
         """The name `apply` gave the tensor `var` (or `var`, one of those names)."""
         if isinstance(var, str):
             return var if var in self._tensors else None
-        return next((n for n, t in self._tensors.items() if t is var), None)
+        return next((n for n, (t, _) in self._tensors.items() if t() is var), None)
 
     def copy_to(self, var_list=None) -> None:
         """Give the variables of `var_list` (as `apply`'s) their averages'
@@ -232,6 +234,15 @@ class ExponentialMovingAverage:
         variables = _variables(scope, var_list, method)
         names = scope.variable_names()
         return variables, [scope.get_slots(names[id(v)]) for v in variables]
+
+
+def _zeros_slot(slots, name: str, like: torch.Tensor, scalar: bool = False) -> torch.Tensor:
+    """The slot `name`, made where it is not from zeros shaped as `like` (a
+    0-d tensor of its dtype where `scalar`)."""
+    found = slots.get(name)
+    if found is not None:
+        return found
+    return slots.slot(name, like.new_zeros(()) if scalar else torch.zeros_like(like))
 
 
 def _move(shadows: list, values: list, decay: float) -> None:
