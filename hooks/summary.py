@@ -197,7 +197,7 @@ def _tag(scope, name: str) -> str:
             logger.info("Summary name %s is illegal; using %s instead.", name, clean)
         name = clean
     used = {record.tag.lower() for record in scope.summaries}
-    used.update(n.lower() for n in scope.named_tensors if n != "loss")
+    used.update(n.lower() for n in scope.named_tensors if n.lower() != "loss")
     tag, i = name, 1
     while tag.lower() in used:
         tag, i = f"{name}_{i}", i + 1

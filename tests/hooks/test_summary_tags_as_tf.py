@@ -121,8 +121,9 @@ def test_a_tensor_named_loss_leaves_the_models_loss_summary_the_loss_curve(tmp_p
     the model_fn's "loss" summary `loss_1`, and the Estimator wrote its own
     `loss` beside it (TF writes `loss_1` and `loss_2`): the loss curve
     switched values without a word. "loss" is left out of the uniquing."""
-    def record(loss):
-        est.named_tensor("loss", loss)
-        est.summary.scalar("loss", loss + 100.0)
-    scalars = _run(record, str(tmp_path))["scalars"]
-    assert list(scalars) == ["loss"] and scalars["loss"][0][1] == pytest.approx(109.0)
+    for named in ("loss", "Loss"):   # (names compared without case)
+        def record(loss):
+            est.named_tensor(named, loss)
+            est.summary.scalar("loss", loss + 100.0)
+        scalars = _run(record, str(tmp_path / named))["scalars"]
+        assert list(scalars) == ["loss"] and scalars["loss"][0][1] == pytest.approx(109.0)
