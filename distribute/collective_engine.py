@@ -289,6 +289,7 @@ class _CollectiveExtended(StrategyExtended):
         # a module run forward with gradients since their last backward (a
         # second backward through that graph, retain_graph=True, is local)
         self._armed: set = set()
+        self._wrapped_ids: List[tuple] = []   # each DDP module's parameter ids
         # id(parameter) -> its name, for parameters frozen when their module was
         # made: DDP (or no DDP, for a module all frozen) never averages theirs
         self._frozen_at_wrap: Dict[int, str] = {}
@@ -492,6 +493,7 @@ class _CollectiveExtended(StrategyExtended):
         ddp._read_own_names()
         self._ddp_params += [p for p in module.parameters() if p.requires_grad]
         ddp._param_ids = tuple(id(p) for p in module.parameters() if p.requires_grad)
+        self._wrapped_ids.append(ddp._param_ids)
         if self._tracked_upto:   # (made after the first user step)
             self._track_accumulation()
         self._moving_buffers.watch(module)
@@ -671,16 +673,29 @@ class _CollectiveExtended(StrategyExtended):
             self._accumulated.discard(id(param))
         self._averaged.pop(id(param), None)
 
-    def _set_by_hand(self, p: torch.Tensor) -> bool:
+    def _set_by_hand(self, p: torch.Tensor, unreduced: set) -> bool:
         """Whether `p`'s gradient may differ between the replicas: one DDP
-        averaged (a backward accumulated it this user step) or this engine
-        averaged (the same tensor, unchanged since) does not."""
+        averaged (a backward accumulated it this user step, and DDP reduced
+        its module: `unreduced` holds the parameters of modules it has not)
+        or this engine averaged (the same tensor, unchanged since) does not."""
         if p.grad is None or id(p) not in self._tracked:
             return False
         averaged = self._averaged.get(id(p))
         if averaged is not None:
             return averaged != (id(p.grad), p.grad._version)
-        return id(p) not in self._accumulated
+        return id(p) not in self._accumulated or id(p) in unreduced
+
+    def _unreduced(self) -> set:
+        """The parameters of the DDP modules whose reduction is unfinished:
+        some of their parameters wait for a backward since the forward (one
+        head of a module backward, its optimizer stepping before the other
+        head's backward). DDP averages a module's gradients once all arrive."""
+        armed, out = self._armed, set()
+        if armed:
+            for ids in self._wrapped_ids:
+                if any(i in armed for i in ids):
+                    out.update(ids)
+        return out
 
     def average_gradients_set_by_hand(self, optimizer) -> None:
         """Before an optimizer step in user code (and before a loss scaler's
@@ -696,8 +711,9 @@ class _CollectiveExtended(StrategyExtended):
         DDP averaged it."""
         if not self._user_step or self._group is None or self._ops._reduce_to_one:
             return
+        unreduced = self._unreduced()
         by_hand = [p for group in optimizer.param_groups for p in group["params"]
-                   if self._set_by_hand(p)]
+                   if self._set_by_hand(p, unreduced)]
         if not by_hand:
             return
         try:

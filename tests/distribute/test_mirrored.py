@@ -639,6 +639,42 @@ def test_a_second_backward_through_one_forward_is_averaged(tmp_path):
     _assert_two_replicas_train_as_one_process(tmp_path, _gan_two_backwards_model_fn, seed=5)
 
 
+class _HeadsInTurn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.a(x), self.b(x)
+
+
+def _heads_in_turn_model_fn(features, labels, mode):
+    """One module, two heads, each with its optimizer, backward and step in
+    turn (TF: two `minimize` calls over the heads' variables)."""
+    net = est.get_module("net", _HeadsInTurn)
+    x, y = torch.as_tensor(features["x"]), torch.as_tensor(labels)
+    opt_a = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), name="a", var_list=[net.a])
+    opt_b = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), name="b", var_list=[net.b])
+    a, b = net(x)
+
+    def train_op():
+        opt_a.zero_grad()
+        torch.nn.functional.mse_loss(a, y).backward()
+        opt_a.step()
+        opt_b.zero_grad()
+        torch.nn.functional.mse_loss(b, y * 2).backward()
+        opt_b.step()
+    return est.EstimatorSpec(mode, loss=torch.nn.functional.mse_loss(a, y), train_op=train_op)
+
+
+def test_one_heads_backward_before_the_other_heads_is_averaged(tmp_path):
+    """DDP averages a module's gradients once all of them arrive: after the
+    first head's backward its gradient was still this replica's own when
+    its optimizer stepped, taken as averaged; the replicas drifted 0.47
+    apart (attack on e9bb869). Averaged before that step."""
+    _assert_two_replicas_train_as_one_process(tmp_path, _heads_in_turn_model_fn, seed=7)
+
+
 def _scaled_by_hand_model_fn(features, labels, mode):
     """A loss scaler over gradients set by hand; replica 1's batch of step 2
     overflows (a data-dependent inf)."""
