@@ -280,9 +280,16 @@ _TORCH_LAYOUT_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch
 
 
 def _layer_weights(module: torch.nn.Module) -> dict:
-    """{state-dict key: layer} of `module`'s torch.nn.Linear and convolution weights."""
-    return {f"{prefix}.weight" if prefix else "weight": layer
-            for prefix, layer in module.named_modules() if isinstance(layer, _TORCH_LAYOUT_LAYERS)}
+    """{state-dict key: layer} of `module`'s torch.nn.Linear and convolution
+    weights, and its recurrent layers' weights and biases."""
+    out = {}
+    for prefix, layer in module.named_modules():
+        if isinstance(layer, _TORCH_LAYOUT_LAYERS):
+            out[f"{prefix}.weight" if prefix else "weight"] = layer
+        elif isinstance(layer, torch.nn.RNNBase):
+            out.update((f"{prefix}.{key}" if prefix else key, layer)
+                       for key in layer._flat_weights_names)
+    return out
 
 
 def _depthwise(layer: Optional[torch.nn.Module], value: torch.Tensor) -> bool:
@@ -296,7 +303,7 @@ def _depthwise(layer: Optional[torch.nn.Module], value: torch.Tensor) -> bool:
 
 
 def _torch_layout(value: torch.Tensor, shape: tuple, name: str,
-                  layer: Optional[torch.nn.Module]) -> torch.Tensor:
+                  layer: Optional[torch.nn.Module], key: str = "") -> torch.Tensor:
     """A TF kernel [*spatial, in, out] in torch's layout [out, in, *spatial]
     (a depthwise kernel [*spatial, in, multiplier]: [in * multiplier, 1, *spatial]).
 
@@ -304,7 +311,10 @@ def _torch_layout(value: torch.Tensor, shape: tuple, name: str,
     it so, whatever the TF variable's name (`kernel`, TF-slim's `weights`):
     the layer says, where shapes cannot (a square dense kernel; a 3x3 kernel
     from 3 to 3 channels). Another module's variable takes it only from a TF
-    `kernel` whose shape matches the target's only so."""
+    `kernel` whose shape matches the target's only so. A recurrent layer's
+    (its state-dict `key`): see `_recurrent_layout`."""
+    if isinstance(layer, torch.nn.RNNBase):
+        return _recurrent_layout(value, shape, name, layer, key)
     if value.dim() < 2 or value.dim() != len(shape):
         return value
     spatial = range(value.dim() - 2)
@@ -316,6 +326,38 @@ def _torch_layout(value: torch.Tensor, shape: tuple, name: str,
     if name.endswith("kernel") and tuple(value.shape) != shape and \
             tuple(permuted.shape) == shape:
         return permuted
+    return value
+
+
+def _recurrent_layout(value: torch.Tensor, shape: tuple, name: str, layer: torch.nn.RNNBase,
+                      key: str) -> torch.Tensor:
+    """Keras's LSTM, GRU or SimpleRNN variable `value` for the torch.nn.LSTM,
+    GRU or RNN weight or bias `key`: a kernel [in, gates * units] (always
+    transposed: a square one too), gates in torch's order (Keras's GRU z, r,
+    h is torch's r, z, n; its LSTM's i, f, c, o is torch's), a GRU's bias
+    [2, 3 * units] (`reset_after=True`, TF 2's) split: row 0 for `bias_ih`,
+    row 1 for `bias_hh`. TF1's LSTMCell (one kernel over [input, state]):
+    `est.checkpoint.lstm_from_tf`."""
+    gates = {"LSTM": 4, "GRU": 3}.get(layer.mode, 1)
+    units = layer.hidden_size
+    order = (torch.cat([torch.arange(units, 2 * units), torch.arange(units),
+                        torch.arange(2 * units, 3 * units)]) if layer.mode == "GRU" else None)
+    bias = key.rsplit(".", 1)[-1].startswith("bias")
+    if bias and value.dim() == 1 and value.shape[0] == gates * units:
+        if layer.mode == "GRU":
+            raise ValueError(
+                f"Warm-start: {name!r} is a GRU bias of one row, Keras's GRU with "
+                f"reset_after=False (TF 1's), whose candidate applies the reset gate before "
+                f"the recurrent kernel: torch.nn.GRU cannot compute it")
+        if "bias_hh" in key:
+            raise ValueError(
+                f"Warm-start: {name!r} is the recurrent layer's one bias: map it to bias_ih "
+                f"and leave bias_hh at zero (frozen), or the bias is counted twice")
+        return value
+    if bias and layer.mode == "GRU" and tuple(value.shape) == (2, 3 * units):
+        return value[1 if "bias_hh" in key else 0][order]
+    if not bias and value.dim() == 2 and value.shape[1] == gates * units:
+        return (value if order is None else value[:, order]).t()
     return value
 
 
@@ -554,13 +596,14 @@ class _WarmStarter:
         return [n for n in self._variables if n.startswith(prev_var + "/")
                 and not re.fullmatch(r"part_\d+", n[len(prev_var) + 1:])]
 
-    def _layout(self, shape: tuple, prev: str, layer: Optional[torch.nn.Module]) -> Callable:
+    def _layout(self, shape: tuple, prev: str, layer: Optional[torch.nn.Module],
+                key: str = "") -> Callable:
         """How a value of checkpoint variable `prev` (or a slot of it) becomes
-        one of `shape` (`layer`'s weight): TF's kernels in torch's layout;
-        ours as they are."""
+        one of `shape` (`layer`'s weight `key`): TF's kernels in torch's
+        layout; ours as they are."""
         if not isinstance(self._variables, _TFVariables):
             return lambda value: value
-        return lambda value: _torch_layout(value, shape, prev, layer)
+        return lambda value: _torch_layout(value, shape, prev, layer, key)
 
     def _wanted(self, name: str) -> bool:
         patterns = self._settings.vars_to_warm_start
@@ -652,7 +695,7 @@ class _WarmStarter:
                 else:
                     layout = slot_of[1] if slot_of is not None else None
                     self._layouts[name] = (prev, layout or self._layout(
-                        tuple(tensor.shape), prev, layer_weights.get(key)))
+                        tuple(tensor.shape), prev, layer_weights.get(key), key))
                     value = self._layouts[name][1](value)
                 if tuple(value.shape) != tuple(tensor.shape):
                     moved = (f" ({tuple(value.shape)} in torch's layout)"
