@@ -289,7 +289,8 @@ class _CollectiveExtended(StrategyExtended):
         # a module run forward with gradients since their last backward (a
         # second backward through that graph, retain_graph=True, is local)
         self._armed: set = set()
-        self._wrapped_ids: List[tuple] = []   # each DDP module's parameter ids
+        # (name, {parameter id: key}) of each DDP module's trainable parameters
+        self._wrapped: List[tuple] = []
         # id(parameter) -> its name, for parameters frozen when their module was
         # made: DDP (or no DDP, for a module all frozen) never averages theirs
         self._frozen_at_wrap: Dict[int, str] = {}
@@ -493,7 +494,8 @@ class _CollectiveExtended(StrategyExtended):
         ddp._read_own_names()
         self._ddp_params += [p for p in module.parameters() if p.requires_grad]
         ddp._param_ids = tuple(id(p) for p in module.parameters() if p.requires_grad)
-        self._wrapped_ids.append(ddp._param_ids)
+        self._wrapped.append((name, {id(p): k for k, p in module.named_parameters()
+                                     if p.requires_grad}))
         if self._tracked_upto:   # (made after the first user step)
             self._track_accumulation()
         self._moving_buffers.watch(module)
@@ -673,29 +675,39 @@ class _CollectiveExtended(StrategyExtended):
             self._accumulated.discard(id(param))
         self._averaged.pop(id(param), None)
 
-    def _set_by_hand(self, p: torch.Tensor, unreduced: set) -> bool:
+    def _set_by_hand(self, p: torch.Tensor) -> bool:
         """Whether `p`'s gradient may differ between the replicas: one DDP
-        averaged (a backward accumulated it this user step, and DDP reduced
-        its module: `unreduced` holds the parameters of modules it has not)
-        or this engine averaged (the same tensor, unchanged since) does not."""
+        averaged (a backward accumulated it this user step) or this engine
+        averaged (the same tensor, unchanged since) does not."""
         if p.grad is None or id(p) not in self._tracked:
             return False
         averaged = self._averaged.get(id(p))
         if averaged is not None:
             return averaged != (id(p.grad), p.grad._version)
-        return id(p) not in self._accumulated or id(p) in unreduced
+        return id(p) not in self._accumulated
 
-    def _unreduced(self) -> set:
-        """The parameters of the DDP modules whose reduction is unfinished:
-        some of their parameters wait for a backward since the forward (one
-        head of a module backward, its optimizer stepping before the other
-        head's backward). DDP averages a module's gradients once all arrive."""
-        armed, out = self._armed, set()
-        if armed:
-            for ids in self._wrapped_ids:
-                if any(i in armed for i in ids):
-                    out.update(ids)
-        return out
+    def _refuse_half_reduced(self, optimizer) -> None:
+        """An optimizer step on parameters of a DDP module whose last backward
+        reached only part of it (one head of a module, its optimizer stepping
+        before the other head's backward): DDP averages a module's gradients
+        once all of them arrive, so these are still each replica's own, and
+        averaging them here would race DDP's own reduction. Refused."""
+        armed = self._armed
+        if not armed:
+            return
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]
+                   if p.grad is not None and id(p) not in armed}
+        for name, keys in self._wrapped:
+            waiting = [k for i, k in keys.items() if i in armed]
+            if waiting and stepped.intersection(keys):
+                raise ValueError(
+                    f"module {name!r}: an optimizer steps its parameters after a backward that "
+                    f"reached only part of the module ({', '.join(waiting[:4])}"
+                    f"{' ...' if len(waiting) > 4 else ''} wait for theirs). Under "
+                    f"{type(self._container_strategy).__name__}, DDP averages a module's "
+                    "gradients once all of them arrive, so these are still this replica's "
+                    "own: make each head a module of its own (est.get_module), or run every "
+                    "backward of the module before its optimizers step")
 
     def average_gradients_set_by_hand(self, optimizer) -> None:
         """Before an optimizer step in user code (and before a loss scaler's
@@ -711,9 +723,9 @@ class _CollectiveExtended(StrategyExtended):
         DDP averaged it."""
         if not self._user_step or self._group is None or self._ops._reduce_to_one:
             return
-        unreduced = self._unreduced()
+        self._refuse_half_reduced(optimizer)
         by_hand = [p for group in optimizer.param_groups for p in group["params"]
-                   if self._set_by_hand(p, unreduced)]
+                   if self._set_by_hand(p)]
         if not by_hand:
             return
         try:

@@ -1,6 +1,7 @@
 """MirroredStrategy and CentralStorageStrategy on 2 CPU replicas (gloo),
 started by the Estimator from this (pytest) process: equivalence with one
 process, chief-only files, restart, agreement to stop, failures."""
+import functools
 import glob
 import json
 import multiprocessing
@@ -648,14 +649,20 @@ class _HeadsInTurn(torch.nn.Module):
         return self.a(x), self.b(x)
 
 
-def _heads_in_turn_model_fn(features, labels, mode):
-    """One module, two heads, each with its optimizer, backward and step in
-    turn (TF: two `minimize` calls over the heads' variables)."""
-    net = est.get_module("net", _HeadsInTurn)
+def _heads_in_turn_model_fn(features, labels, mode, params=None):
+    """Two heads, each with its optimizer, backward and step in turn (TF:
+    two `minimize` calls over the heads' variables): one module's heads, or
+    (`params["apart"]`) two modules."""
     x, y = torch.as_tensor(features["x"]), torch.as_tensor(labels)
-    opt_a = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), name="a", var_list=[net.a])
-    opt_b = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), name="b", var_list=[net.b])
-    a, b = net(x)
+    if params and params.get("apart"):
+        head_a = est.get_module("a", lambda: torch.nn.Linear(3, 1))
+        head_b = est.get_module("b", lambda: torch.nn.Linear(3, 1))
+    else:
+        net = est.get_module("net", _HeadsInTurn)
+        head_a, head_b = net.a, net.b
+    opt_a = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), name="a", var_list=[head_a])
+    opt_b = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), name="b", var_list=[head_b])
+    a, b = (head_a(x), head_b(x)) if params and params.get("apart") else net(x)
 
     def train_op():
         opt_a.zero_grad()
@@ -667,12 +674,21 @@ def _heads_in_turn_model_fn(features, labels, mode):
     return est.EstimatorSpec(mode, loss=torch.nn.functional.mse_loss(a, y), train_op=train_op)
 
 
-def test_one_heads_backward_before_the_other_heads_is_averaged(tmp_path):
-    """DDP averages a module's gradients once all of them arrive: after the
-    first head's backward its gradient was still this replica's own when
-    its optimizer stepped, taken as averaged; the replicas drifted 0.47
-    apart (attack on e9bb869). Averaged before that step."""
-    _assert_two_replicas_train_as_one_process(tmp_path, _heads_in_turn_model_fn, seed=7)
+def test_one_heads_step_before_the_other_heads_backward_is_refused(tmp_path):
+    """DDP averages a module's gradients once all of them arrive: after one
+    head's backward its gradient was still this replica's own when its
+    optimizer stepped, taken as averaged; the replicas drifted 0.47 apart
+    without a word (attack on e9bb869; averaging it here raced DDP's own
+    reduction: the next attack). Refused, saying what to do; the heads as
+    modules of their own train as one process."""
+    e = est.Estimator(_heads_in_turn_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "one_module"), train_distribute=STRATEGIES["mirrored"]()))
+    with pytest.raises(ValueError, match=r"module 'net': an optimizer steps its parameters after "
+                                         r"a backward that reached only part of the module "
+                                         r"\(b.weight, b.bias wait for theirs\)"):
+        e.train(lambda: batches(n=64, batch_size=8), steps=2)
+    _assert_two_replicas_train_as_one_process(
+        tmp_path, functools.partial(_heads_in_turn_model_fn, params={"apart": True}), seed=7)
 
 
 def _scaled_by_hand_model_fn(features, labels, mode):
