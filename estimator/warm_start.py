@@ -286,9 +286,9 @@ def _layer_weights(module: torch.nn.Module) -> dict:
     for prefix, layer in module.named_modules():
         if isinstance(layer, _TORCH_LAYOUT_LAYERS):
             out[f"{prefix}.weight" if prefix else "weight"] = layer
-        elif isinstance(layer, torch.nn.RNNBase):
+        elif isinstance(layer, (torch.nn.RNNBase, torch.nn.RNNCellBase)):
             out.update((f"{prefix}.{key}" if prefix else key, layer)
-                       for key in layer._flat_weights_names)
+                       for key, _ in layer.named_parameters(recurse=False))
     return out
 
 
@@ -313,7 +313,7 @@ def _torch_layout(value: torch.Tensor, shape: tuple, name: str,
     from 3 to 3 channels). Another module's variable takes it only from a TF
     `kernel` whose shape matches the target's only so. A recurrent layer's
     (its state-dict `key`): see `_recurrent_layout`."""
-    if isinstance(layer, torch.nn.RNNBase):
+    if isinstance(layer, (torch.nn.RNNBase, torch.nn.RNNCellBase)):
         return _recurrent_layout(value, shape, name, layer, key)
     if value.dim() < 2 or value.dim() != len(shape):
         return value
@@ -329,22 +329,25 @@ def _torch_layout(value: torch.Tensor, shape: tuple, name: str,
     return value
 
 
-def _recurrent_layout(value: torch.Tensor, shape: tuple, name: str, layer: torch.nn.RNNBase,
+def _recurrent_layout(value: torch.Tensor, shape: tuple, name: str, layer: torch.nn.Module,
                       key: str) -> torch.Tensor:
-    """Keras's LSTM, GRU or SimpleRNN variable `value` for the torch.nn.LSTM,
-    GRU or RNN weight or bias `key`: a kernel [in, gates * units] (always
-    transposed: a square one too), gates in torch's order (Keras's GRU z, r,
-    h is torch's r, z, n; its LSTM's i, f, c, o is torch's), a GRU's bias
-    [2, 3 * units] (`reset_after=True`, TF 2's) split: row 0 for `bias_ih`,
-    row 1 for `bias_hh`. TF1's LSTMCell (one kernel over [input, state]):
-    `est.checkpoint.lstm_from_tf`."""
-    gates = {"LSTM": 4, "GRU": 3}.get(layer.mode, 1)
+    """Keras's LSTM, GRU or SimpleRNN (or cell) variable `value` for the
+    torch.nn.LSTM, GRU or RNN (or cell) weight or bias `key`: a kernel [in,
+    gates * units] (always transposed: a square one too), gates in torch's
+    order (Keras's GRU z, r, h is torch's r, z, n; its LSTM's i, f, c, o is
+    torch's), a GRU's bias [2, 3 * units] (`reset_after=True`, TF 2's)
+    split: row 0 for `bias_ih`, row 1 for `bias_hh`; another kernel (TF1's
+    LSTMCell projection for `weight_hr`) transposed. TF1's LSTMCell (one
+    kernel over [input, state]): `est.checkpoint.lstm_from_tf`."""
+    kind = getattr(layer, "mode", type(layer).__name__.replace("Cell", ""))
+    gru = kind == "GRU"
+    gates = {"LSTM": 4, "GRU": 3}.get(kind, 1)
     units = layer.hidden_size
     order = (torch.cat([torch.arange(units, 2 * units), torch.arange(units),
-                        torch.arange(2 * units, 3 * units)]) if layer.mode == "GRU" else None)
+                        torch.arange(2 * units, 3 * units)]) if gru else None)
     bias = key.rsplit(".", 1)[-1].startswith("bias")
     if bias and value.dim() == 1 and value.shape[0] == gates * units:
-        if layer.mode == "GRU":
+        if gru:
             raise ValueError(
                 f"Warm-start: {name!r} is a GRU bias of one row, Keras's GRU with "
                 f"reset_after=False (TF 1's), whose candidate applies the reset gate before "
@@ -354,10 +357,13 @@ def _recurrent_layout(value: torch.Tensor, shape: tuple, name: str, layer: torch
                 f"Warm-start: {name!r} is the recurrent layer's one bias: map it to bias_ih "
                 f"and leave bias_hh at zero (frozen), or the bias is counted twice")
         return value
-    if bias and layer.mode == "GRU" and tuple(value.shape) == (2, 3 * units):
+    if bias and gru and tuple(value.shape) == (2, 3 * units):
         return value[1 if "bias_hh" in key else 0][order]
-    if not bias and value.dim() == 2 and value.shape[1] == gates * units:
+    if not bias and value.dim() == 2 and value.shape[1] == gates * units and "weight_hr" not in key:
         return (value if order is None else value[:, order]).t()
+    if not bias and value.dim() == 2 and tuple(value.shape) != shape \
+            and tuple(value.shape[::-1]) == shape:
+        return value.t()
     return value
 
 
@@ -700,9 +706,13 @@ class _WarmStarter:
                 if tuple(value.shape) != tuple(tensor.shape):
                     moved = (f" ({tuple(value.shape)} in torch's layout)"
                              if value.shape != stored.shape else "")
+                    cell = (" (TF1's LSTMCell keeps one kernel over [input, state]: "
+                            "est.checkpoint.lstm_from_tf gives a torch.nn.LSTM's weights)"
+                            if isinstance(layer_weights.get(key), torch.nn.LSTM)
+                            and "weight_ih" in key and prev.endswith("kernel") else "")
                     raise ValueError(f"Warm-start: {name!r} has shape {tuple(tensor.shape)} but "
                                      f"{prev!r} in {self.path} has shape "
-                                     f"{tuple(stored.shape)}{moved}")
+                                     f"{tuple(stored.shape)}{moved}{cell}")
                 if rounded_by_cast(value, tensor.dtype):
                     raise ValueError(
                         f"Warm-start: {name!r} is {tensor.dtype} but {prev!r} in {self.path} is "
