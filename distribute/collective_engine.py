@@ -707,7 +707,9 @@ class _CollectiveExtended(StrategyExtended):
                     f"{type(self._container_strategy).__name__}, DDP averages a module's "
                     "gradients once all of them arrive, so these are still this replica's "
                     "own: make each head a module of its own (est.get_module), or run every "
-                    "backward of the module before its optimizers step")
+                    "backward of the module before its optimizers step; a part no loss of "
+                    "the training step reaches (a head for EVAL or PREDICT alone, a part "
+                    "under torch.no_grad) belongs in a module of its own too")
 
     def average_gradients_set_by_hand(self, optimizer) -> None:
         """Before an optimizer step in user code (and before a loss scaler's

@@ -339,9 +339,10 @@ def _recurrent_layout(value: torch.Tensor, shape: tuple, name: str, layer: torch
     split: row 0 for `bias_ih`, row 1 for `bias_hh`; another kernel (TF1's
     LSTMCell projection for `weight_hr`) transposed. TF1's LSTMCell (one
     kernel over [input, state]): `est.checkpoint.lstm_from_tf`."""
-    kind = getattr(layer, "mode", type(layer).__name__.replace("Cell", ""))
-    gru = kind == "GRU"
-    gates = {"LSTM": 4, "GRU": 3}.get(kind, 1)
+    if name.rsplit("/", 1)[-1] not in ("kernel", "recurrent_kernel", "bias"):
+        return value   # (not Keras' or TF1's names: a layout of another's)
+    gru = isinstance(layer, (torch.nn.GRU, torch.nn.GRUCell))
+    gates = 4 if isinstance(layer, (torch.nn.LSTM, torch.nn.LSTMCell)) else 3 if gru else 1
     units = layer.hidden_size
     order = (torch.cat([torch.arange(units, 2 * units), torch.arange(units),
                         torch.arange(2 * units, 3 * units)]) if gru else None)

