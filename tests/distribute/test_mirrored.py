@@ -563,10 +563,9 @@ def test_a_users_clipping_train_op_keeps_the_replicas_as_one(tmp_path, kind, mod
                                _replicas_mean(xs, lambda x: x.mean(0), 0.0), rtol=1e-5)
 
 
-def _gan_model_fn(features, labels, mode):
-    """A TF1 GAN's `tf.group(d_opt.minimize(d_loss, var_list=D),
-    g_opt.minimize(g_loss, var_list=G))` ported with torch.autograd.grad:
-    the gradients set by hand, each optimizer stepping its own module."""
+def _gan(features):
+    """A small GAN's generator, discriminator, real and generated batches,
+    and the discriminator's loss."""
     gen = est.get_module("gen", lambda: torch.nn.Sequential(
         torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3)))
     disc = est.get_module("disc", lambda: torch.nn.Sequential(
@@ -575,6 +574,14 @@ def _gan_model_fn(features, labels, mode):
     fake = gen(real * 0.5)
     d_loss = torch.nn.functional.softplus(-disc(real)).mean() + \
         torch.nn.functional.softplus(disc(fake)).mean()
+    return gen, disc, real, fake, d_loss
+
+
+def _gan_model_fn(features, labels, mode):
+    """A TF1 GAN's `tf.group(d_opt.minimize(d_loss, var_list=D),
+    g_opt.minimize(g_loss, var_list=G))` ported with torch.autograd.grad:
+    the gradients set by hand, each optimizer stepping its own module."""
+    gen, disc, real, fake, d_loss = _gan(features)
     g_loss = torch.nn.functional.softplus(-disc(fake)).mean()
     d_opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5), name="d",
                               var_list=[disc])
@@ -610,14 +617,7 @@ def _gan_two_backwards_model_fn(features, labels, mode):
     """A TF1 GAN ported with two backward passes: the discriminator's loss
     back through the generator (`retain_graph=True`, as TF's var_list lets
     one write it), then the generator's through the same graph."""
-    gen = est.get_module("gen", lambda: torch.nn.Sequential(
-        torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3)))
-    disc = est.get_module("disc", lambda: torch.nn.Sequential(
-        torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)))
-    real = torch.as_tensor(features["x"])
-    fake = gen(real * 0.5)
-    d_loss = torch.nn.functional.softplus(-disc(real)).mean() + \
-        torch.nn.functional.softplus(disc(fake)).mean()
+    gen, disc, _, fake, d_loss = _gan(features)
     d_opt = est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1), name="d", var_list=[disc])
     g_opt = est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.01), name="g", var_list=[gen])
 
