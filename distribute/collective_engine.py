@@ -698,8 +698,10 @@ class _CollectiveExtended(StrategyExtended):
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]
                    if p.grad is not None and id(p) not in armed}
         for name, keys in self._wrapped:
+            if stepped.isdisjoint(keys):
+                continue
             waiting = [k for i, k in keys.items() if i in armed]
-            if waiting and stepped.intersection(keys):
+            if waiting:
                 raise ValueError(
                     f"module {name!r}: an optimizer steps its parameters after a backward that "
                     f"reached only part of the module ({', '.join(waiting[:4])}"
