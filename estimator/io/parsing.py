@@ -2,6 +2,10 @@
 ``parse_single_example`` and the feature specs ``FixedLenFeature``,
 ``VarLenFeature``, ``FixedLenSequenceFeature``).
 
+``tf.SequenceExample`` records (``tf.io.parse_sequence_example``,
+``parse_single_sequence_example``) hold context features, parsed as an
+Example's, and feature lists, one Feature a frame (a time step).
+
 Results are what the feature columns and the input pipeline take: a
 `FixedLenFeature` gives a numpy array ``[batch] + shape`` (float32, int64,
 or an object array of bytes for strings, as TF's string tensors read back);
@@ -19,7 +23,7 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ._example_pb import Example
+from ._example_pb import Example, SequenceExample
 
 _KINDS = {"float": "float_list", "int": "int64_list", "string": "bytes_list"}
 _NUMPY = {"float": np.float32, "int": np.int64, "string": object}
@@ -98,17 +102,23 @@ def parse_example(serialized, features: Dict[str, Any]) -> Dict[str, Any]:
         raise ValueError("parse_example takes a batch (a list of serialized Examples); use "
                          "parse_single_example for one")
     specs = [(key, spec, _kind(spec.dtype, key)) for key, spec in features.items()]
-    examples = []
+    maps = [example.features.feature for example in _decode(serialized, Example)]
+    return {key: _parse_key(maps, key, spec, kind) for key, spec, kind in specs}
+
+
+def _decode(serialized, message) -> list:
+    """The records of a batch as `message`s (Example or SequenceExample)."""
+    decoded = []
     for index, record in enumerate(serialized):
         if isinstance(record, str):
             record = record.encode("latin-1")
         try:
-            examples.append(Example.FromString(bytes(record)))
+            decoded.append(message.FromString(bytes(record)))
         except Exception as e:   # DecodeError, and anything protobuf raises on junk
             raise ValueError(f"Could not parse example input, value: example {index} is not "
-                             f"a serialized tf.Example ({type(e).__name__}: {e})") from None
-    maps = [example.features.feature for example in examples]
-    return {key: _parse_key(maps, key, spec, kind) for key, spec, kind in specs}
+                             f"a serialized tf.{message.__name__} ({type(e).__name__}: "
+                             f"{e})") from None
+    return decoded
 
 
 def parse_single_example(serialized, features: Dict[str, Any]) -> Dict[str, Any]:
@@ -200,3 +210,110 @@ def _sequence(rows, key, spec: FixedLenSequenceFeature, kind: str) -> np.ndarray
         if row:
             out[i, :len(row)] = row
     return out.reshape((len(rows), longest) + shape)
+
+
+def parse_sequence_example(serialized, context_features: Optional[Dict[str, Any]] = None,
+                           sequence_features: Optional[Dict[str, Any]] = None):
+    """Parse a batch of serialized ``tf.SequenceExample``s (TF:
+    ``tf.io.parse_sequence_example``): returns ``(context, feature_lists,
+    lengths)``. `context_features` ({key: FixedLenFeature / VarLenFeature})
+    parse the context as `parse_example` parses an Example.
+    `sequence_features` ({key: FixedLenSequenceFeature / VarLenFeature})
+    parse the feature lists: a FixedLenSequenceFeature gives
+    ``[batch, longest] + shape``, padded with zeros (b"" for strings), and its
+    frames per example in `lengths` (int64 ``[batch]``); a VarLenFeature gives
+    per example a list of frames, each a list of values (TF's SparseTensor
+    ``[batch, frames, values]``). As TF's, a feature list missing from an
+    example is an error unless ``allow_missing=True`` (a present list may
+    have no frames), a frame holds ``prod(shape)`` values, and a
+    FixedLenSequenceFeature takes no `default_value`."""
+    if isinstance(serialized, (bytes, str)):
+        raise ValueError("parse_sequence_example takes a batch (a list of serialized "
+                         "SequenceExamples); use parse_single_sequence_example for one")
+    context_specs = _specs(context_features, (FixedLenFeature, VarLenFeature))
+    sequence_specs = _specs(sequence_features, (FixedLenSequenceFeature, VarLenFeature))
+    records = _decode(serialized, SequenceExample)
+    maps = [record.context.feature for record in records]
+    context = {key: _parse_key(maps, key, spec, kind) for key, spec, kind in context_specs}
+    lists = [record.feature_lists.feature_list for record in records]
+    feature_lists, lengths = {}, {}
+    for key, spec, kind in sequence_specs:
+        rows = [_frames(fl[key].feature, kind, key, i) if key in fl else None
+                for i, fl in enumerate(lists)]
+        if isinstance(spec, VarLenFeature):
+            feature_lists[key] = [row or [] for row in rows]
+        else:
+            feature_lists[key], lengths[key] = _frames_dense(rows, key, spec, kind)
+    return context, feature_lists, lengths
+
+
+def parse_single_sequence_example(serialized, context_features: Optional[Dict[str, Any]] = None,
+                                  sequence_features: Optional[Dict[str, Any]] = None):
+    """One serialized ``tf.SequenceExample`` (TF:
+    ``tf.io.parse_single_sequence_example``): ``(context, feature_lists)``
+    as `parse_sequence_example`'s, without the batch dimension (a
+    FixedLenSequenceFeature gives ``[frames] + shape``, a sequence
+    VarLenFeature its list of frames)."""
+    context, feature_lists, _ = parse_sequence_example(
+        [serialized], context_features, sequence_features)
+    return ({key: value[0] for key, value in context.items()},
+            {key: value[0] for key, value in feature_lists.items()})
+
+
+def _specs(features: Optional[Dict[str, Any]], allowed: tuple) -> list:
+    """(key, spec, kind) of each spec, refusing those TF refuses there."""
+    specs = []
+    for key, spec in (features or {}).items():
+        if not isinstance(spec, allowed):
+            raise ValueError(f"Unsupported {type(spec).__name__} {spec!r} for key {key!r}: "
+                             f"{' or '.join(t.__name__ for t in allowed)} here, as TF's")
+        specs.append((key, spec, _kind(spec.dtype, key)))
+    return specs
+
+
+def _frames(frames, kind: str, key: str, index: int) -> list:
+    """A feature list's frames, each a list of values (a frame holding no
+    list at all: no values, as TF reads it)."""
+    out = []
+    for j, frame in enumerate(frames):
+        present = frame.WhichOneof("kind")
+        if present not in (None, _KINDS[kind]):
+            raise ValueError(f"Name: example {index}, Feature list: {key}, Index: {j}. Data "
+                             f"types don't match. Expected type: {_NAMES[kind]}")
+        out.append(list(getattr(frame, present).value) if present else [])
+    return out
+
+
+def _frames_dense(rows, key: str, spec: FixedLenSequenceFeature, kind: str):
+    shape = tuple(spec.shape)
+    size = _size(shape)
+    if spec.default_value is not None:   # (TF's words)
+        raise ValueError(f"Value feature_list.dense_defaults[{key}] must be None: a "
+                         "FixedLenSequenceFeature of a feature list takes no default_value "
+                         "(its padding is zeros, as TF's)")
+    lengths = []
+    for i, frames in enumerate(rows):
+        if frames is None:
+            if not spec.allow_missing:
+                raise ValueError(f"Name: example {i}, Feature list '{key}' is required but "
+                                 "could not be found (give its FixedLenSequenceFeature "
+                                 "allow_missing=True for no frames)")
+            frames = []
+        total = sum(len(frame) for frame in frames)
+        if size and total % size:
+            raise ValueError(f"Name: example {i}, Feature list '{key}' has an unexpected "
+                             f"number of values. Total values size: {total} is not "
+                             f"consistent with output shape: {['?'] + list(shape)}")
+        for j, frame in enumerate(frames):
+            if len(frame) != size:
+                raise ValueError(f"Name: example {i}, Key: {key}, Index: {j}. Number of values "
+                                 f"!= expected. values size: {len(frame)} but output shape: "
+                                 f"{list(shape)}")
+        lengths.append(len(frames))
+    longest = max(lengths, default=0)
+    out = np.full((len(rows), longest * size), b"" if kind == "string" else 0,
+                  dtype=_NUMPY[kind])
+    for i, frames in enumerate(rows):
+        values = [value for frame in frames or [] for value in frame]
+        out[i, :len(values)] = values
+    return out.reshape((len(rows), longest) + shape), np.array(lengths, dtype=np.int64)
