@@ -11,7 +11,7 @@ from hooks.model_scope import (get_global_step, get_grad_scaler, get_module, get
                                is_training, named_tensor)
 from .estimator import Estimator
 from . import (data, experimental, inputs, io, layers, learning_rate_decay, losses,
-               moving_averages, serving)
+               moving_averages, nn, serving)
 from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
                      BinaryClassHead, DNNClassifier, DNNEstimator, DNNLinearCombinedClassifier,
                      DNNLinearCombinedEstimator, DNNLinearCombinedRegressor, DNNRegressor,

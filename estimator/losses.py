@@ -216,6 +216,59 @@ def mean_pairwise_squared_error(labels, predictions, weights=1.0, scope=None,
     return _collect(loss, loss_collection, scope, "mean_pairwise_squared_error")
 
 
+def sequence_loss(logits, targets, weights, average_across_timesteps: bool = True,
+                  average_across_batch: bool = True, sum_over_timesteps: bool = False,
+                  sum_over_batch: bool = False, softmax_loss_function=None) -> torch.Tensor:
+    """The weighted cross entropy of a sequence of logits (TF1:
+    ``tf.contrib.seq2seq.sequence_loss``; TF 2: ``tfa.seq2seq.sequence_loss``).
+    `logits` ``[batch, time, classes]``, `targets` ``[batch, time]`` (class
+    ids), `weights` ``[batch, time]`` (0 on padding). Averaging divides the
+    weighted sum by the sum of the weights, summing (``sum_over_*``) by the
+    count of nonzero weights, over time, the batch, or both (0 where the
+    divisor is 0); neither keeps ``[batch, time]``. Not added to a loss
+    collection, as TF's. `softmax_loss_function(labels=, logits=)`, where
+    given, replaces the cross entropy (flat ``[batch * time]`` targets,
+    ``[batch * time, classes]`` logits)."""
+    if average_across_timesteps and sum_over_timesteps:
+        raise ValueError("average_across_timesteps and sum_over_timesteps cannot be set to "
+                         "True at same time.")
+    if average_across_batch and sum_over_batch:
+        raise ValueError("average_across_batch and sum_over_batch cannot be set to True at "
+                         "same time.")
+    if average_across_batch and sum_over_timesteps:
+        raise ValueError("average_across_batch and sum_over_timesteps cannot be set to True at "
+                         "same time because of ambiguous order.")
+    if sum_over_batch and average_across_timesteps:
+        raise ValueError("sum_over_batch and average_across_timesteps cannot be set to True at "
+                         "same time because of ambiguous order.")
+    logits = _float(logits, "logits")
+    targets = torch.as_tensor(targets, device=logits.device)
+    weights = _float(weights, "weights").to(logits.device, logits.dtype)
+    if logits.dim() != 3 or targets.dim() != 2 or weights.dim() != 2:
+        raise ValueError(f"sequence_loss takes logits [batch, time, classes], targets and "
+                         f"weights [batch, time]; got {tuple(logits.shape)}, "
+                         f"{tuple(targets.shape)}, {tuple(weights.shape)}")
+    batch, time, classes = logits.shape
+    flat_logits, flat_targets = logits.reshape(-1, classes), targets.reshape(-1).long()
+    if softmax_loss_function is None:
+        crossent = torch.nn.functional.cross_entropy(flat_logits, flat_targets,
+                                                     reduction="none")
+    else:
+        crossent = softmax_loss_function(labels=flat_targets, logits=flat_logits)
+    crossent = crossent.reshape(batch, time) * weights
+    if (average_across_timesteps and average_across_batch) or (
+            sum_over_timesteps and sum_over_batch):
+        divisor = weights.sum() if average_across_timesteps else (weights != 0).sum()
+        return _div_no_nan(crossent.sum(), divisor.to(crossent.dtype))
+    if average_across_timesteps or average_across_batch:
+        axis = 0 if average_across_batch else 1
+        return _div_no_nan(crossent.sum(axis), weights.sum(axis))
+    if sum_over_timesteps or sum_over_batch:
+        axis = 0 if sum_over_batch else 1
+        return _div_no_nan(crossent.sum(axis), (weights != 0).sum(axis).to(crossent.dtype))
+    return crossent
+
+
 def add_loss(loss, loss_collection: Optional[str] = GraphKeys.LOSSES) -> None:
     """Add `loss` to `loss_collection` of this model_fn call (a regularization
     term: ``loss_collection=GraphKeys.REGULARIZATION_LOSSES``)."""
