@@ -14,6 +14,19 @@ TF's programs evaluate with the full softmax; so do these in EVAL: compute
 
 The draw is torch's (the default generator, or `seed`'s), not TF's: with
 `sampled_values` given, the losses equal TF's for the same candidates.
+
+Under MirroredStrategy a module's parameters are averaged by its own call:
+hold `weights` and `biases` in a module whose `forward` computes the loss::
+
+    class SampledSoftmax(torch.nn.Module):
+        def __init__(self, classes, dim):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(classes, dim) * dim ** -0.5)
+            self.bias = torch.nn.Parameter(torch.zeros(classes))
+
+        def forward(self, inputs, labels):
+            return est.nn.sampled_softmax_loss(self.weight, self.bias, labels, inputs,
+                                               num_sampled=64, num_classes=len(self.bias))
 """
 from __future__ import annotations
 
