@@ -168,3 +168,47 @@ def test_sequence_loss_takes_a_loss_function_of_its_own():
                                           rel=1e-5)
     with pytest.raises(ValueError, match=r"logits \[batch, time, classes\]"):
         est.losses.sequence_loss(logits[0], targets, weights)
+
+
+class _SampledSoftmax(torch.nn.Module):
+    """The output layer of the docs' sampled-softmax port."""
+
+    def __init__(self, classes=30, dim=4):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(classes, dim))
+        self.bias = torch.nn.Parameter(torch.zeros(classes))
+
+    def forward(self, inputs, labels, sampled_values):
+        return est.nn.sampled_softmax_loss(self.weight, self.bias, labels, inputs, 5,
+                                           len(self.bias), sampled_values=sampled_values)
+
+
+def _sampled_model_fn(features, labels, mode):
+    body = est.get_module("body", lambda: torch.nn.Linear(3, 4))
+    out = est.get_module("out", _SampledSoftmax)
+    ids = (labels.reshape(-1).abs() * 7).long() % 30
+    sampled_values = (torch.tensor([3, 7, 11, 0, 29]), torch.full((len(ids), 1), 0.3),
+                      torch.full((5,), 0.2))
+    loss = out(body(features["x"]), ids.unsqueeze(1), sampled_values).mean()
+    return est.EstimatorSpec(mode, loss=loss,
+                             train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+@pytest.mark.slow
+def test_the_sampled_softmax_module_on_two_replicas_trains_as_one_process(tmp_path):
+    import distribute
+    from replica_helpers import batches, concatenated
+    data = batches(n=64, batch_size=8)
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+            timeout_seconds=30))
+    two = est.Estimator(_sampled_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), tf_random_seed=1, train_distribute=strategy))
+    two.train(lambda: data, steps=4)
+    one = est.Estimator(_sampled_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path / "one"), tf_random_seed=1))
+    one.train(lambda: concatenated(data, 2), steps=4)
+    for name in ("body/weight", "out/weight", "out/bias"):
+        np.testing.assert_allclose(two.get_variable_value(name), one.get_variable_value(name),
+                                   atol=1e-6, err_msg=name)
+    assert np.abs(one.get_variable_value("out/bias")).max() > 1e-3   # (it trained)
