@@ -39,8 +39,6 @@ import torch.nn.functional as F
 
 __all__ = ["log_uniform_candidate_sampler", "nce_loss", "sampled_softmax_loss"]
 
-_FLOAT_MAX = float(np.finfo(np.float32).max)   # TF's accidental-hit logit: -FLT_MAX
-
 
 def log_uniform_candidate_sampler(true_classes, num_true: int, num_sampled: int, unique: bool,
                                   range_max: int, seed: Optional[int] = None):
@@ -143,9 +141,9 @@ def _sampled_logits(weights, biases, labels, inputs, num_sampled, num_classes, n
     true_w = rows[:batch * num_true].reshape(batch, num_true, -1)
     true_logits = (inputs.unsqueeze(1) * true_w).sum(-1) + biases[labels]
     sampled_logits = inputs @ rows[batch * num_true:].t() + biases[sampled]
-    if remove_accidental_hits:
+    if remove_accidental_hits:   # (TF adds -FLT_MAX: the lowest value of the dtype, here)
         hits = (labels.unsqueeze(2) == sampled.view(1, 1, -1)).any(1)
-        sampled_logits = sampled_logits + hits.to(sampled_logits.dtype) * -_FLOAT_MAX
+        sampled_logits = sampled_logits.masked_fill(hits, torch.finfo(sampled_logits.dtype).min)
     true_logits = true_logits - torch.log(true_expected.to(true_logits.dtype)).reshape(
         batch, num_true)
     sampled_logits = sampled_logits - torch.log(sampled_expected.to(sampled_logits.dtype))

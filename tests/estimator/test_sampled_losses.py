@@ -124,6 +124,23 @@ def test_sampled_softmax_trains_a_large_vocabulary_model_as_the_full_softmax_ran
     assert accuracy > 0.8
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_accidental_hits_are_removed_in_half_precision_too(dtype):
+    """(TF's -FLT_MAX added to a hit's logit overflowed to -inf there, and its
+    target 0 times its log-probability, -inf, made the row's loss NaN.)"""
+    case = TF["cases"]["softmax"]
+    sampled_values = (torch.tensor(TF["sampled"]), torch.tensor(case["true_expected"]),
+                      torch.tensor(TF["sampled_expected"]))
+    for fn in (est.nn.sampled_softmax_loss, est.nn.nce_loss):
+        loss = fn(torch.tensor(TF["weights"], dtype=dtype), torch.tensor(TF["biases"], dtype=dtype),
+                  torch.tensor(case["labels"]), torch.tensor(TF["inputs"], dtype=dtype),
+                  len(TF["sampled"]), TF["num_classes"], sampled_values=sampled_values,
+                  remove_accidental_hits=True)
+        assert loss.dtype == dtype and torch.isfinite(loss).all()
+        if fn is est.nn.sampled_softmax_loss:
+            _close(loss.float(), case["loss"], tol=0.05)
+
+
 def test_sampled_losses_say_what_is_wrong():
     w, b, x = torch.zeros(10, 4), torch.zeros(10), torch.zeros(3, 4)
     with pytest.raises(ValueError, match=r"labels must be \[batch=3, num_true=2\]"):
