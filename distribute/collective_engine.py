@@ -298,6 +298,7 @@ class _CollectiveExtended(StrategyExtended):
 
     def _reset_step_state(self):
         self._training = False       # between the start of a training input and its end
+        self._eval_input = None      # the sharded evaluation's batches (evaluates_nothing)
         self._train_input = None     # input_lib.TrainBatches of the current training
         # [loss, vote, no next batch, preempted, moving buffers joined late]
         self._step_flags = torch.zeros(5, dtype=torch.float64)
@@ -1009,6 +1010,15 @@ class _CollectiveExtended(StrategyExtended):
             raise self._explain(e, "checking the input of every replica") from e
         return [t.tolist() for t in out]
 
+    def _share(self, obj) -> list:
+        """Every replica's `obj` (picklable; an all-gather on the control group)."""
+        out = [None] * self._group.world_size
+        try:
+            dist.all_gather_object(out, obj, group=self._group.control)
+        except RuntimeError as e:
+            raise self._explain(e, "checking the input of every replica") from e
+        return out
+
     def _flags(self, flag: bool) -> List[bool]:
         """Every replica's `flag`."""
         return [bool(values[0]) for values in self._gather([1.0 if flag else 0.0])]
@@ -1064,6 +1074,7 @@ class _CollectiveExtended(StrategyExtended):
                          read: Callable = iter):
         """`read` of the shard, on the step's thread inside the replicas'
         agreements on the input (a read-ahead thread is not a step ahead)."""
+        self._eval_input = None
         if self._group is None or mode == _PREDICT or self._training:
             # alone; or an evaluation inside training (a saving listener on the
             # chief), while the other replicas wait in training: unsharded, here
@@ -1088,7 +1099,15 @@ class _CollectiveExtended(StrategyExtended):
             self._train_input = input_lib.TrainBatches(
                 dataset, self._all_have, self._first_batches if shards_itself else None)
             return self._train_input
-        return input_lib.EvalBatches(dataset, self._flags, self._topology.describe)
+        self._eval_input = input_lib.EvalBatches(dataset, self._flags, self._topology.describe,
+                                                 self._share, self.to_device)
+        return self._eval_input
+
+    @property
+    def evaluates_nothing(self) -> bool:
+        """Whether this replica's shard of the evaluation in progress had no
+        batch: its model_fn ran on an empty one, for the metrics alone."""
+        return self._eval_input is not None and self._eval_input.placeholder
 
     def reduce_metrics(self, metrics) -> None:
         """Sum every metric's state (all float64 sums) over the replicas, in one

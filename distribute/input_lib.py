@@ -11,7 +11,8 @@ AutoShardPolicy).
 - `TrainBatches`: a replica's training input, one batch ahead, so the
   replicas can agree to stop when any of them has no next batch (uneven
   shards end training for all at the same step instead of hanging).
-- `EvalBatches`: checks once that every replica has something to evaluate.
+- `EvalBatches`: a replica's evaluation batches; one whose shard has none
+  gets an empty batch to build its model_fn's metrics on (TF's partial batch).
 - `SplitBatches` / `AgreedBatches`: what `experimental_distribute_dataset`
   and `distribute_datasets_from_function` return in a custom loop.
 """
@@ -276,13 +277,22 @@ def _digest_into(digest, obj) -> None:
 
 
 class EvalBatches:
-    """A replica's evaluation batches; the first one is checked on every
-    replica at once (`gather(flag)` -> every replica's flag), so that a
-    replica with nothing to evaluate is named instead of hanging the others."""
+    """A replica's evaluation batches. Whether each replica has a first one
+    is checked on every replica at once (`gather(flag)` -> every replica's
+    flag). A replica whose shard has none (fewer batches than replicas)
+    gets the first replica's first batch with no rows (`share(obj)` ->
+    every replica's obj, `to_device` moving the one received): its
+    model_fn builds the metrics on it, and `placeholder` says that it
+    evaluates nothing (TF hands such a replica an empty partial batch).
+    Where no empty batch can be made of it (see `_empty_like`), that
+    replica is named instead of hanging the others."""
 
-    def __init__(self, dataset, gather: Callable[[bool], list], describe: Callable[[int], str]):
+    def __init__(self, dataset, gather: Callable[[bool], list], describe: Callable[[int], str],
+                 share: Callable[[object], list], to_device: Callable):
         self._dataset, self._gather, self._describe = dataset, gather, describe
+        self._share, self._to_device = share, to_device
         self._it = None
+        self.placeholder = False
 
     def __iter__(self):
         return self
@@ -296,10 +306,19 @@ class EvalBatches:
         if not any(flags):
             raise StopIteration
         if not all(flags):
-            empty = ", ".join(self._describe(r) for r, f in enumerate(flags) if not f)
-            raise ValueError(f"The evaluation input has no batch for {empty}: evaluation is "
-                             f"sharded over {len(flags)} replicas, so give it at least "
-                             f"{len(flags)} batches")
+            empties = self._share(_to_host(_empty_like(first)) if first is not _END else None)
+            template = next(e for e, f in zip(empties, flags) if f)
+            if template is None:
+                empty = ", ".join(self._describe(r) for r, f in enumerate(flags) if not f)
+                raise ValueError(
+                    f"The evaluation input has no batch for {empty}: evaluation is sharded "
+                    f"over {len(flags)} replicas, and a batch with no rows, on which such a "
+                    f"replica builds its metrics, cannot be made of this input's batches "
+                    f"(tensors, numpy arrays, lists of values, in dicts, lists and tuples); "
+                    f"give it at least {len(flags)} batches")
+            if first is _END:
+                self.placeholder = True
+                return self._to_device(template)
         return first
 
 
@@ -351,6 +370,20 @@ class AgreedBatches:
                 return
             if done:
                 batch = empty
+
+
+def _to_host(batch):
+    """`batch` (as `_empty_like` makes them) with its tensors on the CPU."""
+    if isinstance(batch, torch.Tensor):
+        return batch.cpu()
+    if isinstance(batch, dict):
+        return {k: _to_host(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        values = [_to_host(v) for v in batch]
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+            return type(batch)(*values)
+        return type(batch)(values)
+    return batch
 
 
 def _empty_like(batch):

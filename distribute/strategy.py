@@ -199,6 +199,11 @@ class StrategyExtended:
     def should_init(self) -> bool:
         return True
 
+    # Whether this replica's shard of the evaluation in progress had no batch,
+    # so that its model_fn ran on an empty one to build the metrics alone
+    # (strategies sharding evaluation over replicas define it).
+    evaluates_nothing = False
+
     # -- capabilities ------------------------------------------------------------
     def in_multi_worker_mode(self) -> bool:
         """Whether this task trains together with other tasks of a cluster

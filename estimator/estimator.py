@@ -461,6 +461,9 @@ class Estimator:
                     "and early stopping would act on: evaluate refuses it instead")
             mode, pending = ModeKeys.EVAL, [first]
             first = first[0]
+            # (a replica whose shard had no batch: model_fn ran on an empty
+            # one for the metrics, which it declares without a step)
+            nothing = strategy.extended.evaluates_nothing
             loss = scope.create_metric("eval/loss", metrics.Mean)
             metric_ops = EvalMetricOps(scope)
 
@@ -480,9 +483,9 @@ class Estimator:
             all_hooks = (stop + user_hooks + list(first.evaluation_hooks)
                          + progress_hooks("evaluate", num_steps=steps))
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
-                while not session.should_stop():
+                while not nothing and not session.should_stop():
                     session.run(step)
-            if pending:   # no step ran: TF's metrics read 0 over no batch
+            if pending:   # no step ran here: the metrics are the other replicas' alone
                 metric_ops.declare(first.eval_metric_ops)
             strategy.extended.reduce_metrics(list(scope.metrics.values()))
             results = {key: _metric_value(value) for key, value in metric_ops.results().items()}
@@ -632,7 +635,9 @@ class Estimator:
         # prediction a SummarySaverHook among the hooks saves the first
         # batch's too (they were lost: it asks only from the first step on).
         # Kept only where a hook then fetches them.
-        scope.summaries_due = self._is_chief(strategy) or mode != ModeKeys.TRAIN
+        # (none from an empty batch a replica evaluating nothing builds its metrics on)
+        scope.summaries_due = (self._is_chief(strategy) or mode != ModeKeys.TRAIN) and not (
+            mode == ModeKeys.EVAL and strategy.extended.evaluates_nothing)
         try:
             if mode == ModeKeys.TRAIN:
                 spec = call(features, labels, mode)

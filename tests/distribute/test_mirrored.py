@@ -1294,10 +1294,70 @@ def test_too_little_input_for_the_replicas(tmp_path):
     e.train(lambda: batches(n=16, batch_size=16), steps=5)   # one batch: replica 1 has none
     assert e.latest_checkpoint() is None                     # so no replica trains
     e.train(lambda: batches(), steps=1)
-    with pytest.raises(ValueError, match=r"no batch for replica 1 \(cpu:1\)"):
-        e.evaluate(lambda: batches(n=30, batch_size=30))
+    # one batch to evaluate: replica 1 builds its metrics on an empty one, as
+    # TF's partial batch; the results are the one batch's, as in one process
+    one = make(tmp_path / "little")
+    for data in (batches(n=30, batch_size=30), batches(n=48, batch_size=16)):
+        assert e.evaluate(lambda: data) == one.evaluate(lambda: data)
     with pytest.raises(ValueError, match="evaluation input_fn gave no batch"):
         e.evaluate(lambda: [])
+    # a batch with no rows cannot be made of an object of the user's: named
+    odd = [(dict(b[0], o=object()), b[1]) for b in batches(n=30, batch_size=30)]
+    with pytest.raises(ValueError, match=r"no batch for replica 1 \(cpu:1\)"):
+        e.evaluate(lambda: odd)
+
+
+def test_a_canned_model_of_strings_evaluates_one_batch_on_two_replicas(tmp_path):
+    """The empty batch's strings go through the feature columns; its
+    summaries (the DNN's histograms of no rows) are not made."""
+    fc = est.feature_column
+    columns = [fc.embedding_column(fc.categorical_column_with_vocabulary_list(
+        "c", ["a", "b", "c"]), 2), fc.numeric_column("x")]
+
+    def data():   # (float64 from pandas, an out-of-vocabulary string)
+        return [({"c": np.array(["a", "b", "c", "a", "z"], dtype=object),
+                  "x": np.arange(5, dtype=np.float64)}, np.array([0, 1, 1, 0, 1]))]
+    results = []
+    for strategy in (None, STRATEGIES["mirrored"]()):
+        e = est.DNNClassifier([4], columns, model_dir=str(tmp_path / str(len(results))),
+                              config=est.RunConfig(tf_random_seed=1, eval_distribute=strategy))
+        e.train(lambda: data() * 3, steps=3)
+        results.append(e.evaluate(data))
+    assert results[0] == results[1]
+
+
+with open(os.path.join(FIXTURES, "tf_eval_few_batches.json"), encoding="utf-8") as _f:
+    TF_EVAL_FEW = json.load(_f)
+
+
+def _tf_few_batches_model_fn(features, labels, mode):
+    def linear():
+        net = torch.nn.Linear(2, 2, bias=False)
+        with torch.no_grad():
+            net.weight.copy_(torch.tensor(TF_EVAL_FEW["w"]).t())
+        return net
+    logits = est.get_module("linear", linear)(features["x"])
+    loss = est.losses.sparse_softmax_cross_entropy(labels, logits)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.0)), eval_metric_ops={
+        "accuracy": est.metrics.accuracy(labels, logits.argmax(1)),
+        "mean_x": est.metrics.mean(features["x"])})
+
+
+@pytest.mark.parametrize("case", TF_EVAL_FEW["cases"], ids=lambda c: f"{c['rows']}_rows")
+def test_fewer_batches_than_replicas_evaluate_as_tfs(tmp_path, case):
+    """Recorded from TF 2.15's MirroredStrategy on 2 logical CPUs (its
+    answer equals one process's): 1 batch, 1 partial batch, 2 batches."""
+    x = np.array(TF_EVAL_FEW["x"], dtype=np.float32)[:case["rows"]]
+    y = np.array(TF_EVAL_FEW["y"])[:case["rows"]]
+    data = [({"x": torch.from_numpy(x[i:i + case["batch"]])},
+             torch.from_numpy(y[i:i + case["batch"]]))
+            for i in range(0, case["rows"], case["batch"])]
+    e = est.Estimator(_tf_few_batches_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), eval_distribute=STRATEGIES["mirrored"]()))
+    results = e.evaluate(lambda: data)
+    for key, value in case["two_replicas"].items():
+        assert results[key] == pytest.approx(value, rel=1e-6), key
 
 
 def test_nan_loss_fails_every_replica_on_the_same_step(tmp_path):

@@ -908,11 +908,15 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_cli_error_of_a_library_check_in_a_replica_is_one_line(trained, capsys):
+def test_cli_error_of_a_library_check_in_a_replica_is_one_line(trained, capsys, tmp_path):
     """Raised in a replica process, it came back chained from the replica's
     traceback, which the CLI took for user code: a full traceback was printed."""
     _, args = trained
-    code = cli.main(["evaluate", *args, "--set", "params.batch_size=64", "--set",
+    odd = tmp_path / "odd_input.py"   # one batch, of which no empty one can be made
+    odd.write_text("import torch\n\ndef input_fn(params, mode):\n"
+                   "    return [({'x': torch.zeros(30, 4), 'o': object()},"
+                   " torch.zeros(30, dtype=torch.long))]\n")
+    code = cli.main(["evaluate", *args, "--set", f"eval_spec.input_fn={odd}:input_fn", "--set",
                      "run_config.eval_distribute={MirroredStrategy: {devices: [cpu:0, cpu:1]}}"])
     err = capsys.readouterr().err
     assert code == 1, err
