@@ -662,6 +662,24 @@ class _WarmStarter:
         prev_var, layout = self._layouts.get(variable, (variable, None))
         self._apply(variable, [(slot, tensor)], {}, None, slot_of=(prev_var, layout))
 
+    def _refuse_tf1_cell_bias(self, prev: str, layer, key: str, name: str) -> None:
+        """A TF1 LSTM cell's bias (BasicLSTMCell, LSTMCell, LSTMBlockCell: gates
+        i, j, f, o, the forget bias added in the cell) fits a torch LSTM's bias
+        by shape but not by layout; its cell is told from Keras's LSTM (gates
+        i, f, c, o, as torch's) by a kernel beside it without a recurrent one."""
+        if not (isinstance(layer, (torch.nn.LSTM, torch.nn.LSTMCell)) and ".bias" in f".{key}"
+                and prev.endswith("/bias") and isinstance(self._variables, _TFVariables)):
+            return
+        cell = prev[:-len("/bias")]
+        if f"{cell}/kernel" in self._variables and f"{cell}/recurrent_kernel" not in \
+                self._variables:
+            raise ValueError(
+                f"Warm-start: {prev!r} (for {name!r}) is a TF1 LSTM cell's bias: its gates are "
+                f"i, j, f, o and the cell adds forget_bias (1.0) to f, where torch's are i, f, "
+                f"g, o with two biases; est.checkpoint.lstm_from_tf(kernel, bias) gives the "
+                f"torch.nn.LSTM's weights and biases from the cell's {cell}/kernel and bias "
+                f"(load them in the module's factory, and leave them out of the warm start)")
+
     def _apply(self, owner: str, items, layer_weights: dict, trainable,
                slot_of: Optional[tuple] = None) -> None:
         """`slot_of`: (the checkpoint name, the layout) of the variable whose
@@ -696,6 +714,7 @@ class _WarmStarter:
                         "; leave the variable out of vars_to_warm_start or map it to a "
                         "checkpoint name in var_name_to_prev_var_name")
                 value = stored = self._variables[prev]
+                self._refuse_tf1_cell_bias(prev, layer_weights.get(key), key, name)
                 if info is not None:
                     value = _remapped(value, info, tuple(tensor.shape), name, prev)
                     self._remapped.add(name)

@@ -151,3 +151,16 @@ def test_keras_cells_and_a_tf1_projection_warm_start_as_tf_computes_them(tmp_pat
     ours = next(e.predict(lambda: [features], yield_single_examples=False))
     for name in ("lstm_cell", "gru_cell", "proj"):
         np.testing.assert_allclose(ours[name], TF["outputs"][name], atol=2e-6, err_msg=name)
+
+
+def test_a_tf1_cells_bias_mapped_to_an_lstm_bias_is_refused(tmp_path):
+    """TF1's LSTMCell bias [4 * units] fits torch's by shape: it was taken as
+    it is (gates i, j, f, o, no forget bias; quickdraw port probe: 1.10 off
+    lstm_from_tf's), where the same cell's kernel was refused."""
+    mapping = {"proj/bias_ih_l0": "proj/rnn/lstm_cell/bias"}
+    e = est.Estimator(_cells_model_fn, str(tmp_path), warm_start_from=est.WarmStartSettings(
+        CKPT, vars_to_warm_start=list(mapping), var_name_to_prev_var_name=mapping))
+    features = dict(_features(), x_proj=np.zeros((1, 2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"'proj/rnn/lstm_cell/bias' \(for 'proj/bias_ih_l0'\) "
+                                         r"is a TF1 LSTM cell's bias.*lstm_from_tf"):
+        e.train(lambda: [(features, None)], steps=1)
