@@ -40,6 +40,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 import sys
 import time
 import weakref
@@ -622,8 +623,10 @@ def _remove_temp_files(model_dir: str) -> None:
 def pin(path: str, directory: str) -> str:
     """A hard link to checkpoint `path` in `directory` (same name), its digest
     linked beside it, so that a reader in another process keeps the file while
-    the chief's Saver deletes the original; `path` itself where the file
-    system has no hard links. FileNotFoundError if `path` is already gone.
+    the chief's Saver deletes the original; a copy where no hard link can be
+    made (`directory` on another file system; the file another user's, which
+    Linux's protected_hardlinks refuses to link); `path` itself, with a
+    warning, where neither can. FileNotFoundError if `path` is already gone.
     `unpin` the link when done."""
     os.makedirs(directory, exist_ok=True)
     link = os.path.join(directory, os.path.basename(path))
@@ -632,12 +635,43 @@ def pin(path: str, directory: str) -> str:
     try:   # the digest first: the file is never there without it
         for source, target in pairs + [(path, link)]:
             os.link(source, target)
+        return link
+    except FileNotFoundError:
+        unpin(link, path)
+        if not os.path.exists(path):
+            raise
     except OSError as e:
         unpin(link, path)
-        if isinstance(e, FileNotFoundError) and not os.path.exists(path):
-            raise
+        if not _copying.get(directory):
+            _copying[directory] = True
+            logger.info("Checkpoints are copied into %s while they are read (no hard link to "
+                        "%s: %s)", directory, path, e.strerror or e)
+    try:   # (a file the chief deletes while it is copied stays readable to the end)
+        for source, target in pairs + [(path, link)]:
+            _copy(source, target)
+        return link
+    except FileNotFoundError:
+        unpin(link, path)
+        raise
+    except OSError as e:
+        unpin(link, path)
+        logger.warning("Checkpoint %s is read in place: it can neither be linked nor copied "
+                       "into %s (%s), so the chief may delete it before it is read (keep more "
+                       "checkpoints: RunConfig(keep_checkpoint_max=...))", path, directory,
+                       e.strerror or e)
         return path
-    return link
+
+
+_copying: Dict[str, bool] = {}   # pin directories told that checkpoints are copied there
+
+
+def _copy(source: str, target: str) -> None:
+    """Copy `source` to `target` with its modification time (which the
+    evaluator compares with its summaries')."""
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        stat = os.fstat(src.fileno())
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def unpin(link: str, path: str) -> None:

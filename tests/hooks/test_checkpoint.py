@@ -1371,3 +1371,64 @@ def test_hourly_and_unevaluated_checkpoints_stay_and_a_damaged_index_deletes_non
     on_disk = sorted(checkpoint.step_of(p) for p in checkpoint.checkpoints_on_disk(str(tmp_path)))
     assert on_disk == [2, 4, 6]
     assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == [6]
+
+
+def _one_checkpoint(tmp_path):
+    e = train(tmp_path / "model", 1)
+    return e.latest_checkpoint()
+
+
+def test_a_checkpoint_that_cannot_be_linked_is_pinned_by_a_copy(tmp_path, monkeypatch):
+    """An evaluator whose pin dir is on another file system, or reading the
+    chief's files as another user (protected_hardlinks), got the checkpoint
+    itself: the chief deleted it before the exporters read it, and the
+    evaluator died (evaluator probe)."""
+    path = _one_checkpoint(tmp_path)
+    mtime, weight = os.stat(path).st_mtime_ns, checkpoint.load(path)["modules"]["linear"]["weight"]
+
+    def no_link(source, target):
+        if not os.path.exists(source):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", source)
+        raise OSError(errno.EXDEV, "Invalid cross-device link", source)
+    monkeypatch.setattr(os, "link", no_link)
+    held = hooks.checkpoint.pin(path, str(tmp_path / "pins"))
+    assert held != path and os.path.dirname(held) == str(tmp_path / "pins")
+    assert os.stat(held).st_mtime_ns == mtime   # (compared with the summaries' times)
+    for name in os.listdir(tmp_path / "model"):
+        if name.startswith(os.path.basename(path)):
+            os.remove(tmp_path / "model" / name)   # the chief's retention
+    assert torch.equal(checkpoint.load(held)["modules"]["linear"]["weight"], weight)
+    hooks.checkpoint.unpin(held, path)
+    assert os.listdir(tmp_path / "pins") == []
+
+
+def test_a_checkpoint_that_can_be_neither_linked_nor_copied_is_read_in_place(
+        tmp_path, monkeypatch, caplog):
+    path = _one_checkpoint(tmp_path)
+
+    def refused(source, target):
+        if not os.path.exists(source):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", source)
+        raise OSError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(os, "link", refused)
+    monkeypatch.setattr(hooks.checkpoint, "_copy", refused)
+    assert hooks.checkpoint.pin(path, str(tmp_path / "pins")) == path
+    assert "is read in place: it can neither be linked nor copied" in caplog.text
+    os.remove(path)
+    with pytest.raises(FileNotFoundError):   # gone: the evaluator passes over it
+        checkpoint.load(hooks.checkpoint.pin(path, str(tmp_path / "pins")))
+
+
+def test_a_pin_dir_on_another_file_system_holds_a_copy(tmp_path):
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system here")
+    path = _one_checkpoint(tmp_path)
+    pins = os.path.join("/dev/shm", f"pins-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        held = hooks.checkpoint.pin(path, pins)
+        assert held.startswith(pins)
+        os.remove(path)
+        checkpoint.load(held)
+        hooks.checkpoint.unpin(held, path)
+    finally:
+        shutil.rmtree(pins, ignore_errors=True)
