@@ -628,7 +628,12 @@ def pin(path: str, directory: str) -> str:
     Linux's protected_hardlinks refuses to link); `path` itself, with a
     warning, where neither can. FileNotFoundError if `path` is already gone.
     `unpin` the link when done."""
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:   # (a read-only eval dir: said as such, not by this inner name)
+        raise OSError(e.errno, f"Cannot make {directory}, where the checkpoints being read "
+                               f"are held ({e.strerror}): {os.path.dirname(directory)} must "
+                               f"be writable") from e
     link = os.path.join(directory, os.path.basename(path))
     unpin(link, path)   # (left by a killed reader)
     pairs = [(path + s, link + s) for s in _DIGESTS if os.path.isfile(path + s)]

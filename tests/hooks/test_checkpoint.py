@@ -1432,3 +1432,11 @@ def test_a_pin_dir_on_another_file_system_holds_a_copy(tmp_path):
         hooks.checkpoint.unpin(held, path)
     finally:
         shutil.rmtree(pins, ignore_errors=True)
+
+
+def test_a_pin_dir_that_cannot_be_made_says_where_to_write(tmp_path):
+    path = _one_checkpoint(tmp_path)
+    (tmp_path / "eval").write_text("")   # (as a read-only eval dir: root writes anywhere)
+    with pytest.raises(OSError, match=r"Cannot make .*eval/pins, where the checkpoints being "
+                                      r"read are held .*eval must be writable"):
+        hooks.checkpoint.pin(path, str(tmp_path / "eval" / "pins"))
