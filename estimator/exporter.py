@@ -7,6 +7,7 @@ Each exporter writes under `model_dir/export/<name>/<timestamp>/` through
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import numbers
 import os
@@ -15,7 +16,7 @@ from typing import Callable, Optional
 
 from hooks.event_files import read_scalars
 
-from .export import is_export_version
+from .export import SIGNATURE, is_export_version
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,24 @@ def _garbage_collect_exports(export_dir_base: str, exports_to_keep: Optional[int
     versions = sorted(int(n) for n in os.listdir(export_dir_base) if is_export_version(n))
     for version in versions[:-exports_to_keep]:
         shutil.rmtree(os.path.join(export_dir_base, str(version)), ignore_errors=True)
+
+
+def _exported_steps(export_dir_base: str) -> Optional[set]:
+    """The global steps of the exports in `export_dir_base` (their
+    signature.json's); None where one does not say (an export of an earlier
+    version: then every evaluation counts)."""
+    steps = set()
+    if not os.path.isdir(export_dir_base):
+        return steps
+    for name in os.listdir(export_dir_base):
+        if not is_export_version(name):
+            continue
+        try:
+            with open(os.path.join(export_dir_base, name, SIGNATURE), encoding="utf-8") as f:
+                steps.add(int(json.load(f)["global_step"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return steps
 
 
 class LatestExporter(Exporter):
@@ -145,11 +164,15 @@ class BestExporter(Exporter):
     Preemption-safe: on its first export in a process it reads the earlier
     evaluation results from the event files matching `event_file_pattern`
     (relative to model_dir; the evaluation summaries), those before the
-    evaluated step, so a restarted evaluator does not export a model worse
-    than one it exported before. TF 2.15 instead exports the first
-    evaluation of each process whatever it is (its fix for the evaluated
-    step's own result being read back), so a restart there can export a
-    worse model (tensorflow/tensorflow#47396).
+    evaluated step of the steps its exports (in `export_path`) hold, so a
+    restarted evaluator does not export a model worse than one it exported
+    before. An evaluation it did not export (its evaluator killed between
+    the summaries and the export; another's, `evaluate` called by hand) is
+    no baseline: a better model is never held back by one that is not
+    there. TF 2.15 instead exports the first evaluation of each process
+    whatever it is (its fix for the evaluated step's own result being read
+    back), so a restart there can export a worse model
+    (tensorflow/tensorflow#47396).
     """
 
     def __init__(self, name: str = "best_exporter", serving_input_receiver_fn: Callable = None,
@@ -178,7 +201,7 @@ class BestExporter(Exporter):
             self._model_dir = estimator.model_dir
             self._best_eval_result = self._get_best_eval_result(
                 os.path.join(self._model_dir, self._event_file_pattern),
-                before_step=eval_result.get("global_step"))
+                before_step=eval_result.get("global_step"), steps=_exported_steps(export_path))
         if self._best_eval_result is not None and not self._compare_fn(
                 best_eval_result=self._best_eval_result, current_eval_result=eval_result):
             return None
@@ -189,15 +212,18 @@ class BestExporter(Exporter):
         _garbage_collect_exports(export_path, self._exports_to_keep)
         return result
 
-    def _get_best_eval_result(self, pattern: str, before_step: Optional[int]) -> Optional[dict]:
+    def _get_best_eval_result(self, pattern: str, before_step: Optional[int],
+                              steps: Optional[set] = None) -> Optional[dict]:
         """The best of the evaluation results recorded in the event files
         matching `pattern`, one result per step (every scalar written at that
-        step), leaving out results at `before_step` or later: the evaluation
-        being exported has already written its own."""
+        step), of `steps` alone where given, leaving out results at
+        `before_step` or later: the evaluation being exported has already
+        written its own."""
         results = read_scalars(pattern)
         best = None
         for step in sorted(results):
-            if before_step is not None and step >= before_step:
+            if (before_step is not None and step >= before_step) or (
+                    steps is not None and step not in steps):
                 continue
             result = dict(results[step], global_step=step)
             if best is None or self._compare_fn(best_eval_result=best,

@@ -11,6 +11,7 @@ import torch
 
 import estimator as est
 from estimator import export as export_lib
+from hooks.summary_hooks import write_dict_to_summary
 from models import regression_data, regression_input_fn, regression_model_fn
 
 
@@ -231,9 +232,11 @@ def test_best_exporter_survives_a_restart_by_reading_earlier_eval_results(tmp_pa
     def higher_loss_is_better(best_eval_result, current_eval_result):   # like an accuracy
         return current_eval_result["loss"] > best_eval_result["loss"]
     base = str(tmp_path / "m" / "export" / "best")
+    first = est.BestExporter("best", SERVING, compare_fn=higher_loss_is_better)
+    assert first.export(e, base, str(tmp_path / "m" / "model.ckpt-10"), results[10], False)
     restarted = est.BestExporter("best", SERVING, compare_fn=higher_loss_is_better)
     assert restarted.export(e, base, e.latest_checkpoint(), results[30], False) is None
-    assert not os.path.exists(base)
+    assert len(os.listdir(base)) == 1
     # Without the event files it would have exported: the reading is what stopped it.
     forgetful = est.BestExporter("best", SERVING, compare_fn=higher_loss_is_better,
                                  event_file_pattern=None)
@@ -241,6 +244,31 @@ def test_best_exporter_survives_a_restart_by_reading_earlier_eval_results(tmp_pa
     # With the default compare_fn the step-30 result is the best: exported.
     default = est.BestExporter("best2", SERVING)
     assert default.export(e, str(tmp_path / "b2"), e.latest_checkpoint(), results[30], False)
+
+
+def test_a_restarted_best_exporter_counts_only_the_evaluations_it_exported(tmp_path):
+    """Its evaluator killed between step 20's summaries and its export, the
+    restarted exporter took step 20's loss (0.2, never exported) as the one
+    to beat: step 30's 0.5 was not exported, export/best kept step 10's
+    1.0 (evaluator probe)."""
+    e = trained(tmp_path)
+    eval_dir = str(tmp_path / "m" / "eval")
+    for step, loss in ((10, 1.0), (20, 0.2), (30, 0.5)):
+        write_dict_to_summary(eval_dir, {"loss": loss}, step)
+    base = str(tmp_path / "m" / "export" / "best")
+
+    def ckpt(step):
+        return str(tmp_path / "m" / f"model.ckpt-{step}")
+    assert est.BestExporter("best", SERVING).export(
+        e, base, ckpt(10), {"loss": 1.0, "global_step": 10}, False)
+    restarted = est.BestExporter("best", SERVING)   # (step 20 evaluated, not exported)
+    path = restarted.export(e, base, ckpt(30), {"loss": 0.5, "global_step": 30}, False)
+    assert path and json.load(open(os.path.join(path, "signature.json")))["global_step"] == 30
+    # and what it exported is then the one to beat, in the process and after a restart
+    write_dict_to_summary(eval_dir, {"loss": 0.6}, 40)
+    assert restarted.export(e, base, ckpt(30), {"loss": 0.6, "global_step": 40}, False) is None
+    assert est.BestExporter("best", SERVING).export(
+        e, base, ckpt(30), {"loss": 0.6, "global_step": 40}, False) is None
 
 
 def test_best_exporter_validation(tmp_path):
