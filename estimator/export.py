@@ -703,8 +703,31 @@ def _missing_feature(e: KeyError, receiver) -> Optional[KeyError]:
     return error
 
 
+def _packs_a_sequence(e: Exception) -> bool:
+    """Whether `e` was raised packing a sequence (`pack_padded_sequence`) or
+    in an RNN module given a packed one."""
+    rnn = os.path.join("nn", "modules", "rnn.py")
+    tb = e.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in ("pack_padded_sequence", "pack_sequence") or (
+                frame.f_code.co_filename.endswith(rnn)
+                and frame.f_locals.get("batch_sizes") is not None):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _trace_error(e: Exception, path: str, dynamic: bool, any_size: dict) -> ValueError:
-    if _host_code(e):
+    if _packs_a_sequence(e):
+        hint = (" model_fn's PREDICT path packs a sequence (pack_padded_sequence), which "
+                "torch.export cannot trace at any size: in PREDICT run the RNN on the padded "
+                "batch instead (padding at the end: a unidirectional RNN's outputs up to each "
+                "length are the packed ones, its last state the output at `lengths - 1`, "
+                "`outputs.gather(1, ...)`; "
+                "a bidirectional one's backward direction runs on each sequence reversed "
+                "within its length).")
+    elif _host_code(e):
         hint = (" model_fn's PREDICT path computes on a tensor's values in Python or "
                 "numpy (`.numpy()`, `.item()`, `.tolist()`, a shape that depends on "
                 "the values), which torch.export cannot trace; do it with torch ops, or "

@@ -372,3 +372,43 @@ def test_a_path_failing_on_a_placeholders_zeros_says_so(tmp_path):
         e.export_saved_model(str(tmp_path / "zeros"), _ids_receiver(0))
     assert "ids all zeros" in "".join(getattr(raised.value, "__notes__", []))
     assert "fill_value=1" in "".join(raised.value.__notes__)
+
+
+class UnpackedInPredictGRU(PackedGRU):
+    """PackedGRU trained packed, run in PREDICT on the padded batch: its
+    last state the output at `lengths - 1` (padding at the end)."""
+
+    def forward(self, ids, packed=True):
+        if packed:
+            return super().forward(ids)
+        lengths = (ids != 0).sum(1)
+        outputs, _ = self.gru(self.embed(ids))
+        at = (lengths - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, outputs.shape[2])
+        return self.out(outputs.gather(1, at).squeeze(1))
+
+
+def test_a_packed_sequence_says_it_cannot_be_exported_and_the_padded_run_serves_as_packed(
+        tmp_path):
+    """At a fixed length and fill_value=1 the packed GRU failed the export
+    blaming `.numpy()`/`.item()` the model never called (quickdraw port)."""
+    def model_fn(features, labels, mode, params):
+        net = est.get_module("gru", UnpackedInPredictGRU)
+        logits = net(features["ids"], packed=params["packed"] or mode != est.ModeKeys.PREDICT)
+        return est.BinaryClassHead().create_estimator_spec(
+            features, mode, logits, labels,
+            optimizer=est.get_optimizer(lambda p: torch.optim.Adam(p, lr=0.02)))
+    rows = text_rows(16, 0)
+    receiver = est.export.build_raw_serving_input_receiver_fn(
+        {"ids": est.export.placeholder(torch.int64, [None, 12], fill_value=1)})
+    packed = est.Estimator(model_fn, str(tmp_path / "m"), params={"packed": True})
+    packed.train(lambda: [(f, y) for f, y in rows], steps=2)
+    with pytest.raises(ValueError, match=r"packs a sequence \(pack_padded_sequence\), which "
+                                         r"torch.export cannot trace at any size"):
+        packed.export_saved_model(str(tmp_path / "e"), receiver)
+    ids = torch.zeros(8, 12, dtype=torch.int64)
+    ids[:, :rows[0][0]["ids"].shape[1]] = rows[0][0]["ids"]
+    want = np.stack([p["logistic"] for p in packed.predict(lambda: [{"ids": ids}])])
+    padded = est.Estimator(model_fn, str(tmp_path / "m"), params={"packed": False})
+    path = padded.export_saved_model(str(tmp_path / "e"), receiver)
+    got = est.export.load(path).signatures["predict"](ids=ids)["logistic"]
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-6)
