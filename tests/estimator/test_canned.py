@@ -336,6 +336,10 @@ def test_premade_iris_reaches_tfs_accuracy(tmp_path):
     """TF's premade Iris program (DNNClassifier [10, 10], 1000 steps of 100)
     on the same split: TF's test accuracy over five seeds is recorded."""
     recorded = TF["accuracy"]["iris"]
+    # (seeded: the program's initial weights are drawn from torch's generator,
+    # whose state the tests run before would otherwise decide; a rare draw
+    # misses one of the 30 test rows, where TF's five seeds miss none)
+    torch.manual_seed(0)
     result = _example("premade_iris").main(["--model_dir", str(tmp_path)])
     assert result["global_step"] == recorded["steps"]
     assert result["accuracy"] >= recorded["mean"] - 1e-9
