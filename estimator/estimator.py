@@ -86,6 +86,17 @@ class Estimator:
         if model_dir and os.path.exists(model_dir) and not os.path.isdir(model_dir):
             raise ValueError(f"model_dir {model_dir!r} is a file, not a directory: give the "
                              "directory the checkpoints and summaries go to")
+        cluster = config.cluster_spec
+        tasks = sum(cluster.num_tasks(job) for job in cluster.jobs) if cluster else 0
+        # (TF's tasks each take a temp dir of their own: the job hangs)
+        if not model_dir and (tasks > 1 or config.task_type == "evaluator"):
+            what = (f"TF_CONFIG's cluster has {tasks} tasks ({', '.join(cluster.jobs)})"
+                    if tasks > 1 else "this task is TF_CONFIG's evaluator")
+            raise ValueError(
+                f"model_dir: none given, and {what}: the tasks share checkpoints through one "
+                f"model_dir; each would write its own temporary directory, and the chief's "
+                f"checkpoints would never reach the others. Give every task the same "
+                f"model_dir (a path they all see)")
         if not model_dir:
             model_dir = tempfile.mkdtemp(prefix="estimator-")
             logger.warning("Using temporary folder as model directory: %s", model_dir)

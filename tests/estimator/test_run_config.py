@@ -1,10 +1,12 @@
 """RunConfig (tf.estimator.RunConfig): TF_CONFIG rules checked against tf.estimator 2.15."""
 import json
+import os
 import pathlib
 import types
 
 import pytest
 
+import estimator as est
 from distribute.cluster_resolver import ClusterSpec
 from estimator.run_config import RunConfig, _USE_DEFAULT
 
@@ -459,3 +461,25 @@ def test_cluster_without_chief_under_a_strategy_makes_worker_0_chief(set_tf_conf
                 config.global_id_in_cluster) == (chief, 2, 1, index)
     with pytest.raises(ValueError, match='must have one "chief" node'):
         RunConfig()   # without a strategy: TF's rule, one chief required
+
+
+@pytest.mark.parametrize("task_type", ["chief", "worker", "ps", "evaluator"])
+def test_a_cluster_task_without_a_model_dir_is_refused(set_tf_config, task_type):
+    """Each task took a temporary directory of its own (TF's rule): the
+    evaluator waited for ever for checkpoints the chief wrote elsewhere
+    (YAML journey probe: configs/cluster.yaml without model_dir)."""
+    set_tf_config({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+                  task_type)
+
+    def model_fn(features, labels, mode):
+        raise AssertionError("not called")
+    with pytest.raises(ValueError, match=r"model_dir: none given, and (TF_CONFIG's cluster has "
+                                         r"3 tasks|this task is TF_CONFIG's evaluator).*same "
+                                         r"model_dir"):
+        est.Estimator(model_fn, config=est.RunConfig())
+
+
+def test_a_task_alone_in_tf_config_may_train_in_a_temporary_directory(set_tf_config):
+    set_tf_config({"chief": ["127.0.0.1:1"]}, "chief")
+    e = est.Estimator(lambda features, labels, mode: None, config=est.RunConfig())
+    assert os.path.isdir(e.model_dir)
