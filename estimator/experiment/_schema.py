@@ -568,14 +568,18 @@ def _absolute_ref(ref: str, base_dir: str) -> str:
 
 def _located(build: Callable, tree, path, what: str, keys=()):
     """Run `build()`; a ValueError/TypeError it raises becomes an ExperimentError at
-    the key its message names (else at `path`)."""
+    the key its message names (else at `path`): the longest key named, a
+    plural one by its singular too ("An Exporter cannot have a name..." is
+    `exporters`' problem, not `name`'s)."""
     try:
         return build()
     except (ValueError, TypeError) as e:
         message = str(e)
         at = tuple(path)
-        for key in keys or ():
-            if isinstance(key, str) and re.search(rf"\b{re.escape(key)}\b", message):
+        for key in sorted((k for k in keys or () if isinstance(k, str)), key=len, reverse=True):
+            stem = key[:-1] if key.endswith("s") and len(key) > 3 else None
+            if re.search(rf"\b{re.escape(key)}\b", message) or (
+                    stem and re.search(rf"\b{re.escape(stem)}", message, re.IGNORECASE)):
                 at = tuple(path) + (key,)
                 break
         if "TF_CONFIG" in message:

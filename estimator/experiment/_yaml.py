@@ -9,6 +9,7 @@ about YAML trees. Every problem is an `ExperimentError` naming where it is
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import re
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -85,6 +86,9 @@ def parse_path(text: str) -> Path:
         if text[pos] != ".":
             raise ValueError(f"malformed key path {text!r}")
         pos += 1
+
+
+logger = logging.getLogger(__name__)
 
 
 # -- loading -------------------------------------------------------------------------
@@ -296,13 +300,43 @@ def _build(loader, node, path: Path, marks, source, problems, budget):
     return _scalar(loader, node, path, source, problems)
 
 
+_OCTAL_1_1 = re.compile(r"^[-+]?0[0-7_]+$")
+
+
+def _retyped(node, value) -> Optional[str]:
+    """What YAML 1.1 made of plain scalar `node` (`value`) where YAML 1.2 and
+    most readers take it otherwise: `no`/`on` booleans, `0123` octal,
+    `12:30` base 60, `1_000`."""
+    if node.style is not None or isinstance(value, str):
+        return None
+    text = node.value
+    if isinstance(value, bool) and text.lower() not in ("true", "false"):
+        return f"{text} is read as the boolean {str(value).lower()} (YAML 1.1)"
+    if isinstance(value, int) and not isinstance(value, bool) and _OCTAL_1_1.match(text):
+        return f"{text} is read as the octal number {value} (YAML 1.1)"
+    if isinstance(value, (int, float)) and ":" in text:
+        return f"{text} is read as the base-60 number {value} (YAML 1.1)"
+    if isinstance(value, (int, float)) and "_" in text:
+        return f"{text} is read as the number {value} (YAML 1.1)"
+    return None
+
+
+def _warn_retyped(node, value, where: str, path: Path) -> None:
+    said = _retyped(node, value)
+    if said:
+        at = f"{where}: {format_path(path)}" if path else where
+        logger.warning("%s: %s; quote it ('%s') for the text as written", at, said, node.value)
+
+
 def _scalar(loader, node, path, source, problems):
     if not isinstance(node, yaml.ScalarNode):
         problems.append(Problem(Location(source, node.start_mark.line + 1), format_path(path),
                                 "a key must be a plain name, not a list or mapping"))
         return None
     try:
-        return loader.construct_object(node, deep=True)
+        value = loader.construct_object(node, deep=True)
+        _warn_retyped(node, value, str(Location(source, node.start_mark.line + 1)), path)
+        return value
     except yaml.constructor.ConstructorError as e:
         problems.append(Problem(Location(source, node.start_mark.line + 1), format_path(path),
                                 f"{e.problem}; experiment files hold plain YAML values only "
@@ -314,7 +348,14 @@ def _scalar(loader, node, path, source, problems):
 def parse_scalar(text: str, source: str):
     """A `--set` value read as YAML (`100` int, `1e-3` float, `true`, `[16, 16]`, `null`)."""
     try:
-        return _Loader(text).get_single_data() if text.strip() else ""
+        if not text.strip():
+            return ""
+        loader = _Loader(text)
+        node = loader.get_single_node()
+        value = loader.construct_document(node) if node is not None else None
+        if isinstance(node, yaml.ScalarNode):
+            _warn_retyped(node, value, source, ())
+        return value
     except yaml.YAMLError as e:
         raise ExperimentError([Problem(Location(source), "", f"the value is not valid YAML "
                                        f"({getattr(e, 'problem', e)}); quote it, e.g. "

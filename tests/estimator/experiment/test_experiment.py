@@ -605,6 +605,40 @@ def test_constructor_errors_are_located(workdir):
         "StopAtStepHook: one of num_steps or last_step must be specified.")
 
 
+def test_an_exporter_s_problem_is_located_at_the_exporters(workdir):
+    """"An Exporter cannot have a name that is None or empty" was said at
+    eval_spec.name, the eval dir's name: the key the message's word `name`
+    matched (YAML journey probe)."""
+    path = write(workdir, HEAD + "eval_spec:\n  input_fn: mod.py:input_fn\n  name: holdout\n"
+                 "  exporters:\n    - LatestExporter: {name: '', serving_input_receiver_fn: "
+                 "mod.py:serve_nothing}\n")
+    exp = experiment.load(path)
+    with pytest.raises(ExperimentError) as info:
+        exp.eval_spec(exp.estimator())
+    assert str(info.value).startswith(f"{path}:7: eval_spec.exporters: EvalSpec rejected it: "
+                                      "An Exporter cannot have a name")
+
+
+@pytest.mark.parametrize("value, said", [
+    ("no", "no is read as the boolean false (YAML 1.1)"),
+    ("On", "On is read as the boolean true (YAML 1.1)"),
+    ("0123", "0123 is read as the octal number 83 (YAML 1.1)"),
+    ("12:30", "12:30 is read as the base-60 number 750 (YAML 1.1)"),
+    ("1_000", "1_000 is read as the number 1000 (YAML 1.1)"),
+])
+def test_values_yaml_1_1_reads_otherwise_are_said(workdir, caplog, value, said):
+    """`country: NO` reached model_fn as False, `tag: 0123` as 83, without a
+    word (YAML journey probe); quoted, or true/false/123, nothing is said."""
+    path = write(workdir, HEAD + f"params:\n  a: {value}\n  b: '{value}'\n  c: true\n"
+                 "  d: 123\n  e: 0x1F\n  f: 1e-3\n")
+    with caplog.at_level(logging.WARNING, logger="estimator.experiment._yaml"):
+        exp = experiment.load(path, [f"params.g={value}", f"params.h='{value}'"])
+    assert exp.params["b"] == exp.params["h"] == value
+    assert [r.getMessage() for r in caplog.records if r.name.endswith("_yaml")] == [
+        f"{path}:5: params.a: {said}; quote it ('{value}') for the text as written",
+        f"--set params.g={value}: {said}; quote it ('{value}') for the text as written"]
+
+
 def test_an_experiment_loaded_again_runs_its_file_as_it_is_now(workdir):
     """A file loaded by path was kept by name: edited and loaded again in the
     same process (a notebook), the old model_fn ran, without a word."""
