@@ -68,6 +68,7 @@ _HEARTBEAT_SECS = 5.0
 STOP_MARKER = "stop_training.json"
 LEDGER = "evaluated_checkpoints.jsonl"
 _PIN_DIR = ".checkpoints_in_evaluation"   # in the eval dir: hard links held while evaluating
+_UNSEEN_SECS = 60.0         # evaluator: no chief's trace in model_dir so long is said
 _POLL_SECS = 0.5            # evaluator: how often to look at model_dir
 _STOP_POLL_SECS = 2.0       # trainers: how often to look for the stop marker
 _CHECKPOINT_POLICIES = ("latest", "every")
@@ -777,7 +778,7 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
     last = (None, None)
     last_start = None
     last_warning = None   # not 0.0: the monotonic clock starts at boot, maybe <600 s ago
-    start = time.time()
+    start, told_unseen = time.time(), False
     while True:
         done = _current(evaluated, model_dir)
         complete = _completion(model_dir, max_steps)
@@ -796,6 +797,14 @@ def _evaluate_continuously(estimator, train_spec, eval_spec):
             if failed is not None:
                 raise TrainingFailedError(f"The evaluator stops: training failed on the chief "
                                           f"({failed['error']}); restart the job to go on")
+        if not pending and not done and not told_unseen and time.time() - start > _UNSEEN_SECS \
+                and not os.path.exists(os.path.join(model_dir, HEARTBEAT)):
+            logger.warning(
+                "No chief has trained in %s after %.0f s (no checkpoint, no %s there): is it "
+                "the model_dir the chief writes? A relative model_dir is taken in each task's "
+                "working directory (this one's: %s); give every task one path they all see",
+                os.path.abspath(model_dir), time.time() - start, HEARTBEAT, os.getcwd())
+            told_unseen = True
         if not pending or (throttled and not any(is_final)):
             if not pending and (last_warning is None or time.monotonic() - last_warning > 600):
                 logger.info("No new checkpoint ready for evaluation in %s%s.", model_dir,

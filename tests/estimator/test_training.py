@@ -762,3 +762,26 @@ def test_worker_0_of_a_chief_less_cluster_is_the_chief(tmp_path, monkeypatch):
     est.train_and_evaluate(e, est.TrainSpec(input_fn, 10), est.EvalSpec(input_fn))
     marker = json.load(open(os.path.join(e.model_dir, training.COMPLETION_MARKER)))
     assert marker["global_step"] == 10   # it trained as the chief and said it finished
+
+
+def test_an_evaluator_that_sees_no_chief_in_its_model_dir_says_so(tmp_path, monkeypatch, caplog):
+    """A relative model_dir run from another working directory: the
+    evaluator waited in silence for a chief that wrote elsewhere (YAML
+    journey probe)."""
+    set_cluster(monkeypatch, "evaluator")
+    e = make(tmp_path)
+    marker = os.path.join(e.model_dir, training.FAILURE_MARKER)
+    began = time.time()
+    clock = [began]
+
+    def a_minute_passes(secs):   # (start_delay_secs too) then the chief fails
+        clock[0] += 61
+        if clock[0] > began + 150:
+            training._write_json(marker, {"error": "boom", "max_steps": 40, "time": clock[0]})
+    monkeypatch.setattr(training.time, "time", lambda: clock[0])
+    monkeypatch.setattr(training.time, "sleep", a_minute_passes)
+    caplog.set_level("WARNING", logger="estimator.training")
+    with pytest.raises(training.TrainingFailedError, match="boom"):
+        est.train_and_evaluate(e, est.TrainSpec(input_fn, 40), est.EvalSpec(eval_input_fn))
+    assert caplog.text.count("No chief has trained in") == 1
+    assert f"{os.path.abspath(e.model_dir)} after" in caplog.text
