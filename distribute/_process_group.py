@@ -27,6 +27,8 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 _GRACE_SECS = 5.0   # how long a failing replica waits for the others to report
+_ATTEMPT_SECS = 10.0      # a rendezvous client's attempt at a port that accepts connections
+_UNANSWERED_SECS = 120.0  # that long accepting but not answering as a store: not the host's
 _WAIT_LOG_SECS = 60.0   # a rendezvous still waiting says so this often (or 4 times)
 _SUM = dist.AllreduceOptions()
 _MAX = dist.AllreduceOptions()
@@ -291,7 +293,7 @@ def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str
     # Until the host listens, a plain socket asks (torch's client would print
     # a C++ stack trace for each refused attempt); then the store is reached.
     start, every = time.monotonic(), min(_WAIT_LOG_SECS, timeout / 4)
-    said, error = start, None
+    said, error, unanswered = start, None, None
     while True:
         left = timeout - (time.monotonic() - start)
         if left <= 0.05:
@@ -300,11 +302,24 @@ def _connect(host: str, port: int, is_host: bool, timeout: float, host_name: str
                                f"{timeout:g} s ({reason})") from None
         try:
             socket.create_connection((host, port), timeout=min(left, 5.0)).close()
-            store = _client_store(host, port, left)
-            store.set_timeout(_timeout(timeout))   # (its waits after this: the whole timeout)
-            return store
-        except (OSError, RuntimeError, dist.DistError) as e:
-            error = e
+        except OSError as e:   # (nothing listening there yet)
+            error, unanswered = e, None
+        else:   # something listens: a store answers at once, in attempts of a few seconds
+            try:
+                store = _client_store(host, port, min(left, _ATTEMPT_SECS))
+                store.set_timeout(_timeout(timeout))   # (its waits after: the whole timeout)
+                return store
+            except (OSError, RuntimeError, dist.DistError) as e:
+                error = e
+                unanswered = unanswered or time.monotonic()
+                if time.monotonic() - unanswered > _UNANSWERED_SECS:
+                    raise RuntimeError(
+                        f"Rendezvous failed: {host}:{port} accepts connections but has not "
+                        f"answered as the rendezvous store of {host_name} for "
+                        f"{time.monotonic() - unanswered:.0f} s: another program listens "
+                        f"there (the chief could then not listen: see its error), or the "
+                        f"address in TF_CONFIG is not the chief's "
+                        f"({_first_line(e, type(e).__name__)})") from None
         now = time.monotonic()
         if now - said >= every and now - start < timeout:
             said = now

@@ -63,3 +63,47 @@ def test_a_rendezvous_port_in_use_names_the_address():
         assert raised.value.errno == errno.EADDRINUSE
     finally:
         held.close()
+
+
+@pytest.mark.parametrize("answer", ["closes", "stays silent"])
+def test_a_port_another_program_holds_is_said_not_waited_on(monkeypatch, answer):
+    """The chief could not listen (another program held its TF_CONFIG port),
+    and the worker, connected to that program, retried for the store's whole
+    timeout (30 minutes) with C++ stack traces (YAML journey probe)."""
+    import socket
+    import threading
+    import time
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            if answer == "closes":
+                conn.close()
+            else:
+                held.append(conn)
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    monkeypatch.setattr(_process_group, "_ATTEMPT_SECS", 0.5)
+    monkeypatch.setattr(_process_group, "_UNANSWERED_SECS", 1.0)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"accepts connections but has not answered as "
+                                               r"the rendezvous store of the chief at .*another "
+                                               r"program listens there"):
+            _process_group._connect("127.0.0.1", server.getsockname()[1], False, 60.0,
+                                    "the chief")
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+    assert time.monotonic() - start < 20
