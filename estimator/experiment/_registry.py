@@ -184,9 +184,20 @@ def import_ref(ref: str, base_dir: str):
             close = suggest(a, candidates)
             hint = f"did you mean {close!r}?" if close else \
                 f"it defines: {', '.join(c for c in candidates if callable(getattr(obj, c)))[:300]}"
+            top = module_part.split(".")[0]
+            if i == 0 and sep and top in _LIBRARY_PACKAGES and "/" not in module_part:
+                files = [f for f in {os.path.join(d, top + ".py") for d in (base_dir, os.getcwd())}
+                         if os.path.isfile(f)]
+                if files:
+                    hint += (f" ({files[0]} is not what {module_part!r} imports: the library's "
+                             f"own package {top!r} has that name; name the file by its path, "
+                             f"{os.path.basename(files[0])}:{attr}, or rename it)")
             raise RefError(f"cannot import {ref!r}: {owner} has no {a!r}; {hint}")
         obj = getattr(obj, a)
     return obj
+
+
+_LIBRARY_PACKAGES = ("estimator", "hooks", "distribute")   # (a user's hooks.py is not these)
 
 
 def resolved_file(module_part: str, base_dir: str) -> Optional[str]:

@@ -639,6 +639,18 @@ def test_values_yaml_1_1_reads_otherwise_are_said(workdir, caplog, value, said):
         f"--set params.g={value}: {said}; quote it ('{value}') for the text as written"]
 
 
+def test_a_users_file_named_as_a_library_package_is_said_to_be_shadowed(workdir):
+    """`hooks:MyHook` with a hooks.py beside the file imported the library's
+    `hooks` and suggested one of its modules (YAML journey probe)."""
+    (workdir / "hooks.py").write_text("class MyHook:\n    pass\n")
+    path = write(workdir, HEAD + "  hooks:\n    - hooks:MyHook: {}\n")
+    with pytest.raises(ExperimentError, match=r"hooks.py is not what 'hooks' imports: the "
+                                              r"library's own package 'hooks' has that name; "
+                                              r"name the file by its path, hooks.py:MyHook"):
+        experiment.load(path)
+    experiment.load(write(workdir, HEAD + "  hooks:\n    - hooks.py:MyHook: {}\n"))
+
+
 def test_an_experiment_loaded_again_runs_its_file_as_it_is_now(workdir):
     """A file loaded by path was kept by name: edited and loaded again in the
     same process (a notebook), the old model_fn ran, without a word."""
