@@ -385,6 +385,13 @@ class _Evaluator:
             checkpoint.unpin(held, checkpoint_path)
             raise
 
+    def _keys_recorded(self) -> set:
+        """The metric keys of the last evaluation the ledger holds: an
+        evaluation whose summaries a crash cut short (some of its scalars
+        never flushed) lacks some, and is evaluated again."""
+        entries = self.ledger.entries()
+        return set(entries[-1].get("metrics", {})) - {"global_step"} if entries else set()
+
     def evaluate_and_export(self, checkpoint_path: str, held: str, state: dict, seen: dict):
         """Evaluate `checkpoint_path` (`hold`'s `held`, `state` and `seen`),
         export, record. The export is final (FinalExporter exports) where the
@@ -401,7 +408,8 @@ class _Evaluator:
         if summarized is not None and written < os.stat(held).st_mtime:
             summarized = None
         try:
-            if summarized is not None and "loss" in summarized:
+            if summarized is not None and "loss" in summarized and \
+                    self._keys_recorded() <= set(summarized):
                 logger.info("%s was evaluated before this evaluator restarted (its summaries "
                             "are in %s): recording it without evaluating it again",
                             checkpoint_path, os.path.dirname(self.ledger.path))

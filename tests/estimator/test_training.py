@@ -15,6 +15,7 @@ import torch
 import estimator as est
 import hooks
 from estimator import checkpoint, training
+from hooks.summary_hooks import write_dict_to_summary
 from models import regression_data, regression_input_fn, regression_model_fn
 from paths import ROOT
 from tf_cluster import tf_config
@@ -371,6 +372,14 @@ def test_evaluator_ledger_neither_repeats_nor_skips(tmp_path, monkeypatch):
         os.remove(event_file)
     steps, *_ = evaluator(tmp_path, monkeypatch)
     assert steps == [40]
+    # Nor one whose summaries a crash cut short: `loss` flushed, `mae` not (it
+    # was recorded with its metrics missing: evaluator probe)
+    open(path, "w").write("".join(lines[:3]))
+    for event_file in glob.glob(os.path.join(model_dir, "eval", "events.out.tfevents.*")):
+        os.remove(event_file)
+    write_dict_to_summary(os.path.join(model_dir, "eval"), {"loss": 0.123}, 40)
+    steps, metrics, _ = evaluator(tmp_path, monkeypatch)
+    assert steps == [40] and "mae" in metrics and metrics["loss"] != pytest.approx(0.123)
 
 
 def test_evaluator_passes_over_a_damaged_checkpoint_and_stops_on_a_damaged_final_one(
