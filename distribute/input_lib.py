@@ -389,9 +389,10 @@ def _to_host(batch):
 def _empty_like(batch):
     """`batch` with no rows, or None where it cannot be made: tensors and
     arrays cut to 0 along the first dimension, a list of values (strings,
-    numbers) empty, dicts, tuples and lists of those mapped; scalars and
-    None as they are. Anything else (a sparse tensor, a PackedSequence, a
-    dataclass) has no empty form here: None."""
+    numbers) or of rows (lists, arrays: a ragged feature) empty, dicts,
+    tuples and other lists mapped; scalars and None as they are. Anything
+    else (a sparse tensor, a PackedSequence, a dataclass) has no empty form
+    here: None."""
     if isinstance(batch, torch.Tensor):
         return (batch[:0] if batch.dim() else batch) if batch.layout == torch.strided else None
     if isinstance(batch, np.ndarray):
@@ -403,6 +404,9 @@ def _empty_like(batch):
     if isinstance(batch, (list, tuple)) and batch and all(
             isinstance(v, (str, bytes, bool, int, float)) for v in batch):
         return type(batch)() if type(batch) in (list, tuple) else None   # (a batch of values)
+    if type(batch) is list and batch and all(isinstance(v, (list, tuple, np.ndarray))
+                                             for v in batch):
+        return []   # (a batch of rows, each of its own length: no rows)
     named = isinstance(batch, tuple) and hasattr(batch, "_fields")   # (a namedtuple)
     if type(batch) in (dict, list, tuple) or named:
         items = batch.items() if isinstance(batch, dict) else enumerate(batch)

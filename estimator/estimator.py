@@ -493,9 +493,10 @@ class Estimator:
             stop = [_StopAfterNSteps(steps)] if steps is not None else []
             all_hooks = (stop + user_hooks + list(first.evaluation_hooks)
                          + progress_hooks("evaluate", num_steps=steps))
-            with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
-                while not nothing and not session.should_stop():
-                    session.run(step)
+            if not nothing:   # (a replica evaluating nothing runs no hook: no step)
+                with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir) as session:
+                    while not session.should_stop():
+                        session.run(step)
             if pending:   # no step ran here: the metrics are the other replicas' alone
                 metric_ops.declare(first.eval_metric_ops)
             strategy.extended.reduce_metrics(list(scope.metrics.values()))
@@ -660,6 +661,13 @@ class Estimator:
             if hasattr(e, "add_note"):   # (Python 3.11+) where the first call's inputs are odd
                 for note in _input_notes(features, labels, mode, e):
                     e.add_note(note)
+                if mode == ModeKeys.EVAL and strategy.extended.evaluates_nothing:
+                    e.add_note(
+                        "(this replica's shard of the evaluation has no batch: fewer batches "
+                        "than replicas. As TF's, it runs model_fn once on an empty batch, the "
+                        "first batch with no rows, to build its metrics, and code that cannot "
+                        "take 0 rows fails there: give the evaluation at least one batch a "
+                        "replica, or evaluate without eval_distribute)")
             raise
         _check_spec(spec, mode, self._model_fn)
         return spec, features, labels

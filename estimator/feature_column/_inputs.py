@@ -183,7 +183,9 @@ class Feature:
             self.kind = _kind_of_array(arr, key)
             self._set_array(arr)
         elif isinstance(value, (list, tuple)):
-            if any(isinstance(v, (list, tuple, np.ndarray, torch.Tensor)) for v in value):
+            # (no value at all, an empty batch's: no rows, of any column's type)
+            if not len(value) or any(isinstance(v, (list, tuple, np.ndarray, torch.Tensor))
+                                     for v in value):
                 self._set_rows(value)
             else:
                 arr = np.asarray(value, dtype=object)

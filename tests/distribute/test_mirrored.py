@@ -1326,6 +1326,37 @@ def test_a_canned_model_of_strings_evaluates_one_batch_on_two_replicas(tmp_path)
     assert results[0] == results[1]
 
 
+def _rows_counted_model_fn(features, labels, mode):
+    """Counts the rows of a ragged feature across the replicas (a list of
+    lists: the empty batch of a replica without data kept one empty row for
+    each, and the count doubled, without a word: attack)."""
+    rows = distribute.get_replica_context().all_reduce(
+        "SUM", torch.tensor(float(len(features["tokens"]))))
+    net = est.get_module("linear", lambda: torch.nn.Linear(1, 2))
+    logits = net(features["x"])
+    if features["x"].shape[0] == 0 and features["fail"]:
+        raise ValueError("no rows here")
+    loss = est.losses.sparse_softmax_cross_entropy(labels, logits)
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)), eval_metric_ops={
+        "rows": est.metrics.mean(rows), "words": est.metrics.mean(
+            torch.tensor([float(len(" ".join(features["words"])))]))})
+
+
+def test_an_evaluating_nothing_replicas_empty_batch_has_no_rows_and_says_so(tmp_path):
+    def data(fail=False):   # (ragged ids, a list of strings)
+        return [({"x": torch.ones(4, 1), "tokens": [[1, 2], [3], [4, 5, 6], [7]],
+                  "words": ["a", "bc", "d", "ef"], "fail": fail}, torch.tensor([0, 1, 0, 1]))]
+    two = est.Estimator(_rows_counted_model_fn, config=est.RunConfig(
+        model_dir=str(tmp_path), eval_distribute=STRATEGIES["mirrored"]()))
+    one = est.Estimator(_rows_counted_model_fn, model_dir=str(tmp_path))
+    assert two.evaluate(data)["rows"] == one.evaluate(data)["rows"] == 4
+    with pytest.raises(ValueError, match="no rows here") as raised:
+        two.evaluate(lambda: data(fail=True))
+    assert "this replica's shard of the evaluation has no batch" in "".join(
+        getattr(raised.value, "__notes__", [])) + str(raised.value)
+
+
 with open(os.path.join(FIXTURES, "tf_eval_few_batches.json"), encoding="utf-8") as _f:
     TF_EVAL_FEW = json.load(_f)
 

@@ -745,3 +745,24 @@ def test_columns_made_on_each_call_are_planned_each_time():
                                  [fc.numeric_column("x", normalizer_fn=lambda t, i=i: t + i)])
             assert out.tolist() == [[2.0 * i], [2.0 * i]]
     assert len(_layers._PLANS) <= _layers._PLANS_MAX
+
+
+def test_features_of_an_empty_batch_as_lists_fit_every_column():
+    """An empty list (a batch with no rows: the empty batch of a replica
+    without data) was read as float64, and string and id columns refused it."""
+    def model_fn(features, labels, mode):
+        columns = [
+            fc.numeric_column("x"),
+            fc.indicator_column(fc.categorical_column_with_vocabulary_list("c", ["a", "b"])),
+            fc.embedding_column(fc.categorical_column_with_hash_bucket("h", 5), 2),
+            fc.indicator_column(fc.crossed_column(["c", "h"], 7)),
+            fc.embedding_column(fc.categorical_column_with_identity("t", 9), 3)]
+        net, linear = fc.input_layer(features, columns), fc.linear_model(features, columns[:2])
+        shapes.append((tuple(net.shape), tuple(linear.shape)))
+        return est.EstimatorSpec(mode, loss=net.sum(), train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+    shapes = []
+    e = est.Estimator(model_fn)
+    e.train(lambda: [({"x": [1.0, 2.0], "c": ["a", "b"], "h": ["q", "r"], "t": [[1, 2], [3]]},
+                      None), ({"x": [], "c": [], "h": [], "t": []}, None)], steps=2)
+    assert shapes == [((2, 15), (2, 1)), ((0, 15), (0, 1))]
