@@ -282,7 +282,7 @@ def _build(loader, node, path: Path, marks, source, problems, budget):
         loader.flatten_mapping(node)   # YAML merge keys (<<: *anchor)
         out = {}
         for key_node, value_node in node.value:
-            key = _scalar(loader, key_node, path, source, problems)
+            key = _scalar(loader, key_node, path, source, problems, warn=False)
             if not isinstance(key, (str, int, float, bool)) and key is not None:
                 problems.append(Problem(Location(source, key_node.start_mark.line + 1),
                                         format_path(path), "keys must be plain names"))
@@ -301,41 +301,53 @@ def _build(loader, node, path: Path, marks, source, problems, budget):
 
 
 _OCTAL_1_1 = re.compile(r"^[-+]?0[0-7_]+$")
+_TAGS = "tag:yaml.org,2002:"
 
 
 def _retyped(node, value) -> Optional[str]:
     """What YAML 1.1 made of plain scalar `node` (`value`) where YAML 1.2 and
-    most readers take it otherwise: `no`/`on` booleans, `0123` octal,
-    `12:30` base 60, `1_000`."""
+    most readers take it otherwise: `no`/`on` booleans, `0123` octal, `12:30`
+    base 60, `2024-01-02` a date."""
     if node.style is not None or isinstance(value, str):
         return None
-    text = node.value
-    if isinstance(value, bool) and text.lower() not in ("true", "false"):
+    text, tag = node.value, node.tag[len(_TAGS):] if node.tag.startswith(_TAGS) else ""
+    if tag == "bool" and text.lower() not in ("true", "false"):
         return f"{text} is read as the boolean {str(value).lower()} (YAML 1.1)"
-    if isinstance(value, int) and not isinstance(value, bool) and _OCTAL_1_1.match(text):
+    if tag == "int" and _OCTAL_1_1.match(text) and value != int(text.replace("_", ""), 10):
         return f"{text} is read as the octal number {value} (YAML 1.1)"
-    if isinstance(value, (int, float)) and ":" in text:
+    if tag in ("int", "float") and ":" in text:
         return f"{text} is read as the base-60 number {value} (YAML 1.1)"
-    if isinstance(value, (int, float)) and "_" in text:
-        return f"{text} is read as the number {value} (YAML 1.1)"
+    if tag == "timestamp":
+        return f"{text} is read as the date {value!r} (YAML 1.1)"
     return None
 
 
-def _warn_retyped(node, value, where: str, path: Path) -> None:
-    said = _retyped(node, value)
-    if said:
-        at = f"{where}: {format_path(path)}" if path else where
-        logger.warning("%s: %s; quote it ('%s') for the text as written", at, said, node.value)
+def _warn_retyped(loader, node, where: str, path: Path) -> None:
+    """Warn of each plain scalar under `node` (values, not keys) YAML 1.1
+    reads otherwise than it reads; `where`: the file and line, or the --set."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _warn_retyped(loader, item, where, path + (i,))
+    elif isinstance(node, yaml.MappingNode):
+        for key, item in node.value:
+            _warn_retyped(loader, item, where, path + (key.value,))
+    elif isinstance(node, yaml.ScalarNode):
+        said = _retyped(node, loader.construct_object(node))
+        if said:
+            at = f"{where}: {format_path(path)}" if path else where
+            logger.warning("%s: %s; quote it ('%s') for the text as written", at, said,
+                           node.value)
 
 
-def _scalar(loader, node, path, source, problems):
+def _scalar(loader, node, path, source, problems, warn=True):
     if not isinstance(node, yaml.ScalarNode):
         problems.append(Problem(Location(source, node.start_mark.line + 1), format_path(path),
                                 "a key must be a plain name, not a list or mapping"))
         return None
     try:
         value = loader.construct_object(node, deep=True)
-        _warn_retyped(node, value, str(Location(source, node.start_mark.line + 1)), path)
+        if warn:
+            _warn_retyped(loader, node, str(Location(source, node.start_mark.line + 1)), path)
         return value
     except yaml.constructor.ConstructorError as e:
         problems.append(Problem(Location(source, node.start_mark.line + 1), format_path(path),
@@ -353,8 +365,8 @@ def parse_scalar(text: str, source: str):
         loader = _Loader(text)
         node = loader.get_single_node()
         value = loader.construct_document(node) if node is not None else None
-        if isinstance(node, yaml.ScalarNode):
-            _warn_retyped(node, value, source, ())
+        if node is not None and source:   # (not a hint's own reading of a value)
+            _warn_retyped(_Loader(""), node, source, ())
         return value
     except yaml.YAMLError as e:
         raise ExperimentError([Problem(Location(source), "", f"the value is not valid YAML "

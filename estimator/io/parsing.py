@@ -230,6 +230,9 @@ def parse_sequence_example(serialized, context_features: Optional[Dict[str, Any]
     if isinstance(serialized, (bytes, str)):
         raise ValueError("parse_sequence_example takes a batch (a list of serialized "
                          "SequenceExamples); use parse_single_sequence_example for one")
+    if not context_features and not sequence_features:   # (TF's words)
+        raise ValueError("Both `context_features` and `sequence_features` argument are None, "
+                         "but at least one should have values.")
     context_specs = _specs(context_features, (FixedLenFeature, VarLenFeature))
     sequence_specs = _specs(sequence_features, (FixedLenSequenceFeature, VarLenFeature))
     records = _decode(serialized, SequenceExample)

@@ -178,9 +178,12 @@ def test_records_are_tfs_messages(name):
 
 def test_junk_and_a_single_record_for_a_batch_are_refused():
     with pytest.raises(ValueError, match="example 1 is not a serialized tf.SequenceExample"):
-        est.io.parse_sequence_example([_record("full"), b"\xff\xff junk"], {}, {})
+        est.io.parse_sequence_example([_record("full"), b"\xff\xff junk"], {},
+                                      {"words": est.io.VarLenFeature(str)})
     with pytest.raises(ValueError, match="takes a batch"):
         est.io.parse_sequence_example(_record("full"), {}, {})
+    with pytest.raises(ValueError, match="at least one should have values"):   # (TF's)
+        est.io.parse_single_sequence_example(_record("full"))
 
 
 def test_a_sequence_model_trains_on_tfrecord_sequence_examples(tmp_path):

@@ -624,19 +624,24 @@ def test_an_exporter_s_problem_is_located_at_the_exporters(workdir):
     ("On", "On is read as the boolean true (YAML 1.1)"),
     ("0123", "0123 is read as the octal number 83 (YAML 1.1)"),
     ("12:30", "12:30 is read as the base-60 number 750 (YAML 1.1)"),
-    ("1_000", "1_000 is read as the number 1000 (YAML 1.1)"),
+    ("2024-01-02", "2024-01-02 is read as the date datetime.date(2024, 1, 2) (YAML 1.1)"),
 ])
 def test_values_yaml_1_1_reads_otherwise_are_said(workdir, caplog, value, said):
     """`country: NO` reached model_fn as False, `tag: 0123` as 83, without a
     word (YAML journey probe); quoted, or true/false/123, nothing is said."""
     path = write(workdir, HEAD + f"params:\n  a: {value}\n  b: '{value}'\n  c: true\n"
-                 "  d: 123\n  e: 0x1F\n  f: 1e-3\n")
+                 "  d: 123\n  e: 0x1F\n  f: 1e-3\n  g: 1_000\n  h: 07\n  on: 1\n")
     with caplog.at_level(logging.WARNING, logger="estimator.experiment._yaml"):
-        exp = experiment.load(path, [f"params.g={value}", f"params.h='{value}'"])
-    assert exp.params["b"] == exp.params["h"] == value
+        exp = experiment.load(path, [f"params.i={value}", f"params.j='{value}'",
+                                     f"params.k=[1, {value}]", f"params.l={{m: {value}}}"])
+    assert exp.params["b"] == exp.params["j"] == value and exp.params["on"] == 1
     assert [r.getMessage() for r in caplog.records if r.name.endswith("_yaml")] == [
         f"{path}:5: params.a: {said}; quote it ('{value}') for the text as written",
-        f"--set params.g={value}: {said}; quote it ('{value}') for the text as written"]
+        f"--set params.i={value}: {said}; quote it ('{value}') for the text as written",
+        f"--set params.k=[1, {value}]: [1]: {said}; quote it ('{value}') for the text as "
+        "written",
+        f"--set params.l={{m: {value}}}: m: {said}; quote it ('{value}') for the text as "
+        "written"]
 
 
 def test_a_users_file_named_as_a_library_package_is_said_to_be_shadowed(workdir):
