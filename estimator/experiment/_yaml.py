@@ -323,8 +323,8 @@ def _retyped(node, value) -> Optional[str]:
 
 
 def _warn_retyped(loader, node, where: str, path: Path) -> None:
-    """Warn of each plain scalar under `node` (values, not keys) YAML 1.1
-    reads otherwise than it reads; `where`: the file and line, or the --set."""
+    """Warn of each plain scalar under `node` (values, not keys) that YAML 1.1
+    reads otherwise than YAML 1.2; `where`: the file and line, or the --set."""
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _warn_retyped(loader, item, where, path + (i,))
