@@ -16,10 +16,12 @@ every step: a rate from these functions, given to the factory, is given to
 the optimizer again at every step as this step's call computed it (a canned
 estimator's `optimizer=lambda p: ...(p, lr=exponential_decay(...,
 est.get_global_step(), ...))`, computed inside the factory, is recomputed
-for each step). A rate changed by arithmetic (`2 * lr`, a warmup blended in)
-is another number and stays fixed in the optimizer (warned, a step after the
-schedule moves); set `group["lr"]` each step for those. TF
-computes in float32; these in float64 (they agree to float32's precision).
+for each step). A rate `model_fn` changes by its own arithmetic (a warmup
+blended in) and gives the factory as a variable is followed too, whenever it
+moves; what the factory itself computes from it (`lr=2 * lr`) stays as the
+first step made it (warned when it moves). See docs/migration.md,
+"Learning-rate schedules". TF computes in float32; these in float64 (they
+agree to float32's precision).
 """
 from __future__ import annotations
 
