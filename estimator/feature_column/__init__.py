@@ -22,7 +22,11 @@ Features are what the input_fn gives: tensors and numpy arrays are dense
 parsing a ``VarLenFeature`` gives); strings stay numpy / lists of str. See
 `make_parse_example_spec` for the parsing spec of a set of columns.
 
-Not here: sequence columns, the Keras ``DenseFeatures`` / ``LinearModel``
+Sequence columns (``sequence_numeric_column``,
+``sequence_categorical_column_with_*``) feed ``sequence_input_layer``: see
+`_sequence`.
+
+Not here: the Keras ``DenseFeatures`` / ``LinearModel``
 layers, shared embedding columns in ``linear_model``, and
 ``ckpt_to_load_from`` (warm start instead).
 """
@@ -38,7 +42,13 @@ from ._columns import (BucketizedColumn, CategoricalColumn, CrossedColumn, Dense
                        shared_embedding_columns, weighted_categorical_column)
 from ._inputs import Builder as FeatureTransformationCache
 from ._inputs import transformation_cache
-from ._layers import input_layer, linear_model
+from ._layers import concatenate_context_input, input_layer, linear_model, sequence_input_layer
+from ._sequence import (SequenceCategoricalColumn, SequenceNumericColumn,
+                        sequence_categorical_column_with_hash_bucket,
+                        sequence_categorical_column_with_identity,
+                        sequence_categorical_column_with_vocabulary_file,
+                        sequence_categorical_column_with_vocabulary_list,
+                        sequence_numeric_column)
 from . import recorded
 from ._serialize import deserialize_feature_column, serialize_feature_column
 from ._parse_spec import FixedLenFeature, VarLenFeature, make_parse_example_spec
@@ -56,4 +66,9 @@ __all__ = [
     "VocabularyFileCategoricalColumn", "IdentityCategoricalColumn",
     "WeightedCategoricalColumn", "CrossedColumn", "EmbeddingColumn", "SharedEmbeddingColumn",
     "IndicatorColumn",
+    "sequence_numeric_column", "sequence_categorical_column_with_identity",
+    "sequence_categorical_column_with_hash_bucket",
+    "sequence_categorical_column_with_vocabulary_list",
+    "sequence_categorical_column_with_vocabulary_file", "sequence_input_layer",
+    "concatenate_context_input", "SequenceNumericColumn", "SequenceCategoricalColumn",
 ]

@@ -281,16 +281,19 @@ class _LeafCategorical(CategoricalColumn):
         raise NotImplementedError
 
     def _ids(self, builder):
-        def transform():
-            feature = builder.raw(self.key)
-            self._check_input(feature)
-            values, rows, positions = feature.flat(drop_missing=True)
-            if values.dtype.kind in "US":
-                ids = mapped(self, "", values, *feature.codes(positions), self._map)
-            else:
-                ids = self._map(values)
-            return Ids(ids, rows, feature.batch, None, positions)
-        return builder.get(self, transform)
+        return builder.get(self, lambda: self._mapped_ids(builder, frames=False))
+
+    def _mapped_ids(self, builder: Builder, frames: bool) -> Ids:
+        """The ids of feature `key`'s values, `positions` their places among
+        them; rows of frames only for a sequence column (`frames`)."""
+        feature = builder.raw(self.key)
+        self._check_input(feature)
+        values, rows, positions = feature.flat(drop_missing=True, frames=frames)
+        if values.dtype.kind in "US":
+            ids = mapped(self, "", values, *feature.codes(positions), self._map)
+        else:
+            ids = self._map(values)
+        return Ids(ids, rows, feature.batch, None, positions)
 
     def _check_input(self, feature) -> None:
         _check_input_kind(self.dtype, feature, self.key)

@@ -12,7 +12,11 @@ scalars, or a list of lists. They map onto what TF would have been given:
 * a list of lists (rows of any lengths, lists / tuples / arrays) is a
   `SparseTensor`, what ``parse_example`` gives for a ``VarLenFeature``: each
   row holds its values, and every value counts, ``''`` and ``-1`` included,
-  as in TF. Numeric columns read a rectangular list of lists as dense.
+  as in TF. Numeric columns read a rectangular list of lists as dense;
+* a list of lists of lists (rows of frames, each frame a list of values, as
+  `est.io.parse_sequence_example` gives a ``VarLenFeature`` feature list) is
+  TF's 3-D SparseTensor ``[batch, frames, values]``: only the sequence
+  columns take it (each frame one step).
 
 `Builder` is TF's ``_LazyBuilder``: one per `input_layer` / `linear_model`
 call, it converts each raw feature once and caches each column's transform
@@ -221,14 +225,14 @@ class Feature:
 
     def _set_rows(self, rows) -> None:
         self.sparse = True
+        rows = [row.detach().cpu().reshape(-1).tolist() if isinstance(row, torch.Tensor) else
+                row.reshape(-1).tolist() if isinstance(row, np.ndarray) else
+                row if isinstance(row, (list, tuple)) else [row] for row in rows]
+        if any(len(row) and isinstance(row[0], (list, tuple, np.ndarray, torch.Tensor))
+               for row in rows):
+            rows = self._set_frames(rows)
         flat, lengths = [], []
         for row in rows:
-            if isinstance(row, torch.Tensor):
-                row = row.detach().cpu().reshape(-1).tolist()
-            elif isinstance(row, np.ndarray):
-                row = row.reshape(-1).tolist()
-            elif not isinstance(row, (list, tuple)):
-                row = [row]
             flat.extend(row)
             lengths.append(len(row))
         lengths = np.asarray(lengths, np.int64)
@@ -244,6 +248,44 @@ class Feature:
             values = values.astype(np.float64)
         self.values = values
 
+    steps: Optional[np.ndarray] = None    # rows of frames: each value's frame
+    frame_counts: Optional[np.ndarray] = None   # ... and each row's number of frames
+
+    def _set_frames(self, rows) -> list:
+        """Rows of frames (TF's 3-D SparseTensor): each row's values in one
+        list, each value's frame noted in `steps`."""
+        flat_rows, steps, counts = [], [], []
+        for i, row in enumerate(rows):
+            values = []
+            for j, frame in enumerate(row):
+                if isinstance(frame, torch.Tensor):
+                    frame = to_numpy(frame)
+                if isinstance(frame, np.ndarray):
+                    frame = frame.reshape(-1).tolist()
+                elif not isinstance(frame, (list, tuple)):
+                    raise ValueError(
+                        f"Feature {self.key!r}: row {i} mixes frames (lists of values) and "
+                        f"single values ({frame!r} at {j}); give each example a list of "
+                        "values, or a list of frames each a list of values")
+                values.extend(frame)
+                steps.extend([j] * len(frame))
+            flat_rows.append(values)
+            counts.append(len(row))
+        self.steps = np.asarray(steps, np.int64)
+        self.frame_counts = np.asarray(counts, np.int64)
+        return flat_rows
+
+    def refuse_frames(self) -> None:
+        """Only the sequence columns read rows of frames (TF: a 3-D SparseTensor
+        in a non-sequence column fails when the layer reshapes it)."""
+        if self.steps is not None:
+            raise ValueError(
+                f"Feature {self.key!r} holds rows of frames (a list of lists of values per "
+                "example, TF's 3-D SparseTensor, as a VarLenFeature feature list parses), "
+                "which only the sequence columns (sequence_numeric_column, "
+                "sequence_categorical_column_with_*) read; give a non-sequence column one "
+                "list of values per example")
+
     # -- views -------------------------------------------------------------------------
     @property
     def batch(self) -> int:
@@ -253,6 +295,7 @@ class Feature:
 
     def dense_tensor(self) -> torch.Tensor:
         """The numbers as a tensor of rank >= 2 (numeric columns)."""
+        self.refuse_frames()
         if self.kind == "string":
             raise ValueError(f"Feature {self.key!r} holds strings; a numeric column needs "
                              "numbers")
@@ -267,11 +310,15 @@ class Feature:
             return torch.from_numpy(values.reshape(len(self.lengths), width))
         return self.tensor
 
-    def flat(self, drop_missing: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def flat(self, drop_missing: bool, frames: bool = False
+             ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(values, rows, positions) in row-major order, as numpy. A dense
         feature must have rank 2 (after expanding rank 1); with `drop_missing`
         its '' / -1 cells are dropped (a sparse feature keeps every value, as
-        TF does); `positions` index the values kept among all of them."""
+        TF does); `positions` index the values kept among all of them. Rows
+        of frames only with `frames` (a sequence column's)."""
+        if not frames:
+            self.refuse_frames()
         cache = self.__dict__.setdefault("_flats", {})   # (columns on one feature ask again)
         if drop_missing not in cache:
             cache[drop_missing] = self._flat(drop_missing)
@@ -320,6 +367,7 @@ class Feature:
         """Weights (float32, row-major) of a weighted column, their layout (the
         row lengths of a sparse feature, the shape of a dense one) and whether
         the feature is dense (TF then drops its 0.0 cells)."""
+        self.refuse_frames()
         if self.kind == "string":
             raise ValueError(f"Feature {self.key!r}: weights must be numbers, got strings")
         if self.sparse:
@@ -368,7 +416,7 @@ class Builder:
 
     def prepared(self, record: tuple, make) -> Dict[str, torch.Tensor]:
         """`make()`: the tensors a layer computes on the host for `record`
-        (("embedding", column), ("indicator", column) or ("linear", columns,
+        (("embedding" | "indicator" | "sequence", column) or ("linear", columns,
         combiner)), once per builder."""
         def on_host():
             self._on_host = True

@@ -35,8 +35,9 @@ from distribute.variable_names import DOT, torch_key
 from hooks import model_scope
 
 from ._columns import (CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn,
-                       SharedEmbeddingColumn)
+                       IndicatorColumn, SharedEmbeddingColumn, _Embedding)
 from ._inputs import Builder, transformation_cache
+from ._sequence import SequenceNumericColumn, is_sequence_categorical
 from ._variables import (COMBINERS, ColumnVariables, LinearModelVariables, fused_bag_inputs,
                          moved)
 
@@ -141,7 +142,21 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
     ordered, factories = _planned(("input_layer", prefix, bool(trainable)), feature_columns,
                                   lambda: _input_layer_plan(feature_columns, prefix, trainable))
     builder = _builder(features)
-    modules, tensors, shared = [], [], {}
+    modules = _column_modules(ordered, factories, cols_to_vars)
+    tensors = [_flatten(column, column._dense(builder, variables))
+               for column, variables in zip(ordered, modules)]
+    device = _output_device(builder, [m for m in modules if m is not None])
+    tensors = [t if t.device == device else t.to(device) for t in tensors]
+    _check_batch_sizes([t.shape[0] for t in tensors], ordered)
+    if cols_to_output_tensors is not None:
+        cols_to_output_tensors.update(zip(ordered, tensors))
+    return torch.cat(tensors, 1)
+
+
+def _column_modules(ordered, factories, cols_to_vars) -> list:
+    """Each column's variables module (None for a column without), a shared
+    embedding's table made once; `cols_to_vars` filled."""
+    modules, shared = [], {}
     for column, (name, factory) in zip(ordered, factories):
         variables = None
         if isinstance(column, SharedEmbeddingColumn):
@@ -150,17 +165,110 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
                 variables = shared[name] = _variables(_shared_name(name, column), factory)
         elif factory is not None:
             variables = _variables(name, factory)
-        if variables is not None:
-            modules.append(variables)
+        modules.append(variables)
         if cols_to_vars is not None:
             cols_to_vars[column] = list(variables.parameters()) if variables is not None else []
-        tensors.append(_flatten(column, column._dense(builder, variables)))
-    device = _output_device(builder, modules)
+    return modules
+
+
+def sequence_input_layer(features, feature_columns, weight_collections=None, trainable=True,
+                         *, scope=None) -> tuple:
+    """``(input, sequence_length)`` of sequence columns (TF1:
+    ``tf.contrib.feature_column.sequence_input_layer``; TF2: Keras'
+    ``SequenceFeatures``): `input` the float32 ``[batch, T, D]`` steps, each
+    column's ``[batch, T, n]`` concatenated in the order of the column names;
+    `sequence_length` each example's steps (int64 ``[batch]``, on the CPU,
+    where ``pack_padded_sequence`` takes it). The columns must agree on
+    every example's length (TF asserts it at run time). Columns:
+    `sequence_numeric_column`, and an `embedding_column` / `indicator_column`
+    / `shared_embedding_columns` of a ``sequence_categorical_column_with_*``.
+    Variables are ``sequence_input_layer/<column>/embedding_weights`` (TF1's
+    names). `scope`, `trainable`: as `input_layer`'s."""
+    del weight_collections
+    prefix = _prefix(scope, "sequence_input_layer")
+    ordered, factories = _planned(("sequence_input_layer", prefix, bool(trainable)),
+                                  feature_columns,
+                                  lambda: _sequence_plan(feature_columns, prefix, trainable))
+    builder = _builder(features)
+    if builder.general:
+        raise NotImplementedError(
+            "sequence_input_layer cannot be exported yet (its per-step lookups have no "
+            "traced form here): serve such a model from est.Estimator.predict, or feed the "
+            "exported model the padded steps and lengths as numeric receiver tensors "
+            "(the sequence columns' work done by the client)")
+    modules = _column_modules(ordered, factories, None)
+    tensors, lengths = zip(*[_sequence_dense(column, builder, variables)
+                             for column, variables in zip(ordered, modules)])
+    device = _output_device(builder, [m for m in modules if m is not None])
     tensors = [t if t.device == device else t.to(device) for t in tensors]
     _check_batch_sizes([t.shape[0] for t in tensors], ordered)
-    if cols_to_output_tensors is not None:
-        cols_to_output_tensors.update(zip(ordered, tensors))
-    return torch.cat(tensors, 1)
+    for column, length in zip(ordered[1:], lengths[1:]):
+        if not torch.equal(length, lengths[0]):   # (host tensors)
+            raise ValueError(
+                f"sequence_input_layer: the columns' sequence lengths differ: "
+                f"{ordered[0].name!r} {lengths[0].tolist()} and {column.name!r} "
+                f"{length.tolist()} (TF: 'Condition x == y did not hold'); every sequence "
+                "feature of an example must have its number of steps")
+    return torch.cat(tensors, 2), lengths[0]
+
+
+def _sequence_dense(column, builder: Builder, variables) -> tuple:
+    """A sequence column's float32 ``[batch, T, n]`` and its lengths."""
+    if isinstance(column, SequenceNumericColumn):
+        host = builder.prepared(("sequence", column), lambda: column._sequence_host(builder))
+        return host["value"].flatten(2), host["lengths"]
+    steps = column.categorical_column._steps
+    host = builder.prepared(("sequence", steps), lambda: steps._sequence_host(builder))
+    over_steps = column.__dict__.get("_over_steps")   # (the same bags, one per step)
+    if over_steps is None:
+        over_steps = column.__dict__["_over_steps"] = column._replace(categorical_column=steps)
+    flat = over_steps._dense(builder, variables)
+    return (flat.reshape(host["lengths"].shape[0], host["steps"].shape[0], flat.shape[-1]),
+            host["lengths"])
+
+
+def _is_sequence_dense(column) -> bool:
+    return isinstance(column, SequenceNumericColumn) or (
+        isinstance(column, (_Embedding, IndicatorColumn))
+        and is_sequence_categorical(column.categorical_column))
+
+
+def _sequence_plan(feature_columns, prefix: str, trainable) -> tuple:
+    columns = _normalize_feature_columns(feature_columns)
+    for column in columns:
+        if _is_sequence_dense(column):
+            continue
+        if isinstance(column, (_Embedding, IndicatorColumn)):
+            kind = "embedding_column" if isinstance(column, _Embedding) else "indicator_column"
+            raise ValueError(
+                f"In {kind}: {column.name}. categorical_column must be of type "
+                "SequenceCategoricalColumn to use sequence_input_layer. Suggested fix: Use "
+                f"one of sequence_categorical_column_with_*. Given (type "
+                f"{type(column.categorical_column).__name__}): {column.categorical_column}")
+        raise ValueError(
+            "Items of feature_columns must be a sequence column (sequence_numeric_column, or "
+            "an embedding_column / indicator_column of a "
+            f"sequence_categorical_column_with_*). Given: {column}")
+    ordered = sorted(columns, key=lambda c: c.name)
+    return ordered, _column_factories(ordered, prefix, trainable, "sequence_input_layer")
+
+
+def concatenate_context_input(context_input: torch.Tensor, sequence_input: torch.Tensor
+                              ) -> torch.Tensor:
+    """Each example's context ``[batch, d]`` repeated at every step of its
+    sequence ``[batch, T, D]`` and appended to it: ``[batch, T, D + d]``
+    (TF: ``tf.feature_column.experimental.concatenate_context_input``)."""
+    if context_input.dim() != 2:
+        raise ValueError(f"context_input must have rank 2. Received rank "
+                         f"{context_input.dim()}, shape {list(context_input.shape)}")
+    if sequence_input.dim() != 3:
+        raise ValueError(f"sequence_input must have rank 3. Received rank "
+                         f"{sequence_input.dim()}, shape {list(sequence_input.shape)}")
+    for name, tensor in (("context_input", context_input), ("sequence_input", sequence_input)):
+        if tensor.dtype != torch.float32:
+            raise TypeError(f"{name} must have dtype float32; got {tensor.dtype}.")
+    tiled = context_input.unsqueeze(1).expand(-1, sequence_input.shape[1], -1)
+    return torch.cat([sequence_input, tiled.to(sequence_input.device)], 2)
 
 
 _SHARED_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # scope -> {name: where}
@@ -220,8 +328,21 @@ def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
             raise ValueError("Items of feature_columns must be a DenseColumn. You can wrap a "
                              "categorical column with an embedding_column or "
                              f"indicator_column. Given: {column}")
+        if _is_sequence_dense(column):
+            kind = "embedding_column" if isinstance(column, _Embedding) else "indicator_column"
+            raise ValueError(
+                f"In {kind}: {column.name}. categorical_column must not be of type "
+                "SequenceCategoricalColumn. Suggested fix A: If you wish to use input_layer, "
+                "use a non-sequence categorical_column_with_*. Suggested fix B: If you wish "
+                "to create sequence input, use sequence_input_layer instead of input_layer. "
+                f"Given (type SequenceCategoricalColumn): {column.categorical_column}")
     ordered = sorted(columns, key=lambda c: c.name)
-    _refuse_shared_scopes([c for c in ordered if c._variable_specs(trainable)], "input_layer")
+    return ordered, _column_factories(ordered, prefix, trainable, "input_layer")
+
+
+def _column_factories(ordered, prefix: str, trainable, what: str) -> list:
+    """Each column's module name and factory (None for a column without variables)."""
+    _refuse_shared_scopes([c for c in ordered if c._variable_specs(trainable)], what)
     factories = []
     for column in ordered:
         specs = column._variable_specs(trainable)
@@ -229,7 +350,7 @@ def _input_layer_plan(feature_columns, prefix: str, trainable) -> tuple:
             lambda specs=specs, column=column: ColumnVariables(
                 specs, getattr(column, "max_norm", None)))
         factories.append((f"{prefix}/{_scope_name(column)}", factory))
-    return ordered, factories
+    return factories
 
 
 _PLANS: dict = {}   # what each layer works out once per set of columns

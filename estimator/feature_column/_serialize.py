@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _columns
+from . import _columns, _sequence
 from ._inputs import STRING, as_dtype, dtype_name
 
 _CLASSES = {cls.__name__: cls for cls in (
@@ -22,7 +22,8 @@ _CLASSES = {cls.__name__: cls for cls in (
     _columns.VocabularyListCategoricalColumn, _columns.VocabularyFileCategoricalColumn,
     _columns.IdentityCategoricalColumn, _columns.WeightedCategoricalColumn,
     _columns.CrossedColumn, _columns.EmbeddingColumn, _columns.SharedEmbeddingColumn,
-    _columns.IndicatorColumn)}
+    _columns.IndicatorColumn, _sequence.SequenceNumericColumn,
+    _sequence.SequenceCategoricalColumn)}
 _DROPPED = {"initializer"}
 
 

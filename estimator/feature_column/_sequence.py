@@ -1,0 +1,274 @@
+"""Sequence feature columns (TF: ``tf.feature_column.sequence_*``, TF1's
+``tf.contrib.feature_column``): each example is a sequence of steps, which
+`sequence_input_layer` reads into a ``[batch, T, D]`` tensor and the
+sequence lengths, for an RNN.
+
+    tokens = fc.sequence_categorical_column_with_identity("tokens", 1000)
+    columns = [fc.embedding_column(tokens, 16), fc.sequence_numeric_column("rating")]
+    net, lengths = fc.sequence_input_layer(features, columns)   # [batch, T, 17], [batch]
+
+A feature is what TF's SparseTensor held: rows of values (a list of lists,
+as ``parse_example`` gives a ``VarLenFeature``), each value one step (a
+`sequence_numeric_column` of shape ``(2,)`` takes two values a step), or
+rows of frames (a list of lists of lists, as ``parse_sequence_example``
+gives a ``VarLenFeature`` feature list), each frame one step. A categorical
+column also reads a dense ``[batch, T]`` array, whose ``''`` / ``-1`` cells
+are missing, as TF's. T is the longest row's steps (a dense array's width);
+shorter rows are padded with zeros (a numeric column's `default_value`).
+An example's length is the last step holding a value, plus one, as TF's
+``sequence_length_from_sparse_tensor`` counts it (an id later dropped, an
+out-of-vocabulary one, still counts).
+"""
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import torch
+
+from ._columns import (CategoricalColumn, FeatureColumn, _check_key, _check_shape,
+                       _columns_repr, categorical_column_with_hash_bucket,
+                       categorical_column_with_identity, categorical_column_with_vocabulary_file,
+                       categorical_column_with_vocabulary_list)
+from ._inputs import STRING, Builder, Ids, as_dtype, dtype_name, is_floating, is_integer
+from ._parse_spec import VarLenFeature
+
+
+def _lengths(rows: np.ndarray, steps: np.ndarray, batch: int) -> np.ndarray:
+    """Each row's last step holding a value, plus one (0 for none)."""
+    lengths = np.zeros(batch, np.int64)
+    np.maximum.at(lengths, rows, steps + 1)
+    return lengths
+
+
+def _place_in_group(groups: np.ndarray) -> np.ndarray:
+    """Each element's index within its run of equal, consecutive `groups`."""
+    index = np.arange(len(groups), dtype=np.int64)
+    if not len(groups):
+        return index
+    starts = np.r_[True, groups[1:] != groups[:-1]]
+    return index - np.maximum.accumulate(np.where(starts, index, 0))
+
+
+class SequenceNumericColumn(FeatureColumn, collections.namedtuple(
+        "SequenceNumericColumn", ("key", "shape", "default_value", "dtype", "normalizer_fn"))):
+    """See `sequence_numeric_column`."""
+
+    @property
+    def name(self) -> str:
+        return self.key
+
+    @property
+    def _parse_example_spec(self) -> dict:
+        return {self.key: VarLenFeature(self.dtype)}
+
+    @property
+    def _variable_shape(self) -> tuple:
+        return tuple(self.shape)
+
+    def _variable_specs(self, trainable: bool) -> dict:
+        return {}
+
+    def _sequence_host(self, builder: Builder) -> dict:
+        """{"value": float32 [batch, T] + shape, "lengths": int64 [batch]}."""
+        feature = builder.raw(self.key)
+        if not feature.sparse:
+            raise ValueError(
+                f"sequence_numeric_column {self.key!r} takes rows of values (a list of lists, "
+                f"TF's SparseTensor; TF: 'Input must be a SparseTensor'), got a dense "
+                f"{feature._dtype_text()} feature: a padded array would count its padding "
+                "as steps. Give each example's values as a list (parse a VarLenFeature, or "
+                "cut a padded array's rows at their lengths)")
+        if feature.kind not in ("float", "int", "empty"):
+            raise ValueError(f"sequence_numeric_column {self.key!r} needs numbers; feature "
+                             f"{self.key!r} holds {feature._dtype_text()} values")
+        values = torch.from_numpy(np.asarray(feature.values, np.float64))
+        if self.normalizer_fn is not None:   # (TF: on the values, not the padding)
+            values = torch.as_tensor(self.normalizer_fn(values))
+        values = values.to(torch.float32)
+        n, batch = math.prod(self.shape), feature.batch
+        if feature.steps is None:
+            longest = int(feature.lengths.max()) if batch else 0
+            if longest % n:
+                raise ValueError(
+                    f"sequence_numeric_column {self.key!r} of shape {list(self.shape)} takes "
+                    f"{n} values a step; the longest row holds {longest} (TF fails "
+                    "reshaping it)")
+            steps = longest // n
+            starts = np.cumsum(feature.lengths) - feature.lengths
+            where = np.arange(len(values)) - starts[feature.rows]
+            dense = torch.full((batch, steps * n), float(self.default_value))
+            dense[feature.rows, where] = values
+            lengths = -(-feature.lengths // n)
+        else:
+            steps = int(feature.frame_counts.max()) if batch else 0
+            where = _place_in_group(feature.rows * max(steps, 1) + feature.steps)
+            if len(where) and int(where.max()) >= n:
+                raise ValueError(
+                    f"sequence_numeric_column {self.key!r} of shape {list(self.shape)} takes "
+                    f"{n} values a frame; a frame holds {int(where.max()) + 1}")
+            dense = torch.full((batch, steps, n), float(self.default_value))
+            dense[feature.rows, feature.steps, where] = values
+            lengths = _lengths(feature.rows, feature.steps, batch)
+        return {"value": dense.reshape((batch, steps) + tuple(self.shape)),
+                "lengths": torch.from_numpy(np.asarray(lengths, np.int64))}
+
+
+class SequenceCategoricalColumn(CategoricalColumn, collections.namedtuple(
+        "SequenceCategoricalColumn", ("categorical_column",))):
+    """A categorical column read step by step (see
+    `sequence_categorical_column_with_identity`). Its `embedding_column` /
+    `indicator_column` go to `sequence_input_layer`; in a `linear_model` it
+    is each example's bag of ids, as in TF."""
+
+    @property
+    def name(self) -> str:
+        return self.categorical_column.name
+
+    @property
+    def key(self) -> str:
+        return self.categorical_column.key
+
+    @property
+    def _parse_example_spec(self) -> dict:
+        return self.categorical_column._parse_example_spec
+
+    @property
+    def num_buckets(self) -> int:
+        return self.categorical_column.num_buckets
+
+    @property
+    def _ids_in_range(self) -> bool:
+        return self.categorical_column._ids_in_range
+
+    def _out_of_range(self, value):
+        return self.categorical_column._out_of_range(value)
+
+    def _ids(self, builder):
+        return self.categorical_column._ids(builder)
+
+    @property
+    def _steps(self) -> "SequenceSteps":
+        steps = self.__dict__.get("_step_column")
+        if steps is None:
+            steps = self.__dict__["_step_column"] = SequenceSteps(self)
+        return steps
+
+
+class SequenceSteps(CategoricalColumn, collections.namedtuple(
+        "SequenceSteps", ("sequence_column",))):
+    """A sequence categorical column's ids as one bag per step: ``batch * T``
+    bags, step t of example b the bag ``b * T + t`` (TF's id SparseTensor
+    reshaped to ``[batch, T, 1]``), which an embedding or indicator combines
+    as it does any bags."""
+
+    @property
+    def name(self) -> str:
+        return self.sequence_column.name
+
+    @property
+    def _parse_example_spec(self) -> dict:
+        return self.sequence_column._parse_example_spec
+
+    @property
+    def num_buckets(self) -> int:
+        return self.sequence_column.num_buckets
+
+    @property
+    def _ids_in_range(self) -> bool:
+        return self.sequence_column._ids_in_range
+
+    def _out_of_range(self, value):
+        return self.sequence_column._out_of_range(value)
+
+    def _layout(self, builder: Builder) -> tuple:
+        """(ids, each id's step, T, lengths) of the batch."""
+        def layout():
+            leaf = self.sequence_column.categorical_column
+            ids = leaf._mapped_ids(builder, frames=True)
+            feature = builder.raw(leaf.key)
+            if feature.steps is not None:
+                steps = feature.steps[ids.positions]
+                longest = int(feature.frame_counts.max()) if ids.batch else 0
+            elif feature.sparse:
+                starts = np.cumsum(feature.lengths) - feature.lengths
+                steps = ids.positions - starts[ids.rows]
+                longest = int(feature.lengths.max()) if ids.batch else 0
+            else:
+                longest = int(feature.layout()[1][1])
+                steps = ids.positions % max(longest, 1)
+            return ids, steps, longest, _lengths(ids.rows, steps, ids.batch)
+        return builder.get(self, layout, "layout")
+
+    def _ids(self, builder):
+        def transform():
+            ids, steps, longest, _ = self._layout(builder)
+            return Ids(ids.values, ids.rows * longest + steps, ids.batch * longest)
+        return builder.get(self, transform)
+
+    def _sequence_host(self, builder: Builder) -> dict:
+        """{"lengths": int64 [batch], "steps": 0, 1, ..., T - 1}."""
+        _, _, longest, lengths = self._layout(builder)
+        return {"lengths": torch.from_numpy(lengths), "steps": torch.arange(longest)}
+
+
+def sequence_numeric_column(key, shape=(1,), default_value=0., dtype=torch.float32,
+                            normalizer_fn=None) -> SequenceNumericColumn:
+    """A sequence of numbers, `shape` of them a step (TF:
+    ``sequence_numeric_column``): rows of values, each row's steps padded to
+    the batch's longest with `default_value`. `normalizer_fn` maps the values
+    (a float64 tensor of them; not the padding), as TF's."""
+    _check_key(key)
+    shape = _check_shape(shape, key)
+    dtype = as_dtype(dtype, f"sequence_numeric_column({key!r})")
+    if dtype is STRING or not (is_integer(dtype) or is_floating(dtype)):
+        raise ValueError(f"dtype must be convertible to float. dtype: "
+                         f"{dtype_name(dtype) if dtype else None}, key: {key}")
+    if isinstance(default_value, bool) or not isinstance(default_value, (int, float)):
+        raise ValueError(f"default_value must be a number, got {default_value!r} (key: {key})")
+    if normalizer_fn is not None and not callable(normalizer_fn):
+        raise TypeError(f"normalizer_fn must be a callable. Given: {normalizer_fn}")
+    return SequenceNumericColumn(key, shape, float(default_value), dtype, normalizer_fn)
+
+
+def sequence_categorical_column_with_identity(key, num_buckets, default_value=None
+                                              ) -> SequenceCategoricalColumn:
+    """`categorical_column_with_identity`, read step by step (TF:
+    ``sequence_categorical_column_with_identity``)."""
+    return SequenceCategoricalColumn(
+        categorical_column_with_identity(key, num_buckets, default_value))
+
+
+def sequence_categorical_column_with_hash_bucket(key, hash_bucket_size, dtype=STRING
+                                                 ) -> SequenceCategoricalColumn:
+    """`categorical_column_with_hash_bucket`, read step by step (TF:
+    ``sequence_categorical_column_with_hash_bucket``)."""
+    return SequenceCategoricalColumn(
+        categorical_column_with_hash_bucket(key, hash_bucket_size, dtype))
+
+
+def sequence_categorical_column_with_vocabulary_list(key, vocabulary_list, dtype=None,
+                                                     default_value=-1, num_oov_buckets=0
+                                                     ) -> SequenceCategoricalColumn:
+    """`categorical_column_with_vocabulary_list`, read step by step (TF:
+    ``sequence_categorical_column_with_vocabulary_list``)."""
+    return SequenceCategoricalColumn(categorical_column_with_vocabulary_list(
+        key, vocabulary_list, dtype, default_value, num_oov_buckets))
+
+
+def sequence_categorical_column_with_vocabulary_file(key, vocabulary_file, vocabulary_size=None,
+                                                     num_oov_buckets=0, default_value=None,
+                                                     dtype=STRING) -> SequenceCategoricalColumn:
+    """`categorical_column_with_vocabulary_file`, read step by step (TF:
+    ``sequence_categorical_column_with_vocabulary_file``)."""
+    return SequenceCategoricalColumn(categorical_column_with_vocabulary_file(
+        key, vocabulary_file, vocabulary_size, num_oov_buckets, default_value, dtype))
+
+
+def is_sequence_categorical(column) -> bool:
+    return isinstance(column, SequenceCategoricalColumn)
+
+
+for _cls in (SequenceNumericColumn, SequenceCategoricalColumn, SequenceSteps):
+    _cls.__repr__ = _columns_repr
