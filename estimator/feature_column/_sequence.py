@@ -83,7 +83,8 @@ class SequenceNumericColumn(FeatureColumn, collections.namedtuple(
         if feature.kind not in ("float", "int", "empty"):
             raise ValueError(f"sequence_numeric_column {self.key!r} needs numbers; feature "
                              f"{self.key!r} holds {feature._dtype_text()} values")
-        values = torch.from_numpy(np.asarray(feature.values, np.float64))
+        values = torch.from_numpy(np.asarray(feature.values, np.float64)).to(
+            self.dtype if is_floating(self.dtype) else torch.float32)
         if self.normalizer_fn is not None:   # (TF: on the values, not the padding)
             values = torch.as_tensor(self.normalizer_fn(values))
         values = values.to(torch.float32)
@@ -218,7 +219,8 @@ def sequence_numeric_column(key, shape=(1,), default_value=0., dtype=torch.float
     """A sequence of numbers, `shape` of them a step (TF:
     ``sequence_numeric_column``): rows of values, each row's steps padded to
     the batch's longest with `default_value`. `normalizer_fn` maps the values
-    (a float64 tensor of them; not the padding), as TF's."""
+    (a tensor of them in `dtype`, float32 for an integer one; not the
+    padding), as TF's."""
     _check_key(key)
     shape = _check_shape(shape, key)
     dtype = as_dtype(dtype, f"sequence_numeric_column({key!r})")
