@@ -51,6 +51,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import numpy as np
 import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 import distribute
 
@@ -810,6 +811,8 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         module, outputs, inputs = built.module, built.outputs, built.inputs
         transform, client, dynamic, batch = (built.transform, built.client, built.dynamic,
                                              built.batch)
+        if transform is not None:
+            _fix_steps(program, built.trace_inputs, transform)
         varying = _varying_dims(program, module, inputs, outputs, any_size)
 
     batch_dim = batch if dynamic else None
@@ -1040,16 +1043,25 @@ def _host_program(receiver, scope, call):
     trace_inputs, shapes, id_dims = {}, {}, {}
     for name, t in inputs.items():
         key = name.split("_", 1)[1] if name not in program else None
-        if name in program or key in _BATCH_KEYS:
+        steps = key is not None and records[int(name[1:].split("_", 1)[0])]["kind"] == \
+            "sequence" and key != "lengths" and t.dim() > 1   # ([batch, T, ...])
+        if steps and t.shape[1] < 2:
+            raise ValueError(
+                "the example serving inputs need a sequence of at least 2 steps to export a "
+                "sequence_input_layer (torch.export fixes sizes 0 and 1): give the receiver "
+                "examples rows of 2 steps or more")
+        if name in program or key in _BATCH_KEYS or key == "lengths" or steps:
             trace_inputs[name] = t
-            shapes[name] = {0: batch} if t.dim() and batch is not None else None
+            dims = {0: batch} if t.dim() and batch is not None else {}
+            if steps:   # (T: any number of steps, unless the model fixes it: _fix_steps)
+                dims[1] = torch.export.Dim.AUTO
+            shapes[name] = dims or None
         else:   # ids / weights: as many as the batch holds (traced from 2 at least)
             index = name.split("_", 1)[0]
             trace_inputs[name] = t if len(t) >= 2 else torch.ones(3, dtype=t.dtype)
             shapes[name] = {0: id_dims.setdefault(index, torch.export.Dim(f"ids_{index}"))}
     # (a list of rows: a variable number of strings per example, [batch, any])
-    client = [{"name": n, "dtype": "string" if is_host_value(v) else
-               str(v.dtype).replace("torch.", ""),
+    client = [{"name": n, **_client_dtype(v),
                "shape": [None] + (list(v.shape[1:]) if isinstance(v, (torch.Tensor, np.ndarray))
                                   else [None]),
                **({"python_type": kind} if receiver.parse_spec is None
@@ -1057,6 +1069,46 @@ def _host_program(receiver, scope, call):
               for n, v in raw.items()]
     return _Built(module, outputs, inputs, trace_inputs, shapes, receiver.dynamic_batch,
                   len(next(iter(raw.values()))), transform, client)
+
+
+def _fix_steps(program, inputs: dict, transform: HostTransform) -> None:
+    """The sequence records whose steps the traced model fixed (an RNN:
+    torch.export keeps an nn.LSTM's length as traced) keep them: a server
+    pads each request's sequences to the example's longest, and refuses
+    longer ones (`sequence_input_layer`)."""
+    shapes = {n.name: n.meta["val"].shape for n in program.graph.nodes
+              if n.op == "placeholder" and "val" in n.meta}
+    for name, node in zip(inputs, program.graph_signature.user_inputs):
+        index, _, key = name[1:].partition("_")
+        if not name.startswith("t") or not index.isdigit() or key == "lengths":
+            continue
+        record = transform.records[int(index)]
+        shape = shapes.get(node, ())
+        if record["kind"] == "sequence" and len(shape) > 1 and is_concrete_int(shape[1]):
+            transform.fix_steps(int(index), int(shape[1]))
+
+
+def _client_dtype(value) -> dict:
+    """How a server takes a receiver input: its dtype, and for rows of
+    numbers (a list of lists: a VarLenFeature's, a sequence's) "rows"."""
+    if not is_host_value(value):
+        return {"dtype": str(value.dtype).replace("torch.", "")}
+    if isinstance(value, (list, tuple)):
+        leaves = list(_leaves_of(value))
+        if leaves and all(isinstance(v, (int, float, np.integer, np.floating))
+                          and not isinstance(v, (bool, np.bool_)) for v in leaves):
+            floating = any(isinstance(v, (float, np.floating)) for v in leaves)
+            return {"dtype": "float32" if floating else "int64", "rows": True}
+    return {"dtype": "string"}
+
+
+def _leaves_of(values):
+    for value in values:
+        if isinstance(value, (list, tuple, np.ndarray, torch.Tensor)):
+            yield from _leaves_of(value.tolist() if isinstance(value, (np.ndarray, torch.Tensor))
+                                  else value)
+        else:
+            yield value
 
 
 def _parameter_name(name: str) -> bool:

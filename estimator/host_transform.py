@@ -290,6 +290,12 @@ class HostTransform:
         return out
 
     # -- files -------------------------------------------------------------------------
+    def fix_steps(self, index: int, steps: int) -> None:
+        """Record `index` (a sequence column's) makes `steps` steps, padding
+        shorter sequences: the traced model fixed them."""
+        self.records[index] = {**self.records[index], "steps": steps}
+        self._decoded[index] = recorded.from_json(self.records[index])
+
     def save(self, export_dir: str) -> None:
         """Write ``transform.json``, vocabulary files copied into ``assets/``."""
         records = json.loads(json.dumps(self.records))

@@ -298,6 +298,11 @@ class Model:
                     problem = _number_problem(value, spec["dtype"], dtype)
                     if problem is not None:
                         raise ValueError(problem)
+            if spec.get("rows"):   # (rows of numbers, any lengths: the model's feature)
+                if not isinstance(values, list) or not all(isinstance(r, list)
+                                                           for r in values):
+                    raise ValueError("expected a list of values (a list) per example")
+                return values
             integer = not dtype.is_floating_point and dtype is not torch.bool
             # (ints made one array with integral floats were float64: 2**63 - 1 wrapped)
             array = np.array(values, dtype=np.int64 if integer else np.float64

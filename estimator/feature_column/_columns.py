@@ -570,12 +570,16 @@ class _Embedding(DenseColumn):
     def _lookup_inputs(self, builder) -> dict:
         """The embedding lookup's inputs (CPU tensors: ids, offsets, ...), made
         on the host."""
-        def make():
-            ids = self.categorical_column._valid_ids(
-                builder, prune_weights=self.combiner != "sum" and self.use_safe_embedding_lookup)
-            return bag_inputs(ids.values, ids.rows, ids.batch, ids.weights, self.combiner,
-                              builder.general)
-        return builder.prepared(("embedding", self), make)
+        return builder.prepared(("embedding", self),
+                                lambda: self._bags(builder, self.categorical_column))
+
+    def _bags(self, builder, categorical: CategoricalColumn) -> dict:
+        """The lookup inputs of `categorical`'s bags (this column's, or a
+        sequence column's one bag a step)."""
+        ids = categorical._valid_ids(
+            builder, prune_weights=self.combiner != "sum" and self.use_safe_embedding_lookup)
+        return bag_inputs(ids.values, ids.rows, ids.batch, ids.weights, self.combiner,
+                          builder.general)
 
     def _dense(self, builder, variables):
         table = getattr(variables, "module", variables).embedding_weights   # (DDP wraps it)
@@ -627,19 +631,22 @@ class IndicatorColumn(DenseColumn, collections.namedtuple(
         return (1, self.categorical_column.num_buckets)
 
     def _dense(self, builder, variables=None):
-        def make():
-            size = self.categorical_column.num_buckets
-            ids = self.categorical_column._valid_ids(builder, prune_weights=False)
-            if ids.weights is None and is_arange(ids.rows, ids.batch):   # one id a row
-                hot = torch.zeros(ids.batch, size, dtype=torch.float32)
-                index = torch.from_numpy(ids.values.astype(np.int64, copy=False))
-                return {"value": hot.scatter_(1, index.unsqueeze(1), 1.0)}
-            weights = ids.weights.astype(np.float64) if ids.weights is not None else None
-            flat = np.bincount(ids.rows * size + ids.values, weights=weights,
-                               minlength=ids.batch * size)
-            return {"value": torch.from_numpy(flat.astype(np.float32).reshape(ids.batch,
-                                                                              size))}
-        return builder.prepared(("indicator", self), make)["value"]
+        return builder.prepared(("indicator", self), lambda: {
+            "value": self._multi_hot(builder, self.categorical_column)})["value"]
+
+    def _multi_hot(self, builder, categorical: CategoricalColumn) -> torch.Tensor:
+        """[bags, num_buckets] of `categorical`'s bags (this column's, or a
+        sequence column's one bag a step)."""
+        size = self.categorical_column.num_buckets
+        ids = categorical._valid_ids(builder, prune_weights=False)
+        if ids.weights is None and is_arange(ids.rows, ids.batch):   # one id a row
+            hot = torch.zeros(ids.batch, size, dtype=torch.float32)
+            index = torch.from_numpy(ids.values.astype(np.int64, copy=False))
+            return hot.scatter_(1, index.unsqueeze(1), 1.0)
+        weights = ids.weights.astype(np.float64) if ids.weights is not None else None
+        flat = np.bincount(ids.rows * size + ids.values, weights=weights,
+                           minlength=ids.batch * size)
+        return torch.from_numpy(flat.astype(np.float32).reshape(ids.batch, size))
 
 
 # -- constructors ------------------------------------------------------------------------------

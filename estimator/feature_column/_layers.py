@@ -37,7 +37,7 @@ from hooks import model_scope
 from ._columns import (CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn,
                        IndicatorColumn, SharedEmbeddingColumn, _Embedding)
 from ._inputs import Builder, transformation_cache
-from ._sequence import SequenceNumericColumn, is_sequence_categorical
+from ._sequence import SequenceNumericColumn, is_sequence_categorical, sequence_host
 from ._variables import (COMBINERS, ColumnVariables, LinearModelVariables, fused_bag_inputs,
                          moved)
 
@@ -190,12 +190,6 @@ def sequence_input_layer(features, feature_columns, weight_collections=None, tra
                                   feature_columns,
                                   lambda: _sequence_plan(feature_columns, prefix, trainable))
     builder = _builder(features)
-    if builder.general:
-        raise NotImplementedError(
-            "sequence_input_layer cannot be exported yet (its per-step lookups have no "
-            "traced form here): serve such a model from est.Estimator.predict, or feed the "
-            "exported model the padded steps and lengths as numeric receiver tensors "
-            "(the sequence columns' work done by the client)")
     modules = _column_modules(ordered, factories, None)
     tensors, lengths = zip(*[_sequence_dense(column, builder, variables)
                              for column, variables in zip(ordered, modules)])
@@ -203,28 +197,28 @@ def sequence_input_layer(features, feature_columns, weight_collections=None, tra
     tensors = [t if t.device == device else t.to(device) for t in tensors]
     _check_batch_sizes([t.shape[0] for t in tensors], ordered)
     for column, length in zip(ordered[1:], lengths[1:]):
-        if not torch.equal(length, lengths[0]):   # (host tensors)
-            raise ValueError(
-                f"sequence_input_layer: the columns' sequence lengths differ: "
-                f"{ordered[0].name!r} {lengths[0].tolist()} and {column.name!r} "
-                f"{length.tolist()} (TF: 'Condition x == y did not hold'); every sequence "
-                "feature of an example must have its number of steps")
+        what = (f"sequence_input_layer: the sequence lengths of the columns "
+                f"{ordered[0].name!r} and {column.name!r} differ (TF: 'Condition x == y did "
+                "not hold'); every sequence feature of an example must have its number of "
+                "steps")
+        if torch.compiler.is_exporting():   # (checked by the program as it serves)
+            torch._assert_async((length == lengths[0]).all(), what)
+        elif not torch.equal(length, lengths[0]):   # (host tensors)
+            raise ValueError(f"{what}: {lengths[0].tolist()} and {length.tolist()}")
     return torch.cat(tensors, 2), lengths[0]
 
 
 def _sequence_dense(column, builder: Builder, variables) -> tuple:
     """A sequence column's float32 ``[batch, T, n]`` and its lengths."""
-    if isinstance(column, SequenceNumericColumn):
-        host = builder.prepared(("sequence", column), lambda: column._sequence_host(builder))
+    host = builder.prepared(("sequence", column), lambda: sequence_host(column, builder))
+    if variables is None:   # (numeric, indicator)
         return host["value"].flatten(2), host["lengths"]
-    steps = column.categorical_column._steps
-    host = builder.prepared(("sequence", steps), lambda: steps._sequence_host(builder))
-    over_steps = column.__dict__.get("_over_steps")   # (the same bags, one per step)
-    if over_steps is None:
-        over_steps = column.__dict__["_over_steps"] = column._replace(categorical_column=steps)
-    flat = over_steps._dense(builder, variables)
-    return (flat.reshape(host["lengths"].shape[0], host["steps"].shape[0], flat.shape[-1]),
-            host["lengths"])
+    grid = host.get("offsets", host.get("ids"))   # [batch, T]: one bag a step
+    bags = {k: v.reshape(-1) if k in ("offsets", "scale") or v is grid else v
+            for k, v in host.items() if k != "lengths" and v is not None}
+    table = getattr(variables, "module", variables).embedding_weights   # (DDP wraps it)
+    flat = variables(**moved(bags, table.device))
+    return flat.reshape(grid.shape[0], grid.shape[1], flat.shape[-1]), host["lengths"]
 
 
 def _is_sequence_dense(column) -> bool:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import Optional
 
 import numpy as np
 import torch
 
-from ._columns import (CategoricalColumn, FeatureColumn, _check_key, _check_shape,
-                       _columns_repr, categorical_column_with_hash_bucket,
+from ._columns import (CategoricalColumn, FeatureColumn, IndicatorColumn, _check_key,
+                       _check_shape, _columns_repr, categorical_column_with_hash_bucket,
                        categorical_column_with_identity, categorical_column_with_vocabulary_file,
                        categorical_column_with_vocabulary_list)
 from ._inputs import STRING, Builder, Ids, as_dtype, dtype_name, is_floating, is_integer
@@ -70,8 +71,9 @@ class SequenceNumericColumn(FeatureColumn, collections.namedtuple(
     def _variable_specs(self, trainable: bool) -> dict:
         return {}
 
-    def _sequence_host(self, builder: Builder) -> dict:
-        """{"value": float32 [batch, T] + shape, "lengths": int64 [batch]}."""
+    def _sequence_host(self, builder: Builder, fixed: Optional[int] = None) -> dict:
+        """{"value": float32 [batch, T] + shape, "lengths": int64 [batch]}; T
+        `fixed` when given (`_fixed_steps`)."""
         feature = builder.raw(self.key)
         if not feature.sparse:
             raise ValueError(
@@ -96,14 +98,15 @@ class SequenceNumericColumn(FeatureColumn, collections.namedtuple(
                     f"sequence_numeric_column {self.key!r} of shape {list(self.shape)} takes "
                     f"{n} values a step; the longest row holds {longest} (TF fails "
                     "reshaping it)")
-            steps = longest // n
+            steps = _fixed_steps(self.key, longest // n, fixed)
             starts = np.cumsum(feature.lengths) - feature.lengths
             where = np.arange(len(values)) - starts[feature.rows]
             dense = torch.full((batch, steps * n), float(self.default_value))
             dense[feature.rows, where] = values
             lengths = -(-feature.lengths // n)
         else:
-            steps = int(feature.frame_counts.max()) if batch else 0
+            steps = _fixed_steps(self.key, int(feature.frame_counts.max()) if batch else 0,
+                                 fixed)
             where = _place_in_group(feature.rows * max(steps, 1) + feature.steps)
             if len(where) and int(where.max()) >= n:
                 raise ValueError(
@@ -149,20 +152,21 @@ class SequenceCategoricalColumn(CategoricalColumn, collections.namedtuple(
     def _ids(self, builder):
         return self.categorical_column._ids(builder)
 
-    @property
-    def _steps(self) -> "SequenceSteps":
+    def _steps(self, fixed: Optional[int] = None) -> "SequenceSteps":
+        if fixed is not None:
+            return SequenceSteps(self, fixed)
         steps = self.__dict__.get("_step_column")
         if steps is None:
-            steps = self.__dict__["_step_column"] = SequenceSteps(self)
+            steps = self.__dict__["_step_column"] = SequenceSteps(self, None)
         return steps
 
 
 class SequenceSteps(CategoricalColumn, collections.namedtuple(
-        "SequenceSteps", ("sequence_column",))):
+        "SequenceSteps", ("sequence_column", "fixed"))):
     """A sequence categorical column's ids as one bag per step: ``batch * T``
     bags, step t of example b the bag ``b * T + t`` (TF's id SparseTensor
     reshaped to ``[batch, T, 1]``), which an embedding or indicator combines
-    as it does any bags."""
+    as it does any bags. T is the batch's longest, or `fixed`."""
 
     @property
     def name(self) -> str:
@@ -199,7 +203,11 @@ class SequenceSteps(CategoricalColumn, collections.namedtuple(
             else:
                 longest = int(feature.layout()[1][1])
                 steps = ids.positions % max(longest, 1)
-            return ids, steps, longest, _lengths(ids.rows, steps, ids.batch)
+            lengths = _lengths(ids.rows, steps, ids.batch)
+            if self.fixed is not None:   # (the padding past the last value: no step)
+                longest = _fixed_steps(leaf.key, int(lengths.max()) if len(lengths) else 0,
+                                       self.fixed)
+            return ids, steps, longest, lengths
         return builder.get(self, layout, "layout")
 
     def _ids(self, builder):
@@ -208,10 +216,40 @@ class SequenceSteps(CategoricalColumn, collections.namedtuple(
             return Ids(ids.values, ids.rows * longest + steps, ids.batch * longest)
         return builder.get(self, transform)
 
-    def _sequence_host(self, builder: Builder) -> dict:
-        """{"lengths": int64 [batch], "steps": 0, 1, ..., T - 1}."""
-        _, _, longest, lengths = self._layout(builder)
-        return {"lengths": torch.from_numpy(lengths), "steps": torch.arange(longest)}
+
+def _fixed_steps(key: str, steps: int, fixed: Optional[int]) -> int:
+    """The steps of a batch whose longest sequence has `steps`: `fixed` when
+    given (an export whose model fixed them), which no sequence may pass."""
+    if fixed is None:
+        return steps
+    if steps > fixed:
+        raise ValueError(
+            f"feature {key!r}: a sequence of {steps} steps, where this export takes at most "
+            f"{fixed} (its model fixes the steps at its example inputs' longest sequence, as "
+            "an RNN does; shorter ones are padded): export with a longer example")
+    return fixed
+
+
+def sequence_host(column, builder: Builder, fixed: Optional[int] = None) -> dict:
+    """A sequence column's work on the host in `sequence_input_layer` (an
+    export records it, a server redoes it): CPU tensors, "lengths" [batch]
+    and, T the steps (`fixed` if given), a numeric column's "value" [batch,
+    T] + shape, an indicator's "value" [batch, T, num_buckets], an
+    embedding's lookup inputs over one bag a step with "offsets" and "scale"
+    [batch, T] ("ids" [batch, T] alone when every step holds one id)."""
+    if isinstance(column, SequenceNumericColumn):
+        return column._sequence_host(builder, fixed)
+    steps = column.categorical_column._steps(fixed)
+    _, _, longest, lengths = steps._layout(builder)
+    shape, lengths = (len(lengths), longest), torch.from_numpy(lengths)
+    if isinstance(column, IndicatorColumn):
+        hot = column._multi_hot(builder, steps)
+        return {"value": hot.reshape(shape + (hot.shape[1],)), "lengths": lengths}
+    bags = column._bags(builder, steps)
+    if "offsets" not in bags:   # (one id a step)
+        return {"ids": bags["ids"].reshape(shape), "lengths": lengths}
+    return {**bags, "offsets": bags["offsets"].reshape(shape), "lengths": lengths,
+            "scale": None if bags["scale"] is None else bags["scale"].reshape(shape)}
 
 
 def sequence_numeric_column(key, shape=(1,), default_value=0., dtype=torch.float32,

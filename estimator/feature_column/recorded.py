@@ -18,10 +18,12 @@ import torch
 
 from ._inputs import Builder
 from ._layers import linear_ids
+from ._sequence import sequence_host
 from ._serialize import (deserialize_feature_column, function_path, import_function,
                          serialize_feature_column)
 
 Record = tuple   # ("embedding" | "indicator", column) or ("linear", columns, combiner)
+# or ("sequence", column[, its fixed steps])
 
 
 class Recorder(Builder):
@@ -75,14 +77,16 @@ def to_json(record: Record) -> dict:
         return {"kind": kind,
                 "columns": [serialize_feature_column(c, strict=True) for c in record[1]],
                 "combiner": record[2]}
-    return {"kind": kind, "column": serialize_feature_column(record[1], strict=True)}
+    return {"kind": kind, "column": serialize_feature_column(record[1], strict=True),
+            **({"steps": record[2]} if len(record) > 2 else {})}
 
 
 def from_json(config: dict) -> Record:
     if config["kind"] == "linear":
         return ("linear", tuple(deserialize_feature_column(c) for c in config["columns"]),
                 config["combiner"])
-    return (config["kind"], deserialize_feature_column(config["column"]))
+    return (config["kind"], deserialize_feature_column(config["column"])) + (
+        (config["steps"],) if "steps" in config else ())
 
 
 def redo(builder: Builder, record: Record) -> Dict[str, Optional[torch.Tensor]]:
@@ -95,6 +99,8 @@ def redo(builder: Builder, record: Record) -> Dict[str, Optional[torch.Tensor]]:
         return record[1]._lookup_inputs(builder)
     if kind == "indicator":
         return {"value": record[1]._dense(builder)}
+    if kind == "sequence":
+        return sequence_host(record[1], builder, *record[2:])
     raise ValueError(f"unknown feature transform record {kind!r}")
 
 

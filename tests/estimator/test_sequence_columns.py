@@ -291,14 +291,97 @@ def test_an_empty_batch_gives_no_steps():
     assert list(out.shape) == [0, 0, 5] and lengths.tolist() == []
 
 
-def test_export_of_a_sequence_input_layer_says_it_is_not_supported(tmp_path):
+def _mean_model_fn(features, labels, mode):
+    """Steps averaged within their lengths: no RNN, any number of steps."""
+    net, lengths = fc.sequence_input_layer(features, _COLUMNS)
+    mask = (torch.arange(net.shape[1]) < lengths.unsqueeze(1)).unsqueeze(2)
+    mean = (net * mask).sum(1) / lengths.clamp(min=1).unsqueeze(1)
+    logits = est.get_module("head", lambda: torch.nn.Linear(5, 2))(mean)
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"logits": logits})
+    return est.EstimatorSpec(mode, loss=torch.nn.functional.cross_entropy(logits, labels),
+                             train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+def _gru_model_fn(features, labels, mode):
+    """A GRU over the padded steps, its output at each length's last step
+    (torch.export keeps a GRU's steps as traced)."""
+    net, lengths = fc.sequence_input_layer(features, _COLUMNS)
+    out, _ = est.get_module("gru", lambda: torch.nn.GRU(5, 6, batch_first=True))(net)
+    last = out.gather(1, (lengths - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, 6)).squeeze(1)
+    logits = est.get_module("head", lambda: torch.nn.Linear(6, 2))(last)
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"logits": logits})
+    return est.EstimatorSpec(mode, loss=torch.nn.functional.cross_entropy(logits, labels),
+                             train_op=est.get_optimizer(lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+def _served(path, features):
+    from estimator import serving
+    model = serving.Model(path)
+    body = {"instances": [dict(zip(features, row)) for row in zip(*features.values())]}
+    return np.asarray(model.predict(body)["predictions"], np.float32)
+
+
+def _predicted(estimator, features):
+    return np.stack([p["logits"] for p in estimator.predict(lambda: [(features, None)])])
+
+
+@pytest.mark.parametrize("model_fn", [_mean_model_fn, _gru_model_fn], ids=["mean", "gru"])
+def test_a_sequence_model_exports_and_serves_as_it_predicts(tmp_path, model_fn):
+    """The export redoes the sequence columns' work per request (strings to
+    ids, rows to padded steps); a model that fixes its steps (the GRU) serves
+    sequences up to its example's longest, padded, and refuses longer ones
+    by name."""
     data = _review_batches()
-    estimator = est.Estimator(_review_model_fn, model_dir=str(tmp_path / "model"))
-    estimator.train(lambda: data, steps=2)
-    receiver = est.export.build_raw_serving_input_receiver_fn(data[0][0])
-    with pytest.raises(NotImplementedError, match="sequence_input_layer cannot be exported"):
-        estimator.export_saved_model(str(tmp_path / "export"), receiver)
-    assert not os.path.exists(tmp_path / "export") or not os.listdir(tmp_path / "export")
+    estimator = est.Estimator(model_fn, model_dir=str(tmp_path / "model"))
+    estimator.train(lambda: data, steps=5)
+    example = {"words": [["good", "bad", "meh"], ["fine"]], "stars": [[1.0, 2.0, 3.0], [4.0]]}
+    path = estimator.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(example))
+    signature = json.load(open(os.path.join(path, "signature.json")))
+    assert {i["name"]: (i["dtype"], i.get("rows")) for i in signature["inputs"]} == {
+        "words": ("string", None), "stars": ("float32", True)}
+    shorter = {"words": [["bad"], ["good", "unseen"], ["meh"]],
+               "stars": [[0.5], [0.25, 0.75], [1.0]]}
+    longer = {"words": [["good", "bad", "meh", "fine"]], "stars": [[1.0, 2.0, 3.0, 4.0]]}
+    for features in (example, shorter):
+        np.testing.assert_allclose(_served(path, features), _predicted(estimator, features),
+                                   atol=1e-6)
+    transform = json.load(open(os.path.join(path, "transform.json")))
+    steps = {r.get("steps") for r in transform["records"] if r["kind"] == "sequence"}
+    if model_fn is _gru_model_fn:
+        assert steps == {3}
+        from estimator import serving
+        with pytest.raises(serving.RequestError, match="a sequence of 4 steps, where this "
+                                                       "export takes at most 3"):
+            _served(path, longer)
+    else:
+        assert steps == {None}
+        np.testing.assert_allclose(_served(path, longer), _predicted(estimator, longer),
+                                   atol=1e-6)
+
+
+def test_an_export_needs_an_example_of_two_steps_or_more(tmp_path):
+    estimator = est.Estimator(_mean_model_fn, model_dir=str(tmp_path / "model"))
+    estimator.train(lambda: _review_batches(), steps=1)
+    one_step = {"words": [["good"], ["bad"]], "stars": [[1.0], [2.0]]}
+    with pytest.raises(ValueError, match="a sequence of at least 2 steps"):
+        estimator.export_saved_model(str(tmp_path / "export"),
+                                     est.export.build_raw_serving_input_receiver_fn(one_step))
+
+
+def test_a_served_number_rows_input_refuses_strings(tmp_path):
+    estimator = est.Estimator(_mean_model_fn, model_dir=str(tmp_path / "model"))
+    estimator.train(lambda: _review_batches(), steps=1)
+    example = {"words": [["good", "bad"], ["fine"]], "stars": [[1.0, 2.0], [4.0]]}
+    path = estimator.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(example))
+    from estimator import serving
+    with pytest.raises(serving.RequestError, match="'stars'.*not of expected type float32"):
+        _served(path, {"words": [["good"]], "stars": [["high"]]})
+    with pytest.raises(serving.RequestError, match="'stars'.*a list of values .* per example"):
+        _served(path, {"words": [["good"]], "stars": [1.0]})
 
 
 @pytest.mark.slow

@@ -558,3 +558,32 @@ def test_features_named_otherwise_than_python_export_and_serve_as_predict(tmp_pa
     next(url, None)
     assert status == 200, answer
     np.testing.assert_allclose(np.array(answer["predictions"]), expected, rtol=1e-5)
+
+
+def test_a_raw_receivers_rows_of_ids_are_served_as_numbers(tmp_path):
+    """Rows of ints (a VarLenFeature's ids) in a raw receiver: the server
+    described them as strings and asked for "1" where the column takes 1,
+    so no request could be served."""
+    col = est.feature_column.embedding_column(
+        est.feature_column.categorical_column_with_identity("ids", 10), 3)
+
+    def model_fn(features, labels, mode):
+        logits = est.get_module("h", lambda: torch.nn.Linear(3, 2))(
+            est.feature_column.input_layer(features, [col]))
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"logits": logits})
+        return est.EstimatorSpec(mode, loss=logits.sum(), train_op=est.get_optimizer(
+            lambda p: torch.optim.SGD(p, lr=0.1)))
+
+    features = {"ids": [[1, 2], [3]]}
+    estimator = est.Estimator(model_fn, model_dir=str(tmp_path / "model"))
+    estimator.train(lambda: [(features, torch.zeros(2))], steps=1)
+    path = estimator.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(features))
+    model = serving.Model(path)
+    assert model.inputs["ids"]["dtype"] == "int64" and model.inputs["ids"]["rows"]
+    served = model.predict({"instances": [{"ids": [1, 2]}, {"ids": [3]}]})["predictions"]
+    expected = [p["logits"] for p in estimator.predict(lambda: [(features, None)])]
+    np.testing.assert_allclose(served, expected, atol=1e-6)
+    with pytest.raises(serving.RequestError, match="'ids'.*expected integers"):
+        model.predict({"instances": [{"ids": [1.5]}]})
