@@ -1078,9 +1078,10 @@ def _fix_steps(program, inputs: dict, transform: HostTransform) -> None:
     longer ones (`sequence_input_layer`)."""
     shapes = {n.name: n.meta["val"].shape for n in program.graph.nodes
               if n.op == "placeholder" and "val" in n.meta}
+    features = set(transform.numeric) | set(transform.program_names.values())
     for name, node in zip(inputs, program.graph_signature.user_inputs):
         index, _, key = name[1:].partition("_")
-        if not name.startswith("t") or not index.isdigit() or key == "lengths":
+        if name in features or key == "lengths":
             continue
         record = transform.records[int(index)]
         shape = shapes.get(node, ())

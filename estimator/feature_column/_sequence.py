@@ -119,7 +119,35 @@ class SequenceNumericColumn(FeatureColumn, collections.namedtuple(
                 "lengths": torch.from_numpy(np.asarray(lengths, np.int64))}
 
 
-class SequenceCategoricalColumn(CategoricalColumn, collections.namedtuple(
+class _Wrapping(CategoricalColumn):
+    """A categorical column whose name, buckets and parsing are those of the
+    column it wraps (`_wrapped`)."""
+
+    @property
+    def _wrapped(self) -> CategoricalColumn:
+        return self[0]
+
+    @property
+    def name(self) -> str:
+        return self._wrapped.name
+
+    @property
+    def _parse_example_spec(self) -> dict:
+        return self._wrapped._parse_example_spec
+
+    @property
+    def num_buckets(self) -> int:
+        return self._wrapped.num_buckets
+
+    @property
+    def _ids_in_range(self) -> bool:
+        return self._wrapped._ids_in_range
+
+    def _out_of_range(self, value):
+        return self._wrapped._out_of_range(value)
+
+
+class SequenceCategoricalColumn(_Wrapping, collections.namedtuple(
         "SequenceCategoricalColumn", ("categorical_column",))):
     """A categorical column read step by step (see
     `sequence_categorical_column_with_identity`). Its `embedding_column` /
@@ -127,27 +155,8 @@ class SequenceCategoricalColumn(CategoricalColumn, collections.namedtuple(
     is each example's bag of ids, as in TF."""
 
     @property
-    def name(self) -> str:
-        return self.categorical_column.name
-
-    @property
     def key(self) -> str:
         return self.categorical_column.key
-
-    @property
-    def _parse_example_spec(self) -> dict:
-        return self.categorical_column._parse_example_spec
-
-    @property
-    def num_buckets(self) -> int:
-        return self.categorical_column.num_buckets
-
-    @property
-    def _ids_in_range(self) -> bool:
-        return self.categorical_column._ids_in_range
-
-    def _out_of_range(self, value):
-        return self.categorical_column._out_of_range(value)
 
     def _ids(self, builder):
         return self.categorical_column._ids(builder)
@@ -161,31 +170,12 @@ class SequenceCategoricalColumn(CategoricalColumn, collections.namedtuple(
         return steps
 
 
-class SequenceSteps(CategoricalColumn, collections.namedtuple(
+class SequenceSteps(_Wrapping, collections.namedtuple(
         "SequenceSteps", ("sequence_column", "fixed"))):
     """A sequence categorical column's ids as one bag per step: ``batch * T``
     bags, step t of example b the bag ``b * T + t`` (TF's id SparseTensor
     reshaped to ``[batch, T, 1]``), which an embedding or indicator combines
     as it does any bags. T is the batch's longest, or `fixed`."""
-
-    @property
-    def name(self) -> str:
-        return self.sequence_column.name
-
-    @property
-    def _parse_example_spec(self) -> dict:
-        return self.sequence_column._parse_example_spec
-
-    @property
-    def num_buckets(self) -> int:
-        return self.sequence_column.num_buckets
-
-    @property
-    def _ids_in_range(self) -> bool:
-        return self.sequence_column._ids_in_range
-
-    def _out_of_range(self, value):
-        return self.sequence_column._out_of_range(value)
 
     def _layout(self, builder: Builder) -> tuple:
         """(ids, each id's step, T, lengths) of the batch."""
