@@ -17,7 +17,7 @@ from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
                      DNNLinearCombinedEstimator, DNNLinearCombinedRegressor, DNNRegressor,
                      LinearClassifier, LinearEstimator, LinearRegressor, LogisticRegressionHead,
                      MultiClassHead, MultiHead, MultiLabelHead, PoissonRegressionHead,
-                     RegressionHead,
+                     RegressionHead, RNNClassifier, RNNEstimator,
                      classifier_parse_example_spec, regressor_parse_example_spec)
 from .extenders import add_metrics, forward_features
 from .exporter import BestExporter, Exporter, FinalExporter, LatestExporter
@@ -41,7 +41,8 @@ __all__ = [
     "checkpoint", "feature_column", "metrics", "optimizers", "summary",
     "TrainSpec", "EvalSpec", "train_and_evaluate", "export",
     "Exporter", "LatestExporter", "BestExporter", "FinalExporter",
-    "DNNClassifier", "DNNRegressor", "LinearClassifier", "LinearRegressor",
+    "DNNClassifier", "DNNRegressor", "RNNClassifier", "RNNEstimator", "LinearClassifier",
+    "LinearRegressor",
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
     "BaselineClassifier", "BaselineRegressor", "classifier_parse_example_spec",
     "DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator",

@@ -1,10 +1,13 @@
-"""`tf.estimator.experimental`'s names: the in-memory evaluator and the
-early-stopping hooks (which live in `hooks`)."""
+"""`tf.estimator.experimental`'s names: the in-memory evaluator, the
+early-stopping hooks (which live in `hooks`) and TF2's RNN estimators (also
+``est.RNNClassifier``)."""
 from hooks.early_stopping import (make_early_stopping_hook, stop_if_higher_hook,
                                   stop_if_lower_hook, stop_if_no_decrease_hook,
                                   stop_if_no_increase_hook)
 
+from .canned.rnn import RNNClassifier, RNNEstimator
 from .in_memory_evaluator import InMemoryEvaluatorHook
 
 __all__ = ["InMemoryEvaluatorHook", "make_early_stopping_hook", "stop_if_higher_hook",
-           "stop_if_lower_hook", "stop_if_no_decrease_hook", "stop_if_no_increase_hook"]
+           "stop_if_lower_hook", "stop_if_no_decrease_hook", "stop_if_no_increase_hook",
+           "RNNClassifier", "RNNEstimator"]

@@ -11,6 +11,7 @@ from .heads import (BinaryClassHead, LogisticRegressionHead, MultiClassHead,
 from .multi_head import MultiHead
 from .multi_label_head import MultiLabelHead
 from .parsing_utils import classifier_parse_example_spec, regressor_parse_example_spec
+from .rnn import RNNClassifier, RNNEstimator
 
 __all__ = [
     "DNNClassifier", "DNNRegressor", "LinearClassifier", "LinearRegressor",
@@ -20,4 +21,5 @@ __all__ = [
     "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
     "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "classifier_parse_example_spec", "regressor_parse_example_spec",
+    "RNNClassifier", "RNNEstimator",
 ]

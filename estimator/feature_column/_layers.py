@@ -125,7 +125,8 @@ def _check_batch_sizes(sizes, columns) -> None:
 
 
 def input_layer(features, feature_columns, weight_collections=None, trainable=True,
-                cols_to_vars=None, cols_to_output_tensors=None, *, scope=None) -> torch.Tensor:
+                cols_to_vars=None, cols_to_output_tensors=None, *, scope=None,
+                name="input_layer") -> torch.Tensor:
     """The dense ``[batch, sum of column sizes]`` float32 input of a model
     (TF: ``tf.compat.v1.feature_column.input_layer``): each dense column's
     tensor flattened per example, concatenated in the order of the column
@@ -135,10 +136,12 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
     `trainable=False` freezes the embeddings; `cols_to_vars` (a dict) is filled
     with ``{column: [parameters]}`` and `cols_to_output_tensors` with
     ``{column: its [batch, n] slice}``. `weight_collections` is accepted for
-    TF's signature (there are no graph collections). `scope`: see the module doc.
+    TF's signature (there are no graph collections). `scope`: see the module
+    doc; `name` replaces ``input_layer`` in the variables' names (Keras'
+    ``DenseFeatures`` layer is ``dense_features``).
     """
     del weight_collections
-    prefix = _prefix(scope, "input_layer")
+    prefix = _prefix(scope, name)
     ordered, factories = _planned(("input_layer", prefix, bool(trainable)), feature_columns,
                                   lambda: _input_layer_plan(feature_columns, prefix, trainable))
     builder = _builder(features)
@@ -172,7 +175,7 @@ def _column_modules(ordered, factories, cols_to_vars) -> list:
 
 
 def sequence_input_layer(features, feature_columns, weight_collections=None, trainable=True,
-                         *, scope=None) -> tuple:
+                         *, scope=None, name="sequence_input_layer") -> tuple:
     """``(input, sequence_length)`` of sequence columns (TF1:
     ``tf.contrib.feature_column.sequence_input_layer``; TF2: Keras'
     ``SequenceFeatures``): `input` the float32 ``[batch, T, D]`` steps, each
@@ -183,9 +186,10 @@ def sequence_input_layer(features, feature_columns, weight_collections=None, tra
     `sequence_numeric_column`, and an `embedding_column` / `indicator_column`
     / `shared_embedding_columns` of a ``sequence_categorical_column_with_*``.
     Variables are ``sequence_input_layer/<column>/embedding_weights`` (TF1's
-    names). `scope`, `trainable`: as `input_layer`'s."""
+    names; Keras' ``SequenceFeatures`` layer is ``name="sequence_features"``).
+    `scope`, `trainable`: as `input_layer`'s."""
     del weight_collections
-    prefix = _prefix(scope, "sequence_input_layer")
+    prefix = _prefix(scope, name)
     ordered, factories = _planned(("sequence_input_layer", prefix, bool(trainable)),
                                   feature_columns,
                                   lambda: _sequence_plan(feature_columns, prefix, trainable))
@@ -251,7 +255,8 @@ def concatenate_context_input(context_input: torch.Tensor, sequence_input: torch
                               ) -> torch.Tensor:
     """Each example's context ``[batch, d]`` repeated at every step of its
     sequence ``[batch, T, D]`` and appended to it: ``[batch, T, D + d]``
-    (TF: ``tf.feature_column.experimental.concatenate_context_input``)."""
+    (TF1: ``tf.contrib.feature_column.concatenate_context_input``; TF2's RNN
+    estimators use it)."""
     if context_input.dim() != 2:
         raise ValueError(f"context_input must have rank 2. Received rank "
                          f"{context_input.dim()}, shape {list(context_input.shape)}")

@@ -1,0 +1,218 @@
+"""`RNNClassifier` and `RNNEstimator` (TF: ``tf.estimator.experimental.RNNClassifier``
+/ ``RNNEstimator``, TF2's successors of TF1 contrib's ``tf.contrib.estimator.RNN*``).
+
+The network is TF's ``RNNModel``, with its variables under TF's names:
+
+    sequence_features/<column>/embedding_weights    the sequence columns
+                                                    (`sequence_input_layer`)
+    dense_features/<column>/...                     the context columns, appended to
+                                                    every step (`concatenate_context_input`)
+    rnn_model/rnn/<cell>/kernel [in, g * units],    one Keras cell ("simple_rnn_cell",
+        recurrent_kernel [units, g * units], bias   "lstm_cell", "gru_cell") over the steps
+    rnn_model/rnn/stacked_rnn_cells/<cell>_<i>/...  (several `units`: cell, cell_1, ...)
+    rnn_model/logits/kernel [units, n], bias        on the last cell's final output
+
+The cells compute as Keras': "simple_rnn" ``tanh(x K + h R + b)``; "lstm" gates
+i, f, c, o (sigmoid, tanh), the forget gate's bias starting at 1; "gru" gates z,
+r, h with the reset applied after the recurrent product (``reset_after``: bias
+[2, 3 * units], input and recurrent). Kernels start Glorot uniform, recurrent
+kernels orthogonal, biases zero. A step past an example's length keeps the
+state (Keras' masking): the output is each example's state at its last step
+(zeros for an empty sequence). Summaries: TF's ``loss`` and the
+``rnn_model/sequence_input_layer/sequence_length`` histogram.
+
+Default optimizer: ``'Adagrad'`` at 0.05 (accumulators from 0.1, epsilon 1e-7:
+Keras' legacy Adagrad) with each gradient clipped to norm 5.0, TF2's; another
+name is TF1's optimizer at 0.05, clipped alike; a factory is used as it is
+(TF: an instance, unclipped). TF1 contrib clipped by the global norm, and its
+cells were TF1's: a GRU resetting before the product, an LSTM adding its
+forget bias at run time.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from hooks import model_scope, summary
+
+from .. import feature_column
+from ..losses import Reduction
+from ..optimizers import optimizer_factory
+from ._base import CannedEstimator, check_optimizer_spec, column_tuple, make_optimizer
+from .dnn import Dense
+from .heads import BinaryClassHead, MultiClassHead
+
+LEARNING_RATE = 0.05
+CLIP_NORM = 5.0
+CELL_TYPES = {"simple_rnn": 1, "lstm": 4, "gru": 3}   # cell type: its gates
+
+
+class KerasCell(torch.nn.Module):
+    """One Keras RNN cell's variables (``kernel``, ``recurrent_kernel``,
+    ``bias``) and its run over masked steps."""
+
+    def __init__(self, cell_type: str, in_features: int, units: int):
+        super().__init__()
+        gates = CELL_TYPES[cell_type]
+        self.cell_type, self.units = cell_type, units
+        limit = math.sqrt(6.0 / (in_features + gates * units))
+        self.kernel = torch.nn.Parameter(
+            torch.empty(in_features, gates * units).uniform_(-limit, limit))
+        self.recurrent_kernel = torch.nn.Parameter(
+            torch.nn.init.orthogonal_(torch.empty(units, gates * units)))
+        bias = torch.zeros((2, 3 * units) if cell_type == "gru" else (gates * units,))
+        if cell_type == "lstm":
+            bias[units:2 * units] = 1.0   # (unit_forget_bias)
+        self.bias = torch.nn.Parameter(bias)
+
+    def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> tuple:
+        """(outputs [batch, T, units], final [batch, units]) of `inputs` [batch,
+        T, in]; where `mask` [batch, T] is False the state is kept."""
+        batch, steps = inputs.shape[0], inputs.shape[1]
+        projected = inputs @ self.kernel + (self.bias[0] if self.cell_type == "gru"
+                                            else self.bias)
+        h = inputs.new_zeros(batch, self.units)
+        c = h if self.cell_type == "lstm" else None
+        outputs = []
+        for t in range(steps):
+            keep = mask[:, t].unsqueeze(1)
+            x = projected[:, t]
+            if self.cell_type == "lstm":
+                i, f, g, o = (x + h @ self.recurrent_kernel).chunk(4, 1)
+                c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h_new = torch.sigmoid(o) * torch.tanh(c_new)
+                c = torch.where(keep, c_new, c)
+            elif self.cell_type == "gru":
+                x_z, x_r, x_h = x.chunk(3, 1)
+                r_z, r_r, r_h = (h @ self.recurrent_kernel + self.bias[1]).chunk(3, 1)
+                z = torch.sigmoid(x_z + r_z)
+                h_new = z * h + (1 - z) * torch.tanh(x_h + torch.sigmoid(x_r + r_r) * r_h)
+            else:
+                h_new = torch.tanh(x + h @ self.recurrent_kernel)
+            h = torch.where(keep, h_new, h)
+            outputs.append(h)
+        stacked = torch.stack(outputs, 1) if outputs else inputs.new_zeros(batch, 0, self.units)
+        return stacked, h
+
+
+def _clip_each_gradient(optimizer, *_):
+    """Keras' ``clipnorm``: each gradient scaled to norm `CLIP_NORM` at most
+    (TF's ``clip_by_norm``: ``g * clip / max(norm(g), clip)``)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                p.grad.mul_(CLIP_NORM / torch.clamp(torch.linalg.vector_norm(p.grad),
+                                                    min=CLIP_NORM))
+
+
+def _clipped(name: str):
+    """The optimizer factory of an `optimizer=` name, TF2's: at 0.05, each
+    gradient clipped to norm 5.0 first; "Adagrad" is Keras' legacy one (``acc
+    += g * g``, ``w -= lr * g / (sqrt(acc) + 1e-7)``), another name TF1's."""
+    build = optimizer_factory(name, LEARNING_RATE)
+
+    def factory(params):
+        optimizer = (torch.optim.Adagrad(params, lr=LEARNING_RATE, initial_accumulator_value=0.1,
+                                         eps=1e-7) if name == "Adagrad" else build(params))
+        optimizer.register_step_pre_hook(_clip_each_gradient)
+        return optimizer
+    return factory
+
+
+class RNNEstimator(CannedEstimator):
+    """An RNN over sequence columns under a given head (TF:
+    ``tf.estimator.experimental.RNNEstimator``; TF1 contrib's ``num_units`` is
+    `units`). `rnn_cell_fn` (a Keras cell) is not taken: give `units` and
+    `cell_type`. `return_sequences=True` (logits at every step, for a
+    sequence head) is not built here. `warm_start_from` (TF's RNN estimators
+    take none) is `Estimator`'s."""
+
+    def __init__(self, head, sequence_feature_columns, context_feature_columns=None,
+                 units: Optional[Sequence[int]] = None, cell_type: str = "simple_rnn",
+                 rnn_cell_fn=None, return_sequences: bool = False, model_dir=None,
+                 optimizer="Adagrad", config=None, *, num_units=None, warm_start_from=None):
+        if num_units is not None:
+            if units is not None:
+                raise ValueError("give units or num_units (TF1 contrib's name), not both")
+            units = num_units
+        if rnn_cell_fn is not None:
+            raise NotImplementedError(
+                "rnn_cell_fn (a function returning a Keras cell) is not taken here: give "
+                "units=[...] and cell_type='simple_rnn' | 'lstm' | 'gru', or write a model_fn "
+                "(est.feature_column.sequence_input_layer, a torch RNN, a head)")
+        if return_sequences:
+            raise NotImplementedError(
+                "return_sequences=True (logits at every step for a sequence head) is not "
+                "built here: write a model_fn over est.feature_column.sequence_input_layer")
+        if cell_type not in CELL_TYPES:
+            raise ValueError(f"Unsupported cell_type {cell_type!r}: one of "
+                             f"{sorted(CELL_TYPES)}")
+        units = [units] if isinstance(units, int) else list(units or [])
+        if not units or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0
+                                for u in units):
+            raise ValueError(f"units must be a positive int or a non-empty list of them, got "
+                             f"{units!r}")
+        self._sequence_columns = column_tuple(sequence_feature_columns,
+                                              "sequence_feature_columns")
+        if not self._sequence_columns:
+            raise ValueError("sequence_feature_columns must not be empty.")
+        self._context_columns = column_tuple(context_feature_columns,
+                                             "context_feature_columns")
+        check_optimizer_spec(optimizer)
+        self._units, self._cell_type, self._optimizer = tuple(units), cell_type, optimizer
+        super().__init__(head, model_dir, config, warm_start_from)
+
+    def _logits(self, features, mode):
+        net, lengths = feature_column.sequence_input_layer(
+            features, self._sequence_columns, name="sequence_features")
+        if summary.should_record_summaries():
+            summary.histogram("rnn_model/sequence_input_layer/sequence_length", lengths)
+        if self._context_columns:
+            context = feature_column.input_layer(features, self._context_columns,
+                                                 name="dense_features")
+            net = feature_column.concatenate_context_input(context, net)
+        mask = torch.arange(net.shape[1], device=net.device) < lengths.to(net.device)[:, None]
+        cell = f"{self._cell_type}_cell"
+        final = None
+        for i, units in enumerate(self._units):
+            name = (f"rnn_model/rnn/{cell}" if len(self._units) == 1 else
+                    f"rnn_model/rnn/stacked_rnn_cells/{cell}" + (f"_{i}" if i else ""))
+            layer = model_scope.get_module(name, lambda n=net.shape[-1], u=units: KerasCell(
+                self._cell_type, n, u))
+            net, final = layer(net, mask)
+        logits = model_scope.get_module("rnn_model/logits", lambda: Dense(
+            self._units[-1], self._head.logits_dimension))
+        return logits(final)
+
+    def _train_op_fn(self, loss):
+        return make_optimizer(_clipped(self._optimizer) if isinstance(self._optimizer, str)
+                              else self._optimizer, LEARNING_RATE)
+
+
+class RNNClassifier(RNNEstimator):
+    """An RNN classifier over sequence columns (TF:
+    ``tf.estimator.experimental.RNNClassifier``, same arguments and defaults;
+    TF1: ``tf.contrib.estimator.RNNClassifier``, whose ``num_units`` is `units`).
+    Its head is TF2's `BinaryClassHead` (2 classes) or `MultiClassHead`."""
+
+    def __init__(self, sequence_feature_columns, context_feature_columns=None,
+                 units: Optional[Sequence[int]] = None, cell_type: str = "simple_rnn",
+                 rnn_cell_fn=None, return_sequences: bool = False, model_dir=None,
+                 n_classes: int = 2, weight_column=None, label_vocabulary=None,
+                 optimizer="Adagrad", loss_reduction=Reduction.SUM_OVER_BATCH_SIZE,
+                 sequence_mask: str = "sequence_mask", config=None, *, num_units=None,
+                 warm_start_from=None):
+        del sequence_mask   # (a sequence head's feature key: return_sequences only)
+        if n_classes == 2:
+            head = BinaryClassHead(weight_column=weight_column,
+                                   label_vocabulary=label_vocabulary,
+                                   loss_reduction=loss_reduction)
+        else:
+            head = MultiClassHead(n_classes, weight_column=weight_column,
+                                  label_vocabulary=label_vocabulary,
+                                  loss_reduction=loss_reduction)
+        super().__init__(head, sequence_feature_columns, context_feature_columns, units,
+                         cell_type, rnn_cell_fn, return_sequences, model_dir, optimizer,
+                         config, num_units=num_units, warm_start_from=warm_start_from)
