@@ -279,7 +279,8 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size: Optional[i
 
 
 def build_parsing_serving_input_receiver_fn(feature_spec: dict,
-                                            default_batch_size: Optional[int] = None):
+                                            default_batch_size: Optional[int] = None, *,
+                                            max_sequence_length: Optional[int] = None):
     """A `serving_input_receiver_fn` taking serialized tf.Examples
     (tf.estimator.export.build_parsing_serving_input_receiver_fn): one input,
     ``examples``, parsed by `feature_spec` (e.g.
@@ -287,18 +288,28 @@ def build_parsing_serving_input_receiver_fn(feature_spec: dict,
     features. The export records the spec and the feature columns' work on
     the host (``transform.json``); `estimator serve` then answers ``:predict``
     with ``{"instances": [{"b64": ...}]}`` and ``:classify`` / ``:regress``
-    with JSON examples, as TF Serving does."""
+    with JSON examples, as TF Serving does.
+
+    `max_sequence_length` (not TF's): the values of each VarLenFeature in the
+    examples the export traces (2 by default); a model that fixes its steps
+    when traced (an RNN over `sequence_input_layer`) serves sequences up to
+    that long, padded, and needs it given."""
+    if max_sequence_length is not None and (
+            not isinstance(max_sequence_length, int) or max_sequence_length < 2):
+        raise ValueError(f"max_sequence_length must be an int of 2 or more, got "
+                         f"{max_sequence_length!r}")
     if not isinstance(feature_spec, dict) or not feature_spec:
         raise ValueError(f"feature_spec must be a non-empty dict {{key: FixedLenFeature or "
                          f"VarLenFeature}}, got {feature_spec!r:.200}")
     spec = dict(feature_spec)
 
     def serving_input_receiver_fn():
-        examples = template_examples(spec, default_batch_size or 2)
+        examples = template_examples(spec, default_batch_size or 2, max_sequence_length or 2)
         receiver = ServingInputReceiver(
             lambda inputs: tf_io.parse_example(list(inputs[EXAMPLES]), spec),
             {EXAMPLES: examples}, dynamic_batch=default_batch_size is None)
         receiver.parse_spec = spec
+        receiver.template_steps = max_sequence_length is None
         return receiver
     return serving_input_receiver_fn
 
@@ -812,7 +823,8 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         transform, client, dynamic, batch = (built.transform, built.client, built.dynamic,
                                              built.batch)
         if transform is not None:
-            _fix_steps(program, built.trace_inputs, transform)
+            _fix_steps(program, built.trace_inputs, transform,
+                       getattr(receiver, "template_steps", False))
         varying = _varying_dims(program, module, inputs, outputs, any_size)
 
     batch_dim = batch if dynamic else None
@@ -1071,11 +1083,13 @@ def _host_program(receiver, scope, call):
                   len(next(iter(raw.values()))), transform, client)
 
 
-def _fix_steps(program, inputs: dict, transform: HostTransform) -> None:
+def _fix_steps(program, inputs: dict, transform: HostTransform, template: bool) -> None:
     """The sequence records whose steps the traced model fixed (an RNN:
     torch.export keeps an nn.LSTM's length as traced) keep them: a server
     pads each request's sequences to the example's longest, and refuses
-    longer ones (`sequence_input_layer`)."""
+    longer ones (`sequence_input_layer`). Where the examples are a parsing
+    receiver's made-up ones (`template`), that length was never chosen:
+    an error asks for it."""
     shapes = {n.name: n.meta["val"].shape for n in program.graph.nodes
               if n.op == "placeholder" and "val" in n.meta}
     features = set(transform.numeric) | set(transform.program_names.values())
@@ -1086,6 +1100,13 @@ def _fix_steps(program, inputs: dict, transform: HostTransform) -> None:
         record = transform.records[int(index)]
         shape = shapes.get(node, ())
         if record["kind"] == "sequence" and len(shape) > 1 and is_concrete_int(shape[1]):
+            if template:
+                raise ValueError(
+                    "model_fn fixes the number of steps of its sequence_input_layer when "
+                    "traced (an RNN does: torch.export keeps its length), so this export "
+                    "would serve only the parsing receiver's made-up sequences of 2 values: "
+                    "give build_parsing_serving_input_receiver_fn(..., max_sequence_length=N), "
+                    "the longest sequence it serves (shorter ones are padded)")
             transform.fix_steps(int(index), int(shape[1]))
 
 
@@ -1150,7 +1171,7 @@ def _check_redone(transform: HostTransform, raw: dict, inputs: dict, records) ->
 
 
 def _record_columns(record) -> tuple:
-    return record[1] if record[0] == "linear" else (record[1],)
+    return record[1] if record[0] in ("linear", "sequence") else (record[1],)
 
 
 def _copy_assets(assets_extra: dict, dest_dir: str) -> None:

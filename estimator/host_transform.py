@@ -187,9 +187,9 @@ def lossy_float(value, dtype: str) -> Optional[str]:
     return f"Cannot convert JSON value: {value!r} to {dtype} without loss of precision"
 
 
-def template_examples(spec: Dict[str, Any], batch: int) -> np.ndarray:
+def template_examples(spec: Dict[str, Any], batch: int, var_len: int = 2) -> np.ndarray:
     """`batch` serialized Examples with a value for each feature of `spec`
-    (two for a VarLenFeature), to trace an export with."""
+    (`var_len` for a VarLenFeature), to trace an export with."""
     rows = []
     for i in range(batch):
         values = {}
@@ -197,7 +197,7 @@ def template_examples(spec: Dict[str, Any], batch: int) -> np.ndarray:
             kind = _dtype_name(s.dtype)
             value = (f"{key}_{i}" if kind == "string" else
                      0.5 + i if kind.startswith(("float", "bfloat", "half", "double")) else i)
-            size = int(np.prod(s.shape)) if hasattr(s, "shape") else 2
+            size = int(np.prod(s.shape)) if hasattr(s, "shape") else var_len
             values[key] = [value] * max(size, 1)
         rows.append(example_of(values, spec))
     return np.array(rows, dtype=object)

@@ -182,6 +182,9 @@ class Feature:
         if isinstance(value, torch.Tensor):
             self.tensor = self._expand(value)
             self.kind = _tensor_kind(value)
+        elif isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1 \
+                and value.size and isinstance(value[0], (list, tuple, np.ndarray)):
+            self._set_rows(list(value))   # (a pandas column of lists: rows)
         elif isinstance(value, np.ndarray) or np.isscalar(value):
             arr = np.asarray(value)
             self.kind = _kind_of_array(arr, key)
@@ -264,9 +267,9 @@ class Feature:
                     frame = frame.reshape(-1).tolist()
                 elif not isinstance(frame, (list, tuple)):
                     raise ValueError(
-                        f"Feature {self.key!r}: row {i} mixes frames (lists of values) and "
-                        f"single values ({frame!r} at {j}); give each example a list of "
-                        "values, or a list of frames each a list of values")
+                        f"Feature {self.key!r}: its rows mix frames (lists of values) and "
+                        f"single values (row {i} holds {frame!r} at {j}); give each example "
+                        "a list of values, or a list of frames each a list of values")
                 values.extend(frame)
                 steps.extend([j] * len(frame))
             flat_rows.append(values)

@@ -37,7 +37,7 @@ from hooks import model_scope
 from ._columns import (CategoricalColumn, DenseColumn, EmbeddingColumn, FeatureColumn,
                        IndicatorColumn, SharedEmbeddingColumn, _Embedding)
 from ._inputs import Builder, transformation_cache
-from ._sequence import SequenceNumericColumn, is_sequence_categorical, sequence_host
+from ._sequence import SequenceNumericColumn, is_sequence_categorical, sequence_hosts
 from ._variables import (COMBINERS, ColumnVariables, LinearModelVariables, fused_bag_inputs,
                          moved)
 
@@ -195,34 +195,26 @@ def sequence_input_layer(features, feature_columns, weight_collections=None, tra
                                   lambda: _sequence_plan(feature_columns, prefix, trainable))
     builder = _builder(features)
     modules = _column_modules(ordered, factories, None)
-    tensors, lengths = zip(*[_sequence_dense(column, builder, variables)
-                             for column, variables in zip(ordered, modules)])
+    host = builder.prepared(("sequence", tuple(ordered)),
+                            lambda: sequence_hosts(ordered, builder))
+    tensors = [_sequence_dense({k.split("_", 1)[1]: v for k, v in host.items()
+                                if k.startswith(f"c{j}_")}, variables)
+               for j, variables in enumerate(modules)]
     device = _output_device(builder, [m for m in modules if m is not None])
     tensors = [t if t.device == device else t.to(device) for t in tensors]
-    _check_batch_sizes([t.shape[0] for t in tensors], ordered)
-    for column, length in zip(ordered[1:], lengths[1:]):
-        what = (f"sequence_input_layer: the sequence lengths of the columns "
-                f"{ordered[0].name!r} and {column.name!r} differ (TF: 'Condition x == y did "
-                "not hold'); every sequence feature of an example must have its number of "
-                "steps")
-        if torch.compiler.is_exporting():   # (checked by the program as it serves)
-            torch._assert_async((length == lengths[0]).all(), what)
-        elif not torch.equal(length, lengths[0]):   # (host tensors)
-            raise ValueError(f"{what}: {lengths[0].tolist()} and {length.tolist()}")
-    return torch.cat(tensors, 2), lengths[0]
+    return torch.cat(tensors, 2), host["lengths"]
 
 
-def _sequence_dense(column, builder: Builder, variables) -> tuple:
-    """A sequence column's float32 ``[batch, T, n]`` and its lengths."""
-    host = builder.prepared(("sequence", column), lambda: sequence_host(column, builder))
+def _sequence_dense(host: dict, variables) -> torch.Tensor:
+    """A sequence column's float32 ``[batch, T, n]`` from its host tensors."""
     if variables is None:   # (numeric, indicator)
-        return host["value"].flatten(2), host["lengths"]
+        return host["value"].flatten(2)
     grid = host.get("offsets", host.get("ids"))   # [batch, T]: one bag a step
     bags = {k: v.reshape(-1) if k in ("offsets", "scale") or v is grid else v
-            for k, v in host.items() if k != "lengths" and v is not None}
+            for k, v in host.items() if v is not None}
     table = getattr(variables, "module", variables).embedding_weights   # (DDP wraps it)
     flat = variables(**moved(bags, table.device))
-    return flat.reshape(grid.shape[0], grid.shape[1], flat.shape[-1]), host["lengths"]
+    return flat.reshape(grid.shape[0], grid.shape[1], flat.shape[-1])
 
 
 def _is_sequence_dense(column) -> bool:

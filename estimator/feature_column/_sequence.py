@@ -71,9 +71,7 @@ class SequenceNumericColumn(FeatureColumn, collections.namedtuple(
     def _variable_specs(self, trainable: bool) -> dict:
         return {}
 
-    def _sequence_host(self, builder: Builder, fixed: Optional[int] = None) -> dict:
-        """{"value": float32 [batch, T] + shape, "lengths": int64 [batch]}; T
-        `fixed` when given (`_fixed_steps`)."""
+    def _feature(self, builder: Builder):
         feature = builder.raw(self.key)
         if not feature.sparse:
             raise ValueError(
@@ -85,6 +83,29 @@ class SequenceNumericColumn(FeatureColumn, collections.namedtuple(
         if feature.kind not in ("float", "int", "empty"):
             raise ValueError(f"sequence_numeric_column {self.key!r} needs numbers; feature "
                              f"{self.key!r} holds {feature._dtype_text()} values")
+        return feature
+
+    def _natural_steps(self, builder: Builder) -> int:
+        """The batch's steps: its longest row's values over `shape`'s, or its
+        most frames."""
+        feature, n = self._feature(builder), math.prod(self.shape)
+        if not feature.batch:
+            return 0
+        if feature.steps is not None:
+            return int(feature.frame_counts.max())
+        longest = int(feature.lengths.max())
+        if longest % n:
+            raise ValueError(
+                f"sequence_numeric_column {self.key!r} of shape {list(self.shape)} takes "
+                f"{n} values a step; the longest row holds {longest} (TF fails "
+                "reshaping it)")
+        return longest // n
+
+    def _sequence_host(self, builder: Builder, fixed: Optional[int] = None) -> dict:
+        """{"value": float32 [batch, T] + shape, "lengths": int64 [batch]}; T
+        `fixed` when given (`_fixed_steps`)."""
+        feature = self._feature(builder)
+        steps = _fixed_steps(self.key, self._natural_steps(builder), fixed)
         values = torch.from_numpy(np.asarray(feature.values, np.float64)).to(
             self.dtype if is_floating(self.dtype) else torch.float32)
         if self.normalizer_fn is not None:   # (TF: on the values, not the padding)
@@ -92,26 +113,19 @@ class SequenceNumericColumn(FeatureColumn, collections.namedtuple(
         values = values.to(torch.float32)
         n, batch = math.prod(self.shape), feature.batch
         if feature.steps is None:
-            longest = int(feature.lengths.max()) if batch else 0
-            if longest % n:
-                raise ValueError(
-                    f"sequence_numeric_column {self.key!r} of shape {list(self.shape)} takes "
-                    f"{n} values a step; the longest row holds {longest} (TF fails "
-                    "reshaping it)")
-            steps = _fixed_steps(self.key, longest // n, fixed)
             starts = np.cumsum(feature.lengths) - feature.lengths
             where = np.arange(len(values)) - starts[feature.rows]
             dense = torch.full((batch, steps * n), float(self.default_value))
             dense[feature.rows, where] = values
             lengths = -(-feature.lengths // n)
         else:
-            steps = _fixed_steps(self.key, int(feature.frame_counts.max()) if batch else 0,
-                                 fixed)
-            where = _place_in_group(feature.rows * max(steps, 1) + feature.steps)
-            if len(where) and int(where.max()) >= n:
+            frames = feature.rows * max(steps, 1) + feature.steps
+            where = _place_in_group(frames)
+            sizes = np.unique(frames, return_counts=True)[1]
+            if len(sizes) and (sizes != n).any():   # (TF's then disagree with its lengths)
                 raise ValueError(
                     f"sequence_numeric_column {self.key!r} of shape {list(self.shape)} takes "
-                    f"{n} values a frame; a frame holds {int(where.max()) + 1}")
+                    f"{n} values a frame; a frame holds {int(sizes[sizes != n][0])}")
             dense = torch.full((batch, steps, n), float(self.default_value))
             dense[feature.rows, feature.steps, where] = values
             lengths = _lengths(feature.rows, feature.steps, batch)
@@ -158,8 +172,9 @@ class SequenceCategoricalColumn(_Wrapping, collections.namedtuple(
     def key(self) -> str:
         return self.categorical_column.key
 
-    def _ids(self, builder):
-        return self.categorical_column._ids(builder)
+    def _ids(self, builder):   # (linear_model's: each example's ids, its frames' too)
+        return builder.get(self, lambda: self.categorical_column._mapped_ids(
+            builder, frames=True))
 
     def _steps(self, fixed: Optional[int] = None) -> "SequenceSteps":
         if fixed is not None:
@@ -180,6 +195,10 @@ class SequenceSteps(_Wrapping, collections.namedtuple(
     def _layout(self, builder: Builder) -> tuple:
         """(ids, each id's step, T, lengths) of the batch."""
         def layout():
+            if self.fixed is not None:   # (the padding past the last value: no step)
+                ids, steps, _, lengths = self.sequence_column._steps()._layout(builder)
+                longest = int(lengths.max()) if len(lengths) else 0
+                return ids, steps, _fixed_steps(self.name, longest, self.fixed), lengths
             leaf = self.sequence_column.categorical_column
             ids = leaf._mapped_ids(builder, frames=True)
             feature = builder.raw(leaf.key)
@@ -193,11 +212,7 @@ class SequenceSteps(_Wrapping, collections.namedtuple(
             else:
                 longest = int(feature.layout()[1][1])
                 steps = ids.positions % max(longest, 1)
-            lengths = _lengths(ids.rows, steps, ids.batch)
-            if self.fixed is not None:   # (the padding past the last value: no step)
-                longest = _fixed_steps(leaf.key, int(lengths.max()) if len(lengths) else 0,
-                                       self.fixed)
-            return ids, steps, longest, lengths
+            return ids, steps, longest, _lengths(ids.rows, steps, ids.batch)
         return builder.get(self, layout, "layout")
 
     def _ids(self, builder):
@@ -220,13 +235,45 @@ def _fixed_steps(key: str, steps: int, fixed: Optional[int]) -> int:
     return fixed
 
 
-def sequence_host(column, builder: Builder, fixed: Optional[int] = None) -> dict:
-    """A sequence column's work on the host in `sequence_input_layer` (an
-    export records it, a server redoes it): CPU tensors, "lengths" [batch]
-    and, T the steps (`fixed` if given), a numeric column's "value" [batch,
-    T] + shape, an indicator's "value" [batch, T, num_buckets], an
-    embedding's lookup inputs over one bag a step with "offsets" and "scale"
-    [batch, T] ("ids" [batch, T] alone when every step holds one id)."""
+def sequence_hosts(columns, builder: Builder, fixed: Optional[int] = None) -> dict:
+    """The work on the host of `sequence_input_layer` over `columns` (an
+    export records it, a server redoes it): CPU tensors, "lengths" [batch],
+    which the columns must agree on (TF asserts it), and each column j's
+    ``c<j>_...`` (`_sequence_host`), all of T steps: the longest column's
+    (a dense array's width may pass another's longest row), or `fixed`."""
+    if fixed is None:
+        fixed = max(_natural_steps(c, builder) for c in columns)
+    hosts = [_sequence_host(c, builder, fixed) for c in columns]
+    for column, host in zip(columns[1:], hosts[1:]):
+        if len(host["lengths"]) != len(hosts[0]["lengths"]):
+            raise ValueError(
+                "Batch size (first dimension) of each feature must be same. Batch size of "
+                f"columns ({columns[0].name}, {column.name}): ({len(hosts[0]['lengths'])}, "
+                f"{len(host['lengths'])})")
+        if not torch.equal(host["lengths"], hosts[0]["lengths"]):
+            raise ValueError(
+                f"sequence_input_layer: the sequence lengths of the columns "
+                f"{columns[0].name!r} and {column.name!r} differ (TF: 'Condition x == y did "
+                f"not hold'): {hosts[0]['lengths'].tolist()} and {host['lengths'].tolist()}; "
+                "every sequence feature of an example must have its number of steps")
+    out = {"lengths": hosts[0]["lengths"]}
+    for j, host in enumerate(hosts):
+        out.update((f"c{j}_{k}", v) for k, v in host.items() if k != "lengths")
+    return out
+
+
+def _natural_steps(column, builder: Builder) -> int:
+    if isinstance(column, SequenceNumericColumn):
+        return column._natural_steps(builder)
+    return column.categorical_column._steps()._layout(builder)[2]
+
+
+def _sequence_host(column, builder: Builder, fixed: Optional[int] = None) -> dict:
+    """One column's: "lengths" [batch] and, T the steps (`fixed` if given),
+    a numeric column's "value" [batch, T] + shape, an indicator's "value"
+    [batch, T, num_buckets], an embedding's lookup inputs over one bag a
+    step with "offsets" and "scale" [batch, T] ("ids" [batch, T] alone when
+    every step holds one id)."""
     if isinstance(column, SequenceNumericColumn):
         return column._sequence_host(builder, fixed)
     steps = column.categorical_column._steps(fixed)

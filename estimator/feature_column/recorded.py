@@ -18,12 +18,12 @@ import torch
 
 from ._inputs import Builder
 from ._layers import linear_ids
-from ._sequence import sequence_host
+from ._sequence import sequence_hosts
 from ._serialize import (deserialize_feature_column, function_path, import_function,
                          serialize_feature_column)
 
 Record = tuple   # ("embedding" | "indicator", column) or ("linear", columns, combiner)
-# or ("sequence", column[, its fixed steps])
+# or ("sequence", columns[, their fixed steps])
 
 
 class Recorder(Builder):
@@ -77,16 +77,21 @@ def to_json(record: Record) -> dict:
         return {"kind": kind,
                 "columns": [serialize_feature_column(c, strict=True) for c in record[1]],
                 "combiner": record[2]}
-    return {"kind": kind, "column": serialize_feature_column(record[1], strict=True),
-            **({"steps": record[2]} if len(record) > 2 else {})}
+    if kind == "sequence":
+        return {"kind": kind,
+                "columns": [serialize_feature_column(c, strict=True) for c in record[1]],
+                **({"steps": record[2]} if len(record) > 2 else {})}
+    return {"kind": kind, "column": serialize_feature_column(record[1], strict=True)}
 
 
 def from_json(config: dict) -> Record:
     if config["kind"] == "linear":
         return ("linear", tuple(deserialize_feature_column(c) for c in config["columns"]),
                 config["combiner"])
-    return (config["kind"], deserialize_feature_column(config["column"])) + (
-        (config["steps"],) if "steps" in config else ())
+    if config["kind"] == "sequence":
+        return ("sequence", tuple(deserialize_feature_column(c) for c in config["columns"])
+                ) + ((config["steps"],) if "steps" in config else ())
+    return (config["kind"], deserialize_feature_column(config["column"]))
 
 
 def redo(builder: Builder, record: Record) -> Dict[str, Optional[torch.Tensor]]:
@@ -100,7 +105,7 @@ def redo(builder: Builder, record: Record) -> Dict[str, Optional[torch.Tensor]]:
     if kind == "indicator":
         return {"value": record[1]._dense(builder)}
     if kind == "sequence":
-        return sequence_host(record[1], builder, *record[2:])
+        return sequence_hosts(record[1], builder, *record[2:])
     raise ValueError(f"unknown feature transform record {kind!r}")
 
 

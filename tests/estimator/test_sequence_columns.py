@@ -89,10 +89,8 @@ def _column(spec, tmp_path=None):
 
 
 def _features(spec):
-    out = {}
-    for key, (kind, values) in spec.items():
-        out[key] = np.array(values) if kind == "dense" else values
-    return out
+    return {key: np.array(values) if kind == "dense" else values
+            for key, (kind, values) in spec.items()}
 
 
 @pytest.mark.parametrize("name", sorted(TF["cases"]))
@@ -148,10 +146,12 @@ def test_sequence_columns_refused_by_input_layer_as_tf(name):
     assert REFUSALS[name] in str(raised.value)
 
 
-def test_sequence_column_in_linear_model_is_a_bag_per_example_as_tf():
+@pytest.mark.parametrize("name", sorted(TF["linear"]))
+def test_sequence_column_in_linear_model_is_a_bag_per_example_as_tf(name):
     """TF's linear_model takes a sequence categorical column as each
-    example's bag of ids (weights set to 1, 2, 3, ..., bias 0.5)."""
-    case = TF["linear"]["linear_model_sequence_categorical"]
+    example's bag of ids, its frames' too (weights set to 1, 2, 3, ...,
+    bias 0.5)."""
+    case = TF["linear"][name]
     columns = [_column(s) for s in case["columns"]]
     cols_to_vars = {}
     with model_scope.ModelScope(est.ModeKeys.TRAIN, distribute.get_strategy()):
@@ -279,10 +279,42 @@ def test_sequence_column_errors_say_what_is_wrong():
     with pytest.raises(ValueError, match="holds rows of frames"):
         fc.input_layer({"w": [[["a"], ["b"]]]}, [fc.indicator_column(
             fc.categorical_column_with_vocabulary_list("w", ["a", "b"]))])
-    with pytest.raises(ValueError, match="row 0 mixes frames"):
+    with pytest.raises(ValueError, match=r"rows mix frames .*\(row 0 holds 2.0 at 1\)"):
         fc.sequence_input_layer({"x": [[[1.0], 2.0]]}, [fc.sequence_numeric_column("x")])
     with pytest.raises(ValueError, match="dtype must be convertible to float"):
         fc.sequence_numeric_column("x", dtype=str)
+    with pytest.raises(ValueError, match="takes 2 values a frame; a frame holds 1"):
+        fc.sequence_input_layer({"x": [[[1.0], [3.0]], [[5.0, 6.0]]]}, [numbers])   # (TF's
+    # then give [[[1, 3]], [[5, 0]]] of lengths [2, 1]: a length past its steps)
+    with pytest.raises(ValueError, match="Batch size .* must be same"):
+        fc.sequence_input_layer({"words": [["good"]], "stars": [[1.0], [2.0]]}, _COLUMNS)
+
+
+def test_rows_from_pandas_or_an_object_array_are_rows():
+    """A DataFrame column of token lists (an object array of lists), as
+    pandas_input_fn gives it: the same as a list of lists."""
+    rows = {"words": [["good", "bad"], [], ["meh"]], "stars": [[1.0, 2.0], [], [3.0]]}
+    objects = {k: np.array(v + [None], dtype=object)[:-1] for k, v in rows.items()}
+    with model_scope.ModelScope(est.ModeKeys.TRAIN, distribute.get_strategy()):
+        expected, lengths = fc.sequence_input_layer(rows, _COLUMNS)
+        got, got_lengths = fc.sequence_input_layer(objects, _COLUMNS)
+        pd = pytest.importorskip("pandas")
+        frame = pd.DataFrame(rows)
+        from_pandas, _ = fc.sequence_input_layer({k: frame[k] for k in rows}, _COLUMNS)
+    assert torch.equal(got, expected) and torch.equal(got_lengths, lengths)
+    assert torch.equal(from_pandas, expected)
+
+
+def test_columns_of_different_steps_are_padded_to_the_longest():
+    """A dense id array wider than the numbers' longest row (its padding
+    missing): every column padded to the layer's steps (TF's concat fails)."""
+    ids = fc.indicator_column(fc.sequence_categorical_column_with_identity("ids", 3))
+    out, lengths = fc.sequence_input_layer(
+        {"ids": np.array([[1, 2, -1, -1], [0, -1, -1, -1]]), "x": [[0.5, 1.5], [2.5]]},
+        [ids, fc.sequence_numeric_column("x", default_value=-1.0)])
+    assert lengths.tolist() == [2, 1] and list(out.shape) == [2, 4, 4]
+    assert out[0, :, 3].tolist() == [0.5, 1.5, -1.0, -1.0]
+    assert out[1, 0].tolist() == [1.0, 0.0, 0.0, 2.5]
 
 
 def test_an_empty_batch_gives_no_steps():
@@ -369,6 +401,47 @@ def test_an_export_needs_an_example_of_two_steps_or_more(tmp_path):
     with pytest.raises(ValueError, match="a sequence of at least 2 steps"):
         estimator.export_saved_model(str(tmp_path / "export"),
                                      est.export.build_raw_serving_input_receiver_fn(one_step))
+
+
+def test_a_parsing_export_of_an_rnn_serves_up_to_its_max_sequence_length(tmp_path):
+    """A parsing receiver's examples are made up (2 values a VarLenFeature):
+    a model fixing its steps needs max_sequence_length, then serves tf.Examples
+    up to that long and refuses longer ones by name."""
+    from estimator import serving
+    from estimator.host_transform import example_of
+    estimator = est.Estimator(_gru_model_fn, model_dir=str(tmp_path / "model"))
+    estimator.train(lambda: _review_batches(), steps=2)
+    spec = fc.make_parse_example_spec(_COLUMNS)
+    with pytest.raises(ValueError, match="max_sequence_length=N"):
+        estimator.export_saved_model(str(tmp_path / "export"),
+                                     est.export.build_parsing_serving_input_receiver_fn(spec))
+    path = estimator.export_saved_model(str(tmp_path / "export"),
+                                        est.export.build_parsing_serving_input_receiver_fn(
+                                            spec, max_sequence_length=5))
+    model = serving.Model(path)
+    features = {"words": [["good", "bad", "meh"], ["fine", "good", "bad", "meh", "good"]],
+                "stars": [[1.0, 2.0, 3.0], [0.5, 0.25, 1.0, 2.0, 1.5]]}
+    body = {"instances": [{"b64": __import__("base64").b64encode(example_of(
+        {"words": w, "stars": s}, spec)).decode()} for w, s in zip(*features.values())]}
+    np.testing.assert_allclose(np.asarray(model.predict(body)["predictions"], np.float32),
+                               _predicted(estimator, features), atol=1e-6)
+    longer = {"instances": [{"b64": __import__("base64").b64encode(example_of(
+        {"words": ["good"] * 6, "stars": [1.0] * 6}, spec)).decode()}]}
+    with pytest.raises(serving.RequestError, match="a sequence of 6 steps, where this export "
+                                                   "takes at most 5"):
+        model.predict(longer)
+
+
+def test_a_served_request_whose_columns_differ_in_length_is_told_so(tmp_path):
+    estimator = est.Estimator(_mean_model_fn, model_dir=str(tmp_path / "model"))
+    estimator.train(lambda: _review_batches(), steps=1)
+    example = {"words": [["good", "bad"], ["fine"]], "stars": [[1.0, 2.0], [4.0]]}
+    path = estimator.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(example))
+    from estimator import serving
+    with pytest.raises(serving.RequestError, match="sequence lengths of the columns 'stars' "
+                                                   "and 'words_embedding' differ"):
+        _served(path, {"words": [["good", "bad"]], "stars": [[1.0]]})
 
 
 def test_a_served_number_rows_input_refuses_strings(tmp_path):
