@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import errno
 import itertools
+import io
 import json
 import keyword
 import logging
@@ -872,7 +873,11 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
                         f"temp-{os.path.basename(final)}-{uuid.uuid4().hex[:12]}")
     os.makedirs(temp)
     try:
-        torch.export.save(program, os.path.join(temp, PROGRAM))
+        serialized = io.BytesIO()   # (torch's archive writer, failing on a full disk,
+        torch.export.save(program, serialized)   # aborts the process from its destructor)
+        with open(os.path.join(temp, PROGRAM), "wb") as f:
+            f.write(serialized.getbuffer())
+        del serialized
         with open(os.path.join(temp, SIGNATURE), "w") as f:
             json.dump(signature, f, indent=2)
         if as_text:
@@ -885,9 +890,11 @@ def export_saved_model(estimator, export_dir_base: str, serving_input_receiver_f
         final = _rename_to_new(temp, final, export_dir_base)
     except BaseException as e:
         shutil.rmtree(temp, ignore_errors=True)
-        if isinstance(e, OSError) and e.filename is None:   # a full disk: name the export
-            raise OSError(e.errno, f"{e.strerror or e} writing the export {final} (nothing "
-                                   "was exported; the temp directory is removed)") from e
+        if isinstance(e, OSError):   # a full disk, a file size limit: name the export
+            where = f" ({e.filename})" if e.filename else ""
+            raise OSError(e.errno, f"{e.strerror or e}{where} writing the export {final} "
+                                   "(nothing was exported; the temp directory is "
+                                   "removed)") from e
         raise
     logger.info("Exported %s (global step %d) to %s", source, scope.global_step, final)
     return final

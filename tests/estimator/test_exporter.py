@@ -287,3 +287,36 @@ def test_best_exporter_validation(tmp_path):
                                                                     "global_step": 10}, False)
     with pytest.raises(ValueError, match="current_eval_result cannot be empty or no loss"):
         exporter.export(e, str(tmp_path / "b"), e.latest_checkpoint(), {"mae": 1.0}, False)
+
+
+_FULL_DISK_EXPORT = r"""
+import os, resource, sys
+import estimator as est
+from models import regression_input_fn, regression_model_fn
+model_dir, base = sys.argv[1], sys.argv[2]
+estimator = est.Estimator(regression_model_fn, model_dir=model_dir)
+estimator.train(regression_input_fn(), steps=1)
+resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))   # (ulimit -f: no file past 3 kB)
+try:
+    estimator.export_saved_model(base, est.export.build_raw_serving_input_receiver_fn(
+        {"x": __import__("torch").zeros(2, 3)}))
+except OSError as e:
+    print("OSError:", e)
+print("alive", sorted(os.listdir(base)))
+"""
+
+
+def test_an_export_onto_a_full_disk_says_so_and_the_process_lives(tmp_path):
+    """torch's archive writer, failing on a full disk (here a file size
+    limit), raised a RuntimeError without a path, then aborted the whole
+    process from its destructor (exit 134, fault probe)."""
+    from paths import SUPPORT
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_EXPORT, str(tmp_path / "model"), str(tmp_path / "x")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [SUPPORT, os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "writing the export" in done.stdout and "nothing was exported" in done.stdout
+    assert "File too large" in done.stdout
+    assert "alive []" in done.stdout   # (no temp directory left)
