@@ -238,6 +238,7 @@ class ParameterStore:
         self._issued: Dict[str, int] = {}
         self.steps_by_trainer: Dict[str, int] = {}
         self._completed: Dict[str, int] = {}
+        self.lost_steps: List[Tuple[str, int]] = []   # (trainer, step) died in, not applied
         self._trainers = list(trainers)
         self._seen: Dict[str, float] = {}
         self._left: set = set()
@@ -390,11 +391,20 @@ class ParameterStore:
                         self.task_index, global_step)
 
     def register(self, task: str) -> dict:
-        """A trainer (re)starts: a ticket its previous incarnation held is void."""
+        """A trainer (re)starts: a ticket its previous incarnation held is void
+        (its step counted in the global step without its update: warned)."""
         with self._lock:
             if task in self._seen:
                 logger.info("ps %d: %s rejoined at global step %d", self.task_index, task,
                             self._global_step)
+            void = self._issued.get(task, 0)
+            if void > self._completed.get(task, 0):
+                self.lost_steps.append((task, void))
+                logger.warning(
+                    "ps %d: %s died in global step %d before applying it: that step is "
+                    "counted in the global step without its update (%d such so far; TF counts "
+                    "a step with its update, so TF's job would have trained one step more)",
+                    self.task_index, task, void, len(self.lost_steps))
             self._completed[task] = self._issued.get(task, 0)
             self._seen[task] = time.monotonic()
             self._left.discard(task)

@@ -144,7 +144,9 @@ and ps 0 for a first trainer (then it stops with an error).
                         "average)%s; shutting down", index, params.pushes,
                         1e3 * params.push_secs / max(1, params.pushes),
                         "" if index else "; global steps by trainer: " + ", ".join(
-                            f"{t} {n}" for t, n in sorted(params.steps_by_trainer.items())))
+                            f"{t} {n}" for t, n in sorted(params.steps_by_trainer.items()))
+                        + (f"; {len(params.lost_steps)} counted without their update (their "
+                           "trainers died in them)" if params.lost_steps else ""))
             return True
         finally:
             self._params = self._store = None

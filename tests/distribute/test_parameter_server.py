@@ -781,3 +781,25 @@ def _connects(host, port):
         return True
     except OSError:
         return False
+
+
+def test_a_trainer_dying_in_a_step_is_warned_as_a_step_without_its_update(caplog):
+    """(fault probe: kill -9 of a worker mid-step, restarted: the job ended
+    at max_steps having applied one update fewer, without a word)"""
+    from distribute import _ps_rpc
+    params = _ps_rpc.ParameterStore(0, ["chief:0", "worker:0"])
+    params.register("worker:0")
+    params.register("chief:0")
+    assert params.next_ticket("worker:0", 10, 0)[0] == 1
+    assert params.next_ticket("chief:0", 10, 0)[0] == 2
+    assert params.next_ticket("worker:0", 10, 1)[0] == 3   # (1 applied; 3 never will be)
+    with caplog.at_level("WARNING", logger="distribute._ps_rpc"):
+        params.register("worker:0")   # (restarted)
+    assert params.lost_steps == [("worker:0", 3)]
+    assert "worker:0 died in global step 3 before applying it" in caplog.text
+    caplog.clear()
+    params.next_ticket("worker:0", 10, 0)
+    with caplog.at_level("WARNING", logger="distribute._ps_rpc"):
+        params.register("chief:0")   # (its ticket 2 unfinished too)
+        params.register("chief:0")   # (nothing more to void)
+    assert params.lost_steps == [("worker:0", 3), ("chief:0", 2)]
