@@ -589,19 +589,24 @@ class _Crc32c:
 
 
 def _carry_out(do, sizes: Dict[str, int]):
-    """`do()`; a full disk is said with the checkpoint file (and its size,
-    where known: the checkpoint's own is not until it is written)."""
+    """`do()`; a full disk (a file size limit, a file system refusing) is
+    said with the checkpoint file (and its size, where known: the
+    checkpoint's own is not until it is written) and what is kept."""
     try:
         return do()
     except OSError as e:
-        if e.errno == errno.ENOSPC:
+        if e.errno == errno.ENOSPC or e.filename is not None:
             size = f" ({sizes[e.filename]} bytes)" if e.filename in sizes else ""
-            latest = e.filename and latest_checkpoint(os.path.dirname(e.filename))
+            try:
+                latest = e.filename and latest_checkpoint(os.path.dirname(e.filename))
+            except OSError:
+                latest = None
             kept = (f"the latest checkpoint, {latest}, is unchanged" if latest else
                     "no earlier checkpoint is listed")
+            what = os.strerror(e.errno) if e.errno else str(e)
             # (no filename argument: OSError would append it after `kept`)
-            raise OSError(errno.ENOSPC, f"No space left on device writing the checkpoint "
-                                        f"{e.filename}{size}; {kept}") from e
+            raise OSError(e.errno, f"{what} writing the checkpoint {e.filename}{size}; "
+                                   f"{kept}") from e
         raise
 
 

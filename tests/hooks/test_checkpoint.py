@@ -498,6 +498,23 @@ def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, mo
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c"]
 
 
+@pytest.mark.parametrize("code", [errno.EFBIG, errno.EPERM])
+def test_another_write_error_says_what_is_kept_too(tmp_path, monkeypatch, code):
+    """A file size limit, a file system refusing (fault probe): the error
+    named the file but not that the latest checkpoint is unchanged."""
+    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5)
+    saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
+    _writes_failing_at(monkeypatch, 1, OSError(code, os.strerror(code)))
+    with pytest.raises(OSError, match=rf"{os.strerror(code)} writing the checkpoint "
+                                      r"\S*model.ckpt-2\S*; the latest checkpoint, "
+                                      r"\S*model.ckpt-1, is unchanged$") as info:
+        saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
+    assert info.value.errno == code
+    monkeypatch.undo()
+    saver.close()
+    assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-1")
+
+
 @pytest.mark.parametrize("background", [False, True])
 def test_a_save_whose_index_write_fails_leaves_no_unlisted_checkpoint(tmp_path, monkeypatch,
                                                                       background):
