@@ -230,7 +230,7 @@ class Estimator:
                 + self._default_worker_hooks() + list(first.training_hooks)
                 + progress_hooks("train", num_steps=steps, last_step=max_steps))
             step = self._train_step_fn(batches, strategy, scope, call)
-            last = first
+            last, start = first, scope.global_step
             with hooks_lib.MonitoredSession(scope, all_hooks, self._model_dir,
                                             is_chief) as session:
                 if not session.should_stop():
@@ -240,7 +240,13 @@ class Estimator:
             strategy.extended.end_training()   # replicas return once the chief has saved
             logger.info("Loss for final step: %s.",
                         _as_tf_prints(_python(scope.reported_loss(last.loss))))
-            if session.preempted:   # saved at the agreed step: exit for a restart
+            target = max_steps if max_steps is not None else (
+                start + steps if steps is not None else None)
+            if session.preempted and target is not None and scope.global_step >= target:
+                logger.warning("%s received as training ended at global step %d: its last "
+                               "step, checkpoint and listeners done, training is complete",
+                               session.preempted, scope.global_step)
+            elif session.preempted:   # saved at the agreed step: exit for a restart
                 preempted = TrainingPreempted(scope.global_step, session.preempted,
                                               strategy.extended.preemption_rejoins)
                 logger.warning("%s", preempted)

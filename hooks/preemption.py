@@ -12,9 +12,11 @@ a launcher that forked the replicas passes the signal on to them),
 the chief's CheckpointSaverHook saves at that step when the session ends, and
 `Estimator.train` raises `TrainingPreempted`, a `SystemExit` with
 `PREEMPTION_EXIT_CODE`, on every trainer. A restart resumes from that
-checkpoint: no step runs twice and none is lost. A second signal while the
-session is stopping, a second later or more, is not caught (Ctrl-C twice
-interrupts at once).
+checkpoint: no step runs twice and none is lost. A signal as training
+ends (its last step reached: during the final save's evaluation, say) is
+no preemption: training is complete, and `train` returns, with a warning.
+A second signal while the session is stopping, a second later or more, is
+not caught (Ctrl-C twice interrupts at once).
 """
 from __future__ import annotations
 

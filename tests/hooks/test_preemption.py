@@ -290,3 +290,31 @@ def test_torchrun_restarts_a_preempted_group_which_resumes_exactly(tmp_path):
             proc.wait(timeout=10)
     reader.join(10)
     _assert_restarted_once_and_resumed_exactly(tmp_path, out, model_dir)
+
+
+class _SignalAfterSave(hooks.CheckpointSaverListener):
+    """Sends this process SIGINT after the save of `step` (Ctrl-C during
+    the evaluation a listener runs there)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def after_save(self, session, global_step):
+        if global_step == self.step:
+            signal.raise_signal(signal.SIGINT)
+
+
+def test_a_signal_as_training_ends_is_no_preemption(tmp_path):
+    """Ctrl-C during the final evaluation (fault probe): the evaluation and
+    exports of the last checkpoint done, the run still exited 42 saying a
+    restart resumes, and a supervisor restarted a finished job."""
+    import estimator as est
+    from models import regression_input_fn, regression_model_fn
+    config = est.RunConfig(model_dir=str(tmp_path / "model"), save_checkpoints_steps=5)
+    estimator = est.Estimator(regression_model_fn, config=config)
+    estimator.train(regression_input_fn(), max_steps=10, saving_listeners=[_SignalAfterSave(10)])
+    assert checkpoint.step_of(estimator.latest_checkpoint()) == 10
+    with pytest.raises(hooks.TrainingPreempted) as raised:   # (before the end: a preemption)
+        estimator.train(regression_input_fn(), max_steps=30,
+                        saving_listeners=[_SignalAfterSave(15)])
+    assert raised.value.global_step in (15, 16)
