@@ -10,6 +10,7 @@ experiment file; the model code itself stays Python.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import glob
@@ -18,7 +19,9 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 from typing import Optional
 
 import numpy as np
@@ -380,11 +383,26 @@ def _predict(args) -> int:
             written.append(write(predictions, text))
             text.flush()
             text.detach()   # (the binary file is closed by atomic_write)
-        files.atomic_write(args.output, fill)
+        with _sigterm_interrupts():   # (its temp file removed then too)
+            files.atomic_write(args.output, fill)
         count = written[0]
     where = "stdout" if args.output == "-" else args.output
     print(f"Wrote {count} predictions ({fmt}) to {where}", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that what is
+    being written is cleaned up (its default ends the process at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _check_output(output: str) -> None:

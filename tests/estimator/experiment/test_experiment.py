@@ -1382,3 +1382,28 @@ def test_a_namespace_packages_file_is_said_to_be_named_by_module(tmp_path, monke
                                               r"namespace package's module by import path"):
         experiment.load(path)
     sys.modules.pop("task", None)
+
+
+_PREDICT_THEN_SIGTERM = r"""
+import os, signal, sys
+from estimator.experiment import cli, commands
+real = commands._write_jsonl
+
+def write(predictions, out):   # (one row, then a SIGTERM: docker stop, a scheduler)
+    for p in predictions:
+        out.write("{}\n")
+        os.kill(os.getpid(), signal.SIGTERM)
+    return 1
+commands._write_jsonl = write
+cli.main(["predict", *sys.argv[1:]])
+"""
+
+
+def test_cli_predict_stopped_by_sigterm_leaves_no_temp_file(trained, tmp_path):
+    """SIGTERM ended the process at once, the temp file left beside FILE."""
+    _, args = trained
+    out = tmp_path / "p.jsonl"
+    done = subprocess.run([sys.executable, "-c", _PREDICT_THEN_SIGTERM, *args, "--output",
+                           str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr, done.stderr[-800:]
+    assert os.listdir(tmp_path) == []
