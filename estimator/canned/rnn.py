@@ -12,7 +12,8 @@ The network is TF's ``RNNModel``, with its variables under TF's names:
     rnn_model/rnn/stacked_rnn_cells/<cell>_<i>/...  (several `units`: cell, cell_1, ...)
     rnn_model/logits/kernel [units, n], bias        on the last cell's final output
 
-The cells compute as Keras': "simple_rnn" ``tanh(x K + h R + b)``; "lstm" gates
+The cells compute as Keras' (run by torch's RNN, LSTM and GRU with these variables
+in torch's layout): "simple_rnn" ``tanh(x K + h R + b)``; "lstm" gates
 i, f, c, o (sigmoid, tanh), the forget gate's bias starting at 1; "gru" gates z,
 r, h with the reset applied after the recurrent product (``reset_after``: bias
 [2, 3 * units], input and recurrent). Kernels start Glorot uniform, recurrent
@@ -23,8 +24,8 @@ state (Keras' masking): the output is each example's state at its last step
 
 Default optimizer: ``'Adagrad'`` at 0.05 (accumulators from 0.1, epsilon 1e-7:
 Keras' legacy Adagrad) with each gradient clipped to norm 5.0, TF2's; another
-name is TF1's optimizer at 0.05, clipped alike; a factory is used as it is
-(TF: an instance, unclipped). TF1 contrib clipped by the global norm, and its
+name is Keras' legacy optimizer at 0.05 (`_clipped`), clipped alike; a
+factory is used as it is (TF: an instance, unclipped). TF1 contrib clipped by the global norm, and its
 cells were TF1's: a GRU resetting before the product, an LSTM adding its
 forget bias at run time.
 """
@@ -39,7 +40,7 @@ from hooks import model_scope, summary
 
 from .. import feature_column
 from ..losses import Reduction
-from ..optimizers import optimizer_factory
+from ..optimizers import Adam, RMSProp, optimizer_factory
 from ._base import CannedEstimator, check_optimizer_spec, column_tuple, make_optimizer
 from .dnn import Dense
 from .heads import BinaryClassHead, MultiClassHead
@@ -49,9 +50,13 @@ CLIP_NORM = 5.0
 CELL_TYPES = {"simple_rnn": 1, "lstm": 4, "gru": 3}   # cell type: its gates
 
 
+_TORCH_RNN = {"simple_rnn": torch.nn.RNN, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
+
+
 class KerasCell(torch.nn.Module):
     """One Keras RNN cell's variables (``kernel``, ``recurrent_kernel``,
-    ``bias``) and its run over masked steps."""
+    ``bias``), run over the steps by torch's RNN with them in its layout
+    (Keras' GRU gates z, r, h are torch's r, z, n)."""
 
     def __init__(self, cell_type: str, in_features: int, units: int):
         super().__init__()
@@ -66,35 +71,43 @@ class KerasCell(torch.nn.Module):
         if cell_type == "lstm":
             bias[units:2 * units] = 1.0   # (unit_forget_bias)
         self.bias = torch.nn.Parameter(bias)
+        # torch's RNN, run with this cell's variables (not a parameter of its own)
+        self.__dict__["_runner"] = _TORCH_RNN[cell_type](in_features, units, batch_first=True)
 
-    def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> tuple:
+    def _torch_weights(self) -> dict:
+        def rows(matrix):   # [in, gates * units] -> torch's [gates * units, in]
+            if self.cell_type != "gru":
+                return matrix.t()
+            z, r, h = matrix.chunk(3, -1)
+            return torch.cat([r, z, h], -1).t()
+
+        def vector(values):
+            if self.cell_type != "gru":
+                return values
+            z, r, h = values.chunk(3)
+            return torch.cat([r, z, h])
+        if self.cell_type == "gru":
+            bias_ih, bias_hh = vector(self.bias[0]), vector(self.bias[1])
+        else:
+            bias_ih, bias_hh = self.bias, torch.zeros_like(self.bias)
+        return {"weight_ih_l0": rows(self.kernel), "weight_hh_l0": rows(self.recurrent_kernel),
+                "bias_ih_l0": bias_ih, "bias_hh_l0": bias_hh}
+
+    def forward(self, inputs: torch.Tensor, lengths: torch.Tensor) -> tuple:
         """(outputs [batch, T, units], final [batch, units]) of `inputs` [batch,
-        T, in]; where `mask` [batch, T] is False the state is kept."""
+        T, in]: `final` each example's output at its last step (Keras' masking
+        keeps the state past it; zeros for none)."""
         batch, steps = inputs.shape[0], inputs.shape[1]
-        projected = inputs @ self.kernel + (self.bias[0] if self.cell_type == "gru"
-                                            else self.bias)
-        h = inputs.new_zeros(batch, self.units)
-        c = h if self.cell_type == "lstm" else None
-        outputs = []
-        for t in range(steps):
-            keep = mask[:, t].unsqueeze(1)
-            x = projected[:, t]
-            if self.cell_type == "lstm":
-                i, f, g, o = (x + h @ self.recurrent_kernel).chunk(4, 1)
-                c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-                h_new = torch.sigmoid(o) * torch.tanh(c_new)
-                c = torch.where(keep, c_new, c)
-            elif self.cell_type == "gru":
-                x_z, x_r, x_h = x.chunk(3, 1)
-                r_z, r_r, r_h = (h @ self.recurrent_kernel + self.bias[1]).chunk(3, 1)
-                z = torch.sigmoid(x_z + r_z)
-                h_new = z * h + (1 - z) * torch.tanh(x_h + torch.sigmoid(x_r + r_r) * r_h)
-            else:
-                h_new = torch.tanh(x + h @ self.recurrent_kernel)
-            h = torch.where(keep, h_new, h)
-            outputs.append(h)
-        stacked = torch.stack(outputs, 1) if outputs else inputs.new_zeros(batch, 0, self.units)
-        return stacked, h
+        if steps == 0:   # (no step: zeros, the variables and inputs still in the graph,
+            # as DDP needs a gradient for each on every replica)
+            zero = sum(p.sum() for p in self.parameters()) * 0.0 + inputs.sum() * 0.0
+            return (inputs.new_zeros(batch, 0, self.units) + zero,
+                    inputs.new_zeros(batch, self.units) + zero)
+        runner = self.__dict__["_runner"]
+        outputs = torch.func.functional_call(runner, self._torch_weights(), (inputs,))[0]
+        last = (lengths - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, self.units)
+        final = outputs.gather(1, last).squeeze(1)
+        return outputs, torch.where((lengths > 0).unsqueeze(1), final, 0.0)
 
 
 def _clip_each_gradient(optimizer, *_):
@@ -107,15 +120,42 @@ def _clip_each_gradient(optimizer, *_):
                                                     min=CLIP_NORM))
 
 
+class _KerasRMSProp(RMSProp):
+    """Keras' legacy RMSprop (no momentum): ``rms = rho * rms + (1 - rho) *
+    g^2`` from zeros, ``w -= lr * g / (sqrt(rms) + epsilon)`` (TF1's: rms from
+    ones, epsilon inside the root); TF1's sparse apply of a looked-up table's
+    rows."""
+
+    def _init_state(self, group: dict, w: torch.Tensor, state: dict) -> None:
+        super()._init_state(group, w, state)
+        state["rms"].zero_()
+
+    def _update(self, group: dict, w: torch.Tensor, g: torch.Tensor, state: dict) -> None:
+        if not state:
+            self._init_state(group, w, state)
+        rho = torch.tensor(group["decay"], dtype=w.dtype)   # (TF's float32 arithmetic)
+        rms = state["rms"]
+        rms.mul_(rho).add_(g * g * (1 - rho))
+        w.sub_(g * group["lr"] / (rms.sqrt() + group["epsilon"]))
+
+
+_KERAS_OPTIMIZERS = {   # TF2 builds an optimizer= name as Keras' legacy optimizer
+    "Adagrad": lambda params: torch.optim.Adagrad(   # acc += g^2; w -= lr g / (sqrt(acc) + eps)
+        params, lr=LEARNING_RATE, initial_accumulator_value=0.1, eps=1e-7),
+    "Adam": lambda params: Adam(params, learning_rate=LEARNING_RATE, epsilon=1e-7),
+    "RMSProp": lambda params: _KerasRMSProp(params, learning_rate=LEARNING_RATE, epsilon=1e-7),
+}
+
+
 def _clipped(name: str):
-    """The optimizer factory of an `optimizer=` name, TF2's: at 0.05, each
-    gradient clipped to norm 5.0 first; "Adagrad" is Keras' legacy one (``acc
-    += g * g``, ``w -= lr * g / (sqrt(acc) + 1e-7)``), another name TF1's."""
-    build = optimizer_factory(name, LEARNING_RATE)
+    """The optimizer factory of an `optimizer=` name, TF2's: Keras' legacy
+    optimizer at 0.05 (its defaults: Adagrad's epsilon 1e-7, Adam's 1e-7,
+    RMSprop's `_KerasRMSProp`; SGD and Ftrl as TF1's),
+    each gradient clipped to norm 5.0 first."""
+    build = _KERAS_OPTIMIZERS.get(name) or optimizer_factory(name, LEARNING_RATE)
 
     def factory(params):
-        optimizer = (torch.optim.Adagrad(params, lr=LEARNING_RATE, initial_accumulator_value=0.1,
-                                         eps=1e-7) if name == "Adagrad" else build(params))
+        optimizer = build(params)
         optimizer.register_step_pre_hook(_clip_each_gradient)
         return optimizer
     return factory
@@ -173,7 +213,7 @@ class RNNEstimator(CannedEstimator):
             context = feature_column.input_layer(features, self._context_columns,
                                                  name="dense_features")
             net = feature_column.concatenate_context_input(context, net)
-        mask = torch.arange(net.shape[1], device=net.device) < lengths.to(net.device)[:, None]
+        lengths = lengths.to(net.device)
         cell = f"{self._cell_type}_cell"
         final = None
         for i, units in enumerate(self._units):
@@ -181,7 +221,7 @@ class RNNEstimator(CannedEstimator):
                     f"rnn_model/rnn/stacked_rnn_cells/{cell}" + (f"_{i}" if i else ""))
             layer = model_scope.get_module(name, lambda n=net.shape[-1], u=units: KerasCell(
                 self._cell_type, n, u))
-            net, final = layer(net, mask)
+            net, final = layer(net, lengths)
         logits = model_scope.get_module("rnn_model/logits", lambda: Dense(
             self._units[-1], self._head.logits_dimension))
         return logits(final)

@@ -169,3 +169,45 @@ def test_another_optimizer_name_is_clipped_too(tmp_path):
                                   - still.get_variable_value(name))
              for name in TF["models"]["lstm"]["after_one_sgd_step"]}
     assert max(moves.values()) == pytest.approx(0.05 * 5.0, rel=1e-4), moves
+
+
+@pytest.mark.parametrize("name", ["Adam", "RMSProp", "SGD", "Ftrl"])
+def test_an_optimizer_name_is_keras_legacy_optimizer_as_tfs(name, tmp_path):
+    """TF2 builds a name as Keras' legacy optimizer at 0.05, clipped to norm
+    5 (here RMSProp was TF1's, its mean square from ones: 0.2-0.47 off TF's
+    weights after 3 steps, and Adam's epsilon TF1's 1e-8; RNN attack)."""
+    recorded = TF["named_optimizers"]
+    estimator, _ = _make("simple_rnn_weighted", str(tmp_path / "model"), optimizer=name)
+    features, labels, _ = rows(60, 0)
+    features = {**features, "w": features["w"] * recorded["weight_scale"]}
+    estimator.train(lambda: batches((features, labels), 12)[:3], steps=3)
+    assert_variables_are_tfs(estimator, recorded[name])
+
+
+@pytest.mark.slow
+def test_a_replica_whose_sequences_are_all_empty_trains_as_one_process(tmp_path):
+    """Stacked cells over no step (RNN attack): the first cell's outputs were
+    not in the graph, so on that replica the loss did not reach the
+    embedding and DDP's check failed, where one process trains."""
+    import distribute
+    features, labels, _ = rows(24, 5)
+    for i in list(range(0, 6)) + list(range(12, 18)):
+        features["words"][i], features["stars"][i] = [], []
+    whole = batches((features, labels), 12)
+    halves = [part for f, y in whole for part in batches((f, y), 6)]
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+            timeout_seconds=60))
+    sequence, context = _columns()
+    arguments = dict(units=[4, 3], cell_type="gru", context_feature_columns=context[:1])
+    two = est.RNNClassifier(sequence, config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), train_distribute=strategy, tf_random_seed=2),
+        **arguments)
+    two.train(lambda: halves, steps=len(whole))
+    one = est.RNNClassifier(sequence, config=est.RunConfig(
+        model_dir=str(tmp_path / "one"), tf_random_seed=2), **arguments)
+    one.train(lambda: whole, steps=len(whole))
+    for name in one.get_variable_names():
+        if not name.startswith(("optimizer/", "global")):
+            np.testing.assert_allclose(two.get_variable_value(name),
+                                       one.get_variable_value(name), atol=2e-6, err_msg=name)
