@@ -25,9 +25,9 @@ state (Keras' masking): the output is each example's state at its last step
 Default optimizer: ``'Adagrad'`` at 0.05 (accumulators from 0.1, epsilon 1e-7:
 Keras' legacy Adagrad) with each gradient clipped to norm 5.0, TF2's; another
 name is Keras' legacy optimizer at 0.05 (`_clipped`), clipped alike; a
-factory is used as it is (TF: an instance, unclipped). TF1 contrib clipped by the global norm, and its
-cells were TF1's: a GRU resetting before the product, an LSTM adding its
-forget bias at run time.
+factory is used as it is (TF: an instance, unclipped). TF1 contrib clipped
+by the global norm, and its cells were TF1's: a GRU resetting before the
+product, an LSTM adding its forget bias at run time.
 """
 from __future__ import annotations
 
