@@ -238,14 +238,6 @@ def _run_local(estimator, train_spec, eval_spec):
     estimator.train(train_spec.input_fn, hooks=list(train_spec.hooks),
                     max_steps=train_spec.max_steps,
                     saving_listeners=list(train_spec.saving_listeners) + [listener])
-    latest = estimator.latest_checkpoint()
-    if listener.eval_result is None and latest is not None and \
-            checkpoint.step_of(latest) not in evaluator.ledger.evaluated():
-        # training had nothing left to do, but its last checkpoint's evaluation
-        # (and exports) never finished: a second Ctrl-C interrupted them
-        logger.warning("%s was saved but never evaluated (its evaluation was interrupted): "
-                       "evaluating and exporting it now", latest)
-        listener._evaluate()
     metrics = listener.eval_result.metrics if listener.eval_result else None
     return metrics, listener.export_results
 

@@ -794,24 +794,3 @@ def test_an_evaluator_that_sees_no_chief_in_its_model_dir_says_so(tmp_path, monk
         est.train_and_evaluate(e, est.TrainSpec(input_fn, 40), est.EvalSpec(eval_input_fn))
     assert caplog.text.count("No chief has trained in") == 1
     assert f"{os.path.abspath(e.model_dir)} after" in caplog.text
-
-
-def test_a_rerun_evaluates_a_last_checkpoint_whose_evaluation_was_interrupted(tmp_path):
-    """Ctrl-C twice during the final evaluation (fault probe): the rerun had
-    nothing to train and said so, the last checkpoint never evaluated nor
-    exported (BestExporter, LatestExporter never saw the final model)."""
-    config = est.RunConfig(model_dir=str(tmp_path / "model"), save_checkpoints_steps=5)
-    estimator = est.Estimator(regression_model_fn, config=config)
-    train_spec = est.TrainSpec(regression_input_fn(), max_steps=10)
-    eval_spec = est.EvalSpec(regression_input_fn(), steps=2, throttle_secs=0)
-    metrics, _ = est.train_and_evaluate(estimator, train_spec, eval_spec)
-    assert metrics["global_step"] == 10
-    ledger = os.path.join(str(tmp_path / "model"), "eval", training.LEDGER)
-    lines = open(ledger).read().splitlines()
-    with open(ledger, "w") as f:   # (the final evaluation interrupted before its line)
-        f.write("\n".join(lines[:-1]) + "\n")
-    metrics, _ = est.train_and_evaluate(estimator, train_spec, eval_spec)
-    assert metrics is not None and metrics["global_step"] == 10
-    assert [json.loads(line)["global_step"] for line in open(ledger)] == [5, 10]
-    metrics, _ = est.train_and_evaluate(estimator, train_spec, eval_spec)
-    assert metrics is None   # (evaluated: nothing new)
