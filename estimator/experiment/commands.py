@@ -31,6 +31,7 @@ from hooks import files, tf_checkpoint
 
 from .. import checkpoint, experiment
 from ..run_config import writes_checkpoints
+from ..training import LEDGER
 from ._yaml import ExperimentError
 
 _CONFIG_EXAMPLES = """
@@ -279,11 +280,31 @@ def _nothing_trained(estimator, max_steps, eval_spec, config: str) -> str:
     then = f"evaluate with: estimator evaluate {config}" + (
         f"; export with: estimator export {config}" if eval_spec.exporters else "")
     if max_steps is not None and step >= max_steps:
+        unevaluated = ("" if step in _evaluated_steps(estimator, eval_spec) else
+                       f"; its last checkpoint, of global step {step}, was never evaluated "
+                       "here (its evaluation interrupted, or trained by `estimator train`) "
+                       "nor passed to eval_spec's exporters")
         return (f"No evaluation ran (nothing new to train in {estimator.model_dir}: at global "
-                f"step {step}, max_steps {max_steps}); {then}")
+                f"step {step}, max_steps {max_steps}){unevaluated}; {then}")
     return (f"No evaluation ran: training stopped before its first step, at global step "
             f"{step} (max_steps {max_steps}); the warnings above say why (an input_fn that "
             f"gave no data, a hook that stopped it)")
+
+
+def _evaluated_steps(estimator, eval_spec) -> set:
+    """The global steps `train_and_evaluate` evaluated (its eval dir's ledger)."""
+    path = os.path.join(estimator.eval_dir(eval_spec.name), LEDGER)
+    steps = set()
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    steps.add(int(json.loads(line)["global_step"]))
+                except (ValueError, KeyError, TypeError):
+                    pass   # (a torn line)
+    except OSError:
+        pass
+    return steps
 
 
 def _train(args) -> int:

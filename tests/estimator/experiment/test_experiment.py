@@ -836,6 +836,18 @@ def test_a_run_that_evaluated_nothing_says_why(workdir, tmp_path, capsys):
         f"No evaluation ran (nothing new to train in {model_dir}: at global step 20, max_steps "
         f"20); evaluate with: estimator evaluate {config}; export with: estimator export "
         f"{config}\n")
+    # the final evaluation interrupted (Ctrl-C twice, fault probe): said, as TF does
+    # nothing either (a rerun evaluating it could race the run still evaluating it)
+    ledger = os.path.join(model_dir, "eval", "evaluated_checkpoints.jsonl")
+    with open(ledger) as f:
+        lines = f.read().splitlines()
+    with open(ledger, "w") as f:
+        f.write("\n".join(line for line in lines if '"global_step": 20' not in line) + "\n")
+    assert cli.main(["run", config, "-q", "--set", f"run_config.model_dir={model_dir}",
+                     "--set", "train_spec.max_steps=20"]) == 0
+    assert "20); its last checkpoint, of global step 20, was never evaluated here (its " \
+           "evaluation interrupted, or trained by `estimator train`) nor passed to " \
+           "eval_spec's exporters; evaluate with" in capsys.readouterr().out
 
 
 # -- every config in configs/ runs ------------------------------------------------------------
