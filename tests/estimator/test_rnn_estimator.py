@@ -211,3 +211,34 @@ def test_a_replica_whose_sequences_are_all_empty_trains_as_one_process(tmp_path)
         if not name.startswith(("optimizer/", "global")):
             np.testing.assert_allclose(two.get_variable_value(name),
                                        one.get_variable_value(name), atol=2e-6, err_msg=name)
+
+
+def test_an_rnn_classifier_exports_and_serves_examples_as_it_predicts(tmp_path):
+    """TF's export path for a canned RNN: a parsing receiver of the columns'
+    spec (its sequences up to max_sequence_length: the cells fix the steps
+    when traced), served tf.Examples equal to predict."""
+    import base64
+    from estimator import serving
+    from estimator.host_transform import example_of
+    sequence, context = _columns()
+    classifier = est.RNNClassifier(sequence, context[:1], units=[4, 3], cell_type="lstm",
+                                   model_dir=str(tmp_path / "model"))
+    features, labels, _ = rows(24, 0)
+    classifier.train(lambda: batches((features, labels), 12), steps=2)
+    spec = fc.make_parse_example_spec(sequence + context[:1])
+    path = classifier.export_saved_model(str(tmp_path / "export"),
+                                         est.export.build_parsing_serving_input_receiver_fn(
+                                             spec, max_sequence_length=6))
+    few = {k: v[:5] for k, v in features.items()}
+
+    def example(words, stars, age):
+        return {"b64": base64.b64encode(example_of(
+            {"words": words, "stars": stars, "age": [float(age)]}, spec)).decode()}
+    body = {"instances": [example(few["words"][i], few["stars"][i], few["age"][i][0])
+                          for i in range(5)]}
+    served = serving.Model(path).predict(body)["predictions"]
+    predicted = list(classifier.predict(lambda: [(few, None)]))
+    np.testing.assert_allclose([s["scores"] for s in served],
+                               [p["probabilities"] for p in predicted], atol=1e-6)
+    with pytest.raises(serving.RequestError, match="a sequence of 7 steps"):
+        serving.Model(path).predict({"instances": [example(["good"] * 7, [1.0] * 7, 30.0)]})
