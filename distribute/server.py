@@ -167,7 +167,8 @@ and ps 0 for a first trainer (then it stops with an error).
                     and self._store.check([_PREEMPTED_KEY])):
                 params.preempt(self._store.get(_PREEMPTED_KEY).decode())
             if stop_when is not None and not params.end_requested.is_set() and stop_when():
-                logger.info("ps 0: the chief's completion marker is there: training ended")
+                logger.info("ps 0: the chief's completion or failure marker is there: "
+                            "training ended")
                 params.end_training()
             if params.unattended(self._init_timeout):
                 raise TimeoutError(

@@ -189,7 +189,10 @@ class RNNEstimator(CannedEstimator):
         if cell_type not in CELL_TYPES:
             raise ValueError(f"Unsupported cell_type {cell_type!r}: one of "
                              f"{sorted(CELL_TYPES)}")
-        units = [units] if isinstance(units, int) else list(units or [])
+        if units is None:
+            raise ValueError("units must be given (the cells' sizes, e.g. units=[32]; TF's "
+                             "alternative, rnn_cell_fn, is not taken here)")
+        units = [units] if isinstance(units, int) else list(units)
         if not units or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0
                                 for u in units):
             raise ValueError(f"units must be a positive int or a non-empty list of them, got "

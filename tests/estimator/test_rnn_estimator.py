@@ -98,6 +98,8 @@ def test_bad_arguments_are_refused_by_name():
         est.RNNClassifier(sequence, units=[4], cell_type="rnn")
     with pytest.raises(ValueError, match="units must be a positive int"):
         est.RNNClassifier(sequence, units=[4, 0])
+    with pytest.raises(ValueError, match="units must be given"):   # (it said "got []")
+        est.RNNClassifier(sequence)
     with pytest.raises(NotImplementedError, match="rnn_cell_fn"):
         est.RNNClassifier(sequence, rnn_cell_fn=lambda: None)
     with pytest.raises(NotImplementedError, match="return_sequences=True"):
