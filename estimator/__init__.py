@@ -17,7 +17,7 @@ from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
                      DNNLinearCombinedEstimator, DNNLinearCombinedRegressor, DNNRegressor,
                      LinearClassifier, LinearEstimator, LinearRegressor, LogisticRegressionHead,
                      MultiClassHead, MultiHead, MultiLabelHead, PoissonRegressionHead,
-                     RegressionHead, RNNClassifier, RNNEstimator,
+                     RegressionHead, RNNClassifier, RNNEstimator, SequentialHeadWrapper,
                      classifier_parse_example_spec, regressor_parse_example_spec)
 from .extenders import add_metrics, forward_features
 from .exporter import BestExporter, Exporter, FinalExporter, LatestExporter
@@ -47,7 +47,7 @@ __all__ = [
     "BaselineClassifier", "BaselineRegressor", "classifier_parse_example_spec",
     "DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator",
     "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
-    "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
+    "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead", "SequentialHeadWrapper",
     "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
     "data", "experimental", "inputs", "io", "layers", "learning_rate_decay", "moving_averages",
     "serving",

@@ -12,6 +12,7 @@ from .multi_head import MultiHead
 from .multi_label_head import MultiLabelHead
 from .parsing_utils import classifier_parse_example_spec, regressor_parse_example_spec
 from .rnn import RNNClassifier, RNNEstimator
+from .sequential_head import SequentialHeadWrapper
 
 __all__ = [
     "DNNClassifier", "DNNRegressor", "LinearClassifier", "LinearRegressor",
@@ -21,5 +22,5 @@ __all__ = [
     "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
     "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "classifier_parse_example_spec", "regressor_parse_example_spec",
-    "RNNClassifier", "RNNEstimator",
+    "RNNClassifier", "RNNEstimator", "SequentialHeadWrapper",
 ]

@@ -10,7 +10,8 @@ The network is TF's ``RNNModel``, with its variables under TF's names:
     rnn_model/rnn/<cell>/kernel [in, g * units],    one Keras cell ("simple_rnn_cell",
         recurrent_kernel [units, g * units], bias   "lstm_cell", "gru_cell") over the steps
     rnn_model/rnn/stacked_rnn_cells/<cell>_<i>/...  (several `units`: cell, cell_1, ...)
-    rnn_model/logits/kernel [units, n], bias        on the last cell's final output
+    rnn_model/logits/kernel [units, n], bias        on the last cell's final output (at
+                                                    every step: `return_sequences=True`)
 
 The cells compute as Keras' (run by torch's RNN, LSTM and GRU with these variables
 in torch's layout): "simple_rnn" ``tanh(x K + h R + b)``; "lstm" gates
@@ -44,6 +45,7 @@ from ..optimizers import Adam, RMSProp, optimizer_factory
 from ._base import CannedEstimator, check_optimizer_spec, column_tuple, make_optimizer
 from .dnn import Dense
 from .heads import BinaryClassHead, MultiClassHead
+from .sequential_head import SequentialHeadWrapper
 
 LEARNING_RATE = 0.05
 CLIP_NORM = 5.0
@@ -165,9 +167,11 @@ class RNNEstimator(CannedEstimator):
     """An RNN over sequence columns under a given head (TF:
     ``tf.estimator.experimental.RNNEstimator``; TF1 contrib's ``num_units`` is
     `units`). `rnn_cell_fn` (a Keras cell) is not taken: give `units` and
-    `cell_type`. `return_sequences=True` (logits at every step, for a
-    sequence head) is not built here. `warm_start_from` (TF's RNN estimators
-    take none) is `Estimator`'s."""
+    `cell_type`. `return_sequences=True`: logits at every step ([batch, T,
+    n]; at the steps past a sequence's end its last step's, as Keras' masked
+    RNN) for a `SequentialHeadWrapper` head, with the sequence mask in the
+    features under the head's key unless input_fn gave it. `warm_start_from`
+    (TF's RNN estimators take none) is `Estimator`'s."""
 
     def __init__(self, head, sequence_feature_columns, context_feature_columns=None,
                  units: Optional[Sequence[int]] = None, cell_type: str = "simple_rnn",
@@ -182,10 +186,13 @@ class RNNEstimator(CannedEstimator):
                 "rnn_cell_fn (a function returning a Keras cell) is not taken here: give "
                 "units=[...] and cell_type='simple_rnn' | 'lstm' | 'gru', or write a model_fn "
                 "(est.feature_column.sequence_input_layer, a torch RNN, a head)")
-        if return_sequences:
-            raise NotImplementedError(
-                "return_sequences=True (logits at every step for a sequence head) is not "
-                "built here: write a model_fn over est.feature_column.sequence_input_layer")
+        if return_sequences and not isinstance(head, SequentialHeadWrapper):
+            raise ValueError("Provided head must be a `_SequentialHead` object when "
+                             "`return_sequences` is set to True (est.SequentialHeadWrapper"
+                             "(head, sequence_length_mask='sequence_mask')).")
+        if isinstance(head, SequentialHeadWrapper) and not return_sequences:
+            raise ValueError("a SequentialHeadWrapper head takes logits at every step: give "
+                             "return_sequences=True")
         if cell_type not in CELL_TYPES:
             raise ValueError(f"Unsupported cell_type {cell_type!r}: one of "
                              f"{sorted(CELL_TYPES)}")
@@ -205,9 +212,49 @@ class RNNEstimator(CannedEstimator):
                                              "context_feature_columns")
         check_optimizer_spec(optimizer)
         self._units, self._cell_type, self._optimizer = tuple(units), cell_type, optimizer
+        self._return_sequences = return_sequences
         super().__init__(head, model_dir, config, warm_start_from)
 
+    def _canned_model_fn(self, features, labels, mode):
+        if not self._return_sequences:
+            return super()._canned_model_fn(features, labels, mode)
+        if not isinstance(features, dict):
+            raise ValueError("features should be a dictionary of `Tensor`s. Given type: "
+                             f"{type(features)}")
+        cache = feature_column.transformation_cache(features)
+        logits, mask = self._sequence_logits(cache)
+        key = self._head.input_sequence_mask_key
+        if key not in cache.features:   # (TF: the one input_fn gave, else the model's)
+            features = {**cache.features, key: mask}
+        return self._head.create_estimator_spec(features, mode, logits, labels,
+                                                train_op_fn=self._train_op_fn)
+
     def _logits(self, features, mode):
+        return self._dense(self._rnn(features)[1])
+
+    def _sequence_logits(self, features) -> tuple:
+        """(logits [batch, T, n], mask [batch, T]): at steps past a sequence's
+        end its last step's outputs (zeros for none), as Keras' masked RNN
+        with return_sequences."""
+        outputs, _, lengths = self._rnn(features)
+        steps = outputs.shape[1]
+        positions = torch.arange(steps, device=outputs.device)
+        mask = positions < lengths.unsqueeze(1)
+        last = torch.minimum(positions, (lengths - 1).clamp(min=0).unsqueeze(1))
+        outputs = outputs.gather(1, last.unsqueeze(-1).expand(-1, -1, outputs.shape[-1]))
+        outputs = torch.where((lengths > 0).view(-1, 1, 1), outputs, 0.0)
+        batch, units = outputs.shape[0], outputs.shape[-1]
+        logits = self._dense(outputs.reshape(batch * steps, units))
+        return logits.reshape(batch, steps, self._head.logits_dimension), mask
+
+    def _dense(self, net):
+        layer = model_scope.get_module("rnn_model/logits", lambda: Dense(
+            self._units[-1], self._head.logits_dimension))
+        return layer(net)
+
+    def _rnn(self, features) -> tuple:
+        """(outputs [batch, T, units], final [batch, units], lengths [batch])
+        of the stacked cells."""
         net, lengths = feature_column.sequence_input_layer(
             features, self._sequence_columns, name="sequence_features")
         if summary.should_record_summaries():
@@ -225,9 +272,7 @@ class RNNEstimator(CannedEstimator):
             layer = model_scope.get_module(name, lambda n=net.shape[-1], u=units: KerasCell(
                 self._cell_type, n, u))
             net, final = layer(net, lengths)
-        logits = model_scope.get_module("rnn_model/logits", lambda: Dense(
-            self._units[-1], self._head.logits_dimension))
-        return logits(final)
+        return net, final, lengths
 
     def _train_op_fn(self, loss):
         return make_optimizer(_clipped(self._optimizer) if isinstance(self._optimizer, str)
@@ -238,7 +283,10 @@ class RNNClassifier(RNNEstimator):
     """An RNN classifier over sequence columns (TF:
     ``tf.estimator.experimental.RNNClassifier``, same arguments and defaults;
     TF1: ``tf.contrib.estimator.RNNClassifier``, whose ``num_units`` is `units`).
-    Its head is TF2's `BinaryClassHead` (2 classes) or `MultiClassHead`."""
+    Its head is TF2's `BinaryClassHead` (2 classes) or `MultiClassHead`;
+    `return_sequences=True`: a label at each step, the head wrapped in a
+    `SequentialHeadWrapper` (the mask under the key `sequence_mask`, the
+    `weight_column` a weight at each step)."""
 
     def __init__(self, sequence_feature_columns, context_feature_columns=None,
                  units: Optional[Sequence[int]] = None, cell_type: str = "simple_rnn",
@@ -247,7 +295,6 @@ class RNNClassifier(RNNEstimator):
                  optimizer="Adagrad", loss_reduction=Reduction.SUM_OVER_BATCH_SIZE,
                  sequence_mask: str = "sequence_mask", config=None, *, num_units=None,
                  warm_start_from=None):
-        del sequence_mask   # (a sequence head's feature key: return_sequences only)
         if n_classes == 2:
             head = BinaryClassHead(weight_column=weight_column,
                                    label_vocabulary=label_vocabulary,
@@ -256,6 +303,10 @@ class RNNClassifier(RNNEstimator):
             head = MultiClassHead(n_classes, weight_column=weight_column,
                                   label_vocabulary=label_vocabulary,
                                   loss_reduction=loss_reduction)
+        if return_sequences:   # (TF: the weight column's key the wrapper flattens)
+            key = getattr(weight_column, "key", weight_column)
+            head = SequentialHeadWrapper(head, sequence_length_mask=sequence_mask,
+                                         feature_columns=key)
         super().__init__(head, sequence_feature_columns, context_feature_columns, units,
                          cell_type, rnn_cell_fn, return_sequences, model_dir, optimizer,
                          config, num_units=num_units, warm_start_from=warm_start_from)

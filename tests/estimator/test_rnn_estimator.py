@@ -102,8 +102,6 @@ def test_bad_arguments_are_refused_by_name():
         est.RNNClassifier(sequence)
     with pytest.raises(NotImplementedError, match="rnn_cell_fn"):
         est.RNNClassifier(sequence, rnn_cell_fn=lambda: None)
-    with pytest.raises(NotImplementedError, match="return_sequences=True"):
-        est.RNNClassifier(sequence, units=[4], return_sequences=True)
     with pytest.raises(ValueError, match="give units or num_units"):
         est.RNNClassifier(sequence, units=[4], num_units=[4])
     with pytest.raises(ValueError, match="Items of feature_columns must be a sequence column"):

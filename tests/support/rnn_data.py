@@ -1,7 +1,8 @@
 """The rows of the RNN estimator tests, the same as
 `tests/support/fixtures/record_tf_rnn.py` gives TensorFlow: reviews of 0 to 4
 words (one out of the vocabulary) with a rating a word, an age and a city a
-review, a 0/1 label, a word label and a float64 weight."""
+review, a 0/1 label, a word label and a float64 weight; `step_rows`: a label and a
+weight at each word."""
 import numpy as np
 
 VOCABULARY = ["good", "bad", "fine", "meh"]
@@ -32,3 +33,15 @@ def batches(data, size):
     n = len(labels)
     return [({k: v[i:i + size] for k, v in features.items()}, labels[i:i + size])
             for i in range(0, n, size)]
+
+
+def step_rows(n, seed):
+    """`rows` with a label at each word (TF's `return_sequences=True`): 0/1
+    (the word is "good") and a word label (its rating's third: "low" below
+    0.7, "high" from 1.4), and a weight at each word (its rating plus 0.5)."""
+    features, _, _ = rows(n, seed)
+    binary = [[int(w == "good") for w in words] for words in features["words"]]
+    kind = [[LABELS[int(np.digitize(s, [0.7, 1.4]))] for s in stars]
+            for stars in features["stars"]]
+    weights = [[s + 0.5 for s in stars] for stars in features["stars"]]
+    return {**features, "w": weights}, binary, kind
