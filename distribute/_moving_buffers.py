@@ -45,9 +45,14 @@ class MovingBuffers:
         self._work = None
 
     def watch(self, module: torch.nn.Module) -> None:
-        """A module every replica has just created (and synchronized)."""
+        """A module every replica has just created (and synchronized). A
+        layer whose `same_buffers_on_replicas` is true updates its buffers
+        alike on every replica (from values it all-reduced itself, in a
+        train_op): never averaged (an average of them, taken after the
+        forward pass, would undo the train_op's update)."""
         self._unsorted += [_Layer(m) for m in module.modules()
-                           if next(m.buffers(recurse=False), None) is not None]
+                           if next(m.buffers(recurse=False), None) is not None
+                           and not getattr(m, "same_buffers_on_replicas", False)]
 
     def start(self, group) -> None:
         """After the step's forward pass: start summing the moving buffers."""

@@ -1,6 +1,7 @@
 """TF1's canned estimators (``tf.compat.v1.estimator.DNNClassifier`` and the
 rest): the same arguments, defaults, variable names, evaluation and
 prediction keys; see each module. Re-exported as ``est.DNNClassifier`` etc."""
+from .boosted_trees import BoostedTreesClassifier, BoostedTreesRegressor
 from .baseline import BaselineClassifier, BaselineEstimator, BaselineRegressor
 from .dnn import DNNClassifier, DNNEstimator, DNNRegressor
 from .dnn_linear_combined import (DNNLinearCombinedClassifier, DNNLinearCombinedEstimator,
@@ -23,4 +24,5 @@ __all__ = [
     "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "classifier_parse_example_spec", "regressor_parse_example_spec",
     "RNNClassifier", "RNNEstimator", "SequentialHeadWrapper",
+    "BoostedTreesClassifier", "BoostedTreesRegressor",
 ]

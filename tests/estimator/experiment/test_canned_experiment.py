@@ -89,6 +89,28 @@ def test_a_canned_estimator_runs_from_yaml(workdir):
     assert results["global_step"] == 40 and results["accuracy"] > 0.9
 
 
+def test_boosted_trees_run_from_yaml_and_stop_when_grown(workdir):
+    """A canned estimator that ends its training itself: `estimator run`
+    stops at the trees' last layer (2 trees of 2 layers, a layer from 4
+    batches: 16 steps), not at max_steps, and evaluates that checkpoint."""
+    text = HEAD.replace("  LinearClassifier:\n    feature_columns: mod.py:columns\n",
+                        "  BoostedTreesClassifier:\n    feature_columns: mod.py:bucketized\n"
+                        "    n_batches_per_layer: 4\n    n_trees: 2\n    max_depth: 2\n")
+    (workdir / "mod.py").write_text(MODULE + """
+
+def bucketized():
+    x = est.feature_column.numeric_column("x")
+    return [est.feature_column.bucketized_column(x, [-0.5, 0.0, 0.5])]
+""")
+    path = write(workdir, text + "run_config: {model_dir: run}\n")
+    assert cli.main(["run", path, "-q"]) == 0
+    import estimator as est
+    from hooks.event_files import read_scalars
+    assert est.checkpoint.latest_checkpoint(str(workdir / "run")).endswith("model.ckpt-16")
+    scalars = read_scalars(str(workdir / "run" / "eval" / "*tfevents*"))
+    assert list(scalars) == [16] and scalars[16]["accuracy"] == 1.0
+
+
 def test_in_memory_evaluator_hook_from_yaml(workdir):
     """TF's InMemoryEvaluatorHook by its bare name: the run's Estimator is
     given to it, its input_fn is an import path; it evaluates at step 0,

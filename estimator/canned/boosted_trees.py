@@ -1,0 +1,557 @@
+"""`BoostedTreesClassifier` and `BoostedTreesRegressor` (TF:
+``tf.estimator.BoostedTrees*``, TF 1.8 to 2.8; TensorFlow removed them after
+2.8), gradient boosted trees grown layer by layer as TF grows them.
+
+Features: `bucketized_column`s (one feature each, its bucket) and
+`indicator_column`s (one 0/1 feature per category), sorted by column name
+and numbered in that order, as TF's feature ids. Each training step (a
+batch) computes the logits of the ensemble, the gradient and hessian of
+the head's loss (mean over the batch) at each example's logits, and sums
+them per (node of the tree being grown, feature, bucket); after
+`n_batches_per_layer` steps the layer grows from the mean of those sums:
+each node of the last layer splits on the (feature, bucket) of the best
+gain, ``G'^2 / (H + l2)`` (G' the gradient sum shrunk by `l1`) of the two
+sides less the node's and `tree_complexity`, its children's values the
+node's plus ``learning_rate * -G' / (H + l2)``. `pruning_mode`: 'none'
+splits every node, 'pre' none of negative gain, 'post' prunes the splits of
+negative gain when the tree is done. A node of hessian sum below
+`min_node_weight` is not split. A tree is done at `max_depth` layers; the
+training stops when `n_trees` are (or after ``2 * n_trees * max_depth``
+layer attempts), whatever `steps` or `max_steps` say. `center_bias`: first,
+Newton steps on a constant (in tree 0's root) until one moves it by 1% or
+less. A prediction sums the leaf each tree sends the example to.
+
+Not here: `numeric_column`s (TF's quantile buckets: bucketize them with
+`bucketized_column`), categorical columns without an indicator (TF's
+equality splits), multi-class (n_classes > 2), `BoostedTreesEstimator` and
+`experimental_predict_with_explanations`, TF's checkpoints of an ensemble
+(a serialized proto). The ensemble is saved as buffers of this module
+(``boosted_trees/...``).
+"""
+from __future__ import annotations
+
+import collections
+import math
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+import distribute
+from hooks import model_scope, summary
+from hooks import SessionRunHook
+
+from .. import checkpoint as checkpoint_lib
+from .. import feature_column
+from ..losses import Reduction
+from ..mode_keys import ModeKeys
+from ._base import CannedEstimator, column_tuple
+from ._head import ClassificationHead, RegressionHead
+
+_PRUNING_MODES = ("none", "pre", "post")
+_TINY = np.float32(1e-15)   # TF's kEps: ties within it keep the earlier candidate
+
+
+class _Features:
+    """The model's features as TF numbers them: the columns sorted by name, an
+    indicator column a 0/1 feature per category, a bucketized column its
+    bucket; and TF's groups of features by number of buckets (indicators 2,
+    every bucketized column the most buckets among them)."""
+
+    def __init__(self, feature_columns):
+        self.columns = sorted(feature_columns, key=lambda c: c.name)
+        self.names: List[str] = []   # (per feature: the column's name TF reports it under)
+        groups = collections.OrderedDict({None: []})   # buckets -> feature ids
+        bucketized = 2
+        for column in self.columns:
+            if isinstance(column, feature_column.IndicatorColumn):
+                for _ in range(column.categorical_column.num_buckets):
+                    groups.setdefault(2, []).append(len(self.names))
+                    self.names.append(column.categorical_column.name)
+            elif isinstance(column, feature_column.BucketizedColumn):
+                if tuple(column.source_column.shape) not in ((), (1,)):
+                    raise ValueError(
+                        f"BoostedTrees: the bucketized column {column.name!r} has shape "
+                        f"{tuple(column.source_column.shape)}: one value an example only "
+                        "(TF: rank 2 features)")
+                bucketized = max(bucketized, len(column.boundaries) + 1)
+                groups[None].append(len(self.names))
+                self.names.append(column.name)
+            else:
+                raise ValueError(
+                    f"BoostedTrees takes bucketized_column and indicator_column features, "
+                    f"got {type(column).__name__} {column.name!r}: bucketize a numeric "
+                    f"column (TF's quantile buckets are not built here), wrap a categorical "
+                    f"column in indicator_column")
+        ids = groups.pop(None)
+        if ids:
+            groups.setdefault(bucketized, []).extend(ids)
+        self.groups = list(groups.items())
+        self.count = len(self.names)
+        self.buckets = np.zeros(self.count, np.int64)   # per feature: its group's buckets
+        for buckets, ids in self.groups:
+            self.buckets[ids] = buckets
+        self.most = max(b for b, _ in self.groups)
+
+    def of(self, features) -> torch.Tensor:
+        """[batch, features] int64: each example's bucket of each feature."""
+        parts = []
+        for column in self.columns:
+            dense = feature_column.input_layer(features, [column])
+            if isinstance(column, feature_column.IndicatorColumn):
+                parts.append(dense.to(torch.int64))   # (TF's int32 cast of the counts)
+            else:
+                parts.append(dense.argmax(-1, keepdim=True))
+        return torch.cat(parts, -1)
+
+
+class _TreeEnsemble(torch.nn.Module):
+    """TF's tree ensemble resource as buffers of fixed size (room for `n_trees`
+    trees and the empty one TF appends, each a complete tree of `max_depth`):
+    per tree and node its split (`feature` -1 for a leaf, `threshold`,
+    `left`, `right`), its `value` (a leaf's; a split node keeps the one it
+    had, TF's original leaf) and `gain`; the growing state; the statistics
+    summed over the layer's batches so far."""
+
+    def __init__(self, n_trees: int, max_depth: int, features: _Features):
+        super().__init__()
+        trees, nodes = n_trees + 1, 2 ** (max_depth + 1) - 1
+        splits = 2 ** max_depth - 1   # (the nodes that may split: ids below it)
+
+        def buffer(name, *shape, dtype=torch.int64, fill=0):
+            self.register_buffer(name, torch.full(shape, fill, dtype=dtype))
+        buffer("feature", trees, nodes, fill=-1)
+        buffer("threshold", trees, nodes)
+        buffer("left", trees, nodes)
+        buffer("right", trees, nodes)
+        buffer("value", trees, nodes, dtype=torch.float32)
+        buffer("gain", trees, nodes, dtype=torch.float32)
+        buffer("node_count", trees, fill=1)
+        buffer("layers_grown", trees)
+        buffer("finalized", trees)
+        # [trees in the ensemble, trees attempted, layers attempted, layer start, layer end,
+        #  centering the bias, batches summed]
+        buffer("growing", 7)
+        buffer("stats", splits, features.count, features.most + 1, 2, dtype=torch.float32)
+        buffer("bias_stats", 2, dtype=torch.float32)
+        self.max_depth = max_depth
+
+    TREES, TREES_ATTEMPTED, LAYERS_ATTEMPTED, START, END, CENTERING, BATCHES = range(7)
+    # Replicas grow the same trees from their statistics' mean (all-reduced in
+    # the train_op): the buffers are alike on each, never averaged.
+    same_buffers_on_replicas = True
+
+    def forward(self, buckets: torch.Tensor) -> tuple:
+        """(logits [batch, 1], each example's node in the last tree [batch])."""
+        batch = buckets.shape[0]
+        trees = self.feature.shape[0]
+        node = buckets.new_zeros(batch, trees)
+        tree = torch.arange(trees, device=buckets.device).expand(batch, -1)
+        for _ in range(self.max_depth):
+            feature = self.feature[tree, node]
+            bucket = buckets.gather(1, feature.clamp(min=0))
+            nxt = torch.where(bucket <= self.threshold[tree, node], self.left[tree, node],
+                              self.right[tree, node])
+            node = torch.where(feature >= 0, nxt, node)
+        logits = self.value[tree, node].sum(-1, keepdim=True)
+        last = (self.growing[self.TREES] - 1).clamp(min=0)
+        return logits, node.gather(1, last.expand(batch, 1)).squeeze(1)
+
+
+class _StopAtAttemptsHook(SessionRunHook):
+    """TF's: stop after the step that finalizes the last tree, or after
+    ``2 * n_trees * max_depth`` layer attempts."""
+
+    def __init__(self, ensemble: _TreeEnsemble, n_trees: int, max_depth: int):
+        self._ensemble, self._n_trees, self._max_depth = ensemble, n_trees, max_depth
+
+    def after_run(self, run_context, run_values):
+        if _done(self._ensemble, self._n_trees, self._max_depth):
+            run_context.request_stop()
+
+
+def _done(ensemble: _TreeEnsemble, n_trees: int, max_depth: int) -> bool:
+    attempts = int(ensemble.growing[_TreeEnsemble.LAYERS_ATTEMPTED])
+    return int(ensemble.finalized.sum()) >= n_trees or attempts > 2 * n_trees * max_depth
+
+
+def _weight_and_gain(g, h, l1, l2) -> tuple:
+    """TF's ``CalculateWeightsAndGains`` (float32): the leaf weight -G'/(H + l2)
+    and the gain G'^2/(H + l2), G' the gradient sum shrunk by `l1`."""
+    g, h = np.float32(g), np.float32(h)
+    if l1 > 0:
+        if g > l1:
+            g = np.float32(g - l1)
+        elif g < -l1:
+            g = np.float32(g + l1)
+        else:
+            return np.float32(0), np.float32(0)
+    denominator = np.float32(h + l2)
+    if denominator <= _TINY:
+        return np.float32(0), np.float32(0)
+    weight = np.float32(-g / denominator)
+    return weight, np.float32(-g * weight)
+
+
+def _total(rows: np.ndarray, buckets: int) -> np.ndarray:
+    """A feature's sums over its buckets and the missing one, in TF's order."""
+    return np.cumsum(np.concatenate([rows[:buckets], rows[-1:]]), 0, dtype=np.float32)[-1]
+
+
+class _Grower:
+    """TF's layer growth (``CalculateBestFeatureSplitV2`` per group of
+    features, then ``UpdateEnsembleV2``) and bias centering (``CenterBias``),
+    on the host in float32 as TF's kernels compute."""
+
+    def __init__(self, features: _Features, n_trees, max_depth, learning_rate, l1, l2,
+                 tree_complexity, min_node_weight, pruning_mode):
+        self.features = features
+        self.n_trees, self.max_depth = n_trees, max_depth
+        self.lr = np.float32(learning_rate)
+        self.l1, self.l2 = np.float32(l1), np.float32(l2)
+        self.tree_complexity = np.float32(tree_complexity)
+        self.min_node_weight = np.float32(min_node_weight)
+        self.pruning_mode = pruning_mode
+
+    def best_splits(self, stats: np.ndarray, nodes: range) -> dict:
+        """node: (gain, feature, threshold, left weight, right weight)."""
+        best = {}
+        for buckets, ids in self.features.groups:
+            for node in nodes:
+                found = self._best_in_group(stats[node], buckets, ids)
+                if found is None:
+                    continue
+                held = best.get(node)
+                if held is None or found[0] - held[0] >= _TINY or (
+                        abs(found[0] - held[0]) < _TINY and found[1] < held[1]):
+                    best[node] = found
+        return best
+
+    def _best_in_group(self, stats: np.ndarray, buckets: int, ids) -> Optional[tuple]:
+        """The group's best split of a node from its statistics [features,
+        buckets + 1, 2] (the last bucket: TF's missing values)."""
+        total_g, total_h = _total(stats[ids[0]], buckets)
+        if abs(total_h) < self.min_node_weight:
+            return None
+        _, parent_gain = _weight_and_gain(total_g, total_h, self.l1, self.l2)
+        best = None
+        for feature in ids:
+            rows = stats[feature]
+            missing, total = rows[-1], _total(rows, buckets)
+            cumulative = np.zeros(2, np.float32)
+            top = None
+            for bucket in range(buckets):
+                cumulative = (cumulative + rows[bucket]).astype(np.float32)
+                for left in (cumulative + missing, cumulative):   # (TF's default left, right)
+                    left = left.astype(np.float32)
+                    right = (total - left).astype(np.float32)
+                    lw, lg = _weight_and_gain(left[0], left[1], self.l1, self.l2)
+                    rw, rg = _weight_and_gain(right[0], right[1], self.l1, self.l2)
+                    score = np.float32(lg + rg)
+                    if top is None or score - top[0] >= _TINY:
+                        top = (score, feature, bucket, lw, rw)
+            if best is None or top[0] > best[0]:
+                best = top
+        score, feature, bucket, lw, rw = best
+        gain = np.float32(np.float32(score - parent_gain) - self.tree_complexity)
+        return gain, feature, bucket, lw, rw
+
+    def grow(self, ensemble: _TreeEnsemble, stats: np.ndarray) -> None:
+        """One layer from the layer's mean statistics (TF: a layer attempt,
+        which splits nothing where no node has a split)."""
+        e, g = ensemble, ensemble.growing
+        if g[e.TREES] == 0:
+            g[e.TREES] = 1
+        tree = int(g[e.TREES]) - 1
+        if int(e.node_count[tree]) == 1:
+            g[e.TREES_ATTEMPTED] += 1
+        g[e.LAYERS_ATTEMPTED] += 1
+        start, end = int(g[e.START]), int(g[e.END])
+        splits = self.best_splits(stats, range(start, max(1, end)))
+        made = []
+        for node in sorted(splits):
+            gain, feature, bucket, lw, rw = splits[node]
+            if self.pruning_mode == "pre" and gain < 0:
+                continue
+            count = int(e.node_count[tree])
+            parent = np.float32(e.value[tree, node])
+            e.feature[tree, node], e.threshold[tree, node] = feature, bucket
+            e.left[tree, node], e.right[tree, node] = count, count + 1
+            e.gain[tree, node] = float(gain)
+            e.value[tree, count] = float(np.float32(parent + np.float32(self.lr * lw)))
+            e.value[tree, count + 1] = float(np.float32(parent + np.float32(self.lr * rw)))
+            e.node_count[tree] = count + 2
+            made.append(count)
+        if not made:
+            return
+        e.layers_grown[tree] += 1
+        if int(e.layers_grown[tree]) >= self.max_depth:
+            e.finalized[tree] = 1
+            if self.pruning_mode == "post":
+                _post_prune(e, tree)
+            if tree + 1 < e.feature.shape[0]:
+                g[e.TREES] += 1   # (TF appends an empty tree)
+            g[e.START], g[e.END] = 0, 1
+        else:
+            g[e.START], g[e.END] = made[0], made[-1] + 2
+
+    def center_bias(self, ensemble: _TreeEnsemble, mean_g, mean_h) -> None:
+        """TF's ``CenterBias``: a Newton step on tree 0's root; centering
+        ends after a step moving it by 1% or less (never the first)."""
+        e, g = ensemble, ensemble.growing
+        delta, _ = _weight_and_gain(mean_g, mean_h, self.l1, self.l2)
+        if g[e.TREES] == 0:
+            g[e.TREES] = 1
+            e.value[0, 0] = float(delta)
+            return
+        bias = np.float32(e.value[0, 0])
+        g[e.CENTERING] = int(abs(np.float32(delta / bias)) > 0.01)
+        e.value[0, 0] = float(np.float32(bias + delta))
+
+
+def _post_prune(e: _TreeEnsemble, tree: int) -> None:
+    """TF's ``PostPruneTree``: from the bottom, a split of negative gain whose
+    children are leaves becomes a leaf again (its original value); the
+    nodes left are renumbered in their order."""
+    def prune(node):
+        if int(e.feature[tree, node]) < 0:
+            return
+        left, right = int(e.left[tree, node]), int(e.right[tree, node])
+        prune(left)
+        prune(right)
+        if float(e.gain[tree, node]) < 0 and int(e.feature[tree, left]) < 0 and \
+                int(e.feature[tree, right]) < 0:
+            e.feature[tree, node] = -1
+            e.gain[tree, node] = 0.0
+            removed.update((left, right))
+    removed: set = set()
+    prune(0)
+    if not removed:
+        return
+    count = int(e.node_count[tree])
+    kept = [n for n in range(count) if n not in removed]
+    new = {old: i for i, old in enumerate(kept)}
+    rows = {name: getattr(e, name)[tree, kept].clone()
+            for name in ("feature", "threshold", "left", "right", "value", "gain")}
+    for name, values in rows.items():
+        getattr(e, name)[tree].fill_(-1 if name == "feature" else 0)
+        getattr(e, name)[tree, :len(kept)] = values
+    for i in range(len(kept)):
+        if int(e.feature[tree, i]) >= 0:
+            e.left[tree, i] = new[int(e.left[tree, i])]
+            e.right[tree, i] = new[int(e.right[tree, i])]
+    e.node_count[tree] = len(kept)
+
+
+class _BoostedTrees(CannedEstimator):
+    def __init__(self, head, feature_columns, n_batches_per_layer, model_dir, n_trees,
+                 max_depth, learning_rate, l1_regularization, l2_regularization,
+                 tree_complexity, min_node_weight, config, center_bias, pruning_mode,
+                 quantile_sketch_epsilon, train_in_memory, warm_start_from=None):
+        columns = column_tuple(feature_columns, "feature_columns")
+        if not columns:
+            raise ValueError("feature_columns must not be empty.")
+        self._features = _Features(columns)
+        for name, value, low in (("n_batches_per_layer", n_batches_per_layer, 1),
+                                 ("n_trees", n_trees, 1), ("max_depth", max_depth, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name, value in (("learning_rate", learning_rate),
+                            ("l1_regularization", l1_regularization),
+                            ("l2_regularization", l2_regularization),
+                            ("tree_complexity", tree_complexity),
+                            ("min_node_weight", min_node_weight)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+                    not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        if pruning_mode not in _PRUNING_MODES:
+            raise ValueError(f"pruning_mode mode must be one of: none, post, pre. Found: "
+                             f"{pruning_mode}")
+        if tree_complexity > 0 and pruning_mode == "none":
+            raise ValueError("Tree complexity have no effect unless pruning mode is chosen.")
+        if tree_complexity <= 0 and pruning_mode != "none":
+            raise ValueError("For pruning, tree_complexity must be positive.")
+        if train_in_memory and n_batches_per_layer != 1:
+            raise ValueError("When train_in_memory is enabled, input_fn should return the "
+                             "entire dataset as a single batch, and n_batches_per_layer "
+                             "should be set as 1.")
+        del quantile_sketch_epsilon   # (numeric columns' quantiles: not built here)
+        self._n_batches_per_layer = n_batches_per_layer
+        self._n_trees, self._max_depth = n_trees, max_depth
+        self._center_bias = center_bias
+        self._grower = _Grower(self._features, n_trees, max_depth, learning_rate,
+                               l1_regularization, l2_regularization, tree_complexity,
+                               min_node_weight, pruning_mode)
+        super().__init__(head, model_dir, config, warm_start_from)
+
+    def _ensemble(self) -> _TreeEnsemble:
+        def make():
+            ensemble = _TreeEnsemble(self._n_trees, self._max_depth, self._features)
+            ensemble.growing[_TreeEnsemble.CENTERING] = int(self._center_bias)
+            return ensemble
+        return model_scope.get_module("boosted_trees", make)
+
+    def _canned_model_fn(self, features, labels, mode):
+        if not isinstance(features, dict):
+            raise ValueError("features should be a dictionary of `Tensor`s. Given type: "
+                             f"{type(features)}")
+        cache = feature_column.transformation_cache(features)
+        ensemble = self._ensemble()
+        module = getattr(ensemble, "module", ensemble)   # (a replicated one: its module)
+        buckets = self._features.of(cache).to(module.feature.device)
+        with torch.no_grad():
+            logits, nodes = ensemble(buckets)
+        if mode != ModeKeys.TRAIN:
+            return self._head.create_estimator_spec(cache, mode, logits, labels)
+        _check_strategy()
+        if summary.should_record_summaries():   # (TF's, as the step starts)
+            growing = module.growing.tolist()
+            summary.scalar("boosted_trees/ensemble/num_trees", growing[module.TREES])
+            summary.scalar("boosted_trees/ensemble/num_finalized_trees",
+                           int(module.finalized.sum()))
+            summary.scalar("boosted_trees/ensemble/num_attempted_layers",
+                           growing[module.LAYERS_ATTEMPTED])
+        logits.requires_grad_(True)
+        context = distribute.get_replica_context()   # (the train_op runs outside it)
+
+        def train_op_fn(loss):
+            return lambda: self._train_step(module, loss, logits, buckets, nodes, context)
+        spec = self._head.create_estimator_spec(cache, mode, logits, labels,
+                                                train_op_fn=train_op_fn)
+        hook = _StopAtAttemptsHook(module, self._n_trees, self._max_depth)
+        return spec._replace(training_hooks=tuple(spec.training_hooks) + (hook,))
+
+    def _train_step(self, e: _TreeEnsemble, loss, logits, buckets, nodes, context) -> None:
+        """TF's ``_grow_tree_fn``: the step's statistics added to the layer's,
+        the layer grown (or the bias centered) once `n_batches_per_layer`
+        batches are in. A finished ensemble stays as it is (TF grows its
+        trailing empty tree a layer in each later `train` call)."""
+        if _done(e, self._n_trees, self._max_depth):
+            return
+        g, = torch.autograd.grad(loss, logits, create_graph=True)
+        h, = torch.autograd.grad(g.sum(), logits)
+        g, h = g.detach().squeeze(-1), h.squeeze(-1)
+        replicas = 1 if context is None else context.num_replicas_in_sync
+        with torch.no_grad():
+            if int(e.growing[e.CENTERING]):
+                step = torch.stack([g.mean(), h.mean()])
+                if replicas > 1:
+                    step = context.all_reduce(distribute.ReduceOp.MEAN, step)
+                e.bias_stats += step
+            else:
+                step = self._statistics(e, g, h, buckets, nodes)
+                if replicas > 1:
+                    step = context.all_reduce(distribute.ReduceOp.MEAN, step)
+                e.stats += step
+            e.growing[e.BATCHES] += 1
+            if int(e.growing[e.BATCHES]) < self._n_batches_per_layer:
+                return
+            count = np.float32(e.growing[e.BATCHES])
+            if int(e.growing[e.CENTERING]):
+                mean_g, mean_h = (e.bias_stats.cpu().numpy() / count).astype(np.float32)
+                self._grower.center_bias(e, mean_g, mean_h)
+            else:
+                self._grower.grow(e, (e.stats.cpu().numpy() / count).astype(np.float32))
+            e.stats.zero_()
+            e.bias_stats.zero_()
+            e.growing[e.BATCHES] = 0
+
+    def _statistics(self, e: _TreeEnsemble, g, h, buckets, nodes) -> torch.Tensor:
+        """This batch's sums of gradients and hessians per (node, feature,
+        bucket) (TF's ``BoostedTreesAggregateStats``: in float64, then
+        float32); a bucket past its group's, TF's missing slot."""
+        splits, count, width = e.stats.shape[0], e.stats.shape[1], e.stats.shape[2]
+        limits = torch.as_tensor(self._features.buckets, device=buckets.device)
+        slot = torch.where((buckets < 0) | (buckets >= limits), width - 1, buckets)
+        keep = nodes < splits   # (a leaf of the last layer has nothing to split)
+        index = (nodes.unsqueeze(1) * count + torch.arange(count, device=buckets.device)) \
+            * width + slot
+        values = torch.stack([g, h], -1).to(torch.float64)
+        values = values.unsqueeze(1).expand(-1, count, -1)[keep]
+        out = torch.zeros(splits * count * width, 2, dtype=torch.float64,
+                          device=buckets.device)
+        out.index_add_(0, index[keep].reshape(-1), values.reshape(-1, 2))
+        return out.to(torch.float32).view_as(e.stats)
+
+    def experimental_feature_importances(self, normalize: bool = False) -> dict:
+        """TF's: each column's split gains summed over the trees of the latest
+        checkpoint (an indicator column's categories under the categorical
+        column's key), largest first."""
+        path = checkpoint_lib.latest_checkpoint(self.model_dir)
+        if path is None:
+            raise ValueError(f"No checkpoint in {self.model_dir} to read the trees from: "
+                             "train first")
+        feature = self.get_variable_value("boosted_trees/feature")
+        gain = self.get_variable_value("boosted_trees/gain")
+        totals = collections.defaultdict(float)
+        for name in self._features.names:
+            totals[name] += 0.0
+        for f, value in zip(feature.reshape(-1), gain.reshape(-1)):
+            if f >= 0:
+                totals[self._features.names[f]] += float(value)
+        if normalize:
+            total = sum(totals.values())
+            if any(v < 0 for v in totals.values()) or total <= 0:
+                raise ValueError("Cannot normalize the feature importances: some are "
+                                 "negative or they sum to 0")
+            totals = {k: v / total for k, v in totals.items()}
+        return collections.OrderedDict(sorted(totals.items(), key=lambda kv: -abs(kv[1])))
+
+
+def _check_strategy() -> None:
+    strategy = distribute.get_strategy()
+    if strategy.extended.uses_parameter_servers:
+        raise NotImplementedError(
+            "BoostedTrees under a ParameterServerStrategy is not built here (TF grows the "
+            "trees on the chief from the workers' statistics): train it on one machine or "
+            "with MirroredStrategy / MultiWorkerMirroredStrategy")
+
+
+class BoostedTreesClassifier(_BoostedTrees):
+    """A boosted trees classifier (TF: ``tf.estimator.BoostedTreesClassifier``,
+    same arguments and defaults; two classes only here). Its head is TF1's
+    binary head with the loss the batch's mean (SUM_OVER_BATCH_SIZE)."""
+
+    def __init__(self, feature_columns, n_batches_per_layer: int, model_dir=None,
+                 n_classes: int = 2, weight_column=None,
+                 label_vocabulary: Optional[Sequence[str]] = None, n_trees: int = 100,
+                 max_depth: int = 6, learning_rate: float = 0.1,
+                 l1_regularization: float = 0.0, l2_regularization: float = 0.0,
+                 tree_complexity: float = 0.0, min_node_weight: float = 0.0, config=None,
+                 center_bias: bool = False, pruning_mode: str = "none",
+                 quantile_sketch_epsilon: float = 0.01, train_in_memory: bool = False):
+        if n_classes != 2:
+            if center_bias:
+                raise ValueError("center_bias not yet support with n_classes > 2.")
+            raise NotImplementedError(
+                f"BoostedTreesClassifier with n_classes={n_classes}: multi-class trees "
+                "(TF's full hessian) are not built here; two classes only")
+        head = ClassificationHead(2, weight_column, label_vocabulary,
+                                  Reduction.SUM_OVER_BATCH_SIZE)
+        super().__init__(head, feature_columns, n_batches_per_layer, model_dir, n_trees,
+                         max_depth, learning_rate, l1_regularization, l2_regularization,
+                         tree_complexity, min_node_weight, config, center_bias, pruning_mode,
+                         quantile_sketch_epsilon, train_in_memory)
+
+
+class BoostedTreesRegressor(_BoostedTrees):
+    """A boosted trees regressor (TF: ``tf.estimator.BoostedTreesRegressor``,
+    same arguments and defaults; one label dimension here). Its head is
+    TF1's regression head with the loss the batch's mean."""
+
+    def __init__(self, feature_columns, n_batches_per_layer: int, model_dir=None,
+                 label_dimension: int = 1, weight_column=None, n_trees: int = 100,
+                 max_depth: int = 6, learning_rate: float = 0.1,
+                 l1_regularization: float = 0.0, l2_regularization: float = 0.0,
+                 tree_complexity: float = 0.0, min_node_weight: float = 0.0, config=None,
+                 center_bias: bool = False, pruning_mode: str = "none",
+                 quantile_sketch_epsilon: float = 0.01, train_in_memory: bool = False):
+        if label_dimension != 1:
+            raise NotImplementedError(
+                f"BoostedTreesRegressor with label_dimension={label_dimension}: vector "
+                "leaves are not built here; one label dimension only")
+        head = RegressionHead(1, weight_column, Reduction.SUM_OVER_BATCH_SIZE)
+        super().__init__(head, feature_columns, n_batches_per_layer, model_dir, n_trees,
+                         max_depth, learning_rate, l1_regularization, l2_regularization,
+                         tree_complexity, min_node_weight, config, center_bias, pruning_mode,
+                         quantile_sketch_epsilon, train_in_memory)

@@ -1,0 +1,227 @@
+"""`BoostedTreesClassifier` / `BoostedTreesRegressor` against TF's
+(`tf.estimator.BoostedTrees*`, recorded with TF 2.8, the last with them:
+tests/support/fixtures/record_tf_boosted_trees.py): on the rows of
+tests/support/bt_data.py (bucketized x1 and x2, an indicator of color; an
+out-of-vocabulary color among them), each case trains until it stops as
+TF's did, with the same trees (splits, thresholds, gains, leaf values),
+evaluation, predictions, feature importances and training summaries:
+pruning none/pre/post with l1, l2, tree complexity and min node weight,
+two batches a layer over uneven batches, bias centering (converging, and
+never converging as the batches' means differ), weights, a label
+vocabulary, a regressor."""
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import estimator as est
+from bt_data import CASES, COLORS, X1_BOUNDARIES, X2_BOUNDARIES, batches, rows
+from paths import FIXTURES
+from tf_recorded import assert_evaluation_is_tfs, assert_predictions_are_tfs
+
+fc = est.feature_column
+with open(os.path.join(FIXTURES, "tf_boosted_trees.json"), encoding="utf-8") as _f:
+    TF = json.load(_f)
+TWO_CLASS = sorted(k for k in TF["cases"] if k != "multiclass")
+
+
+def _columns():
+    x1 = fc.bucketized_column(fc.numeric_column("x1"), X1_BOUNDARIES)
+    x2 = fc.bucketized_column(fc.numeric_column("x2"), X2_BOUNDARIES)
+    color = fc.indicator_column(fc.categorical_column_with_vocabulary_list("color", COLORS))
+    return [x1, x2, color]
+
+
+def _labels(data, kind):
+    _, binary, target, words = data
+    return {"binary": binary, "binary_words": np.array([["no", "yes"][v] for v in binary]),
+            "target": target, "kind": words}[kind]
+
+
+def _train(name, model_dir, **more):
+    kind, arguments, labels, size = CASES[name]
+    estimator = getattr(est, kind)(_columns(), model_dir=model_dir,
+                                   config=est.RunConfig(save_summary_steps=1),
+                                   **{**arguments, **more})
+    train_rows = rows(60, 0)
+    train = batches((train_rows[0], _labels(train_rows, labels)), size)
+    estimator.train(lambda: itertools.cycle(train), max_steps=30)
+    return estimator
+
+
+def _trees(estimator) -> list:
+    """The ensemble as TF's proto lists it: per tree its nodes, a split
+    (feature, threshold, left, right, gain) or a leaf value."""
+    names = ("feature", "threshold", "left", "right", "value", "gain", "node_count")
+    e = {n: estimator.get_variable_value(f"boosted_trees/{n}") for n in names}
+    trees = int((e["node_count"] > 1).sum()) + 1
+    return [[("split", int(e["feature"][t, i]), int(e["threshold"][t, i]), int(e["left"][t, i]),
+              int(e["right"][t, i]), float(e["gain"][t, i])) if e["feature"][t, i] >= 0
+             else ("leaf", float(e["value"][t, i])) for i in range(int(e["node_count"][t]))]
+            for t in range(min(trees, e["feature"].shape[0]))]
+
+
+def _tf_trees(ensemble) -> list:
+    out = []
+    for tree in ensemble["trees"]:
+        nodes = []
+        for node in tree.get("nodes", [{"leaf": {}}]):
+            split = node.get("bucketized_split")
+            if split is None:
+                nodes.append(("leaf", node["leaf"].get("scalar", 0.0)))
+            else:
+                nodes.append(("split", split.get("feature_id", 0), split.get("threshold", 0),
+                              split["left_id"], split["right_id"], node["metadata"]["gain"]))
+        out.append(nodes)
+    return out
+
+
+def _assert_trees_are(got, expected):
+    assert len(got) == len(expected)
+    for ours, theirs in zip(got, expected):
+        assert [n[:-1] for n in ours] == [n[:-1] for n in theirs]   # (the structure)
+        np.testing.assert_allclose([n[-1] for n in ours], [n[-1] for n in theirs],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_every_case_is_recorded():
+    assert sorted(CASES) == sorted(TF["cases"])
+
+
+@pytest.mark.parametrize("name", TWO_CLASS)
+def test_the_trees_evaluation_and_predictions_are_tfs(name, tmp_path):
+    recorded = TF["cases"][name]
+    estimator = _train(name, str(tmp_path / "model"))
+    assert estimator.get_variable_value("global_step") == recorded["final_global_step"]
+    trees = _trees(estimator)
+    _assert_trees_are(trees, _tf_trees(recorded["ensemble"]))
+    _, _, labels, _ = CASES[name]
+    eval_rows = rows(30, 1)
+    assert_evaluation_is_tfs(
+        estimator.evaluate(lambda: batches((eval_rows[0], _labels(eval_rows, labels)), 8)),
+        recorded["evaluation"])
+    few = [(f, None) for f, _ in batches((eval_rows[0], _labels(eval_rows, labels)), 6)[:1]]
+    assert_predictions_are_tfs(list(estimator.predict(lambda: few)), recorded["predictions"])
+    importances = estimator.experimental_feature_importances()
+    assert list(importances) == [k for k, _ in recorded["feature_importances"]]
+    np.testing.assert_allclose(list(importances.values()),
+                               [v for _, v in recorded["feature_importances"]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["binary", "binary_weighted_vocabulary_center_bias"])
+def test_training_summaries_are_tfs(name, tmp_path):
+    """TF's ``boosted_trees/ensemble/*`` counts as each step starts and the
+    loss, at every step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    _train(name, str(tmp_path / "model"))
+    events = EventAccumulator(str(tmp_path / "model")).Reload()
+    recorded = TF["cases"][name]["summaries"]
+    assert sorted(t for t in events.Tags()["scalars"] if t != "global_step/sec") == \
+        sorted(recorded)
+    for tag, values in recorded.items():
+        got = [[e.step, e.value] for e in events.Scalars(tag)]
+        assert [s for s, _ in got] == [s for s, _ in values], tag
+        np.testing.assert_allclose([v for _, v in got], [v for _, v in values], rtol=1e-5,
+                                   err_msg=tag)
+
+
+def test_a_finished_ensemble_stays_as_it_is(tmp_path):
+    """A later `train` call on a finished model makes one step (TF's global
+    step) and stops; TF grew its trailing empty tree a layer in that step
+    (here the trees stay as they were: said in the docs)."""
+    estimator = _train("binary", str(tmp_path / "model"))
+    before = _trees(estimator)
+    train_rows = rows(60, 0)
+    estimator.train(lambda: itertools.cycle(batches((train_rows[0], train_rows[1]), 20)),
+                    steps=5)
+    recorded = TF["cases"]["binary"]["second_train_call"]
+    assert estimator.get_variable_value("global_step") == recorded["global_step"]
+    assert _trees(estimator) == before
+    assert len(_tf_trees(recorded["ensemble"])[-1]) == 3   # (TF's: grown)
+
+
+def test_a_restart_between_two_batches_of_a_layer_trains_as_one_run(tmp_path):
+    """The layer's statistics so far are in the checkpoint: stopped after
+    one of a layer's two batches and restarted, the trees are one run's."""
+    features, _, target, _ = rows(60, 0)
+    data = [(features, target)]
+
+    def regressor(model_dir):
+        return est.BoostedTreesRegressor(_columns(), n_batches_per_layer=2, n_trees=2,
+                                         max_depth=2, learning_rate=0.5, center_bias=True,
+                                         model_dir=model_dir)
+    whole = regressor(str(tmp_path / "whole"))
+    whole.train(lambda: itertools.cycle(data), max_steps=50)
+    parts = regressor(str(tmp_path / "parts"))
+    for last in (3, 5, 50):
+        parts.train(lambda: itertools.cycle(data), max_steps=last)
+    assert parts.get_variable_value("global_step") == whole.get_variable_value("global_step")
+    _assert_trees_are(_trees(parts), _trees(whole))
+
+
+def test_tfs_refusals_and_what_is_not_built_here():
+    for key, arguments in (("pruning_mode", dict(pruning_mode="bogus", tree_complexity=0.1)),
+                           ("pruning_without_complexity", dict(pruning_mode="pre")),
+                           ("complexity_without_pruning", dict(tree_complexity=0.1)),
+                           ("center_bias_multiclass", dict(n_classes=3, center_bias=True))):
+        with pytest.raises(ValueError) as raised:
+            est.BoostedTreesClassifier(_columns(), n_batches_per_layer=1, n_trees=1,
+                                       max_depth=1, **arguments)
+        assert str(raised.value) == TF["errors"][key]["message"], key
+    with pytest.raises(ValueError, match="bucketize a numeric column"):
+        est.BoostedTreesClassifier([fc.numeric_column("x1")], n_batches_per_layer=1)
+    color = fc.categorical_column_with_vocabulary_list("color", COLORS)
+    with pytest.raises(ValueError, match="wrap a categorical column in indicator_column"):
+        est.BoostedTreesClassifier([fc.embedding_column(color, 2)], n_batches_per_layer=1)
+    with pytest.raises(NotImplementedError, match="multi-class trees"):
+        est.BoostedTreesClassifier(_columns(), n_batches_per_layer=1, n_classes=3)
+    with pytest.raises(NotImplementedError, match="one label dimension only"):
+        est.BoostedTreesRegressor(_columns(), n_batches_per_layer=1, label_dimension=2)
+    with pytest.raises(ValueError, match="n_trees must be a positive int, got 0"):
+        est.BoostedTreesRegressor(_columns(), n_batches_per_layer=1, n_trees=0)
+    with pytest.raises(ValueError, match="l2_regularization must be a non-negative number"):
+        est.BoostedTreesRegressor(_columns(), n_batches_per_layer=1, l2_regularization=-1.0)
+
+
+def test_a_boosted_trees_classifier_exports_and_serves_as_it_predicts(tmp_path):
+    from estimator import serving
+    estimator = _train("binary_weighted_vocabulary_center_bias", str(tmp_path / "model"))
+    features, _, _, _ = rows(30, 1)
+    raw = {"x1": torch.tensor(features["x1"][:2], dtype=torch.float32),
+           "x2": torch.tensor(features["x2"][:2], dtype=torch.float32),
+           "color": features["color"][:2]}
+    path = estimator.export_saved_model(
+        str(tmp_path / "export"), est.export.build_raw_serving_input_receiver_fn(raw))
+    few = {k: v[:6] for k, v in features.items() if k != "w"}
+    instances = [{"x1": [float(few["x1"][i, 0])], "x2": [float(few["x2"][i, 0])],
+                  "color": [str(few["color"][i, 0])]} for i in range(6)]
+    served = serving.Model(path).predict({"instances": instances})["predictions"]
+    predicted = list(estimator.predict(lambda: [(few, None)]))
+    np.testing.assert_allclose([s["scores"] for s in served],
+                               [p["probabilities"] for p in predicted], atol=1e-6)
+    assert TF["cases"]["binary_weighted_vocabulary_center_bias"]["predictions"][0][
+        "probabilities"] == pytest.approx(served[0]["scores"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_two_replicas_grow_the_trees_of_one_process(tmp_path):
+    """Each replica's half of each batch: the statistics are the replicas'
+    mean, so the trees are one process's on the whole batches."""
+    import distribute
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+            timeout_seconds=60))
+    _, arguments, _, _ = CASES["binary_weighted_vocabulary_center_bias"]
+    features, binary, _, _ = rows(60, 0)
+    whole = batches((features, np.array([["no", "yes"][v] for v in binary])), 20)
+    halves = [part for f, y in whole for part in batches((f, y), 10)]
+    two = est.BoostedTreesClassifier(_columns(), config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), train_distribute=strategy), **arguments)
+    two.train(lambda: itertools.cycle(halves), max_steps=30)
+    one = est.BoostedTreesClassifier(_columns(), model_dir=str(tmp_path / "one"), **arguments)
+    one.train(lambda: itertools.cycle(whole), max_steps=30)
+    assert two.get_variable_value("global_step") == one.get_variable_value("global_step")
+    _assert_trees_are(_trees(two), _trees(one))
