@@ -1042,10 +1042,10 @@ class _CollectiveExtended(StrategyExtended):
                 "The first training batch is the same on all %d replicas: %s but reads the "
                 "whole input on every replica trains %d copies of each batch a step (TF's "
                 "one-machine MirroredStrategy would split the input's batches among the "
-                "replicas). Read only input_context.input_pipeline_id's part (e.g. every %d-th "
-                "batch or record: DataLoader's DistributedSampler, est.data datasets' "
+                "replicas). Read only input_context.input_pipeline_id's part (e.g. one batch or "
+                "record in %d: DataLoader's DistributedSampler, est.data datasets' "
                 "input_context=, a dataset's .shard()), or leave input_context out of an "
-                "input_fn and the strategy keeps every %d-th batch", n, reader, n, n, n)
+                "input_fn and the strategy keeps one batch in %d", n, reader, n, n, n)
         return all(h for h, _ in gathered)
 
     def _agree_on_randomness(self) -> int:

@@ -152,7 +152,7 @@ def shard(dataset, num_shards: int, index: int, seed: int = 0,
     # said once (replica 0), not by every replica
     logger.log(logging.WARNING if index == 0 else logging.DEBUG,
                "input_fn does not take an input_context: each of the %d replicas reads the "
-               "whole input and keeps every %d-th batch (TF's AutoShardPolicy.DATA: the "
+               "whole input and keeps one batch in %d (TF's AutoShardPolicy.DATA: the "
                "batches are those TF's one-machine MirroredStrategy hands its replicas from "
                "one input; across machines TF's Estimator would have each worker read it "
                "all). Take `input_context` and read only `input_context.input_pipeline_id`'s "

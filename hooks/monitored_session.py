@@ -471,9 +471,12 @@ class MonitoredSession:
 
 
 def _not_exposed(name: str, available: list, asker: str = "A hook") -> KeyError:
+    graph_name = ("; TF's graph tensor names (a canned estimator's "
+                  "'dnn/head/weighted_loss/value') are not here: a step's loss is 'loss'"
+                  if "/" in name or ":" in name else "")
     error = KeyError(f"{asker} fetches {name!r}, which this step does not expose; available: "
                      f"{available}. Name a tensor in the model_fn with "
-                     "est.named_tensor(name, tensor)")
+                     f"est.named_tensor(name, tensor){graph_name}")
     error.fetch, error.available = name, available
     return error
 
@@ -681,7 +684,10 @@ def _names(fetches) -> List[str]:
         return [n for v in fetches for n in _names(v)]
     hint = ("; a model_fn's tensor is a new object every step (TF's graph tensor is one "
             "for the session): name it in the model_fn with est.named_tensor(name, tensor) "
-            "and fetch the name" if isinstance(fetches, torch.Tensor) else "")
+            "and fetch the name" if isinstance(fetches, torch.Tensor) else
+            "; est.get_global_step() is the step's number, not TF's tensor: fetch the name "
+            "'global_step'" if isinstance(fetches, int) and not isinstance(fetches, bool)
+            else "")
     raise TypeError(f"SessionRunArgs fetches must be names (str), lists or dicts of "
                     f"names, got {fetches!r}{hint}")
 

@@ -464,6 +464,25 @@ def test_feed_fn_hook_errors():
             sess.run(step)
 
 
+def test_ported_fetches_of_tf_graph_names_say_what_to_fetch():
+    """A ported hook's TF fetches (movielens probe): a canned estimator's
+    graph tensor name, and `get_global_step()` taken in `begin()` (TF's
+    tensor, here the step's number), are refused saying what to fetch."""
+    class Fetch(hooks.SessionRunHook):
+        def __init__(self, what):
+            self.what = what
+
+        def before_run(self, run_context):
+            return hooks.SessionRunArgs(self.what)
+    with session([Fetch("dnn/head/weighted_loss/value")]) as sess:
+        with pytest.raises(KeyError, match="TF's graph tensor names .* a step's loss is 'loss'"):
+            sess.run(step)
+    with session([Fetch(0)]) as sess:
+        with pytest.raises(TypeError, match="est.get_global_step.. is the step's number, not "
+                                            "TF's tensor: fetch the name 'global_step'"):
+            sess.run(step)
+
+
 # -- ProfilerHook ---------------------------------------------------------------------
 def test_profiler_hook_writes_chrome_traces_of_due_steps_only(tmp_path):
     out = tmp_path / "prof"
