@@ -168,7 +168,10 @@ class Model:
         scores, classes = outputs.get("scores"), outputs.get("classes")
         if scores is None:
             raise RequestError(f"signature {name!r} has no 'scores' to classify with")
-        scores = scores.reshape(len(scores), -1)
+        if scores.ndim != 2:   # (TF Serving's classifier: a score per class per example)
+            raise RequestError(f"Expected Tensor shape: [batch_size num_classes] but got "
+                               f"{list(scores.shape)} (scores at every step of a sequence: "
+                               ":predict answers with them)")
         if classes is not None:
             labels = classes.reshape(len(classes), -1)
         elif self.signatures[name]["class_names"]:   # each score labelled with its name

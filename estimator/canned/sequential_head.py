@@ -103,7 +103,8 @@ class SequentialHeadWrapper(Head):
                              "step as the second value of input_fn")
         counts = mask.sum(1).tolist()
         flat_logits = logits[mask]
-        flat_labels = _flattened(labels, mask, counts, "labels")
+        strings = getattr(static, "_vocabulary", None) is not None   # (labels of no step)
+        flat_labels = _flattened(labels, mask, counts, "labels", strings)
         flat_features = {}
         for column in self._feature_columns:
             if column not in features:
@@ -123,30 +124,36 @@ class SequentialHeadWrapper(Head):
             raise ValueError(f"The provided sequence_length_mask key `{key}` should be "
                              f"included in the features dictionary, but was not found. "
                              f"Found keys: {list(features)}.")
-        mask = torch.as_tensor(features[key])
+        try:
+            mask = torch.as_tensor(features[key])
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"features[{key!r}], the sequence mask, must be a [batch, T] "
+                             f"array of booleans: {e}") from None
         if mask.dim() != 2:
             raise ValueError(f"Mask is expected to have two dimensions, got {mask.dim()} "
                              "instead.")
         if logits.dim() < 3 or tuple(logits.shape[:2]) != tuple(mask.shape):
-            raise ValueError(f"the logits must be [batch, T, n] with the sequence mask's "
-                             f"[batch, T] = {list(mask.shape)}, got {list(logits.shape)}")
+            raise ValueError(f"features[{key!r}], the sequence mask, is {list(mask.shape)}; "
+                             f"the logits at every step are {list(logits.shape)} ([batch, T, "
+                             "n]): the mask must be [batch, T]")
         return mask.to(device=logits.device, dtype=torch.bool)
 
 
-def _flattened(values, mask: torch.Tensor, counts: list, what: str):
+def _flattened(values, mask: torch.Tensor, counts: list, what: str, strings: bool = False):
     """`values` at the steps `mask` keeps, [steps, ...] ([steps, 1] for one
     value a step): a padded [batch, T, ...] array masked, or rows of per-step
-    values (a list of lists) joined, each row as long as its sequence."""
+    values (a list of lists) joined, each row as long as its sequence.
+    `strings`: no step gives strings (an empty object array), else int64."""
     batch, steps = mask.shape
-    if isinstance(values, (torch.Tensor, np.ndarray)) and values.dtype != object:
+    if _padded(values):
         if values.ndim < 2 or tuple(values.shape[:2]) != (batch, steps):
             raise ValueError(f"{what} must hold a value at each step: [batch, T] = "
                              f"[{batch}, {steps}] as the sequences, or rows of per-step values, "
                              f"got shape {list(values.shape)}")
         if isinstance(values, np.ndarray):
             flat = values[mask.cpu().numpy()]
-            if flat.dtype.kind in "SU":
-                return flat.reshape(len(flat), -1)
+            if flat.dtype.kind in "SUO":
+                return flat[:, None] if flat.ndim == 1 else flat
             flat = torch.from_numpy(flat)
         else:
             flat = values[mask.to(values.device)]
@@ -155,16 +162,32 @@ def _flattened(values, mask: torch.Tensor, counts: list, what: str):
     if len(rows) != batch:
         raise ValueError(f"{what} have {len(rows)} rows, the sequences {batch}")
     for i, (row, count) in enumerate(zip(rows, counts)):
+        if not hasattr(row, "__len__") or isinstance(row, (str, bytes)):
+            raise ValueError(f"{what}: example {i} is {row!r}, not a row of per-step values "
+                             f"(a value at each step of its sequence)")
         if len(row) != count:
             raise ValueError(f"{what}: example {i} has {len(row)} values, its sequence "
                              f"{count} steps (a value at each step)")
     joined = [value for row in rows for value in row]
+    if not joined:
+        return np.zeros((0, 1), object) if strings else torch.zeros(0, 1, dtype=torch.int64)
     flat = np.asarray(joined, dtype=object if any(
         isinstance(v, (str, bytes)) for v in joined) else None)
     if flat.dtype == object:
         return flat.reshape(len(joined), -1)
-    flat = torch.as_tensor(flat if len(joined) else np.zeros(0, np.float32))
+    flat = torch.as_tensor(flat)
     return flat.unsqueeze(-1) if flat.dim() == 1 else flat
+
+
+def _padded(values) -> bool:
+    """Whether `values` is a padded [batch, T, ...] array (strings too, as
+    parse_example's FixedLenSequenceFeature gives them), not rows."""
+    if not isinstance(values, (torch.Tensor, np.ndarray)):
+        return False
+    if values.dtype != object:
+        return True
+    return values.ndim >= 2 and not any(isinstance(v, (list, tuple, np.ndarray))
+                                        for v in values.reshape(-1)[:1])
 
 
 def _unflattened(value, batch: int, steps: int):

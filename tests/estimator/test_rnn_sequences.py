@@ -264,3 +264,70 @@ def test_two_replicas_train_sequences_as_one_process(tmp_path):
             np.testing.assert_allclose(two.get_variable_value(name),
                                        half.get_variable_value(name), atol=2e-6,
                                        err_msg=name)
+
+
+def test_a_batch_of_no_step_with_word_labels_counts_no_step(tmp_path):
+    """RNN sequences attack: a batch whose sequences are all empty failed for
+    string labels ("Labels dtype should be string") and multi-class ids
+    (TF fails on any such batch); its steps count none: the step-weighted
+    metrics are those without it."""
+    estimator, _ = _make("gru_stacked_weighted", str(tmp_path / "model"))
+    features, _, labels = step_rows(23, 1)
+    parts = batches((features, labels), 8)
+    empty = ({**parts[0][0], "words": [[]] * 8, "stars": [[]] * 8, "w": [[]] * 8}, [[]] * 8)
+    got = estimator.evaluate(lambda: parts + [empty])
+    expected = TF["models"]["gru_stacked_weighted"]["evaluation"]
+    for key in ("accuracy", "average_loss"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5), key
+    ids, _ = _make("gru_stacked_weighted", str(tmp_path / "ids"), label_vocabulary=None)
+    as_ids = [(f, [[LABELS.index(v) for v in row] for row in y]) for f, y in parts + [empty]]
+    assert ids.evaluate(lambda: as_ids)["accuracy"] == pytest.approx(expected["accuracy"],
+                                                                      rel=1e-5)
+
+
+def test_padded_word_labels_as_parse_example_gives_them(tmp_path):
+    """A FixedLenSequenceFeature's padded [batch, T] object array of bytes
+    (RNN sequences attack: it was taken for rows) evaluates as the rows."""
+    estimator, _ = _make("gru_stacked_weighted", str(tmp_path / "model"))
+    features, _, labels = step_rows(23, 1)
+    padded = [(f, _padded([[v.encode() for v in row] for row in y], b"").astype(object))
+              for f, y in batches((features, labels), 8)]
+    assert padded[0][1].dtype == object and padded[0][1].ndim == 2
+    assert_evaluation_is_tfs(estimator.evaluate(lambda: padded),
+                             TF["models"]["gru_stacked_weighted"]["evaluation"])
+
+
+def test_bad_labels_and_masks_are_named(tmp_path):
+    estimator, _ = _make("lstm", str(tmp_path / "model"))
+    features, labels, _ = step_rows(8, 1)
+    with pytest.raises(ValueError, match="labels: example 0 is 0, not a row of per-step "
+                                         "values"):
+        estimator.evaluate(lambda: [(features, [0] * 8)])
+    ragged = [[True] * len(w) for w in features["words"]]
+    with pytest.raises(ValueError, match=r"features\['sequence_mask'\], the sequence mask, "
+                                         r"must be a \[batch, T\] array"):
+        estimator.evaluate(lambda: [({**features, "sequence_mask": ragged}, labels)])
+    with pytest.raises(ValueError, match=r"features\['sequence_mask'\], the sequence mask, is "
+                                         r"\[8, 1\]"):
+        estimator.evaluate(lambda: [({**features, "sequence_mask": np.ones((8, 1), bool)},
+                                     labels)])
+
+
+def test_classify_refuses_scores_at_every_step(tmp_path):
+    """TF Serving's classifier takes a score per class per example; scores
+    at every step were cut to the first step's, silently (RNN sequences
+    attack); :predict answers with them."""
+    from estimator import serving
+    sequence, _ = _columns()
+    classifier = est.RNNClassifier(sequence, units=[3], return_sequences=True,
+                                   model_dir=str(tmp_path / "model"))
+    features, labels, _ = step_rows(24, 0)
+    classifier.train(lambda: batches((features, labels), 12), steps=1)
+    raw = {"words": features["words"][:2], "stars": features["stars"][:2]}
+    path = classifier.export_saved_model(str(tmp_path / "export"),
+                                         est.export.build_raw_serving_input_receiver_fn(raw))
+    model = serving.Model(path)
+    body = {"examples": [{"words": ["good", "bad"], "stars": [1.0, 0.5]}]}
+    with pytest.raises(serving.RequestError, match=r"Expected Tensor shape: \[batch_size "
+                                                   r"num_classes\] but got \[1, \d+, 2\]"):
+        model.classify(body)
