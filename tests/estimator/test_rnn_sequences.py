@@ -281,8 +281,8 @@ def test_a_batch_of_no_step_with_word_labels_counts_no_step(tmp_path):
         assert got[key] == pytest.approx(expected[key], rel=1e-5), key
     ids, _ = _make("gru_stacked_weighted", str(tmp_path / "ids"), label_vocabulary=None)
     as_ids = [(f, [[LABELS.index(v) for v in row] for row in y]) for f, y in parts + [empty]]
-    assert ids.evaluate(lambda: as_ids)["accuracy"] == pytest.approx(expected["accuracy"],
-                                                                      rel=1e-5)
+    accuracy = ids.evaluate(lambda: as_ids)["accuracy"]
+    assert accuracy == pytest.approx(expected["accuracy"], rel=1e-5)
 
 
 def test_padded_word_labels_as_parse_example_gives_them(tmp_path):
