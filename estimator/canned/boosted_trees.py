@@ -2,9 +2,12 @@
 ``tf.estimator.BoostedTrees*``, TF 1.8 to 2.8; TensorFlow removed them after
 2.8), gradient boosted trees grown layer by layer as TF grows them.
 
-Features: `bucketized_column`s (one feature each, its bucket) and
-`indicator_column`s (one 0/1 feature per category), sorted by column name
-and numbered in that order, as TF's feature ids. Each training step (a
+Features: `bucketized_column`s (one feature each, its bucket),
+`indicator_column`s (one 0/1 feature per category) and `numeric_column`s
+(one feature per value, bucketed at the boundaries TF's quantile sketch
+makes of the first `n_batches_per_layer` batches, steps the global step
+does not count), sorted by column name and numbered in that order, as TF's
+feature ids. Each training step (a
 batch) computes the logits of the ensemble, the gradient and hessian of
 the head's loss (mean over the batch) at each example's logits, and sums
 them per (node of the tree being grown, feature, bucket); after
@@ -21,9 +24,8 @@ layer attempts), whatever `steps` or `max_steps` say. `center_bias`: first,
 Newton steps on a constant (in tree 0's root) until one moves it by 1% or
 less. A prediction sums the leaf each tree sends the example to.
 
-Not here: `numeric_column`s (TF's quantile buckets: bucketize them with
-`bucketized_column`), categorical columns without an indicator (TF's
-equality splits), multi-class (n_classes > 2), `BoostedTreesEstimator` and
+Not here: categorical columns without an indicator (TF's equality
+splits), multi-class (n_classes > 2), `BoostedTreesEstimator` and
 `experimental_predict_with_explanations`, TF's checkpoints of an ensemble
 (a serialized proto). The ensemble is saved as buffers of this module
 (``boosted_trees/...``).
@@ -41,6 +43,7 @@ import distribute
 from hooks import model_scope, summary
 from hooks import SessionRunHook
 
+from . import _quantiles
 from .. import checkpoint as checkpoint_lib
 from .. import feature_column
 from ..losses import Reduction
@@ -55,16 +58,27 @@ _TINY = np.float32(1e-15)   # TF's kEps: ties within it keep the earlier candida
 class _Features:
     """The model's features as TF numbers them: the columns sorted by name, an
     indicator column a 0/1 feature per category, a bucketized column its
-    bucket; and TF's groups of features by number of buckets (indicators 2,
-    every bucketized column the most buckets among them)."""
+    bucket, a numeric column a feature per value, bucketed by the quantiles
+    of its first batches; and TF's groups of features by number of buckets
+    (indicators 2, numeric values `num_quantiles`, every bucketized column
+    the most buckets among them)."""
 
-    def __init__(self, feature_columns):
+    def __init__(self, feature_columns, num_quantiles: int):
         self.columns = sorted(feature_columns, key=lambda c: c.name)
         self.names: List[str] = []   # (per feature: the column's name TF reports it under)
+        self.numeric: List[int] = []   # the numeric features' ids
         groups = collections.OrderedDict({None: []})   # buckets -> feature ids
         bucketized = 2
         for column in self.columns:
-            if isinstance(column, feature_column.IndicatorColumn):
+            if isinstance(column, feature_column.NumericColumn):
+                if len(column.shape) > 1:
+                    raise ValueError(f"For now, we only support Dense column with rank of 1, "
+                                     f"but column `{column.name}` got: {list(column.shape)}")
+                for _ in range(int(np.prod(column.shape))):
+                    groups.setdefault(num_quantiles, []).append(len(self.names))
+                    self.numeric.append(len(self.names))
+                    self.names.append(column.name)
+            elif isinstance(column, feature_column.IndicatorColumn):
                 for _ in range(column.categorical_column.num_buckets):
                     groups.setdefault(2, []).append(len(self.names))
                     self.names.append(column.categorical_column.name)
@@ -79,10 +93,10 @@ class _Features:
                 self.names.append(column.name)
             else:
                 raise ValueError(
-                    f"BoostedTrees takes bucketized_column and indicator_column features, "
-                    f"got {type(column).__name__} {column.name!r}: bucketize a numeric "
-                    f"column (TF's quantile buckets are not built here), wrap a categorical "
-                    f"column in indicator_column")
+                    f"BoostedTrees takes numeric_column, bucketized_column and "
+                    f"indicator_column features, got {type(column).__name__} "
+                    f"{column.name!r}: wrap a categorical column in indicator_column (TF's "
+                    f"equality splits of a bare categorical column are not built here)")
         ids = groups.pop(None)
         if ids:
             groups.setdefault(bucketized, []).extend(ids)
@@ -93,16 +107,28 @@ class _Features:
             self.buckets[ids] = buckets
         self.most = max(b for b, _ in self.groups)
 
-    def of(self, features) -> torch.Tensor:
-        """[batch, features] int64: each example's bucket of each feature."""
-        parts = []
+    def values(self, features) -> torch.Tensor:
+        """[batch, numeric features] float32: the numeric columns' values."""
+        return torch.cat([feature_column.input_layer(features, [column])
+                          for column in self.columns
+                          if isinstance(column, feature_column.NumericColumn)], -1)
+
+    def of(self, features, ensemble: "_TreeEnsemble") -> torch.Tensor:
+        """[batch, features] int64: each example's bucket of each feature (a
+        numeric value's: TF's ``BoostedTreesBucketize`` on the boundaries)."""
+        parts, numeric = [], 0
         for column in self.columns:
             dense = feature_column.input_layer(features, [column])
-            if isinstance(column, feature_column.IndicatorColumn):
+            if isinstance(column, feature_column.NumericColumn):
+                dense = dense.to(ensemble.boundaries.device)
+                for i in range(dense.shape[1]):
+                    parts.append(ensemble.bucketize(numeric, dense[:, i:i + 1]))
+                    numeric += 1
+            elif isinstance(column, feature_column.IndicatorColumn):
                 parts.append(dense.to(torch.int64))   # (TF's int32 cast of the counts)
             else:
                 parts.append(dense.argmax(-1, keepdim=True))
-        return torch.cat(parts, -1)
+        return torch.cat([p.to(ensemble.feature.device) for p in parts], -1)
 
 
 class _TreeEnsemble(torch.nn.Module):
@@ -113,7 +139,8 @@ class _TreeEnsemble(torch.nn.Module):
     had, TF's original leaf) and `gain`; the growing state; the statistics
     summed over the layer's batches so far."""
 
-    def __init__(self, n_trees: int, max_depth: int, features: _Features):
+    def __init__(self, n_trees: int, max_depth: int, features: _Features,
+                 num_quantiles: int):
         super().__init__()
         trees, nodes = n_trees + 1, 2 ** (max_depth + 1) - 1
         splits = 2 ** max_depth - 1   # (the nodes that may split: ids below it)
@@ -130,16 +157,30 @@ class _TreeEnsemble(torch.nn.Module):
         buffer("layers_grown", trees)
         buffer("finalized", trees)
         # [trees in the ensemble, trees attempted, layers attempted, layer start, layer end,
-        #  centering the bias, batches summed]
-        buffer("growing", 7)
+        #  centering the bias, batches summed, numeric features' boundaries made]
+        buffer("growing", 8)
         buffer("stats", splits, features.count, features.most + 1, 2, dtype=torch.float32)
         buffer("bias_stats", 2, dtype=torch.float32)
+        # the numeric features' boundaries (TF's: at most about num_quantiles), +inf past
+        buffer("boundaries", len(features.numeric), num_quantiles + 3, dtype=torch.float32,
+               fill=math.inf)
+        buffer("boundary_count", len(features.numeric))
         self.max_depth = max_depth
+        self.sketches = None   # (the numeric features' quantile streams, being filled)
 
-    TREES, TREES_ATTEMPTED, LAYERS_ATTEMPTED, START, END, CENTERING, BATCHES = range(7)
+    (TREES, TREES_ATTEMPTED, LAYERS_ATTEMPTED, START, END, CENTERING, BATCHES,
+     BOUNDARIES_READY) = range(8)
     # Replicas grow the same trees from their statistics' mean (all-reduced in
     # the train_op): the buffers are alike on each, never averaged.
     same_buffers_on_replicas = True
+
+    def bucketize(self, numeric: int, values: torch.Tensor) -> torch.Tensor:
+        """TF's ``BoostedTreesBucketize`` of a numeric feature's values [batch,
+        1]: the first boundary not below the value (the last for larger
+        ones; 0 without boundaries or for NaN)."""
+        index = torch.searchsorted(self.boundaries[numeric], values.contiguous())
+        last = (self.boundary_count[numeric] - 1).clamp(min=0)
+        return torch.where(torch.isnan(values), 0, torch.minimum(index, last))
 
     def forward(self, buckets: torch.Tensor) -> tuple:
         """(logits [batch, 1], each example's node in the last tree [batch])."""
@@ -351,7 +392,13 @@ class _BoostedTrees(CannedEstimator):
         columns = column_tuple(feature_columns, "feature_columns")
         if not columns:
             raise ValueError("feature_columns must not be empty.")
-        self._features = _Features(columns)
+        if not isinstance(quantile_sketch_epsilon, (int, float)) or \
+                not 0 < quantile_sketch_epsilon < 1:
+            raise ValueError(f"quantile_sketch_epsilon must be in (0, 1), got "
+                             f"{quantile_sketch_epsilon!r}")
+        self._eps = quantile_sketch_epsilon
+        self._num_quantiles = int(1.0 / quantile_sketch_epsilon)
+        self._features = _Features(columns, self._num_quantiles)
         for name, value, low in (("n_batches_per_layer", n_batches_per_layer, 1),
                                  ("n_trees", n_trees, 1), ("max_depth", max_depth, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -375,8 +422,8 @@ class _BoostedTrees(CannedEstimator):
             raise ValueError("When train_in_memory is enabled, input_fn should return the "
                              "entire dataset as a single batch, and n_batches_per_layer "
                              "should be set as 1.")
-        del quantile_sketch_epsilon   # (numeric columns' quantiles: not built here)
         self._n_batches_per_layer = n_batches_per_layer
+        self._quantile_batches = 1 if train_in_memory else n_batches_per_layer
         self._n_trees, self._max_depth = n_trees, max_depth
         self._center_bias = center_bias
         self._grower = _Grower(self._features, n_trees, max_depth, learning_rate,
@@ -386,8 +433,10 @@ class _BoostedTrees(CannedEstimator):
 
     def _ensemble(self) -> _TreeEnsemble:
         def make():
-            ensemble = _TreeEnsemble(self._n_trees, self._max_depth, self._features)
+            ensemble = _TreeEnsemble(self._n_trees, self._max_depth, self._features,
+                                     self._num_quantiles)
             ensemble.growing[_TreeEnsemble.CENTERING] = int(self._center_bias)
+            ensemble.growing[_TreeEnsemble.BOUNDARIES_READY] = int(not self._features.numeric)
             return ensemble
         return model_scope.get_module("boosted_trees", make)
 
@@ -398,7 +447,7 @@ class _BoostedTrees(CannedEstimator):
         cache = feature_column.transformation_cache(features)
         ensemble = self._ensemble()
         module = getattr(ensemble, "module", ensemble)   # (a replicated one: its module)
-        buckets = self._features.of(cache).to(module.feature.device)
+        buckets = self._features.of(cache, module)
         with torch.no_grad():
             logits, nodes = ensemble(buckets)
         if mode != ModeKeys.TRAIN:
@@ -413,9 +462,14 @@ class _BoostedTrees(CannedEstimator):
                            growing[module.LAYERS_ATTEMPTED])
         logits.requires_grad_(True)
         context = distribute.get_replica_context()   # (the train_op runs outside it)
+        if not int(module.growing[module.BOUNDARIES_READY]):   # (the numeric features' first
+            sketched = self._sketch_inputs(cache)             # batches: their quantiles)
 
-        def train_op_fn(loss):
-            return lambda: self._train_step(module, loss, logits, buckets, nodes, context)
+            def train_op_fn(loss):
+                return lambda: self._sketch(module, *sketched, context)
+        else:
+            def train_op_fn(loss):
+                return lambda: self._train_step(module, loss, logits, buckets, nodes, context)
         spec = self._head.create_estimator_spec(cache, mode, logits, labels,
                                                 train_op_fn=train_op_fn)
         hook = _StopAtAttemptsHook(module, self._n_trees, self._max_depth)
@@ -455,6 +509,47 @@ class _BoostedTrees(CannedEstimator):
             e.stats.zero_()
             e.bias_stats.zero_()
             e.growing[e.BATCHES] = 0
+
+    def _sketch_inputs(self, features) -> tuple:
+        """(numeric values [batch, n], weights [batch] or [1]) as float32 numpy."""
+        values = self._features.values(features).detach().cpu().numpy()
+        column = self._head._weight_column
+        weights = (np.ones(1, np.float32) if column is None else
+                   feature_column.input_layer(features, [column]).reshape(-1)
+                   .detach().cpu().numpy().astype(np.float32))
+        return values, weights
+
+    def _sketch(self, e: _TreeEnsemble, values, weights, context) -> None:
+        """TF's ``_update_quantile_fn``: the batch's quantile summary of each
+        numeric feature (every replica's, in replica order) added to the
+        streams; once `n_batches_per_layer` batches are in (one with
+        `train_in_memory`), the boundaries. The step is not counted (TF's
+        global step stays), nor are its statistics taken."""
+        model_scope.current().step_uncounted = True
+        if e.sketches is None:   # (a restart sketches again from its first batch, as TF)
+            e.sketches = [_quantiles.Stream(self._eps, _quantiles.MAX_ELEMENTS)
+                          for _ in self._features.numeric]
+            e.growing[e.BATCHES] = 0
+        summaries = [np.asarray(_quantiles.batch_summary(values[:, j], weights, self._eps),
+                                np.float32).reshape(-1, 4) for j in range(values.shape[1])]
+        for replica in _gathered(summaries, context):
+            for stream, entries in zip(e.sketches, replica):
+                stream.push_summary([tuple(np.float32(v) for v in row) for row in entries])
+        e.growing[e.BATCHES] += 1
+        if int(e.growing[e.BATCHES]) < self._quantile_batches:
+            return
+        for j, stream in enumerate(e.sketches):
+            boundaries = stream.finalize().boundaries(self._num_quantiles)
+            if len(boundaries) > e.boundaries.shape[1]:
+                raise RuntimeError(f"the quantile sketch of {self._features.names[j]!r} made "
+                                   f"{len(boundaries)} boundaries, more than "
+                                   f"{e.boundaries.shape[1]} (a bug: please report)")
+            e.boundaries[j].fill_(math.inf)
+            e.boundaries[j, :len(boundaries)] = torch.tensor(boundaries, dtype=torch.float32)
+            e.boundary_count[j] = len(boundaries)
+        e.growing[e.BOUNDARIES_READY] = 1
+        e.growing[e.BATCHES] = 0
+        e.sketches = None
 
     def _statistics(self, e: _TreeEnsemble, g, h, buckets, nodes) -> torch.Tensor:
         """This batch's sums of gradients and hessians per (node, feature,
@@ -496,6 +591,24 @@ class _BoostedTrees(CannedEstimator):
                                  "negative or they sum to 0")
             totals = {k: v / total for k, v in totals.items()}
         return collections.OrderedDict(sorted(totals.items(), key=lambda kv: -abs(kv[1])))
+
+
+def _gathered(summaries: List[np.ndarray], context) -> List[List[np.ndarray]]:
+    """Each replica's summaries (one per numeric feature), in replica order."""
+    if context is None or context.num_replicas_in_sync == 1:
+        return [summaries]
+    counts = torch.tensor([len(s) for s in summaries], dtype=torch.int64)
+    flat = torch.from_numpy(np.concatenate(summaries)) if summaries else torch.zeros(0, 4)
+    all_counts = context.all_gather(counts, axis=0).view(-1, len(summaries)).tolist()
+    all_flat = context.all_gather(flat, axis=0).numpy()
+    out, at = [], 0
+    for replica_counts in all_counts:
+        replica = []
+        for n in replica_counts:
+            replica.append(all_flat[at:at + n])
+            at += n
+        out.append(replica)
+    return out
 
 
 def _check_strategy() -> None:

@@ -28,9 +28,10 @@ with open(os.path.join(FIXTURES, "tf_boosted_trees.json"), encoding="utf-8") as 
 TWO_CLASS = sorted(k for k in TF["cases"] if k != "multiclass")
 
 
-def _columns():
-    x1 = fc.bucketized_column(fc.numeric_column("x1"), X1_BOUNDARIES)
-    x2 = fc.bucketized_column(fc.numeric_column("x2"), X2_BOUNDARIES)
+def _columns(numeric=False):
+    x1, x2 = fc.numeric_column("x1"), fc.numeric_column("x2")
+    if not numeric:
+        x1, x2 = fc.bucketized_column(x1, X1_BOUNDARIES), fc.bucketized_column(x2, X2_BOUNDARIES)
     color = fc.indicator_column(fc.categorical_column_with_vocabulary_list("color", COLORS))
     return [x1, x2, color]
 
@@ -43,7 +44,7 @@ def _labels(data, kind):
 
 def _train(name, model_dir, **more):
     kind, arguments, labels, size = CASES[name]
-    estimator = getattr(est, kind)(_columns(), model_dir=model_dir,
+    estimator = getattr(est, kind)(_columns(name.startswith("numeric")), model_dir=model_dir,
                                    config=est.RunConfig(save_summary_steps=1),
                                    **{**arguments, **more})
     train_rows = rows(60, 0)
@@ -96,6 +97,11 @@ def test_the_trees_evaluation_and_predictions_are_tfs(name, tmp_path):
     recorded = TF["cases"][name]
     estimator = _train(name, str(tmp_path / "model"))
     assert estimator.get_variable_value("global_step") == recorded["final_global_step"]
+    if "boundaries" in recorded:   # (TF's quantile sketch of x1 and x2)
+        boundaries = estimator.get_variable_value("boosted_trees/boundaries")
+        for got, expected in zip(boundaries, recorded["boundaries"]):
+            assert got[:len(expected)].tolist() == expected
+            assert np.isinf(got[len(expected):]).all()
     trees = _trees(estimator)
     _assert_trees_are(trees, _tf_trees(recorded["ensemble"]))
     _, _, labels, _ = CASES[name]
@@ -171,11 +177,15 @@ def test_tfs_refusals_and_what_is_not_built_here():
             est.BoostedTreesClassifier(_columns(), n_batches_per_layer=1, n_trees=1,
                                        max_depth=1, **arguments)
         assert str(raised.value) == TF["errors"][key]["message"], key
-    with pytest.raises(ValueError, match="bucketize a numeric column"):
-        est.BoostedTreesClassifier([fc.numeric_column("x1")], n_batches_per_layer=1)
     color = fc.categorical_column_with_vocabulary_list("color", COLORS)
-    with pytest.raises(ValueError, match="wrap a categorical column in indicator_column"):
-        est.BoostedTreesClassifier([fc.embedding_column(color, 2)], n_batches_per_layer=1)
+    for column in (color, fc.embedding_column(color, 2)):
+        with pytest.raises(ValueError, match="wrap a categorical column in indicator_column"):
+            est.BoostedTreesClassifier([column], n_batches_per_layer=1)
+    with pytest.raises(ValueError, match="only support Dense column with rank of 1"):
+        est.BoostedTreesClassifier([fc.numeric_column("x", shape=(2, 2))],
+                                   n_batches_per_layer=1)
+    with pytest.raises(ValueError, match=r"quantile_sketch_epsilon must be in \(0, 1\)"):
+        est.BoostedTreesClassifier(_columns(), n_batches_per_layer=1, quantile_sketch_epsilon=0)
     with pytest.raises(NotImplementedError, match="multi-class trees"):
         est.BoostedTreesClassifier(_columns(), n_batches_per_layer=1, n_classes=3)
     with pytest.raises(NotImplementedError, match="one label dimension only"):
@@ -224,4 +234,31 @@ def test_two_replicas_grow_the_trees_of_one_process(tmp_path):
     one = est.BoostedTreesClassifier(_columns(), model_dir=str(tmp_path / "one"), **arguments)
     one.train(lambda: itertools.cycle(whole), max_steps=30)
     assert two.get_variable_value("global_step") == one.get_variable_value("global_step")
+    _assert_trees_are(_trees(two), _trees(one))
+
+
+@pytest.mark.slow
+def test_two_replicas_sketch_numeric_columns_as_one_process(tmp_path):
+    """Each replica's quantile summaries of its half, merged in replica
+    order: with fewer distinct values than num_quantiles the boundaries are
+    every value, one process's; the sketch's step is not counted on either."""
+    import distribute
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+            timeout_seconds=60))
+    _, arguments, _, _ = CASES["numeric_binary"]
+    features, binary, _, _ = rows(60, 0)
+    whole = batches((features, binary), 20)
+    halves = [part for f, y in whole for part in batches((f, y), 10)]
+    two = est.BoostedTreesClassifier(_columns(numeric=True), config=est.RunConfig(
+        model_dir=str(tmp_path / "two"), train_distribute=strategy), **arguments)
+    two.train(lambda: itertools.cycle(halves), max_steps=30)
+    one = est.BoostedTreesClassifier(_columns(numeric=True), model_dir=str(tmp_path / "one"),
+                                     **arguments)
+    one.train(lambda: itertools.cycle(whole), max_steps=30)
+    assert one.get_variable_value("global_step") == TF["cases"]["numeric_binary"][
+        "final_global_step"]
+    assert two.get_variable_value("global_step") == one.get_variable_value("global_step")
+    np.testing.assert_array_equal(two.get_variable_value("boosted_trees/boundaries"),
+                                  one.get_variable_value("boosted_trees/boundaries"))
     _assert_trees_are(_trees(two), _trees(one))

@@ -45,6 +45,19 @@ CASES = {
     "regressor": ("BoostedTreesRegressor",
                   dict(n_trees=2, max_depth=3, learning_rate=0.5, n_batches_per_layer=1),
                   "target", 60),
+    # numeric_*: x1 and x2 as numeric columns, bucketed by TF's quantile sketch
+    "numeric_binary": ("BoostedTreesClassifier",
+                       dict(n_trees=2, max_depth=2, learning_rate=0.3, n_batches_per_layer=1),
+                       "binary", 20),
+    "numeric_regressor_weighted_two_batches": (   # (each batch's summary compressed)
+        "BoostedTreesRegressor",
+        dict(n_trees=2, max_depth=3, learning_rate=0.3, n_batches_per_layer=2,
+             weight_column="w", quantile_sketch_epsilon=0.1), "target", 60),
+    "numeric_center_bias": (
+        "BoostedTreesClassifier",
+        dict(n_trees=2, max_depth=2, learning_rate=0.3, n_batches_per_layer=1,
+             center_bias=True, quantile_sketch_epsilon=0.05),
+        "binary", 60),
     "multiclass": ("BoostedTreesClassifier",
                    dict(n_trees=2, max_depth=2, learning_rate=0.3, n_batches_per_layer=1,
                         n_classes=3, label_vocabulary=KINDS, l2_regularization=1.0),
