@@ -234,6 +234,35 @@ def _weight_and_gain(g, h, l1, l2) -> tuple:
     return weight, np.float32(-g * weight)
 
 
+def _weights_and_gains(sums: np.ndarray, l1, l2) -> tuple:
+    """`_weight_and_gain` of each (gradient, hessian) pair of `sums` [..., 2],
+    elementwise in float32 (as TF's, one by one)."""
+    g, h = sums[..., 0], sums[..., 1]
+    if l1 > 0:
+        shrunk = np.where(g > l1, g - l1, np.where(g < -l1, g + l1, np.float32(0)))
+        kept = np.abs(g) > l1
+        g = shrunk.astype(np.float32)
+    else:
+        kept = np.ones(g.shape, bool)
+    denominator = (h + l2).astype(np.float32)
+    kept &= denominator > _TINY
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weight = np.where(kept, -g / denominator, np.float32(0)).astype(np.float32)
+    return weight, (-g * weight).astype(np.float32)
+
+
+def _first_best(scores: np.ndarray) -> int:
+    """TF's scan of a feature's candidates: a later one replaces the best if
+    it is 1e-15 or more above it. Only a new running maximum can (a score
+    within 1e-15 of the best can lift the maximum but never replace it)."""
+    previous = np.maximum.accumulate(np.concatenate([[-np.inf], scores[:-1]]))
+    best = 0
+    for i in np.flatnonzero(scores > previous)[1:]:
+        if scores[i] - scores[best] >= _TINY:
+            best = int(i)
+    return best
+
+
 def _total(rows: np.ndarray, buckets: int) -> np.ndarray:
     """A feature's sums over its buckets and the missing one, in TF's order."""
     return np.cumsum(np.concatenate([rows[:buckets], rows[-1:]]), 0, dtype=np.float32)[-1]
@@ -275,24 +304,23 @@ class _Grower:
         if abs(total_h) < self.min_node_weight:
             return None
         _, parent_gain = _weight_and_gain(total_g, total_h, self.l1, self.l2)
+        rows = stats[list(ids)]                     # [features, width, 2]
+        missing = rows[:, -1]
+        cumulative = np.cumsum(rows[:, :buckets], 1, dtype=np.float32)   # (in order, as TF)
+        total = np.cumsum(np.concatenate([rows[:, :buckets], missing[:, None]], 1), 1,
+                          dtype=np.float32)[:, -1]
+        # per bucket TF's two candidates, the missing values left then right
+        left = np.stack([cumulative + missing[:, None], cumulative], 2)   # [f, buckets, 2, 2]
+        right = total[:, None, None] - left
+        lw, lg = _weights_and_gains(left, self.l1, self.l2)
+        rw, rg = _weights_and_gains(right, self.l1, self.l2)
+        scores = (lg + rg).reshape(len(ids), -1)
         best = None
-        for feature in ids:
-            rows = stats[feature]
-            missing, total = rows[-1], _total(rows, buckets)
-            cumulative = np.zeros(2, np.float32)
-            top = None
-            for bucket in range(buckets):
-                cumulative = (cumulative + rows[bucket]).astype(np.float32)
-                for left in (cumulative + missing, cumulative):   # (TF's default left, right)
-                    left = left.astype(np.float32)
-                    right = (total - left).astype(np.float32)
-                    lw, lg = _weight_and_gain(left[0], left[1], self.l1, self.l2)
-                    rw, rg = _weight_and_gain(right[0], right[1], self.l1, self.l2)
-                    score = np.float32(lg + rg)
-                    if top is None or score - top[0] >= _TINY:
-                        top = (score, feature, bucket, lw, rw)
-            if best is None or top[0] > best[0]:
-                best = top
+        for i, feature in enumerate(ids):
+            at = _first_best(scores[i])
+            if best is None or scores[i, at] > best[0]:   # (a later feature: strictly)
+                bucket, side = divmod(at, 2)
+                best = (scores[i, at], feature, bucket, lw[i, bucket, side], rw[i, bucket, side])
         score, feature, bucket, lw, rw = best
         gain = np.float32(np.float32(score - parent_gain) - self.tree_complexity)
         return gain, feature, bucket, lw, rw
