@@ -24,8 +24,10 @@ layer attempts), whatever `steps` or `max_steps` say. `center_bias`: first,
 Newton steps on a constant (in tree 0's root) until one moves it by 1% or
 less. A prediction sums the leaf each tree sends the example to.
 
-Not here: categorical columns without an indicator (TF's equality
-splits), multi-class (n_classes > 2), `BoostedTreesEstimator` and
+More than two classes: K logits a leaf, TF's full hessian solved (at l2
+0, singular: the least-norm solution, TF's logits plus a constant over the
+classes). Not here: categorical columns without an indicator (TF's
+equality splits), `BoostedTreesEstimator` and
 `experimental_predict_with_explanations`, TF's checkpoints of an ensemble
 (a serialized proto). The ensemble is saved as buffers of this module
 (``boosted_trees/...``).
@@ -140,7 +142,7 @@ class _TreeEnsemble(torch.nn.Module):
     summed over the layer's batches so far."""
 
     def __init__(self, n_trees: int, max_depth: int, features: _Features,
-                 num_quantiles: int):
+                 num_quantiles: int, dimension: int = 1):
         super().__init__()
         trees, nodes = n_trees + 1, 2 ** (max_depth + 1) - 1
         splits = 2 ** max_depth - 1   # (the nodes that may split: ids below it)
@@ -151,7 +153,7 @@ class _TreeEnsemble(torch.nn.Module):
         buffer("threshold", trees, nodes)
         buffer("left", trees, nodes)
         buffer("right", trees, nodes)
-        buffer("value", trees, nodes, dtype=torch.float32)
+        buffer("value", trees, nodes, dimension, dtype=torch.float32)
         buffer("gain", trees, nodes, dtype=torch.float32)
         buffer("node_count", trees, fill=1)
         buffer("layers_grown", trees)
@@ -159,7 +161,9 @@ class _TreeEnsemble(torch.nn.Module):
         # [trees in the ensemble, trees attempted, layers attempted, layer start, layer end,
         #  centering the bias, batches summed, numeric features' boundaries made]
         buffer("growing", 8)
-        buffer("stats", splits, features.count, features.most + 1, 2, dtype=torch.float32)
+        # per (node, feature, bucket): the gradients' and hessians' sums, TF's K + K * K
+        buffer("stats", splits, features.count, features.most + 1, dimension * (dimension + 1),
+               dtype=torch.float32)
         buffer("bias_stats", 2, dtype=torch.float32)
         # the numeric features' boundaries (TF's: at most about num_quantiles), +inf past
         buffer("boundaries", len(features.numeric), num_quantiles + 3, dtype=torch.float32,
@@ -183,7 +187,7 @@ class _TreeEnsemble(torch.nn.Module):
         return torch.where(torch.isnan(values), 0, torch.minimum(index, last))
 
     def forward(self, buckets: torch.Tensor) -> tuple:
-        """(logits [batch, 1], each example's node in the last tree [batch])."""
+        """(logits [batch, K], each example's node in the last tree [batch])."""
         batch = buckets.shape[0]
         trees = self.feature.shape[0]
         node = buckets.new_zeros(batch, trees)
@@ -194,7 +198,7 @@ class _TreeEnsemble(torch.nn.Module):
             nxt = torch.where(bucket <= self.threshold[tree, node], self.left[tree, node],
                               self.right[tree, node])
             node = torch.where(feature >= 0, nxt, node)
-        logits = self.value[tree, node].sum(-1, keepdim=True)
+        logits = self.value[tree, node].sum(1)
         last = (self.growing[self.TREES] - 1).clamp(min=0)
         return logits, node.gather(1, last.expand(batch, 1)).squeeze(1)
 
@@ -236,7 +240,15 @@ def _weight_and_gain(g, h, l1, l2) -> tuple:
 
 def _weights_and_gains(sums: np.ndarray, l1, l2) -> tuple:
     """`_weight_and_gain` of each (gradient, hessian) pair of `sums` [..., 2],
-    elementwise in float32 (as TF's, one by one)."""
+    elementwise in float32 (as TF's, one by one); for K logits, sums [..., K
+    + K * K] (gradients, the full hessian), TF's -(H + l2 I)^-1 G and -G.w
+    (l1 not applied, as TF's; a singular matrix: the least-squares weight)."""
+    if sums.shape[-1] > 2:
+        k = int(round((math.sqrt(4 * sums.shape[-1] + 1) - 1) / 2))
+        g = sums[..., :k]
+        h = sums[..., k:].reshape(sums.shape[:-1] + (k, k)) + l2 * np.eye(k, dtype=np.float32)
+        weight = -(np.linalg.pinv(h, rcond=1e-5) @ g[..., None])[..., 0].astype(np.float32)
+        return weight, (-(g * weight).sum(-1)).astype(np.float32)
     g, h = sums[..., 0], sums[..., 1]
     if l1 > 0:
         shrunk = np.where(g > l1, g - l1, np.where(g < -l1, g + l1, np.float32(0)))
@@ -274,8 +286,8 @@ class _Grower:
     on the host in float32 as TF's kernels compute."""
 
     def __init__(self, features: _Features, n_trees, max_depth, learning_rate, l1, l2,
-                 tree_complexity, min_node_weight, pruning_mode):
-        self.features = features
+                 tree_complexity, min_node_weight, pruning_mode, dimension: int = 1):
+        self.features, self.dimension = features, dimension
         self.n_trees, self.max_depth = n_trees, max_depth
         self.lr = np.float32(learning_rate)
         self.l1, self.l2 = np.float32(l1), np.float32(l2)
@@ -300,17 +312,18 @@ class _Grower:
     def _best_in_group(self, stats: np.ndarray, buckets: int, ids) -> Optional[tuple]:
         """The group's best split of a node from its statistics [features,
         buckets + 1, 2] (the last bucket: TF's missing values)."""
-        total_g, total_h = _total(stats[ids[0]], buckets)
-        if abs(total_h) < self.min_node_weight:
+        total = _total(stats[ids[0]], buckets)
+        k = self.dimension
+        if np.linalg.norm(total[k:]) < self.min_node_weight:   # (TF: the hessian's norm)
             return None
-        _, parent_gain = _weight_and_gain(total_g, total_h, self.l1, self.l2)
-        rows = stats[list(ids)]                     # [features, width, 2]
+        _, parent_gain = _weights_and_gains(total, self.l1, self.l2)
+        rows = stats[list(ids)]                     # [features, width, K + K * K]
         missing = rows[:, -1]
         cumulative = np.cumsum(rows[:, :buckets], 1, dtype=np.float32)   # (in order, as TF)
         total = np.cumsum(np.concatenate([rows[:, :buckets], missing[:, None]], 1), 1,
                           dtype=np.float32)[:, -1]
         # per bucket TF's two candidates, the missing values left then right
-        left = np.stack([cumulative + missing[:, None], cumulative], 2)   # [f, buckets, 2, 2]
+        left = np.stack([cumulative + missing[:, None], cumulative], 2)   # [f, buckets, 2, S]
         right = total[:, None, None] - left
         lw, lg = _weights_and_gains(left, self.l1, self.l2)
         rw, rg = _weights_and_gains(right, self.l1, self.l2)
@@ -343,12 +356,13 @@ class _Grower:
             if self.pruning_mode == "pre" and gain < 0:
                 continue
             count = int(e.node_count[tree])
-            parent = np.float32(e.value[tree, node])
+            parent = e.value[tree, node].cpu().numpy()
             e.feature[tree, node], e.threshold[tree, node] = feature, bucket
             e.left[tree, node], e.right[tree, node] = count, count + 1
             e.gain[tree, node] = float(gain)
-            e.value[tree, count] = float(np.float32(parent + np.float32(self.lr * lw)))
-            e.value[tree, count + 1] = float(np.float32(parent + np.float32(self.lr * rw)))
+            e.value[tree, count] = torch.from_numpy((parent + self.lr * lw).astype(np.float32))
+            e.value[tree, count + 1] = torch.from_numpy(
+                (parent + self.lr * rw).astype(np.float32))
             e.node_count[tree] = count + 2
             made.append(count)
         if not made:
@@ -371,11 +385,11 @@ class _Grower:
         delta, _ = _weight_and_gain(mean_g, mean_h, self.l1, self.l2)
         if g[e.TREES] == 0:
             g[e.TREES] = 1
-            e.value[0, 0] = float(delta)
+            e.value[0, 0, 0] = float(delta)
             return
-        bias = np.float32(e.value[0, 0])
+        bias = np.float32(e.value[0, 0, 0])
         g[e.CENTERING] = int(abs(np.float32(delta / bias)) > 0.01)
-        e.value[0, 0] = float(np.float32(bias + delta))
+        e.value[0, 0, 0] = float(np.float32(bias + delta))
 
 
 def _post_prune(e: _TreeEnsemble, tree: int) -> None:
@@ -456,13 +470,13 @@ class _BoostedTrees(CannedEstimator):
         self._center_bias = center_bias
         self._grower = _Grower(self._features, n_trees, max_depth, learning_rate,
                                l1_regularization, l2_regularization, tree_complexity,
-                               min_node_weight, pruning_mode)
+                               min_node_weight, pruning_mode, head.logits_dimension)
         super().__init__(head, model_dir, config, warm_start_from)
 
     def _ensemble(self) -> _TreeEnsemble:
         def make():
             ensemble = _TreeEnsemble(self._n_trees, self._max_depth, self._features,
-                                     self._num_quantiles)
+                                     self._num_quantiles, self._head.logits_dimension)
             ensemble.growing[_TreeEnsemble.CENTERING] = int(self._center_bias)
             ensemble.growing[_TreeEnsemble.BOUNDARIES_READY] = int(not self._features.numeric)
             return ensemble
@@ -511,12 +525,17 @@ class _BoostedTrees(CannedEstimator):
         if _done(e, self._n_trees, self._max_depth):
             return
         g, = torch.autograd.grad(loss, logits, create_graph=True)
-        h, = torch.autograd.grad(g.sum(), logits)
-        g, h = g.detach().squeeze(-1), h.squeeze(-1)
+        k = g.shape[1]
+        if k == 1:
+            h = torch.autograd.grad(g.sum(), logits)[0]
+        else:   # (TF's full hessian: [batch, K * K], row i the gradient of g_i)
+            h = torch.cat([torch.autograd.grad(g[:, i].sum(), logits, retain_graph=i < k - 1)[0]
+                           for i in range(k)], 1)
+        g = g.detach()
         replicas = 1 if context is None else context.num_replicas_in_sync
         with torch.no_grad():
             if int(e.growing[e.CENTERING]):
-                step = torch.stack([g.mean(), h.mean()])
+                step = torch.stack([g.mean(), h.mean()])   # (one logit: TF's centering)
                 if replicas > 1:
                     step = context.all_reduce(distribute.ReduceOp.MEAN, step)
                 e.bias_stats += step
@@ -589,11 +608,12 @@ class _BoostedTrees(CannedEstimator):
         keep = nodes < splits   # (a leaf of the last layer has nothing to split)
         index = (nodes.unsqueeze(1) * count + torch.arange(count, device=buckets.device)) \
             * width + slot
-        values = torch.stack([g, h], -1).to(torch.float64)
+        values = torch.cat([g, h], -1).to(torch.float64)   # [batch, K + K * K]
+        size = values.shape[1]
         values = values.unsqueeze(1).expand(-1, count, -1)[keep]
-        out = torch.zeros(splits * count * width, 2, dtype=torch.float64,
+        out = torch.zeros(splits * count * width, size, dtype=torch.float64,
                           device=buckets.device)
-        out.index_add_(0, index[keep].reshape(-1), values.reshape(-1, 2))
+        out.index_add_(0, index[keep].reshape(-1), values.reshape(-1, size))
         return out.to(torch.float32).view_as(e.stats)
 
     def experimental_feature_importances(self, normalize: bool = False) -> dict:
@@ -650,8 +670,9 @@ def _check_strategy() -> None:
 
 class BoostedTreesClassifier(_BoostedTrees):
     """A boosted trees classifier (TF: ``tf.estimator.BoostedTreesClassifier``,
-    same arguments and defaults; two classes only here). Its head is TF1's
-    binary head with the loss the batch's mean (SUM_OVER_BATCH_SIZE)."""
+    same arguments and defaults). Its head is TF1's with the loss the
+    batch's mean (SUM_OVER_BATCH_SIZE; more classes: over the nonzero
+    weights, TF's maxent loss)."""
 
     def __init__(self, feature_columns, n_batches_per_layer: int, model_dir=None,
                  n_classes: int = 2, weight_column=None,
@@ -661,14 +682,11 @@ class BoostedTreesClassifier(_BoostedTrees):
                  tree_complexity: float = 0.0, min_node_weight: float = 0.0, config=None,
                  center_bias: bool = False, pruning_mode: str = "none",
                  quantile_sketch_epsilon: float = 0.01, train_in_memory: bool = False):
-        if n_classes != 2:
-            if center_bias:
-                raise ValueError("center_bias not yet support with n_classes > 2.")
-            raise NotImplementedError(
-                f"BoostedTreesClassifier with n_classes={n_classes}: multi-class trees "
-                "(TF's full hessian) are not built here; two classes only")
-        head = ClassificationHead(2, weight_column, label_vocabulary,
-                                  Reduction.SUM_OVER_BATCH_SIZE)
+        if n_classes > 2 and center_bias:
+            raise ValueError("center_bias not yet support with n_classes > 2.")
+        head = ClassificationHead(n_classes, weight_column, label_vocabulary,
+                                  Reduction.SUM_OVER_BATCH_SIZE if n_classes == 2
+                                  else Reduction.SUM_OVER_NONZERO_WEIGHTS)
         super().__init__(head, feature_columns, n_batches_per_layer, model_dir, n_trees,
                          max_depth, learning_rate, l1_regularization, l2_regularization,
                          tree_complexity, min_node_weight, config, center_bias, pruning_mode,

@@ -62,6 +62,9 @@ CASES = {
                    dict(n_trees=2, max_depth=2, learning_rate=0.3, n_batches_per_layer=1,
                         n_classes=3, label_vocabulary=KINDS, l2_regularization=1.0),
                    "kind", 20),
+    "multiclass_no_l2": ("BoostedTreesClassifier",   # (TF's default: a singular hessian)
+                         dict(n_trees=2, max_depth=2, learning_rate=0.3, n_batches_per_layer=1,
+                              n_classes=3, label_vocabulary=KINDS), "kind", 20),
 }
 
 
