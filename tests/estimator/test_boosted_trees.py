@@ -77,8 +77,9 @@ def _tf_trees(ensemble) -> list:
                 nodes.append(("leaf", tuple(leaf["vector"]["value"]) if "vector" in leaf
                               else (leaf.get("scalar", 0.0),)))
             else:
+                gain = node["metadata"].get("gain", 0.0)
                 nodes.append(("split", split.get("feature_id", 0), split.get("threshold", 0),
-                              split["left_id"], split["right_id"], node["metadata"].get("gain", 0.0)))
+                              split["left_id"], split["right_id"], gain))
         out.append(nodes)
     return out
 
