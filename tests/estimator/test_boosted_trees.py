@@ -224,9 +224,13 @@ def test_tfs_refusals_and_what_is_not_built_here():
         est.BoostedTreesRegressor(_columns(), n_batches_per_layer=1, l2_regularization=-1.0)
 
 
-def test_a_boosted_trees_classifier_exports_and_serves_as_it_predicts(tmp_path):
+@pytest.mark.parametrize("name", ["binary_weighted_vocabulary_center_bias", "numeric_binary",
+                                  "multiclass"])
+def test_a_boosted_trees_classifier_exports_and_serves_as_it_predicts(name, tmp_path):
+    """Bucketized, numeric (the sketch's boundaries in the program) and
+    three-class trees: served scores equal predict's and TF's."""
     from estimator import serving
-    estimator = _train("binary_weighted_vocabulary_center_bias", str(tmp_path / "model"))
+    estimator = _train(name, str(tmp_path / "model"))
     features, _, _, _ = rows(30, 1)
     raw = {"x1": torch.tensor(features["x1"][:2], dtype=torch.float32),
            "x2": torch.tensor(features["x2"][:2], dtype=torch.float32),
@@ -240,8 +244,8 @@ def test_a_boosted_trees_classifier_exports_and_serves_as_it_predicts(tmp_path):
     predicted = list(estimator.predict(lambda: [(few, None)]))
     np.testing.assert_allclose([s["scores"] for s in served],
                                [p["probabilities"] for p in predicted], atol=1e-6)
-    assert TF["cases"]["binary_weighted_vocabulary_center_bias"]["predictions"][0][
-        "probabilities"] == pytest.approx(served[0]["scores"], abs=1e-6)
+    assert TF["cases"][name]["predictions"][0]["probabilities"] == pytest.approx(
+        served[0]["scores"], abs=1e-6)
 
 
 @pytest.mark.slow
