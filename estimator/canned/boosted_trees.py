@@ -7,10 +7,10 @@ Features: `bucketized_column`s (one feature each, its bucket),
 (one feature per value, bucketed at the boundaries TF's quantile sketch
 makes of the first `n_batches_per_layer` batches, steps the global step
 does not count), sorted by column name and numbered in that order, as TF's
-feature ids. Each training step (a
-batch) computes the logits of the ensemble, the gradient and hessian of
-the head's loss (mean over the batch) at each example's logits, and sums
-them per (node of the tree being grown, feature, bucket); after
+feature ids. Each training step (a batch) computes the logits of the
+ensemble, the gradient and hessian of the head's loss (mean over the
+batch) at each example's logits, and sums them per (node of the tree being
+grown, feature, bucket); after
 `n_batches_per_layer` steps the layer grows from the mean of those sums:
 each node of the last layer splits on the (feature, bucket) of the best
 gain, ``G'^2 / (H + l2)`` (G' the gradient sum shrunk by `l1`) of the two
@@ -220,27 +220,11 @@ def _done(ensemble: _TreeEnsemble, n_trees: int, max_depth: int) -> bool:
     return int(ensemble.finalized.sum()) >= n_trees or attempts > 2 * n_trees * max_depth
 
 
-def _weight_and_gain(g, h, l1, l2) -> tuple:
-    """TF's ``CalculateWeightsAndGains`` (float32): the leaf weight -G'/(H + l2)
-    and the gain G'^2/(H + l2), G' the gradient sum shrunk by `l1`."""
-    g, h = np.float32(g), np.float32(h)
-    if l1 > 0:
-        if g > l1:
-            g = np.float32(g - l1)
-        elif g < -l1:
-            g = np.float32(g + l1)
-        else:
-            return np.float32(0), np.float32(0)
-    denominator = np.float32(h + l2)
-    if denominator <= _TINY:
-        return np.float32(0), np.float32(0)
-    weight = np.float32(-g / denominator)
-    return weight, np.float32(-g * weight)
-
-
 def _weights_and_gains(sums: np.ndarray, l1, l2) -> tuple:
-    """`_weight_and_gain` of each (gradient, hessian) pair of `sums` [..., 2],
-    elementwise in float32 (as TF's, one by one); for K logits, sums [..., K
+    """TF's ``CalculateWeightsAndGains`` of each (gradient, hessian) pair of
+    `sums` [..., 2], elementwise in float32 (as TF's, one by one): the leaf
+    weight -G'/(H + l2) and the gain G'^2/(H + l2), G' the gradient sum
+    shrunk by `l1` (0 where |G| <= l1 or H + l2 <= 1e-15); for K logits, sums [..., K
     + K * K] (gradients, the full hessian), TF's -(H + l2 I)^-1 G and -G.w
     (l1 not applied, as TF's; a singular matrix: the least-squares weight)."""
     if sums.shape[-1] > 2:
@@ -382,7 +366,7 @@ class _Grower:
         """TF's ``CenterBias``: a Newton step on tree 0's root; centering
         ends after a step moving it by 1% or less (never the first)."""
         e, g = ensemble, ensemble.growing
-        delta, _ = _weight_and_gain(mean_g, mean_h, self.l1, self.l2)
+        delta = _weights_and_gains(np.array([mean_g, mean_h], np.float32), self.l1, self.l2)[0]
         if g[e.TREES] == 0:
             g[e.TREES] = 1
             e.value[0, 0, 0] = float(delta)
