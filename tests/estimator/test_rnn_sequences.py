@@ -16,7 +16,8 @@ import torch
 
 import estimator as est
 from paths import FIXTURES
-from rnn_data import LABELS, VOCABULARY, batches, step_rows
+from rnn_data import LABELS, batches, step_rows
+from test_rnn_estimator import _columns   # (the same columns as the RNN tests')
 from tf_recorded import (assert_evaluation_is_tfs, assert_predictions_are_tfs,
                          assert_variables_are_tfs)
 
@@ -24,13 +25,6 @@ fc = est.feature_column
 with open(os.path.join(FIXTURES, "tf_rnn_sequences.json"), encoding="utf-8") as _f:
     TF = json.load(_f)
 CKPT = os.path.join(FIXTURES, "tf_ckpt", "rnn_sequences")
-
-
-def _columns():
-    words = fc.sequence_categorical_column_with_vocabulary_list("words", VOCABULARY)
-    sequence = [fc.embedding_column(words, 3), fc.sequence_numeric_column("stars")]
-    city = fc.categorical_column_with_vocabulary_list("city", ["paris", "quito"])
-    return sequence, [fc.numeric_column("age"), fc.embedding_column(city, 2)]
 
 
 def _models():
