@@ -159,12 +159,15 @@ class _TreeEnsemble(torch.nn.Module):
         buffer("layers_grown", trees)
         buffer("finalized", trees)
         # [trees in the ensemble, trees attempted, layers attempted, layer start, layer end,
-        #  centering the bias, batches summed, numeric features' boundaries made]
-        buffer("growing", 8)
-        # per (node, feature, bucket): the gradients' and hessians' sums, TF's K + K * K
-        buffer("stats", splits, features.count, features.most + 1, dimension * (dimension + 1),
-               dtype=torch.float32)
-        buffer("bias_stats", 2, dtype=torch.float32)
+        #  centering the bias, numeric features' boundaries made]
+        buffer("growing", 7)
+        # The layer's batches so far and, per (node, feature, bucket), their gradients'
+        # and hessians' sums (TF's K + K * K): no buffers, neither saved nor exported,
+        # as TF's accumulators (a restart sums a layer's batches anew)
+        self.batches = 0
+        self._sums_shape = (splits, features.count, features.most + 1,
+                            dimension * (dimension + 1))
+        self._sums = None
         # the numeric features' boundaries (TF's: at most about num_quantiles), +inf past
         buffer("boundaries", len(features.numeric), num_quantiles + 3, dtype=torch.float32,
                fill=math.inf)
@@ -172,11 +175,19 @@ class _TreeEnsemble(torch.nn.Module):
         self.max_depth = max_depth
         self.sketches = None   # (the numeric features' quantile streams, being filled)
 
-    (TREES, TREES_ATTEMPTED, LAYERS_ATTEMPTED, START, END, CENTERING, BATCHES,
-     BOUNDARIES_READY) = range(8)
+    TREES, TREES_ATTEMPTED, LAYERS_ATTEMPTED, START, END, CENTERING, BOUNDARIES_READY = range(7)
     # Replicas grow the same trees from their statistics' mean (all-reduced in
     # the train_op): the buffers are alike on each, never averaged.
     same_buffers_on_replicas = True
+
+    def sums(self) -> tuple:
+        """(statistics [nodes, features, buckets + 1, K + K * K], the bias's
+        [2]): the layer's so far, zeros at first, on the trees' device."""
+        if self._sums is None:
+            device = self.feature.device
+            self._sums = (torch.zeros(self._sums_shape, device=device),
+                          torch.zeros(2, device=device))
+        return self._sums
 
     def bucketize(self, numeric: int, values: torch.Tensor) -> torch.Tensor:
         """TF's ``BoostedTreesBucketize`` of a numeric feature's values [batch,
@@ -429,6 +440,9 @@ class _BoostedTrees(CannedEstimator):
                                  ("n_trees", n_trees, 1), ("max_depth", max_depth, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(learning_rate, (int, float)) or isinstance(learning_rate, bool) or \
+                not learning_rate > 0:
+            raise ValueError(f"Expected learning_rate > 0, received: {learning_rate!r}")
         for name, value in (("learning_rate", learning_rate),
                             ("l1_regularization", l1_regularization),
                             ("l2_regularization", l2_regularization),
@@ -522,24 +536,24 @@ class _BoostedTrees(CannedEstimator):
                 step = torch.stack([g.mean(), h.mean()])   # (one logit: TF's centering)
                 if replicas > 1:
                     step = context.all_reduce(distribute.ReduceOp.MEAN, step)
-                e.bias_stats += step
+                e.sums()[1].add_(step)
             else:
                 step = self._statistics(e, g, h, buckets, nodes)
                 if replicas > 1:
                     step = context.all_reduce(distribute.ReduceOp.MEAN, step)
-                e.stats += step
-            e.growing[e.BATCHES] += 1
-            if int(e.growing[e.BATCHES]) < self._n_batches_per_layer:
+                e.sums()[0].add_(step)
+            e.batches += 1
+            if int(e.batches) < self._n_batches_per_layer:
                 return
-            count = np.float32(e.growing[e.BATCHES])
+            count = np.float32(e.batches)
             if int(e.growing[e.CENTERING]):
-                mean_g, mean_h = (e.bias_stats.cpu().numpy() / count).astype(np.float32)
+                mean_g, mean_h = (e.sums()[1].cpu().numpy() / count).astype(np.float32)
                 self._grower.center_bias(e, mean_g, mean_h)
             else:
-                self._grower.grow(e, (e.stats.cpu().numpy() / count).astype(np.float32))
-            e.stats.zero_()
-            e.bias_stats.zero_()
-            e.growing[e.BATCHES] = 0
+                self._grower.grow(e, (e.sums()[0].cpu().numpy() / count).astype(np.float32))
+            for sums in e.sums():
+                sums.zero_()
+            e.batches = 0
 
     def _sketch_inputs(self, features) -> tuple:
         """(numeric values [batch, n], weights [batch] or [1]) as float32 numpy."""
@@ -560,14 +574,14 @@ class _BoostedTrees(CannedEstimator):
         if e.sketches is None:   # (a restart sketches again from its first batch, as TF)
             e.sketches = [_quantiles.Stream(self._eps, _quantiles.MAX_ELEMENTS)
                           for _ in self._features.numeric]
-            e.growing[e.BATCHES] = 0
-        summaries = [np.asarray(_quantiles.batch_summary(values[:, j], weights, self._eps),
-                                np.float32).reshape(-1, 4) for j in range(values.shape[1])]
+            e.batches = 0
+        summaries = [np.asarray(_sketched(values[:, j], weights, self._eps), np.float32)
+                     .reshape(-1, 4) for j in range(values.shape[1])]
         for replica in _gathered(summaries, context):
             for stream, entries in zip(e.sketches, replica):
                 stream.push_summary([tuple(np.float32(v) for v in row) for row in entries])
-        e.growing[e.BATCHES] += 1
-        if int(e.growing[e.BATCHES]) < self._quantile_batches:
+        e.batches += 1
+        if int(e.batches) < self._quantile_batches:
             return
         for j, stream in enumerate(e.sketches):
             boundaries = stream.finalize().boundaries(self._num_quantiles)
@@ -579,14 +593,15 @@ class _BoostedTrees(CannedEstimator):
             e.boundaries[j, :len(boundaries)] = torch.tensor(boundaries, dtype=torch.float32)
             e.boundary_count[j] = len(boundaries)
         e.growing[e.BOUNDARIES_READY] = 1
-        e.growing[e.BATCHES] = 0
+        e.batches = 0
         e.sketches = None
 
     def _statistics(self, e: _TreeEnsemble, g, h, buckets, nodes) -> torch.Tensor:
         """This batch's sums of gradients and hessians per (node, feature,
         bucket) (TF's ``BoostedTreesAggregateStats``: in float64, then
         float32); a bucket past its group's, TF's missing slot."""
-        splits, count, width = e.stats.shape[0], e.stats.shape[1], e.stats.shape[2]
+        stats = e.sums()[0]
+        splits, count, width = stats.shape[0], stats.shape[1], stats.shape[2]
         limits = torch.as_tensor(self._features.buckets, device=buckets.device)
         slot = torch.where((buckets < 0) | (buckets >= limits), width - 1, buckets)
         keep = nodes < splits   # (a leaf of the last layer has nothing to split)
@@ -598,7 +613,7 @@ class _BoostedTrees(CannedEstimator):
         out = torch.zeros(splits * count * width, size, dtype=torch.float64,
                           device=buckets.device)
         out.index_add_(0, index[keep].reshape(-1), values.reshape(-1, size))
-        return out.to(torch.float32).view_as(e.stats)
+        return out.to(torch.float32).view_as(stats)
 
     def experimental_feature_importances(self, normalize: bool = False) -> dict:
         """TF's: each column's split gains summed over the trees of the latest
@@ -623,6 +638,17 @@ class _BoostedTrees(CannedEstimator):
                                  "negative or they sum to 0")
             totals = {k: v / total for k, v in totals.items()}
         return collections.OrderedDict(sorted(totals.items(), key=lambda kv: -abs(kv[1])))
+
+
+def _sketched(values: np.ndarray, weights: np.ndarray, eps: float) -> list:
+    """A batch's quantile summary of a feature's values, NaN left out (TF's
+    sketch takes them in, and its boundaries then hold NaN, out of order; a
+    NaN value is bucket 0 either way)."""
+    kept = ~np.isnan(values)
+    if not kept.all():
+        values = values[kept]
+        weights = weights if len(weights) == 1 else weights[kept]
+    return _quantiles.batch_summary(values, weights, eps)
 
 
 def _gathered(summaries: List[np.ndarray], context) -> List[List[np.ndarray]]:

@@ -768,6 +768,8 @@ def categorical_column_with_vocabulary_list(key, vocabulary_list, dtype=None, de
                          f"{key}")
     if isinstance(vocabulary_list, np.ndarray):
         vocabulary_list = vocabulary_list.tolist()
+    # numpy scalars (pandas' sorted(df[c].unique())) as Python's: an export writes them
+    vocabulary_list = [v.item() if isinstance(v, np.generic) else v for v in vocabulary_list]
     if len({v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v
             for v in vocabulary_list}
            ) != len(vocabulary_list):   # ("a" and b"a": one TF string)
