@@ -30,10 +30,7 @@ class CannedEstimator(Estimator):
                          warm_start_from=warm_start_from)
 
     def _canned_model_fn(self, features, labels, mode):
-        if not isinstance(features, dict):
-            raise ValueError("features should be a dictionary of `Tensor`s. Given type: "
-                             f"{type(features)}")
-        cache = feature_column.transformation_cache(features)
+        cache = features_cache(features)
         logits = self._logits(cache, mode)
         return self._head.create_estimator_spec(cache, mode, logits, labels,
                                                 train_op_fn=self._train_op_fn)
@@ -43,6 +40,15 @@ class CannedEstimator(Estimator):
 
     def _train_op_fn(self, loss: torch.Tensor):
         raise NotImplementedError
+
+
+def features_cache(features) -> "feature_column.FeatureTransformationCache":
+    """The columns' transformation cache of a canned model_fn's features (a
+    dict, as TF requires)."""
+    if not isinstance(features, dict):
+        raise ValueError("features should be a dictionary of `Tensor`s. Given type: "
+                         f"{type(features)}")
+    return feature_column.transformation_cache(features)
 
 
 def make_optimizer(spec, learning_rate: float, name: str = "optimizer", var_list=None):

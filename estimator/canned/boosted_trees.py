@@ -50,7 +50,7 @@ from .. import checkpoint as checkpoint_lib
 from .. import feature_column
 from ..losses import Reduction
 from ..mode_keys import ModeKeys
-from ._base import CannedEstimator, column_tuple
+from ._base import CannedEstimator, column_tuple, features_cache
 from ._head import ClassificationHead, RegressionHead
 
 _PRUNING_MODES = ("none", "pre", "post")
@@ -481,10 +481,7 @@ class _BoostedTrees(CannedEstimator):
         return model_scope.get_module("boosted_trees", make)
 
     def _canned_model_fn(self, features, labels, mode):
-        if not isinstance(features, dict):
-            raise ValueError("features should be a dictionary of `Tensor`s. Given type: "
-                             f"{type(features)}")
-        cache = feature_column.transformation_cache(features)
+        cache = features_cache(features)
         ensemble = self._ensemble()
         module = getattr(ensemble, "module", ensemble)   # (a replicated one: its module)
         buckets = self._features.of(cache, module)

@@ -42,7 +42,8 @@ from hooks import model_scope, summary
 from .. import feature_column
 from ..losses import Reduction
 from ..optimizers import Adam, RMSProp, optimizer_factory
-from ._base import CannedEstimator, check_optimizer_spec, column_tuple, make_optimizer
+from ._base import (CannedEstimator, check_optimizer_spec, column_tuple, features_cache,
+                    make_optimizer)
 from .dnn import Dense
 from .heads import BinaryClassHead, MultiClassHead
 from .sequential_head import SequentialHeadWrapper
@@ -218,10 +219,7 @@ class RNNEstimator(CannedEstimator):
     def _canned_model_fn(self, features, labels, mode):
         if not self._return_sequences:
             return super()._canned_model_fn(features, labels, mode)
-        if not isinstance(features, dict):
-            raise ValueError("features should be a dictionary of `Tensor`s. Given type: "
-                             f"{type(features)}")
-        cache = feature_column.transformation_cache(features)
+        cache = features_cache(features)
         logits, mask = self._sequence_logits(cache)
         key = self._head.input_sequence_mask_key
         if key not in cache.features:   # (TF: the one input_fn gave, else the model's)
