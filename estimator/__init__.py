@@ -13,7 +13,7 @@ from .estimator import Estimator
 from . import (data, experimental, inputs, io, layers, learning_rate_decay, losses,
                moving_averages, nn, serving)
 from .canned import (BaselineClassifier, BaselineEstimator, BaselineRegressor,
-                     BoostedTreesClassifier, BoostedTreesRegressor,
+                     BoostedTreesClassifier, BoostedTreesRegressor, KMeansClustering,
                      BinaryClassHead, DNNClassifier, DNNEstimator, DNNLinearCombinedClassifier,
                      DNNLinearCombinedEstimator, DNNLinearCombinedRegressor, DNNRegressor,
                      LinearClassifier, LinearEstimator, LinearRegressor, LogisticRegressionHead,
@@ -49,7 +49,7 @@ __all__ = [
     "DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator",
     "MultiLabelHead", "BinaryClassHead", "MultiClassHead", "RegressionHead",
     "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead", "SequentialHeadWrapper",
-    "BoostedTreesClassifier", "BoostedTreesRegressor",
+    "BoostedTreesClassifier", "BoostedTreesRegressor", "KMeansClustering",
     "regressor_parse_example_spec", "add_metrics", "forward_features", "losses",
     "data", "experimental", "inputs", "io", "layers", "learning_rate_decay", "moving_averages",
     "serving",

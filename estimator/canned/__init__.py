@@ -6,6 +6,7 @@ from .baseline import BaselineClassifier, BaselineEstimator, BaselineRegressor
 from .dnn import DNNClassifier, DNNEstimator, DNNRegressor
 from .dnn_linear_combined import (DNNLinearCombinedClassifier, DNNLinearCombinedEstimator,
                                   DNNLinearCombinedRegressor)
+from .kmeans import KMeansClustering
 from .linear import LinearClassifier, LinearEstimator, LinearRegressor
 from .heads import (BinaryClassHead, LogisticRegressionHead, MultiClassHead,
                     PoissonRegressionHead, RegressionHead)
@@ -24,5 +25,5 @@ __all__ = [
     "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "classifier_parse_example_spec", "regressor_parse_example_spec",
     "RNNClassifier", "RNNEstimator", "SequentialHeadWrapper",
-    "BoostedTreesClassifier", "BoostedTreesRegressor",
+    "BoostedTreesClassifier", "BoostedTreesRegressor", "KMeansClustering",
 ]

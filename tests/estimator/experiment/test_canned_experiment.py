@@ -3,6 +3,7 @@ instead of `model_fn:`, feature columns from a function named by import path."""
 import os
 import sys
 
+import numpy as np
 import pytest
 
 from estimator import experiment
@@ -109,6 +110,36 @@ def bucketized():
     assert est.checkpoint.latest_checkpoint(str(workdir / "run")).endswith("model.ckpt-16")
     scalars = read_scalars(str(workdir / "run" / "eval" / "*tfevents*"))
     assert list(scalars) == [16] and scalars[16]["accuracy"] == 1.0
+
+
+def test_kmeans_runs_from_yaml_with_its_initial_centers(workdir):
+    """est.KMeansClustering by name: `initial_clusters` a YAML list, an
+    input_fn of points alone (no labels); the evaluation's score is TF's
+    mean of each batch's sum of squared distances."""
+    text = HEAD.replace("  LinearClassifier:\n    feature_columns: mod.py:columns\n",
+                        "  KMeansClustering:\n    num_clusters: 2\n"
+                        "    initial_clusters: [[-0.5], [0.5]]\n    use_mini_batch: false\n"
+                        ).replace("mod.py:input_fn", "mod.py:points")
+    (workdir / "mod.py").write_text(MODULE + """
+
+def points(mode):
+    x = np.linspace(-1, 1, 64).astype(np.float32)
+    if mode == "train":   # (full-batch k-means: each step all the points)
+        return [x[:, None]] * 40
+    return [x[i:i + 16, None] for i in range(0, 64, 16)]
+""")
+    path = write(workdir, text + "run_config: {model_dir: run}\n")
+    assert cli.main(["run", path, "-q"]) == 0
+    import estimator as est
+    from hooks.event_files import read_scalars
+    kmeans = est.KMeansClustering(2, model_dir=str(workdir / "run"))
+    centers = sorted(kmeans.cluster_centers()[:, 0].tolist())
+    assert centers == pytest.approx([-0.5079365, 0.5079365], abs=1e-5)   # each half's mean
+    scalars = read_scalars(str(workdir / "run" / "eval" / "*tfevents*"))
+    x = np.linspace(-1, 1, 64).astype(np.float32)
+    sums = [float(((b[:, None] - np.array(centers)[None]) ** 2).min(1).sum())
+            for b in np.split(x, 4)]
+    assert scalars[40]["score"] == pytest.approx(np.mean(sums), rel=1e-5)
 
 
 def test_in_memory_evaluator_hook_from_yaml(workdir):
