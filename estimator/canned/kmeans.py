@@ -247,6 +247,8 @@ class KMeansClustering(Estimator):
             raise ValueError(f"KMeans: {int(c.chosen)} of the {self._k} initial centers are "
                              "chosen in this checkpoint (training ended during their choice): "
                              "train on more batches first")
+        if mode == ModeKeys.TRAIN and self._mini_batch and self._steps > 1:
+            self._sync(c)
         centers = self._assigning(c)
         with torch.no_grad():
             index, distance = _nearest(x, centers, self._metric)
@@ -280,9 +282,9 @@ class KMeansClustering(Estimator):
         return self._metric == COSINE_DISTANCE and (not self._mini_batch or self._steps > 1)
 
     def _train_step(self, c: _Clusters, x, index, context) -> None:
-        """One mini-batch step (TF's ``_mini_batch_training_op``, after its
-        sync of the centers every ``mini_batch_steps_per_iteration`` steps)
-        or one Lloyd iteration (``_full_batch_training_op``)."""
+        """One mini-batch step (TF's ``_mini_batch_training_op``: a center
+        moves to its ``n`` points' sum by ``1 / (count + n)``, the count
+        before the step's) or one Lloyd iteration (``_full_batch_training_op``)."""
         c.trained = True
         k = c.clusters.shape[0]
         with torch.no_grad():
@@ -297,25 +299,23 @@ class KMeansClustering(Estimator):
                 centers = sums / (counts[:, None] + 1e-6)
                 c.clusters.copy_(_normalized(centers) if self._kept_normalized() else centers)
                 return
-            if self._steps > 1:   # (no host read a step: on a device, no sync)
-                due = c.update_in_steps <= 0
-                updated = c.clusters_updated
-                c.clusters.copy_(torch.where(due, _normalized(updated) if self._metric ==
-                                             COSINE_DISTANCE else updated, c.clusters))
-                c.counts.masked_fill_(due, 0)
-                c.update_in_steps.copy_(torch.where(due, self._steps - 1,
-                                                    c.update_in_steps - 1))
-                target = c.clusters_updated
-            else:
-                target = c.clusters
-            c.counts.add_(counts.to(torch.int64))
-            # TF's graph orders nothing between its counts' update and its read
-            # of them for the step size: TF 2.15 reads them updated, a step of
-            # 1 / (count + 2n) where the algorithm's is 1 / (count + n)
-            # (recorded: record_tf_kmeans.py); clusters without points stay
-            total = c.counts.to(torch.float32) + counts
-            rate = torch.where(counts > 0, 1.0 / total.clamp(min=1), 0.0)
+            target = c.clusters_updated if self._steps > 1 else c.clusters
+            rate = torch.where(counts > 0, 1.0 / (c.counts.to(torch.float32) + counts).clamp(
+                min=1), 0.0)   # (clusters without points stay)
             target.add_((sums - counts[:, None] * target) * rate[:, None])
+            c.counts.add_(counts.to(torch.int64))
+
+    def _sync(self, c: _Clusters) -> None:
+        """TF's ``_mini_batch_sync_updates_op``, as a step begins: every
+        ``mini_batch_steps_per_iteration`` steps the updated centers become
+        the centers (normalized for cosine) and the counts start again."""
+        with torch.no_grad():   # (no host read: on a device, no sync a step)
+            due = c.update_in_steps <= 0
+            updated = c.clusters_updated
+            c.clusters.copy_(torch.where(due, _normalized(updated) if self._metric ==
+                                         COSINE_DISTANCE else updated, c.clusters))
+            c.counts.masked_fill_(due, 0)
+            c.update_in_steps.copy_(torch.where(due, self._steps - 1, c.update_in_steps - 1))
 
     # -- choosing the initial centers --------------------------------------------------
     def _initializing_spec(self, c: _Clusters, x, mode) -> EstimatorSpec:
