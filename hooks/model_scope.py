@@ -224,6 +224,9 @@ class ModelScope:
         self.scaler_skipped: set = set()
         self.scaler_stepped = False
         self.step_uncounted = False   # set by a step the session must not count (its skip)
+        # set by an uncounted step no hook sees, no summary records (TF's work
+        # before the first step: k-means choosing its initial centers)
+        self.step_hidden = False
         self.global_step = int(restore["global_step"]) if restore else 0
         self.named_tensors: Dict[str, torch.Tensor] = {}
         self.feed_dict: Optional[dict] = None   # this step's feeds (hooks.FeedFnHook)

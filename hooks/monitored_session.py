@@ -288,6 +288,8 @@ class MonitoredSession:
                     scope.step_uncounted = False
                 else:
                     scope.global_step += 1
+            if scope.step_hidden:
+                return self._hidden(outputs)
             if (self._agree_to_stop is None and not scope.named_tensors and not self._coord._stop
                     and not self._due_after_step() and self._preemption.signalled is None):
                 self._last_outputs, self._last_named = outputs, scope.named_tensors
@@ -346,7 +348,18 @@ class MonitoredSession:
                 scope.step_uncounted, self._uncounted = False, True
             else:
                 scope.global_step += 1
+        if scope.step_hidden:
+            return self._hidden(outputs)
         self._after_step(outputs, context, requests, after, woken)
+        return outputs
+
+    def _hidden(self, outputs):
+        """A step no hook's after_run sees and no summary records (its hooks
+        were asked before it ran: they are asked again at the next step)."""
+        scope = self._scope
+        scope.step_hidden = scope.summaries_due = False
+        scope.summaries.clear()
+        scope.named_tensors = {}
         return outputs
 
     def _after_step(self, outputs, context, requests, after, woken) -> None:

@@ -204,6 +204,19 @@ class KMeansClustering(Estimator):
         self._generator: Optional[torch.Generator] = None
         super().__init__(self._kmeans_model_fn, model_dir=model_dir, config=config)
 
+    def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        """Estimator.train; as TF's (its initialization hook's OutOfRangeError),
+        an error if the input ends before the initial centers are all chosen
+        (the checkpoint keeps those chosen: training on goes on choosing)."""
+        super().train(input_fn, hooks, steps, max_steps, saving_listeners)
+        if self.latest_checkpoint() is not None and \
+                not self.get_variable_value("kmeans/initialized"):
+            chosen = int(self.get_variable_value("kmeans/chosen"))
+            raise ValueError(f"KMeans: the input ended with {chosen} of the {self._k} initial "
+                             "centers chosen (fewer points than num_clusters?); give more "
+                             "points, or fewer clusters")
+        return self
+
     # -- the methods TF adds ------------------------------------------------------
     def predict_cluster_index(self, input_fn):
         """Yield the index of each input point's nearest center."""
@@ -240,18 +253,25 @@ class KMeansClustering(Estimator):
         x = _normalized(points) if self._metric == COSINE_DISTANCE else points
         if mode == ModeKeys.TRAIN and not c.ready():
             if not isinstance(self._initial, torch.Tensor):
-                return self._initializing_spec(c, x, mode)
+                return self._initializing_spec(c, points, mode)
+            if self._initial.shape[1] != points.shape[1]:
+                raise ValueError(f"KMeans: initial_clusters are centers of "
+                                 f"{self._initial.shape[1]} dimensions, the input points have "
+                                 f"{points.shape[1]}")
             with torch.no_grad():   # (given centers: TF's init op reads no batch)
                 self._add(c, self._initial.to(x.device))
         elif not torch.compiler.is_compiling() and not c.ready():   # (not traced)
             raise ValueError(f"KMeans: {int(c.chosen)} of the {self._k} initial centers are "
-                             "chosen in this checkpoint (training ended during their choice): "
+                             "chosen (no checkpoint, or training ended while choosing them): "
                              "train on more batches first")
         if mode == ModeKeys.TRAIN and self._mini_batch and self._steps > 1:
             self._sync(c)
         centers = self._assigning(c)
         with torch.no_grad():
-            index, distance = _nearest(x, centers, self._metric)
+            # (TF normalizes the assigning centers once more for its kernel)
+            index, distance = _nearest(x, _normalized(centers) if self._metric == COSINE_DISTANCE
+                                       and not self._kept_normalized() else centers,
+                                       self._metric)
             loss = distance.sum()
         if mode == ModeKeys.PREDICT:
             predictions = {self.ALL_DISTANCES: _all_distances(x, centers, self._metric),
@@ -283,8 +303,9 @@ class KMeansClustering(Estimator):
 
     def _train_step(self, c: _Clusters, x, index, context) -> None:
         """One mini-batch step (TF's ``_mini_batch_training_op``: a center
-        moves to its ``n`` points' sum by ``1 / (count + n)``, the count
-        before the step's) or one Lloyd iteration (``_full_batch_training_op``)."""
+        moves to its ``n`` points by ``1 / (count + n)``, the count TF reads
+        being the one after the step's) or one Lloyd iteration
+        (``_full_batch_training_op``)."""
         c.trained = True
         k = c.clusters.shape[0]
         with torch.no_grad():
@@ -300,10 +321,13 @@ class KMeansClustering(Estimator):
                 c.clusters.copy_(_normalized(centers) if self._kept_normalized() else centers)
                 return
             target = c.clusters_updated if self._steps > 1 else c.clusters
+            c.counts.add_(counts.to(torch.int64))
+            # TF's graph orders nothing between the counts' update and their
+            # read for the step size; TF reads them updated in nearly every run:
+            # 1 / (count + 2n), where its code means 1 / (count + n)
             rate = torch.where(counts > 0, 1.0 / (c.counts.to(torch.float32) + counts).clamp(
                 min=1), 0.0)   # (clusters without points stay)
             target.add_((sums - counts[:, None] * target) * rate[:, None])
-            c.counts.add_(counts.to(torch.int64))
 
     def _sync(self, c: _Clusters) -> None:
         """TF's ``_mini_batch_sync_updates_op``, as a step begins: every
@@ -318,51 +342,57 @@ class KMeansClustering(Estimator):
             c.update_in_steps.copy_(torch.where(due, self._steps - 1, c.update_in_steps - 1))
 
     # -- choosing the initial centers --------------------------------------------------
-    def _initializing_spec(self, c: _Clusters, x, mode) -> EstimatorSpec:
+    def _initializing_spec(self, c: _Clusters, points, mode) -> EstimatorSpec:
         """A step that chooses centers from its batch (TF's
         ``_InitializeClustersHook`` running the init op on the batches
-        before training), left out of the global step."""
+        before training), left out of the global step and unseen by hooks."""
         context = distribute.get_replica_context()
         _check_strategy()
+        scope = model_scope.current()
 
         def choose():
             c.trained = False
-            model_scope.current().step_uncounted = True
+            scope.step_uncounted = scope.step_hidden = True
+            first = context is None or context.replica_id_in_sync_group == 0
             with torch.no_grad():
-                new = self._choose(c, x)
+                new = self._choose(c, points) if first else None
                 if context is not None and context.num_replicas_in_sync > 1:
                     # the first replica's choice on every replica
-                    first = context.replica_id_in_sync_group == 0
-                    rows = torch.tensor(float(new.shape[0] if first else 0), device=x.device)
+                    rows = torch.tensor(float(new.shape[0] if first else 0),
+                                        device=points.device)
                     rows = int(context.all_reduce(distribute.ReduceOp.SUM, rows))
-                    mine = new if first else torch.zeros(rows, x.shape[1], device=x.device)
-                    new = context.all_reduce(distribute.ReduceOp.SUM, mine[:rows])
+                    mine = new if first else points.new_zeros(rows, points.shape[1])
+                    new = context.all_reduce(distribute.ReduceOp.SUM, mine)
                 self._add(c, new)
-        return EstimatorSpec(mode, loss=torch.zeros((), device=x.device), train_op=choose)
+        return EstimatorSpec(mode, loss=torch.zeros((), device=points.device), train_op=choose)
 
-    def _choose(self, c: _Clusters, x: torch.Tensor) -> torch.Tensor:
+    def _choose(self, c: _Clusters, points: torch.Tensor) -> torch.Tensor:
+        """Centers from the batch `points` (TF's ``_choose_initial_centers``:
+        the callable and the random rows take the points as they come,
+        k-means++ normalized for cosine; `_add` normalizes what they give)."""
         remaining = self._k - int(c.chosen)
-        n = x.shape[0]
+        n = points.shape[0]
         if callable(self._initial):
-            new = self._initial([x], remaining)   # (TF's: the list of input shards)
+            new = self._initial([points], remaining)   # (TF's: the list of input shards)
             new = torch.as_tensor(np.asarray(new) if not isinstance(new, torch.Tensor)
-                                  else new).to(device=x.device, dtype=torch.float32)
-            if new.dim() != 2 or new.shape[1] != x.shape[1] or new.shape[0] > remaining:
+                                  else new).to(device=points.device, dtype=torch.float32)
+            if new.dim() != 2 or new.shape[1] != points.shape[1] or new.shape[0] > remaining:
                 raise ValueError(f"KMeans: initial_clusters(inputs, {remaining}) must give "
-                                 f"at most {remaining} centers of {x.shape[1]} dimensions, got "
-                                 f"shape {list(new.shape)}")
+                                 f"at most {remaining} centers of {points.shape[1]} dimensions, "
+                                 f"got shape {list(new.shape)}")
         elif self._initial == RANDOM_INIT:
             if n <= remaining:
-                new = x
+                new = points
             else:
-                new = x[torch.randint(0, n, (remaining,), generator=self._rng(),
-                                      device="cpu").to(x.device)]
+                new = points[torch.randint(0, n, (remaining,), generator=self._rng(),
+                                           device="cpu").to(points.device)]
         else:
             if n < remaining:
                 raise ValueError(f"KMeans: k-means++ initialization chooses all {remaining} "
                                  f"centers from one batch, which holds {n} points: give "
                                  "batches of at least num_clusters points")
-            new = self._kmeans_plus_plus(x, remaining)
+            new = self._kmeans_plus_plus(_normalized(points) if self._metric == COSINE_DISTANCE
+                                         else points, remaining)
         return new
 
     def _add(self, c: _Clusters, new: torch.Tensor) -> None:

@@ -105,14 +105,20 @@ def test_kmeans_is_tfs(name, tmp_path):
 def test_random_initialization_takes_whole_batches_smaller_than_the_clusters(tmp_path):
     """Batches of 3 for 6 clusters: TF's initialization takes the first two
     batches whole (no draw) and trains from the third; those batches are not
-    steps (the global step counts the two training steps only)."""
-    kmeans = est.KMeansClustering(6, model_dir=str(tmp_path))
+    steps: the global step counts the two training steps only, and hooks,
+    logs and summaries see those two alone, as TF's."""
+    kmeans = est.KMeansClustering(6, model_dir=str(tmp_path),
+                                  config=est.RunConfig(save_summary_steps=1))
     hook = _Losses()
     kmeans.train(_input_fn(POINTS, 3, epochs=10), steps=2, hooks=[hook])
     recorded = TF["init_over_batches"]
     np.testing.assert_allclose(kmeans.cluster_centers(), recorded["centers"], atol=2e-6)
-    np.testing.assert_allclose(hook.losses[-2:], recorded["losses"], rtol=2e-6)
+    np.testing.assert_allclose(hook.losses, recorded["losses"], rtol=2e-6)
     assert kmeans.get_variable_value("global_step") == recorded["global_step"] == 2
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    np.testing.assert_allclose([e.value for e in events.Scalars("loss/raw")],
+                               recorded["losses"], rtol=2e-6)
 
 
 def test_random_initialization_draws_rows_of_the_first_batch_by_its_seed(tmp_path):
@@ -160,6 +166,20 @@ def test_a_callable_chooses_centers_from_the_input_shards(tmp_path):
         many = est.KMeansClustering(3, initial_clusters=lambda inputs, k: inputs[0][:4],
                                     model_dir=str(tmp_path / "many"))
         many.train(_input_fn(POINTS, 8), steps=1)
+
+
+def test_a_callable_gets_the_points_as_they_come_under_cosine(tmp_path):
+    """TF hands `initial_clusters(inputs, k)` the input itself (only
+    k-means++ takes normalized points) and normalizes what it returns."""
+    given = []
+
+    def first_rows(inputs, k):
+        given.append(inputs[0].clone())
+        return inputs[0][:k]
+    kmeans = est.KMeansClustering(3, initial_clusters=first_rows, distance_metric="cosine",
+                                  model_dir=str(tmp_path))
+    kmeans.train(_input_fn(POINTS, 8, epochs=2), steps=1)
+    np.testing.assert_array_equal(given[0].numpy(), POINTS[:8])
 
 
 def test_a_restart_continues_the_counts_and_centers(tmp_path):
@@ -222,6 +242,11 @@ def test_bad_arguments_are_named(tmp_path):
         est.KMeansClustering(3, mini_batch_steps_per_iteration=0)
     with pytest.raises(ValueError, match=r"initial_clusters must be .* got shape \[3\]"):
         est.KMeansClustering(3, initial_clusters=np.zeros(3))
+    with pytest.raises(ValueError, match="initial_clusters are centers of 2 dimensions, the "
+                                         "input points have 3"):
+        est.KMeansClustering(3, initial_clusters=np.zeros((3, 2)),
+                             model_dir=str(tmp_path / "narrow")).train(_input_fn(POINTS, 8),
+                                                                       steps=1)
     kmeans = _kmeans("minibatch", str(tmp_path))
     kmeans.train(_input_fn(POINTS, 8), steps=1)
     with pytest.raises(ValueError, match=r"kmeans/clusters is \[3, 3\] in the checkpoint, "
@@ -232,11 +257,17 @@ def test_bad_arguments_are_named(tmp_path):
         kmeans.evaluate(lambda: iter([torch.zeros(8)]))
 
 
-def test_evaluating_centers_not_all_chosen_says_so(tmp_path):
+def test_input_ending_before_the_centers_are_chosen_says_so(tmp_path):
+    """TF's initialization fails (OutOfRangeError) when the input ends first."""
     kmeans = est.KMeansClustering(6, model_dir=str(tmp_path))
-    kmeans.train(_input_fn(POINTS[:3], 3), steps=1)   # (3 of 6 chosen, then no input)
+    with pytest.raises(ValueError, match="the input ended with 3 of the 6 initial centers "
+                                         "chosen"):
+        kmeans.train(_input_fn(POINTS[:3], 3), steps=1)
     with pytest.raises(ValueError, match="3 of the 6 initial centers are chosen"):
         kmeans.evaluate(_input_fn(POINTS, 8))
+    with pytest.raises(ValueError, match="0 of the 2 initial centers are chosen"):
+        est.KMeansClustering(2, model_dir=str(tmp_path / "none")).evaluate(
+            _input_fn(POINTS, 8))
     with pytest.raises(ValueError, match="feature 'word' holds <U1 values"):
         est.KMeansClustering(2).train(lambda: iter([{"word": np.array(["a", "b"])}]), steps=1)
 
@@ -281,3 +312,20 @@ def test_two_replicas_take_the_first_replicas_random_centers(tmp_path):
                          for j in range(4)])
     np.testing.assert_allclose(kmeans.cluster_centers(), expected, atol=2e-6)
     assert kmeans.get_variable_value("global_step") == 1
+
+
+@pytest.mark.slow
+def test_two_replicas_choose_by_k_means_plus_plus_from_the_first_replicas_batch(tmp_path):
+    """Only the first replica's batch must hold num_clusters points (the
+    second's 2 rows are not asked to)."""
+    import distribute
+    strategy = distribute.MirroredStrategy(
+        ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+            timeout_seconds=60))
+    kmeans = est.KMeansClustering(3, initial_clusters="kmeans_plus_plus", seed=1,
+                                  use_mini_batch=False, config=est.RunConfig(
+                                      model_dir=str(tmp_path), train_distribute=strategy))
+    batches = [POINTS[0:8], POINTS[8:10], POINTS[10:18], POINTS[18:20]]
+    kmeans.train(lambda: (torch.from_numpy(b) for b in batches), steps=1)
+    initial = kmeans.cluster_centers()
+    assert initial.shape == (3, 3) and kmeans.get_variable_value("global_step") == 1
