@@ -1210,6 +1210,11 @@ class LoadedExport:
             try:
                 return load(path)
             except (OSError, ValueError, KeyError, RuntimeError, zipfile.BadZipFile) as e:
+                if "module '__main__'" in str(e):   # (export warned: a receiver's function)
+                    raise ValueError(
+                        f"{path} names a function the exporting program defined in its "
+                        f"__main__ ({e}), which a server cannot import: define it in a module "
+                        "on the server's sys.path and export the model again") from e
                 raise ValueError(f"{path} cannot be read: it is damaged or not written by "
                                  f"export_saved_model ({type(e).__name__}: {e}); export the "
                                  "model again") from e

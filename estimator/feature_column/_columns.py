@@ -242,7 +242,8 @@ class BucketizedColumn(DenseColumn, CategoricalColumn, collections.namedtuple(
             if edges is None or edges.device != source.device:
                 edges = self.__dict__["_edges"] = torch.tensor(
                     self.boundaries, dtype=torch.float32, device=source.device)
-            return torch.bucketize(source, edges, right=True)
+            return torch.bucketize(source.contiguous(), edges, right=True)   # (a column
+            # view of a batch: torch warns on non-contiguous values)
         return builder.get(self, transform)
 
     def _dense(self, builder, variables=None):

@@ -470,3 +470,45 @@ def test_example_values_of_another_kind_are_refused_as_tf_serving():
         with pytest.raises(ValueError, match=re.escape(said)):
             est.host_transform.example_of(values, spec)
 
+
+def test_an_export_needing_a_function_of_the_exporting_main_says_so(tmp_path):
+    """A receiver whose features function lives in the exporting script's
+    __main__ (as TF1 trainers define theirs): the export warns, and loading
+    it elsewhere says what to do, not that the file is damaged."""
+    script = tmp_path / "trainer.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+import torch
+import estimator as est
+
+
+def to_features(receiver):   # (a CSV line a request: work on the host)
+    x, = est.io.decode_csv(receiver["csv"], [[0.0]])
+    return {{"x": torch.as_tensor(x).reshape(-1, 1)}}
+
+
+def model_fn(features, labels, mode):
+    net = est.get_module("net", lambda: torch.nn.Linear(1, 1))
+    out = net(features["x"])
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={{"y": out}})
+    loss = ((out - labels) ** 2).mean()
+    return est.EstimatorSpec(mode, loss=loss, train_op=est.get_optimizer(
+        lambda p: torch.optim.SGD(p, lr=0.1)))
+
+
+e = est.Estimator(model_fn, model_dir={str(tmp_path / "model")!r})
+e.train(lambda: [({{"x": torch.ones(4, 1)}}, torch.ones(4, 1))], steps=1)
+print(e.export_saved_model({str(tmp_path / "export")!r}, lambda: est.export.ServingInputReceiver(
+    to_features, {{"csv": est.export.placeholder(str, [None], fill_value="1")}})))
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "recorded from __main__" in done.stderr
+    path = done.stdout.strip().splitlines()[-1]
+    with pytest.raises(ValueError, match="names a function the exporting program defined in "
+                                         "its __main__ .* define it in a module on the "
+                                         "server's sys.path"):
+        est.export.load(path)
