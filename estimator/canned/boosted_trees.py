@@ -176,6 +176,31 @@ class _TreeEnsemble(torch.nn.Module):
         self.sketches = None   # (the numeric features' quantile streams, being filled)
 
     TREES, TREES_ATTEMPTED, LAYERS_ATTEMPTED, START, END, CENTERING, BOUNDARIES_READY = range(7)
+    # the buffers sized by n_trees (and max_depth: nodes), with an empty tree's values
+    _SIZED = {"feature": -1, "threshold": 0, "left": 0, "right": 0, "value": 0, "gain": 0,
+              "node_count": 1, "layers_grown": 0, "finalized": 0}
+
+    def _load_from_state_dict(self, state, prefix, *args, **kwargs):
+        """A checkpoint of another `n_trees` or `max_depth` (TF's ensemble is
+        one resource of any size): the buffers take room for the larger of
+        the two, the checkpoint's trees in them, so that training grows more
+        trees after them (TF's, on a larger `n_trees`) and deeper trees are
+        kept whole."""
+        saved = state.get(prefix + "feature")
+        if isinstance(saved, torch.Tensor) and saved.dim() == 2 and \
+                saved.shape != self.feature.shape:
+            trees = max(saved.shape[0], self.feature.shape[0])
+            nodes = max(saved.shape[1], self.feature.shape[1])
+            for name, fill in self._SIZED.items():
+                own, theirs = getattr(self, name), state.get(prefix + name)
+                shape = (trees, nodes)[:own.dim()] + tuple(own.shape[2:])
+                setattr(self, name, torch.full(shape, fill, dtype=own.dtype, device=own.device))
+                if isinstance(theirs, torch.Tensor) and theirs.dim() == own.dim():
+                    padded = torch.full(shape, fill, dtype=theirs.dtype)
+                    padded[tuple(slice(0, n) for n in theirs.shape)] = theirs
+                    state[prefix + name] = padded
+            self.max_depth = max(self.max_depth, (nodes + 1).bit_length() - 2)
+        super()._load_from_state_dict(state, prefix, *args, **kwargs)
     # Replicas grow the same trees from their statistics' mean (all-reduced in
     # the train_op): the buffers are alike on each, never averaged.
     same_buffers_on_replicas = True

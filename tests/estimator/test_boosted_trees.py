@@ -256,6 +256,33 @@ def test_a_boosted_trees_classifier_exports_and_serves_as_it_predicts(name, tmp_
         served[0]["scores"], abs=1e-6)
 
 
+def test_a_larger_n_trees_grows_more_trees_after_a_checkpoints(tmp_path):
+    """TF's ensemble is one resource of any size: a model restored with a
+    larger n_trees grows the trees it lacks after the checkpoint's (the same
+    trees as one run to that many), and one built with other n_trees and
+    max_depth (the defaults) evaluates a checkpoint's trees as they are."""
+    _, arguments, labels, _ = CASES["binary"]
+    data = rows(60, 0)
+    whole = batches((data[0], _labels(data, labels)), 60)
+
+    def train(model_dir, **more):
+        estimator = est.BoostedTreesClassifier(_columns(), model_dir=model_dir,
+                                               **{**arguments, **more})
+        estimator.train(lambda: itertools.cycle(whole), max_steps=30)
+        return estimator
+    once = train(str(tmp_path / "once"))
+    train(str(tmp_path / "twice"), n_trees=2)
+    twice = train(str(tmp_path / "twice"))
+    assert twice.get_variable_value("global_step") == once.get_variable_value("global_step")
+    _assert_trees_are(_trees(twice), _trees(once))
+    default = est.BoostedTreesClassifier(_columns(), n_batches_per_layer=1,
+                                         model_dir=str(tmp_path / "once"))
+    few = {k: v[:6] for k, v in data[0].items()}
+    np.testing.assert_allclose([p["probabilities"] for p in default.predict(lambda: [(few, None)])],
+                               [p["probabilities"] for p in once.predict(lambda: [(few, None)])],
+                               atol=1e-7)
+
+
 @pytest.mark.slow
 def test_two_replicas_grow_the_trees_of_one_process(tmp_path):
     """Each replica's half of each batch: the statistics are the replicas'
