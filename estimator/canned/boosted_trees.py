@@ -108,6 +108,7 @@ class _Features:
         for buckets, ids in self.groups:
             self.buckets[ids] = buckets
         self.most = max(b for b, _ in self.groups)
+        self._edges = {}   # a bucketized column's boundaries as a tensor, by name
 
     def values(self, features) -> torch.Tensor:
         """[batch, numeric features] float32: the numeric columns' values."""
@@ -120,16 +121,24 @@ class _Features:
         numeric value's: TF's ``BoostedTreesBucketize`` on the boundaries)."""
         parts, numeric = [], 0
         for column in self.columns:
+            if isinstance(column, feature_column.BucketizedColumn):
+                # its bucket from its source's values (as the column's Bucketize:
+                # upper bound over float32 boundaries), not its one-hot's argmax
+                values = feature_column.input_layer(features, [column.source_column])
+                edges = self._edges.get(column.name)
+                if edges is None or edges.device != values.device:
+                    edges = self._edges[column.name] = torch.tensor(
+                        column.boundaries, dtype=torch.float32, device=values.device)
+                parts.append(torch.bucketize(values.contiguous(), edges, right=True))
+                continue
             dense = feature_column.input_layer(features, [column])
             if isinstance(column, feature_column.NumericColumn):
                 dense = dense.to(ensemble.boundaries.device)
                 for i in range(dense.shape[1]):
                     parts.append(ensemble.bucketize(numeric, dense[:, i:i + 1]))
                     numeric += 1
-            elif isinstance(column, feature_column.IndicatorColumn):
-                parts.append(dense.to(torch.int64))   # (TF's int32 cast of the counts)
-            else:
-                parts.append(dense.argmax(-1, keepdim=True))
+            else:   # (an indicator: TF's int32 cast of the counts)
+                parts.append(dense.to(torch.int64))
         return torch.cat([p.to(ensemble.feature.device) for p in parts], -1)
 
 
