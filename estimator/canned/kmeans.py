@@ -10,8 +10,8 @@ The centers are the buffers of the module ``kmeans`` (TF's variables:
 ``kmeans/clusters`` for ``clusters``, ``kmeans/counts`` for the mini-batch
 counts TF names ``Variable``, ``kmeans/clusters_updated``,
 ``kmeans/update_in_steps``, ``kmeans/initialized``). As TF's initialization
-hook, the batches that choose the initial centers are not training steps:
-the global step stays while they are taken.
+hook's runs, the batches that choose the initial centers are not training
+steps: the global step stays, and no hook sees them.
 """
 from __future__ import annotations
 
@@ -54,7 +54,6 @@ class _Clusters(torch.nn.Module):
                 self.register_buffer("clusters_updated", torch.zeros(k, d))
                 self.register_buffer("update_in_steps",
                                      torch.tensor(steps_per_iteration, dtype=torch.int64))
-        self.trained = False   # whether the last step trained (not one choosing centers)
         self._ready = False   # `initialized` seen true (it stays so): no read a step
 
     def ready(self) -> bool:
@@ -69,17 +68,16 @@ class _Clusters(torch.nn.Module):
 
 class _LossRelativeChangeHook(SessionRunHook):
     """TF's: stop once the loss changes by less than `tolerance` relative to
-    ``1 + |previous loss|`` between training steps."""
+    ``1 + |previous loss|`` between training steps (the steps choosing the
+    initial centers are hidden from hooks)."""
 
-    def __init__(self, clusters: _Clusters, tolerance: float):
-        self._clusters, self._tolerance, self._previous = clusters, tolerance, None
+    def __init__(self, tolerance: float):
+        self._tolerance, self._previous = tolerance, None
 
     def before_run(self, run_context):
         return SessionRunArgs("loss")
 
     def after_run(self, run_context, run_values):
-        if not self._clusters.trained:
-            return
         loss = float(run_values.results)
         if self._previous:   # (TF's test: a previous loss of 0 is none)
             if abs(loss - self._previous) / (1 + abs(self._previous)) < self._tolerance:
@@ -286,10 +284,12 @@ class KMeansClustering(Estimator):
         _check_strategy()
         summary.scalar("loss/raw", loss)
         context = distribute.get_replica_context()   # (the train_op runs outside it)
-        hooks = [] if self._tolerance is None else [
-            _LossRelativeChangeHook(c, self._tolerance)]
-        return EstimatorSpec(mode, loss=loss, training_hooks=hooks,
+        return EstimatorSpec(mode, loss=loss, training_hooks=self._hooks(),
                              train_op=lambda: self._train_step(c, x, index, context))
+
+    def _hooks(self) -> list:
+        """The training hooks (of the first step's spec, a choosing one too)."""
+        return [] if self._tolerance is None else [_LossRelativeChangeHook(self._tolerance)]
 
     def _assigning(self, c: _Clusters) -> torch.Tensor:
         """The centers points are assigned to (normalized for cosine where TF
@@ -306,7 +306,6 @@ class KMeansClustering(Estimator):
         moves to its ``n`` points by ``1 / (count + n)``, the count TF reads
         being the one after the step's) or one Lloyd iteration
         (``_full_batch_training_op``)."""
-        c.trained = True
         k = c.clusters.shape[0]
         with torch.no_grad():
             sums = torch.zeros_like(c.clusters).index_add_(0, index, x)
@@ -351,7 +350,6 @@ class KMeansClustering(Estimator):
         scope = model_scope.current()
 
         def choose():
-            c.trained = False
             scope.step_uncounted = scope.step_hidden = True
             first = context is None or context.replica_id_in_sync_group == 0
             with torch.no_grad():
@@ -364,7 +362,8 @@ class KMeansClustering(Estimator):
                     mine = new if first else points.new_zeros(rows, points.shape[1])
                     new = context.all_reduce(distribute.ReduceOp.SUM, mine)
                 self._add(c, new)
-        return EstimatorSpec(mode, loss=torch.zeros((), device=points.device), train_op=choose)
+        return EstimatorSpec(mode, loss=torch.zeros((), device=points.device), train_op=choose,
+                             training_hooks=self._hooks())
 
     def _choose(self, c: _Clusters, points: torch.Tensor) -> torch.Tensor:
         """Centers from the batch `points` (TF's ``_choose_initial_centers``:

@@ -149,6 +149,15 @@ def test_kmeans_plus_plus_puts_one_center_in_each_separated_blob(tmp_path):
         few.train(_input_fn(x[:3], 3), steps=1)
 
 
+def test_the_tolerance_stops_training_after_random_centers_too(tmp_path):
+    """The hooks come from the first step's spec, there one choosing the
+    centers: the tolerance still stops full-batch steps once they settle."""
+    kmeans = est.KMeansClustering(3, model_dir=str(tmp_path), use_mini_batch=False,
+                                  relative_tolerance=1e-3, seed=1)
+    kmeans.train(_input_fn(POINTS, 40, epochs=50), steps=20)
+    assert kmeans.get_variable_value("global_step") < 20
+
+
 def test_a_callable_chooses_centers_from_the_input_shards(tmp_path):
     """TF's `initial_clusters(inputs, k)`: the list of input shards and the
     number of centers still to choose, called batch after batch."""
