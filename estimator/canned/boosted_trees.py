@@ -156,15 +156,16 @@ class _TreeEnsemble(torch.nn.Module):
         trees, nodes = n_trees + 1, 2 ** (max_depth + 1) - 1
         splits = 2 ** max_depth - 1   # (the nodes that may split: ids below it)
 
-        def buffer(name, *shape, dtype=torch.int64, fill=0):
+        def buffer(name, *shape, dtype=torch.int64, fill=None):
+            fill = self._SIZED.get(name, 0) if fill is None else fill
             self.register_buffer(name, torch.full(shape, fill, dtype=dtype))
-        buffer("feature", trees, nodes, fill=-1)
+        buffer("feature", trees, nodes)
         buffer("threshold", trees, nodes)
         buffer("left", trees, nodes)
         buffer("right", trees, nodes)
         buffer("value", trees, nodes, dimension, dtype=torch.float32)
         buffer("gain", trees, nodes, dtype=torch.float32)
-        buffer("node_count", trees, fill=1)
+        buffer("node_count", trees)
         buffer("layers_grown", trees)
         buffer("finalized", trees)
         # [trees in the ensemble, trees attempted, layers attempted, layer start, layer end,
@@ -186,6 +187,7 @@ class _TreeEnsemble(torch.nn.Module):
 
     TREES, TREES_ATTEMPTED, LAYERS_ATTEMPTED, START, END, CENTERING, BOUNDARIES_READY = range(7)
     # the buffers sized by n_trees (and max_depth: nodes), with an empty tree's values
+    # (their values at construction, and the room a restore adds)
     _SIZED = {"feature": -1, "threshold": 0, "left": 0, "right": 0, "value": 0, "gain": 0,
               "node_count": 1, "layers_grown": 0, "finalized": 0}
 
