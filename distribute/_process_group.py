@@ -17,6 +17,7 @@ import datetime
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -126,6 +127,7 @@ class ProcessGroup:
         self.main = None     # the default group (gradients, loss, metrics)
         self.control = None  # a gloo group for host-side flags (the default one under gloo)
         self._failed_alone = False   # this rank failed on its own error (`report_failure`)
+        self._links: Dict[int, int] = {}   # gloo's connections to the peers: fd -> inode
 
     # -- joining ----------------------------------------------------------------
     @classmethod
@@ -153,6 +155,7 @@ class ProcessGroup:
                 "whole job")
         store.set(f"arrived/{rank}", describe(rank))
         _wait_for_all(store, world_size, timeout, describe, address)
+        sockets_before = _sockets()
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=world_size, timeout=_timeout(timeout))
         if rank == 0:
@@ -160,6 +163,7 @@ class ProcessGroup:
         group = cls(rank, world_size, backend, store, address, describe, timeout, store_host)
         group.main = dist.group.WORLD
         group.control = group.main if backend == "gloo" else dist.new_group(backend="gloo")
+        group._links = _links(_sockets(), sockets_before, port)
         atexit.register(group._shutdown)
         return group
 
@@ -171,6 +175,7 @@ class ProcessGroup:
         active exception")."""
         if self._failed_alone:   # its peers' collectives fail now, the store still up
             self._destroy()
+            self._cut_links()
         try:
             # The count our own add returns: the last to arrive asks the store
             # nothing more (its host may leave as soon as it sees everyone).
@@ -182,6 +187,27 @@ class ProcessGroup:
         except Exception:  # a peer or the store's host is already gone: nothing to wait for
             pass
         self._destroy()   # (in any case: left to C++ static destruction, it can abort)
+
+    def _cut_links(self) -> None:
+        """Shut gloo's connections to the peers, so that a peer waiting in a
+        collective for this rank fails now and reads its error in the store
+        (then exits, and the exit wait ends). Destroying the group does not
+        close them while anything (a DDP module, a pending Work) holds it:
+        they closed only with the process, after the whole exit wait, and a
+        store hosted here could then be gone before the peer read it."""
+        for fd, inode in self._links.items():
+            try:
+                if os.fstat(fd).st_ino != inode:   # (closed, its number reused)
+                    continue
+                sock = socket.socket(fileno=fd)
+            except OSError:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                sock.detach()   # (the descriptor stays gloo's to close)
 
     @staticmethod
     def _destroy() -> None:
@@ -270,6 +296,48 @@ class ProcessGroup:
 
 
 _EXIT_WAIT_SECS = 10.0
+
+
+def _sockets() -> Dict[int, int]:
+    """This process's open socket descriptors, fd -> inode ({} where the
+    system lists no descriptors)."""
+    listing = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    found = {}
+    try:
+        names = os.listdir(listing)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            info = os.fstat(int(name))
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISSOCK(info.st_mode):
+            found[int(name)] = info.st_ino
+    return found
+
+
+def _links(after: Dict[int, int], before: Dict[int, int], store_port: int) -> Dict[int, int]:
+    """The TCP connections made while the process group formed (`before`,
+    `after`: `_sockets()`): gloo's to the peers, not the store's."""
+    links = {}
+    for fd, inode in after.items():
+        if before.get(fd) == inode:
+            continue
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+                ports = (sock.getsockname()[1], sock.getpeername()[1])   # (connected only)
+                if store_port not in ports:
+                    links[fd] = inode
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+    return links
 
 
 def _first_line(error: BaseException, default: str) -> str:

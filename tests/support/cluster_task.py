@@ -13,10 +13,12 @@ a 7-batch set to OUT_DIR/eval-<rank>.json; with --export, every task exports
 the export's path and its RunConfig's is_chief to OUT_DIR/export-<rank>.json.
 """
 import argparse
+import atexit
 import json
 import logging
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), HERE]   # the repository, tests/support
@@ -40,6 +42,8 @@ def main():
     parser.add_argument("--fail-replica", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=30)
     args = parser.parse_args()
+    # (registered before the strategy's exit wait: printed after it)
+    atexit.register(lambda: print(f"exited at {time.time():.3f}", flush=True))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     strategy = distribute.MultiWorkerMirroredStrategy(
         communication_options=distribute.CommunicationOptions(timeout_seconds=args.timeout))
@@ -53,6 +57,7 @@ def main():
 
     def input_fn():
         if args.fail == "raise_in_input_fn" and rank() == args.fail_replica:
+            print(f"raising at {time.time():.3f}", flush=True)
             raise ValueError(f"boom on replica {rank()}")
         return batches(batch_size=16)
     e.train(input_fn, steps=args.steps, hooks=train_hooks)

@@ -82,6 +82,7 @@ class OnReplica(hooks.SessionRunHook):
         if self._what == "stop":
             run_context.request_stop()
         elif self._what == "raise":
+            print(f"raising at {time.time():.3f}", flush=True)
             raise ValueError(f"boom on replica {self._replica}")
         elif self._what == "die":
             os._exit(3)
