@@ -22,7 +22,7 @@ OURS = {"estimator": est, "inputs": est.inputs, "experimental": est.experimental
         "distribute": distribute, "distribute.experimental": distribute.experimental}
 OURS.update({"placeholder": est.export,   # tf.compat.v1.placeholder's stand-in
              "sequence_feature_column": est.feature_column, "rnn": est,
-             "kmeans": est.experimental,
+             "kmeans": est.experimental, "sdca": est.experimental,
              "distribute.Strategy": distribute.Strategy,
              "distribute.ReplicaContext": distribute.ReplicaContext,
              "moving_averages": est.moving_averages,
@@ -70,7 +70,7 @@ def test_arguments_are_tfs(name):
 # docs/migration.md ("Not covered yet").
 ABSENT_NAMES = {
     "estimator": {"Head", "tpu"},
-    "estimator.experimental": {"LinearSDCA", "build_raw_supervised_input_receiver_fn",
+    "estimator.experimental": {"build_raw_supervised_input_receiver_fn",
                                "call_logit_fn", "dnn_logit_fn_builder", "linear_logit_fn_builder",
                                "make_stop_at_checkpoint_step_hook"},
     "estimator.export": {"EvalOutput"},

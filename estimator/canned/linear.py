@@ -18,8 +18,13 @@ from hooks import summary
 
 from .. import feature_column
 from ..losses import Reduction
-from ._base import CannedEstimator, check_optimizer_spec, column_tuple, make_optimizer
+from ..mode_keys import ModeKeys
+from . import linear_sdca
+from ._base import (CannedEstimator, check_optimizer_spec, column_tuple, features_cache,
+                    make_optimizer)
 from ._head import ClassificationHead, RegressionHead
+from .heads import BinaryClassHead, RegressionHead as RegressionHeadV2
+from .linear_sdca import LinearSDCA
 
 LEARNING_RATE = 0.2
 _COMBINERS = ("mean", "sqrtn", "sum")
@@ -32,14 +37,18 @@ def learning_rate(num_columns: int, cap: float = LEARNING_RATE) -> float:
 
 
 def linear_logits(features, units: int, feature_columns, sparse_combiner: str,
-                  scope: str = "linear") -> torch.Tensor:
-    """TF1's ``linear_logit_fn``: `linear_model` logits plus its summaries."""
+                  scope: str = "linear", cols_to_vars=None) -> torch.Tensor:
+    """TF1's ``linear_logit_fn``: `linear_model` logits plus its summaries
+    (`cols_to_vars`: as `linear_model`'s)."""
     record = summary.should_record_summaries()
-    variables = {} if record else None
+    variables = {} if record or cols_to_vars is not None else None
     logits = feature_column.linear_model(features, feature_columns, units=units,
                                          sparse_combiner=sparse_combiner,
                                          cols_to_vars=variables, scope=scope)
+    if cols_to_vars is not None:
+        cols_to_vars.update(variables)
     if record:
+        variables = dict(variables)
         bias = variables.pop("bias")[0]
         if units > 1:
             summary.histogram(f"{scope}/bias", bias)
@@ -65,11 +74,31 @@ class _Linear(CannedEstimator):
         self._feature_columns = column_tuple(feature_columns, "feature_columns")
         if not self._feature_columns:
             raise ValueError("feature_columns must not be empty.")
-        if optimizer is not None:
+        if isinstance(optimizer, LinearSDCA):
+            if sparse_combiner != "sum":
+                raise ValueError('sparse_combiner must be "sum" when optimizer is a LinearSDCA '
+                                 'object.')
+            linear_sdca.check_columns(self._feature_columns)
+            self._sdca_loss = _sdca_loss(head)
+        elif optimizer is not None:
             check_optimizer_spec(optimizer)
         self._optimizer = optimizer
         self._sparse_combiner = check_combiner(sparse_combiner)
         super().__init__(head, model_dir, config, warm_start_from)
+
+    def _canned_model_fn(self, features, labels, mode):
+        if mode != ModeKeys.TRAIN or not isinstance(self._optimizer, LinearSDCA):
+            return super()._canned_model_fn(features, labels, mode)
+        cache = features_cache(features)
+        variables = {}
+        logits = linear_logits(cache, 1, self._feature_columns, "sum", cols_to_vars=variables)
+        ids = features.get(self._optimizer._example_id_column)
+        step = linear_sdca.train_op(
+            self._optimizer, self._sdca_loss, cache, ids, variables, self._feature_columns,
+            self._head._labels(labels, logits) if labels is not None else None,
+            self._head._weights(cache, logits))
+        return self._head.create_estimator_spec(cache, mode, logits, labels,
+                                                train_op_fn=lambda loss: step)
 
     def _logits(self, features, mode):
         return linear_logits(features, self._head.logits_dimension, self._feature_columns,
@@ -79,6 +108,21 @@ class _Linear(CannedEstimator):
         if self._optimizer is None:   # TF's _get_default_optimizer
             return make_optimizer("Ftrl", learning_rate(len(self._feature_columns)))
         return make_optimizer(self._optimizer, LEARNING_RATE)   # by name: 0.2, any columns
+
+
+def _sdca_loss(head) -> str:
+    """LinearSDCA's loss for `head` (TF's `_sdca_model_fn`): logistic for two
+    classes, squared for one regression label."""
+    if type(head) in (ClassificationHead, BinaryClassHead):
+        if head.logits_dimension != 1:
+            raise ValueError("LinearSDCA cannot be used in a multi-class setting.")
+        return linear_sdca.LOGISTIC_LOSS
+    if type(head) in (RegressionHead, RegressionHeadV2):
+        if head.logits_dimension != 1:
+            raise ValueError("LinearSDCA can only be used with one-dimensional label.")
+        return linear_sdca.SQUARED_LOSS
+    raise ValueError(f"LinearSDCA: unsupported head type {type(head).__name__} (TF: Unsupported "
+                     "head type): a binary classification or a regression head")
 
 
 class LinearClassifier(_Linear):

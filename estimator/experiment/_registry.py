@@ -86,6 +86,12 @@ def _is_head(name, obj):
             and obj.__module__.split(".")[0] == "estimator")
 
 
+def _is_sdca(name, obj):
+    """An optimizer object of the estimator package (est.experimental.LinearSDCA),
+    for `optimizer:` of a linear estimator (a TF1 name there is a string)."""
+    return name == "LinearSDCA" and inspect.isclass(obj)
+
+
 KINDS: Dict[str, _Kind] = {
     "strategy": _Kind("strategy", ("distribute",), _is_subclass("distribute", "Strategy")),
     "hook": _Kind("hook", ("hooks", "estimator", "estimator.experimental"), _is_hook),
@@ -93,6 +99,7 @@ KINDS: Dict[str, _Kind] = {
     "saving_listener": _Kind("saving listener", ("hooks",), _is_listener),
     "estimator": _Kind("estimator", ("estimator",), _is_estimator),
     "head": _Kind("head", ("estimator",), _is_head),
+    "optimizer": _Kind("optimizer", ("estimator.experimental",), _is_sdca),
     "cross_device_ops": _Kind("cross-device ops", ("distribute",),
                               _is_subclass("distribute", "CrossDeviceOps")),
 }

@@ -194,7 +194,8 @@ class _Component(_Type):
                         "estimator": "{DNNClassifier: {hidden_units: [10, 10], "
                                      "feature_columns: pkg.mod:feature_columns}}",
                         "cross_device_ops": "NcclAllReduce",
-                        "head": "{MultiLabelHead: {n_classes: 3}}"}.get(kind, "Name")
+                        "head": "{MultiLabelHead: {n_classes: 3}}",
+                        "optimizer": "{LinearSDCA: {example_id_column: id}}"}.get(kind, "Name")
 
     def check(self, value, ctx, path):
         return ctx.component(path, value, self)
@@ -445,6 +446,9 @@ class _Checker:
                 val = _INVALID if fn is None else _Built(fn, val, {}, (), apath)
             elif ctype.kind == "estimator" and arg == "head":
                 shown = self.component(apath, val, _Component("head"))
+                val = self.objects.get(apath, _INVALID)
+            elif ctype.kind == "estimator" and arg == "optimizer" and isinstance(val, dict):
+                shown = self.component(apath, val, _Component("optimizer"))   # (LinearSDCA)
                 val = self.objects.get(apath, _INVALID)
             elif ctype.kind == "head" and arg == "heads" and isinstance(val, list):
                 shown = [self.component(apath + (i,), v, _Component("head"))

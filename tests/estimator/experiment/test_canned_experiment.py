@@ -142,6 +142,36 @@ def points(mode):
     assert scalars[40]["score"] == pytest.approx(np.mean(sums), rel=1e-5)
 
 
+def test_linear_sdca_from_yaml(workdir):
+    """optimizer: {LinearSDCA: {...}} (TF's tf.estimator.experimental.LinearSDCA
+    object); a misspelled argument is named with its line."""
+    text = HEAD.replace("    feature_columns: mod.py:columns\n",
+                        "    feature_columns: mod.py:columns\n    optimizer:\n"
+                        "      LinearSDCA: {example_id_column: id, "
+                        "symmetric_l2_regularization: 2.0}\n").replace(
+        "mod.py:input_fn", "mod.py:with_ids")
+    (workdir / "mod.py").write_text(MODULE + """
+
+def with_ids(mode):
+    return [({"x": f["x"], "id": np.arange(i * 16, i * 16 + 16) % 64}, y)
+            for i, (f, y) in enumerate(input_fn(mode))]
+""")
+    path = write(workdir, text + "run_config: {model_dir: run}\n")
+    assert cli.main(["run", path, "-q"]) == 0
+    import estimator as est
+    from hooks.event_files import read_scalars
+    trained = est.LinearClassifier([est.feature_column.numeric_column("x")],
+                                   model_dir=str(workdir / "run"))
+    assert trained.get_variable_value("linear/sdca/examples_seen") == 64
+    assert read_scalars(str(workdir / "run" / "eval" / "*tfevents*"))[40]["accuracy"] == 1.0
+    bad = write(workdir, text.replace("example_id_column", "example_id_col")
+                + "run_config: {model_dir: run2}\n")
+    said = (r"exp.yaml:5: .*LinearSDCA has no argument 'example_id_col'; did you mean "
+            r"'example_id_column'")
+    with pytest.raises(ExperimentError, match=said):
+        experiment.load(bad).estimator()
+
+
 def test_in_memory_evaluator_hook_from_yaml(workdir):
     """TF's InMemoryEvaluatorHook by its bare name: the run's Estimator is
     given to it, its input_fn is an import path; it evaluates at step 0,
