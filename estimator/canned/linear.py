@@ -4,7 +4,8 @@ The model is `feature_column.linear_model` under the variable scope
 ``linear``: ``linear/linear_model/<column>/weights`` and
 ``linear/linear_model/bias_weights``, all starting at zero. Optimizer: a
 name (default ``'Ftrl'``) at learning rate 0.2; ``optimizer=None``: Ftrl at
-``min(0.2, 1 / sqrt(number of columns))`` (TF's rules). Training summaries
+``min(0.2, 1 / sqrt(number of columns))`` (TF's rules); or
+``est.experimental.LinearSDCA(...)``, TF's SDCA (`linear_sdca`). Training summaries
 as TF's: ``linear/bias`` and ``linear/fraction_of_zero_weights``, on steps
 that write summaries.
 """

@@ -79,7 +79,6 @@ class LinearSDCA:
         self._num_table_shards = num_table_shards
         self._symmetric_l1_regularization = l1
         self._symmetric_l2_regularization = l2
-        self._adaptive = bool(adaptive)
 
     def __repr__(self):
         return (f"LinearSDCA(example_id_column={self._example_id_column!r}, "
