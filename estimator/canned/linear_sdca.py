@@ -209,19 +209,20 @@ def _new_dual(loss: str, partitions: int, y: float, weight: float, dual: float, 
     return 0.5 * (1 + math.tanh(x)) / y
 
 
-def _primal_loss(loss: str, wx: float, y: float, weight: float) -> float:
+def _primal_losses(loss: str, wx: np.ndarray, y: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if loss == SQUARED_LOSS:
         return 0.5 * (wx - y) ** 2 * weight
-    ywx = y * wx
-    return (math.log1p(math.exp(-ywx)) if ywx > 0 else math.log1p(math.exp(ywx)) - ywx) * weight
+    return np.logaddexp(0.0, -y * wx) * weight
 
 
-def _dual_loss(loss: str, dual: float, y: float, weight: float) -> float:
+def _dual_losses(loss: str, dual: np.ndarray, y: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if loss == SQUARED_LOSS:
         return dual * (0.5 * dual - y) * weight
-    a = dual * y
-    return ((a * math.log(a) if a > 0 else 0.0)
-            + ((1 - a) * math.log(1 - a) if a < 1 else 0.0)) * weight
+    a = dual * y   # (0 log 0 = 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(a > 0, a * np.log(a), 0.0) + np.where(a < 1, (1 - a) * np.log1p(-a),
+                                                                 0.0)
+    return terms * weight
 
 
 class _Batch:
@@ -339,23 +340,24 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
     duals = _at(state.example_state, rows)[:, 0].cpu().double().numpy()
     unshrunk = np.concatenate([_at(state.unshrunk(key), flat).cpu().double().numpy()
                                for key, flat, _ in batch.touched])
-    delta = np.zeros_like(unshrunk)
-    new_state = np.zeros((len(y), 4))
-    positions, values, start = batch.positions, batch.values, batch.start
-    for i in torch.randperm(len(y)).tolist():
+    # each example's wx before the step, for its primal loss (TF's table)
+    before = _shrink(unshrunk, shrinkage) if shrinkage > 0 else unshrunk
+    prev_wx = np.add.reduceat(batch.values * before[batch.positions], batch.start[:-1])
+    moved = unshrunk.copy()   # unshrunk + partitions * the step's delta so far
+    new = duals.copy()
+    positions, values, start = batch.positions, batch.values, batch.start.tolist()
+    norms, ys, ws = (batch.squared_norms / l2).tolist(), y.tolist(), w.tolist()
+    olds = duals.tolist()
+    for i in torch.randperm(len(ys)).tolist():
         at, x = positions[start[i]:start[i + 1]], values[start[i]:start[i + 1]]
-        old = unshrunk[at]
-        if shrinkage > 0:
-            prev_wx = float(x @ _shrink(old, shrinkage))
-            wx = float(x @ _shrink(old + partitions * delta[at], shrinkage))
-        else:
-            prev_wx = float(x @ old)
-            wx = prev_wx + partitions * float(x @ delta[at])
-        dual = duals[i]
-        new = _new_dual(loss, partitions, y[i], w[i], dual, wx, batch.squared_norms[i] / l2)
-        delta[at] += (new - dual) * w[i] / l2 * x
-        new_state[i] = (new, _primal_loss(loss, prev_wx, y[i], w[i]),
-                        _dual_loss(loss, dual, y[i], w[i]), w[i])
+        current = moved[at]
+        wx = float(x @ (_shrink(current, shrinkage) if shrinkage > 0 else current))
+        dual = _new_dual(loss, partitions, ys[i], ws[i], olds[i], wx, norms[i])
+        moved[at] = current + (partitions * (dual - olds[i]) * ws[i] / l2) * x
+        new[i] = dual
+    delta = (moved - unshrunk) / partitions
+    new_state = np.stack([new, _primal_losses(loss, prev_wx, y, w),
+                          _dual_losses(loss, duals, y, w), w], 1)
     # an id twice in the batch: its later row is kept, as TF's table insert
     _, last = np.unique(rows[::-1], return_index=True)
     kept = len(rows) - 1 - last
