@@ -14,6 +14,7 @@ from .. import feature_column
 from ..estimator import Estimator
 from ..optimizers import optimizer_factory
 from ._head import Head
+from .linear_sdca import LinearSDCA
 
 
 class CannedEstimator(Estimator):
@@ -71,6 +72,10 @@ def modules_under(prefix: str) -> List[torch.nn.Module]:
 
 def check_optimizer_spec(spec) -> None:
     """Fail at construction, not at the first step, on a bad `optimizer=`."""
+    if isinstance(spec, LinearSDCA):
+        raise ValueError("LinearSDCA trains LinearClassifier, LinearRegressor and "
+                         "LinearEstimator only (TF fails at train: The given object is not an "
+                         "Optimizer instance): give this estimator an optimizer name or factory")
     optimizer_factory(spec, 0.1)   # raises naming the value
 
 

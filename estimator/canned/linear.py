@@ -122,8 +122,10 @@ def _sdca_loss(head) -> str:
         if head.logits_dimension != 1:
             raise ValueError("LinearSDCA can only be used with one-dimensional label.")
         return linear_sdca.SQUARED_LOSS
-    raise ValueError(f"LinearSDCA: unsupported head type {type(head).__name__} (TF: Unsupported "
-                     "head type): a binary classification or a regression head")
+    raise ValueError(f"LinearSDCA: unsupported head type {type(head).__name__}: a binary "
+                     "classification head (logistic loss) or a regression head (squared loss) "
+                     "(TF trains a Poisson or logistic regression head with the squared loss, "
+                     "not its own)")
 
 
 class LinearClassifier(_Linear):

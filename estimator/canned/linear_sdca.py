@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import numbers
 from typing import Dict
 
 import numpy as np
@@ -52,15 +53,16 @@ class LinearSDCA:
         if not isinstance(example_id_column, str) or not example_id_column:
             raise ValueError(f"LinearSDCA: example_id_column must be the name of the feature "
                              f"holding the example ids, got {example_id_column!r}")
-        if isinstance(num_loss_partitions, bool) or not isinstance(num_loss_partitions, int) \
-                or num_loss_partitions < 1:
+        if not _positive_int(num_loss_partitions):
             raise ValueError(f"LinearSDCA: num_loss_partitions must be a positive int, got "
                              f"{num_loss_partitions!r}")
-        if num_table_shards is not None and (isinstance(num_table_shards, bool) or not
-                                             isinstance(num_table_shards, int)
-                                             or num_table_shards < 1):
+        if num_table_shards is not None and not _positive_int(num_table_shards):
             raise ValueError(f"LinearSDCA: num_table_shards must be None or a positive int, "
                              f"got {num_table_shards!r}")
+        for name, value in (("symmetric_l1_regularization", symmetric_l1_regularization),
+                            ("symmetric_l2_regularization", symmetric_l2_regularization)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"LinearSDCA: {name} must be a number, got {value!r}")
         l1, l2 = float(symmetric_l1_regularization), float(symmetric_l2_regularization)
         if not l2 > 0.0:
             raise ValueError("symmetric_l2_regularization should be positive.")
@@ -75,7 +77,7 @@ class LinearSDCA:
                            "than for online optimization methods. Recommended value is of "
                            "the order of the average L2 norm of the training examples.")
         self._example_id_column = example_id_column
-        self._num_loss_partitions = num_loss_partitions
+        self._num_loss_partitions = int(num_loss_partitions)
         self._num_table_shards = num_table_shards
         self._symmetric_l1_regularization = l1
         self._symmetric_l2_regularization = l2
@@ -85,6 +87,10 @@ class LinearSDCA:
                 f"num_loss_partitions={self._num_loss_partitions}, "
                 f"symmetric_l1_regularization={self._symmetric_l1_regularization}, "
                 f"symmetric_l2_regularization={self._symmetric_l2_regularization})")
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 def check_columns(columns) -> None:
@@ -124,14 +130,15 @@ class _SDCAState(torch.nn.Module):
         self.register_buffer("example_state", torch.zeros(0, 4))
         self.register_buffer("examples_seen", torch.zeros((), dtype=torch.int64))
         self._rows = None   # id hash -> row, built from the buffers when first needed
-        self.published = False   # the model's weights are the shrunk unshrunk ones
+        self.agreed = False   # the unshrunk weights give the model's (`_agree`)
+        self.warned = False   # of a batch holding an id twice
 
     def _load_from_state_dict(self, state, prefix, *args, **kwargs):
         for name in ("example_ids", "example_state"):   # (a table of any size)
             saved, own = state.get(prefix + name), getattr(self, name)
             if isinstance(saved, torch.Tensor) and saved.shape != own.shape:
                 setattr(self, name, torch.zeros(saved.shape, dtype=own.dtype, device=own.device))
-        self._rows, self.published = None, False
+        self._rows, self.agreed = None, False
         super()._load_from_state_dict(state, prefix, *args, **kwargs)
 
     def unshrunk(self, key: str) -> torch.Tensor:
@@ -336,7 +343,19 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
           hashes: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
     l1, l2 = sdca._symmetric_l1_regularization, sdca._symmetric_l2_regularization
     partitions, shrinkage = sdca._num_loss_partitions, l1 / l2
+    if not state.agreed:
+        _agree(state, params, shrinkage)
     rows = state.rows(hashes)
+    _, last = np.unique(rows[::-1], return_index=True)
+    kept = len(rows) - 1 - last   # (each row's last example in the batch)
+    if len(kept) < len(rows) and not state.warned:
+        state.warned = True
+        logger.warning("LinearSDCA: a batch holds an example id more than once (%d ids for %d "
+                       "examples): each copy moves the weights from the same dual and the "
+                       "table keeps the last, as TF's, so training settles off the optimum. "
+                       "Give each batch distinct ids (batches that do not cross the end of "
+                       "the data: a batch size dividing it, or batch before repeat)",
+                       len(kept), len(rows))
     duals = _at(state.example_state, rows)[:, 0].cpu().double().numpy()
     unshrunk = np.concatenate([_at(state.unshrunk(key), flat).cpu().double().numpy()
                                for key, flat, _ in batch.touched])
@@ -359,8 +378,6 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
     new_state = np.stack([new, _primal_losses(loss, prev_wx, y, w),
                           _dual_losses(loss, duals, y, w), w], 1)
     # an id twice in the batch: its later row is kept, as TF's table insert
-    _, last = np.unique(rows[::-1], return_index=True)
-    kept = len(rows) - 1 - last
     table = state.example_state
     table[torch.from_numpy(rows[kept]).to(table.device)] = torch.from_numpy(
         new_state[kept]).to(table)
@@ -368,13 +385,21 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
         slot, param = state.unshrunk(key), params[key].data.view(-1)
         index = torch.from_numpy(flat).to(slot.device)
         slot[index] += torch.from_numpy(delta[base:base + len(flat)]).to(slot)
-        if not state.published:
-            continue
         param[index.to(param.device)] = _shrunk(slot[index], shrinkage).to(param)
-    if not state.published:   # (the first step: every weight, as TF's update each step)
-        for key in state.keys:
-            params[key].data.view(-1).copy_(_shrunk(state.unshrunk(key), shrinkage))
-        state.published = True
+
+
+def _agree(state: _SDCAState, params, shrinkage: float) -> None:
+    """As a train call begins: the unshrunk weights that do not give the
+    model's weights (a warm start loaded the weights, not the slots) are set
+    to give them, ``w + sign(w) l1 / l2``, so that training continues from
+    the warm-started model (TF's first update replaces weights whose slots a
+    warm start did not reach by the slots' shrunk zeros)."""
+    for key in state.keys:
+        slot, weight = state.unshrunk(key), params[key].data.view(-1).to(state.unshrunk(key))
+        off = _shrunk(slot, shrinkage) != weight
+        if off.any():
+            slot[off] = weight[off] + torch.sign(weight[off]) * shrinkage
+    state.agreed = True
 
 
 def _at(values: torch.Tensor, index: np.ndarray) -> torch.Tensor:

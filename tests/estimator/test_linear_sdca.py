@@ -21,7 +21,7 @@ from paths import FIXTURES
 
 TF = json.load(open(os.path.join(FIXTURES, "tf_linear_sdca.json")))
 DATA = TF["data"]
-CASES = sorted(k for k in TF if k != "data")
+CASES = sorted(k for k in TF if k not in ("data", "warm_started"))
 fc = est.feature_column
 
 
@@ -146,6 +146,49 @@ def test_an_export_serves_the_sdca_model(tmp_path):
                                np.reshape(case["predictions"], -1), atol=1e-5)
 
 
+def test_a_warm_start_continues_from_the_loaded_model(tmp_path):
+    """From an SDCA model: TF's '.*' warm start loads its slots too (l1 0:
+    the slots are the weights), 3 steps on as TF's. From an Ftrl model (TF:
+    its slots are not found): the slots are set to give the loaded weights;
+    they were left zero and the first step replaced every weight by their
+    shrunk zeros, the loaded model gone silently (SDCA attack)."""
+    case = TF["classifier_no_l1"]
+    estimator(case, tmp_path / "sdca").train(input_fn("classifier", 1), steps=12)
+    warm = estimator(case, tmp_path / "warm", warm_start_from=str(tmp_path / "sdca"))
+    warm.train(input_fn("classifier", 1), steps=3)
+    for name, value in TF["warm_started"].items():
+        np.testing.assert_allclose(np.reshape(warm.get_variable_value(name), -1),
+                                   np.reshape(value, -1), atol=1e-6, err_msg=name)
+
+    ftrl = est.LinearClassifier(columns("xc"), model_dir=str(tmp_path / "ftrl"),
+                                weight_column="w")
+    ftrl.train(input_fn("classifier", 4), steps=30)
+    loaded = ftrl.get_variable_value("linear/linear_model/c/weights").reshape(-1)
+    case = dict(case, l1=0.1)
+    warm = estimator(case, tmp_path / "warm2", warm_start_from=str(tmp_path / "ftrl"))
+    rows = np.array([3])   # (c "d" alone: the weights of "a", "b", "c" untouched)
+    warm.train(lambda: iter([(features(rows), labels("classifier")[rows])]), steps=1)
+    now = warm.get_variable_value("linear/linear_model/c/weights").reshape(-1)
+    np.testing.assert_allclose(now[:3], loaded[:3], atol=1e-7)
+    assert now[3] != loaded[3]
+    shrunk = warm.get_variable_value("linear/sdca/c/weights_unshrunk")[:3]
+    np.testing.assert_allclose(np.sign(shrunk) * np.maximum(np.abs(shrunk) - 0.1 / 3.0, 0),
+                               loaded[:3], atol=1e-6)
+
+
+def test_a_batch_holding_an_id_twice_is_warned(tmp_path, caplog):
+    """Batches crossing the end of the data (numpy_input_fn, pandas_input_fn
+    with epochs): TF's and this SDCA settle off the optimum, silently before
+    (SDCA attack: 3.6e-2 off with batches of 32 over 150 rows)."""
+    case = TF["classifier_no_l1"]
+    e = estimator(case, tmp_path)
+    e.train(input_fn("classifier", 4), steps=3)
+    assert "holds an example id more than once" not in caplog.text
+    e.train(input_fn("classifier", 14), steps=2)   # (the 12 examples and 2 again)
+    assert "a batch holds an example id more than once (12 ids for 14 examples)" in caplog.text
+    assert caplog.text.count("holds an example id") == 1
+
+
 def _train_one(**kwargs):
     case = dict(TF["classifier_no_l1"], **kwargs.pop("case", {}))
     with tempfile.TemporaryDirectory() as model_dir:
@@ -175,6 +218,16 @@ BAD = [
     (lambda: est.LinearClassifier([fc.embedding_column(fc.categorical_column_with_identity(
         "i", 3), 2)], optimizer=est.experimental.LinearSDCA("id")),
      "LinearSDCA does not support column type EmbeddingColumn here"),
+    (lambda: est.DNNClassifier([8], [fc.numeric_column("x")],
+                               optimizer=est.experimental.LinearSDCA("id")),
+     "LinearSDCA trains LinearClassifier, LinearRegressor and LinearEstimator only"),
+    (lambda: est.DNNLinearCombinedClassifier(
+        linear_feature_columns=[fc.numeric_column("x")], dnn_feature_columns=[
+            fc.numeric_column("x")], dnn_hidden_units=[4],
+        linear_optimizer=est.experimental.LinearSDCA("id")),
+     "LinearSDCA trains LinearClassifier, LinearRegressor and LinearEstimator only"),
+    (lambda: est.experimental.LinearSDCA("id", symmetric_l2_regularization="2.0"),
+     "symmetric_l2_regularization must be a number, got '2.0'"),
     (lambda: est.experimental.LinearSDCA("id", symmetric_l2_regularization=0.0),
      "symmetric_l2_regularization should be positive"),
     (lambda: est.experimental.LinearSDCA("id", symmetric_l1_regularization=-1.0),
@@ -190,6 +243,11 @@ BAD = [
 def test_misuse_is_refused_with_tfs_message(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_numpy_integers_are_partitions():
+    assert est.experimental.LinearSDCA("id", num_loss_partitions=np.int64(2)
+                                       )._num_loss_partitions == 2
 
 
 def test_inputs_sdca_cannot_train_are_refused(tmp_path):
@@ -236,3 +294,17 @@ def test_several_replicas_are_refused():
             timeout_seconds=60))
     with pytest.raises(ValueError, match="LinearSDCA trains on one replica here"):
         _train_one(config=est.RunConfig(train_distribute=strategy))
+
+
+def test_string_labels_through_a_vocabulary_train_as_class_ids(tmp_path):
+    """TF fails casting them (Cast string to float is not supported)."""
+    case = TF["classifier_no_l1"]
+    words = np.array(["no", "yes"])
+    e = est.LinearClassifier(columns("xc"), model_dir=str(tmp_path), weight_column="w",
+                             label_vocabulary=["no", "yes"], optimizer=est.experimental.LinearSDCA(
+                                 "id", symmetric_l2_regularization=case["l2"]))
+    y = labels("classifier").astype(np.int64)
+    e.train(lambda: ((features(np.array([r])), words[y[r]]) for r in range(12)), steps=12)
+    np.testing.assert_allclose(
+        np.reshape(e.get_variable_value("linear/linear_model/x/weights"), -1),
+        np.reshape(case["after"][0]["linear/linear_model/x/weights"], -1), atol=1e-6)
