@@ -74,3 +74,9 @@ def test_ddp_benchmark_runs_with_batch_norm(capsys):
     ratios = _bench("ddp_bench").main(["--rounds", "1", "--steps", "30", "--batch_norm"])
     assert len(ratios) == 3 and all(r > 0 for r in ratios)
     assert "with batch norm" in capsys.readouterr().out
+
+
+def test_linear_sdca_benchmark_runs(capsys):
+    results = _bench("linear_sdca").main(["--rounds", "1", "--steps", "3", "--batch", "8"])
+    assert results["sdca"] > 0 and results["ftrl"] > 0
+    assert "us an example" in capsys.readouterr().out
