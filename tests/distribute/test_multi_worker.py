@@ -240,7 +240,7 @@ def test_a_replica_failing_on_its_own_error_fails_the_other_naming_it(tmp_path, 
     # The peer reads the error and exits within the failing one's exit wait.
     raised = float(re.search(r"raising at ([\d.]+)", failed).group(1))
     exited = float(re.search(r"exited at ([\d.]+)", failed).group(1))
-    assert exited - raised < 8, exited - raised
+    assert exited - raised < 9.5, exited - raised   # (the exit wait: 10 s)
 
 
 @pytest.mark.slow
