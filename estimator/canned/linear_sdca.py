@@ -13,8 +13,9 @@ seed reaches it; here from torch's generator, so `tf_random_seed` repeats a
 run), each one's new dual moving the unshrunk weights (TF's ``<var>_unshrunk``
 slots) by ``(new - old) w_i x_i / l2``; the model's weights are then
 ``sign(u) max(|u| - l1 / l2, 0)`` of them. ``num_loss_partitions`` P makes
-each step P times more cautious, as TF's (set it to the number of TF workers
-there; one replica trains here).
+each step P times more cautious, as TF's: set it to the number of replicas
+(TF's workers), each of which steps its batch and applies every replica's
+rows and changes, so that all keep one table and the same weights.
 """
 from __future__ import annotations
 
@@ -119,7 +120,10 @@ class _SDCAState(torch.nn.Module):
     linear-model variable) and the example table (TF's
     ``ShardedMutableHashTable``): per id, a 128-bit hash in `example_ids` and
     ``[dual, primal loss, dual loss, example weight]`` in `example_state`,
-    the first `examples_seen` rows in use (room grows by doubling)."""
+    the first `examples_seen` rows in use (room grows by doubling). Replicas
+    keep the same table and weights (each applies every replica's step)."""
+
+    same_buffers_on_replicas = True
 
     def __init__(self, sizes: Dict[str, int]):
         super().__init__()
@@ -288,6 +292,7 @@ def train_op(sdca: LinearSDCA, loss: str, features, ids, variables: dict, column
         raise ValueError("LinearSDCA: training needs labels: give them as the second value "
                          "of input_fn")
     model = model_scope.current().modules["linear/linear_model"]
+    model = getattr(model, "module", model)   # (under a DDP wrapper)
     names = {id(p): key for key, p in model.named_parameters()}
     ordered = sorted(columns, key=lambda c: c.name)   # (TF's order, then the bias)
     groups = [(names[id(variables[c][0])], c) for c in ordered] + [("bias_weights", None)]
@@ -312,18 +317,20 @@ def train_op(sdca: LinearSDCA, loss: str, features, ids, variables: dict, column
     if summary.should_record_summaries():
         _summaries(sdca, state, params)
 
+    context = distribute.get_replica_context()   # (the train_op runs outside it)
+    replicas = context if context is not None and context.num_replicas_in_sync > 1 else None
+
     def step():
         with torch.no_grad():
-            _step(sdca, loss, state, params, batch, hashes, y, w)
+            _step(sdca, loss, state, params, batch, hashes, y, w, replicas)
     return step
 
 
 def _check_strategy() -> None:
-    strategy = distribute.get_strategy()
-    if strategy.extended.uses_parameter_servers or strategy.num_replicas_in_sync > 1:
-        raise ValueError("LinearSDCA trains on one replica here (TF shares its example table "
-                         "over ps tasks, not built): train without a distribution strategy, "
-                         "or with another optimizer")
+    if distribute.get_strategy().extended.uses_parameter_servers:
+        raise ValueError("LinearSDCA does not train with parameter servers here (TF shares its "
+                         "example table over ps tasks): use MirroredStrategy or "
+                         "MultiWorkerMirroredStrategy, each replica's step summed")
 
 
 def _summaries(sdca: LinearSDCA, state: _SDCAState, params) -> None:
@@ -340,22 +347,25 @@ def _summaries(sdca: LinearSDCA, state: _SDCAState, params) -> None:
 
 
 def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
-          hashes: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
+          hashes: np.ndarray, y: np.ndarray, w: np.ndarray, replicas) -> None:
+    """One SDCA pass over this replica's batch, then the table's rows and the
+    unshrunk weights' changes of every replica (`replicas`: the replica
+    context, or None alone) applied alike on each, so that the replicas keep
+    the same table and weights (TF's workers share them on ps tasks; set
+    ``num_loss_partitions`` to the number of replicas, as TF's to its workers)."""
     l1, l2 = sdca._symmetric_l1_regularization, sdca._symmetric_l2_regularization
     partitions, shrinkage = sdca._num_loss_partitions, l1 / l2
     if not state.agreed:
         _agree(state, params, shrinkage)
     rows = state.rows(hashes)
-    _, last = np.unique(rows[::-1], return_index=True)
-    kept = len(rows) - 1 - last   # (each row's last example in the batch)
-    if len(kept) < len(rows) and not state.warned:
+    if len(np.unique(rows)) < len(rows) and not state.warned:
         state.warned = True
         logger.warning("LinearSDCA: a batch holds an example id more than once (%d ids for %d "
                        "examples): each copy moves the weights from the same dual and the "
                        "table keeps the last, as TF's, so training settles off the optimum. "
                        "Give each batch distinct ids (batches that do not cross the end of "
                        "the data: a batch size dividing it, or batch before repeat)",
-                       len(kept), len(rows))
+                       len(np.unique(rows)), len(rows))
     duals = _at(state.example_state, rows)[:, 0].cpu().double().numpy()
     unshrunk = np.concatenate([_at(state.unshrunk(key), flat).cpu().double().numpy()
                                for key, flat, _ in batch.touched])
@@ -374,17 +384,29 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
         dual = _new_dual(loss, partitions, ys[i], ws[i], olds[i], wx, norms[i])
         moved[at] = current + (partitions * (dual - olds[i]) * ws[i] / l2) * x
         new[i] = dual
-    delta = (moved - unshrunk) / partitions
-    new_state = np.stack([new, _primal_losses(loss, prev_wx, y, w),
-                          _dual_losses(loss, duals, y, w), w], 1)
-    # an id twice in the batch: its later row is kept, as TF's table insert
+    new_state = torch.from_numpy(np.stack([new, _primal_losses(loss, prev_wx, y, w),
+                                           _dual_losses(loss, duals, y, w), w], 1))
+    offsets = dict(zip(state.keys, np.cumsum([0] + [params[k].numel() for k in state.keys])))
+    where = torch.from_numpy(np.concatenate([offsets[key] + flat
+                                             for key, flat, _ in batch.touched]))
+    delta = torch.from_numpy((moved - unshrunk) / partitions)
+    hashes = torch.from_numpy(hashes)
+    if replicas is not None:   # (every replica's rows and changes, in replica order)
+        hashes, new_state, where, delta = (replicas.all_gather(t, 0) for t in (
+            hashes, new_state, where, delta))
+        rows = state.rows(hashes.numpy())
+    # an id twice: its later row is kept, as TF's table insert
+    _, last = np.unique(rows[::-1], return_index=True)
+    kept = len(rows) - 1 - last
     table = state.example_state
-    table[torch.from_numpy(rows[kept]).to(table.device)] = torch.from_numpy(
-        new_state[kept]).to(table)
-    for key, flat, base in batch.touched:
+    table[torch.from_numpy(rows[kept]).to(table.device)] = new_state[kept].to(table)
+    for key in state.keys:
+        inside = (where >= offsets[key]) & (where < offsets[key] + params[key].numel())
+        if not inside.any():
+            continue
         slot, param = state.unshrunk(key), params[key].data.view(-1)
-        index = torch.from_numpy(flat).to(slot.device)
-        slot[index] += torch.from_numpy(delta[base:base + len(flat)]).to(slot)
+        index = (where[inside] - offsets[key]).to(slot.device)
+        slot.index_add_(0, index, delta[inside].to(slot))   # (a weight two replicas moved)
         param[index.to(param.device)] = _shrunk(slot[index], shrinkage).to(param)
 
 

@@ -8,7 +8,6 @@ from std::random_device), larger batches at the optimum (150 epochs)."""
 import glob
 import json
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -189,13 +188,6 @@ def test_a_batch_holding_an_id_twice_is_warned(tmp_path, caplog):
     assert caplog.text.count("holds an example id") == 1
 
 
-def _train_one(**kwargs):
-    case = dict(TF["classifier_no_l1"], **kwargs.pop("case", {}))
-    with tempfile.TemporaryDirectory() as model_dir:
-        e = estimator(case, model_dir, **kwargs)
-        e.train(input_fn(case["kind"], 2), steps=1)
-
-
 BAD = [
     (lambda: est.LinearClassifier([fc.numeric_column("x", shape=(2,))], n_classes=3,
                                   optimizer=est.experimental.LinearSDCA("id")),
@@ -288,12 +280,22 @@ def test_integer_ids_and_torch_inputs_train_as_strings_do(tmp_path):
 
 
 @pytest.mark.slow
-def test_several_replicas_are_refused():
+def test_two_replicas_keep_one_table_and_reach_tfs_optimum(tmp_path):
+    """Each replica steps its batch with num_loss_partitions 2 (TF's setting
+    for two workers) and applies every replica's rows and changes: one table
+    and the same weights on both (the chief's checkpoint holds every
+    example), at TF's optimum. They were refused."""
     strategy = distribute.MirroredStrategy(
         ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
             timeout_seconds=60))
-    with pytest.raises(ValueError, match="LinearSDCA trains on one replica here"):
-        _train_one(config=est.RunConfig(train_distribute=strategy))
+    case = dict(TF["classifier_converged"], partitions=2)
+    e = estimator(case, tmp_path, config=est.RunConfig(train_distribute=strategy))
+    e.train(input_fn(case["kind"], 4), steps=600)   # (each step: 4 examples a replica)
+    assert e.get_variable_value("linear/sdca/examples_seen") == 12
+    for tf_name, value in case["after"][-1].items():
+        np.testing.assert_allclose(
+            np.reshape(e.get_variable_value(ours_name(tf_name)), -1), np.reshape(value, -1),
+            atol=2e-5, rtol=0, err_msg=tf_name)
 
 
 def test_string_labels_through_a_vocabulary_train_as_class_ids(tmp_path):
