@@ -392,7 +392,7 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
     delta = torch.from_numpy((moved - unshrunk) / partitions)
     hashes = torch.from_numpy(hashes)
     if replicas is not None:   # (every replica's rows and changes, in replica order)
-        hashes, new_state, where, delta = (replicas.all_gather(t, 0) for t in (
+        hashes, new_state, where, delta = (replicas.all_gather(t, 0).cpu() for t in (
             hashes, new_state, where, delta))
         rows = state.rows(hashes.numpy())
     # an id twice: its later row is kept, as TF's table insert
