@@ -276,7 +276,6 @@ class _Batch:
         self.start = np.searchsorted(rows[order], np.arange(size + 1))
         # (every example has a feature, the bias: no empty row for reduceat)
         self.squared_norms = np.add.reduceat(self.values ** 2, self.start[:-1])
-        self.width = base
 
 
 def train_op(sdca: LinearSDCA, loss: str, features, ids, variables: dict, columns,
