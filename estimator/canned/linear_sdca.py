@@ -128,6 +128,8 @@ class _SDCAState(torch.nn.Module):
     def __init__(self, sizes: Dict[str, int]):
         super().__init__()
         self.keys = list(sizes)
+        # each variable's first index in one flat numbering (the replicas' changes)
+        self.offsets = dict(zip(self.keys, np.cumsum([0] + list(sizes.values())).tolist()))
         for key, size in sizes.items():
             self.register_buffer(key + "_unshrunk", torch.zeros(size))
         self.register_buffer("example_ids", torch.zeros(0, 2, dtype=torch.int64))
@@ -357,14 +359,15 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
     if not state.agreed:
         _agree(state, params, shrinkage)
     rows = state.rows(hashes)
-    if len(np.unique(rows)) < len(rows) and not state.warned:
+    distinct = len(np.unique(rows))
+    if distinct < len(rows) and not state.warned:
         state.warned = True
         logger.warning("LinearSDCA: a batch holds an example id more than once (%d ids for %d "
                        "examples): each copy moves the weights from the same dual and the "
                        "table keeps the last, as TF's, so training settles off the optimum. "
                        "Give each batch distinct ids (batches that do not cross the end of "
                        "the data: a batch size dividing it, or batch before repeat)",
-                       len(np.unique(rows)), len(rows))
+                       distinct, len(rows))
     duals = _at(state.example_state, rows)[:, 0].cpu().double().numpy()
     unshrunk = np.concatenate([_at(state.unshrunk(key), flat).cpu().double().numpy()
                                for key, flat, _ in batch.touched])
@@ -385,7 +388,7 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
         new[i] = dual
     new_state = torch.from_numpy(np.stack([new, _primal_losses(loss, prev_wx, y, w),
                                            _dual_losses(loss, duals, y, w), w], 1))
-    offsets = dict(zip(state.keys, np.cumsum([0] + [params[k].numel() for k in state.keys])))
+    offsets = state.offsets
     where = torch.from_numpy(np.concatenate([offsets[key] + flat
                                              for key, flat, _ in batch.touched]))
     delta = torch.from_numpy((moved - unshrunk) / partitions)
@@ -400,7 +403,7 @@ def _step(sdca: LinearSDCA, loss: str, state: _SDCAState, params, batch: _Batch,
     table = state.example_state
     table[torch.from_numpy(rows[kept]).to(table.device)] = new_state[kept].to(table)
     for key in state.keys:
-        inside = (where >= offsets[key]) & (where < offsets[key] + params[key].numel())
+        inside = (where >= offsets[key]) & (where < offsets[key] + state.unshrunk(key).numel())
         if not inside.any():
             continue
         slot, param = state.unshrunk(key), params[key].data.view(-1)
