@@ -1,7 +1,8 @@
 """TF1's canned estimators (``tf.compat.v1.estimator.DNNClassifier`` and the
 rest): the same arguments, defaults, variable names, evaluation and
 prediction keys; see each module. Re-exported as ``est.DNNClassifier`` etc."""
-from .boosted_trees import BoostedTreesClassifier, BoostedTreesRegressor
+from .boosted_trees import (BoostedTreesClassifier, BoostedTreesEstimator,
+                            BoostedTreesRegressor)
 from .baseline import BaselineClassifier, BaselineEstimator, BaselineRegressor
 from .dnn import DNNClassifier, DNNEstimator, DNNRegressor
 from .dnn_linear_combined import (DNNLinearCombinedClassifier, DNNLinearCombinedEstimator,
@@ -25,5 +26,6 @@ __all__ = [
     "PoissonRegressionHead", "LogisticRegressionHead", "MultiHead",
     "classifier_parse_example_spec", "regressor_parse_example_spec",
     "RNNClassifier", "RNNEstimator", "SequentialHeadWrapper",
-    "BoostedTreesClassifier", "BoostedTreesRegressor", "KMeansClustering",
+    "BoostedTreesClassifier", "BoostedTreesRegressor", "BoostedTreesEstimator",
+    "KMeansClustering",
 ]

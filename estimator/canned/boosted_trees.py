@@ -26,15 +26,17 @@ less. A prediction sums the leaf each tree sends the example to.
 
 More than two classes: K logits a leaf, TF's full hessian solved (at l2
 0, singular: the least-norm solution, TF's logits plus a constant over the
-classes). Not here: categorical columns without an indicator (TF's
-equality splits), `BoostedTreesEstimator` and
-`experimental_predict_with_explanations`, TF's checkpoints of an ensemble
-(a serialized proto). The ensemble is saved as buffers of this module
+classes). `BoostedTreesEstimator`: the same trees under a given head.
+`experimental_predict_with_explanations`: TF's directional feature
+contributions along each example's path. Not here: categorical columns
+without an indicator (TF's equality splits), TF's checkpoints of an
+ensemble (a serialized proto). The ensemble is saved as buffers of this module
 (``boosted_trees/...``).
 """
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from typing import List, Optional, Sequence
 
@@ -49,9 +51,12 @@ from . import _quantiles
 from .. import checkpoint as checkpoint_lib
 from .. import feature_column
 from ..losses import Reduction
+from ..estimator import Estimator
 from ..mode_keys import ModeKeys
 from ._base import CannedEstimator, column_tuple, features_cache
-from ._head import ClassificationHead, RegressionHead
+from ._head import ClassificationHead, Head, RegressionHead
+
+logger = logging.getLogger(__name__)
 
 _PRUNING_MODES = ("none", "pre", "post")
 _TINY = np.float32(1e-15)   # TF's kEps: ties within it keep the earlier candidate
@@ -235,6 +240,15 @@ class _TreeEnsemble(torch.nn.Module):
 
     def forward(self, buckets: torch.Tensor) -> tuple:
         """(logits [batch, K], each example's node in the last tree [batch])."""
+        tree, node = self._descend(buckets)
+        logits = self.value[tree, node].sum(1)
+        last = (self.growing[self.TREES] - 1).clamp(min=0)
+        return logits, node.gather(1, last.expand(buckets.shape[0], 1)).squeeze(1)
+
+    def _descend(self, buckets: torch.Tensor, levels: Optional[list] = None) -> tuple:
+        """(tree [batch, trees], each example's leaf in each tree [batch,
+        trees]); `levels` gets each level's (split feature, -1 at a leaf;
+        node after it)."""
         batch = buckets.shape[0]
         trees = self.feature.shape[0]
         node = buckets.new_zeros(batch, trees)
@@ -245,9 +259,29 @@ class _TreeEnsemble(torch.nn.Module):
             nxt = torch.where(bucket <= self.threshold[tree, node], self.left[tree, node],
                               self.right[tree, node])
             node = torch.where(feature >= 0, nxt, node)
-        logits = self.value[tree, node].sum(1)
-        last = (self.growing[self.TREES] - 1).clamp(min=0)
-        return logits, node.gather(1, last.expand(batch, 1)).squeeze(1)
+            if levels is not None:
+                levels.append((feature, node))
+        return tree, node
+
+    def logits_paths(self, buckets: torch.Tensor) -> tuple:
+        """TF's ``BoostedTreesExampleDebugOutputs`` of one logit (float32):
+        (the running logit [batch, 1 + trees * max_depth]: tree 0's root
+        value, TF's bias, then after each level of each tree in turn the
+        trees before's leaves plus the node reached; the feature each level
+        splits on [batch, trees * max_depth], -1 past a leaf, where the
+        running logit stays as it was)."""
+        levels: list = []
+        tree, leaf = self._descend(buckets, levels)
+        values = self.value[..., 0]
+        leaves = values[tree, leaf]
+        before = [torch.zeros_like(leaves[:, 0])]   # (summed tree by tree in float32, as TF)
+        for t in range(leaves.shape[1] - 1):
+            before.append(before[-1] + leaves[:, t])
+        before = torch.stack(before, 1)
+        running = torch.stack([before + values[tree, node] for _, node in levels], 2)
+        batch = buckets.shape[0]
+        return (torch.cat([values[0, 0].expand(batch, 1), running.reshape(batch, -1)], 1),
+                torch.stack([feature for feature, _ in levels], 2).reshape(batch, -1))
 
 
 class _StopAtAttemptsHook(SessionRunHook):
@@ -462,6 +496,18 @@ class _BoostedTrees(CannedEstimator):
                  max_depth, learning_rate, l1_regularization, l2_regularization,
                  tree_complexity, min_node_weight, config, center_bias, pruning_mode,
                  quantile_sketch_epsilon, train_in_memory, warm_start_from=None):
+        if not isinstance(head, Head):
+            raise TypeError(f"head must be a head of this library (est.BinaryClassHead(), ...), "
+                            f"got {type(head).__name__}")
+        if head.logits_dimension > 1 and not isinstance(head, ClassificationHead):
+            raise NotImplementedError(
+                f"BoostedTrees with {type(head).__name__} of {head.logits_dimension} logits: "
+                "vector leaves of a regression or multi-label head are not built here; one "
+                "label dimension only (a multi-class head is taken)")
+        if head.logits_dimension > 1 and center_bias:
+            raise ValueError(f"center_bias not yet support with n_classes > 2 (a head of "
+                             f"{head.logits_dimension} logits)")
+        self._sketch_weights = head._weight_column   # (the quantile sketch's weights)
         columns = column_tuple(feature_columns, "feature_columns")
         if not columns:
             raise ValueError("feature_columns must not be empty.")
@@ -517,6 +563,11 @@ class _BoostedTrees(CannedEstimator):
         return model_scope.get_module("boosted_trees", make)
 
     def _canned_model_fn(self, features, labels, mode):
+        return self._bt_model_fn(features, labels, mode)
+
+    def _bt_model_fn(self, features, labels, mode, explain: bool = False):
+        """TF's ``_bt_model_fn``; `explain`: the predictions with their
+        explanations (``bias``, ``dfc``)."""
         cache = features_cache(features)
         ensemble = self._ensemble()
         module = getattr(ensemble, "module", ensemble)   # (a replicated one: its module)
@@ -524,7 +575,11 @@ class _BoostedTrees(CannedEstimator):
         with torch.no_grad():
             logits, nodes = ensemble(buckets)
         if mode != ModeKeys.TRAIN:
-            return self._head.create_estimator_spec(cache, mode, logits, labels)
+            spec = self._head.create_estimator_spec(cache, mode, logits, labels)
+            if explain:
+                spec = spec._replace(predictions=dict(
+                    spec.predictions, **self._contributions(module, buckets)))
+            return spec
         _check_strategy()
         if summary.should_record_summaries():   # (TF's, as the step starts)
             growing = module.growing.tolist()
@@ -591,7 +646,7 @@ class _BoostedTrees(CannedEstimator):
     def _sketch_inputs(self, features) -> tuple:
         """(numeric values [batch, n], weights [batch] or [1]) as float32 numpy."""
         values = self._features.values(features).detach().cpu().numpy()
-        column = self._head._weight_column
+        column = self._sketch_weights
         weights = (np.ones(1, np.float32) if column is None else
                    feature_column.input_layer(features, [column]).reshape(-1)
                    .detach().cpu().numpy().astype(np.float32))
@@ -647,6 +702,62 @@ class _BoostedTrees(CannedEstimator):
                           device=buckets.device)
         out.index_add_(0, index[keep].reshape(-1), values.reshape(-1, size))
         return out.to(torch.float32).view_as(stats)
+
+    def _contributions(self, e: _TreeEnsemble, buckets) -> dict:
+        """{"bias": [batch], "dfc": [batch, names]} in float64 (TF's
+        ``_parse_explanations_from_prediction``): the running logit (a
+        probability, the sigmoid of it, for a classifier) at the bias and
+        each level's change of it, summed per feature name."""
+        with torch.no_grad():
+            path, features = e.logits_paths(buckets)
+            path = path.to(torch.float64)
+            if self._classifies():
+                path = torch.sigmoid(path)
+            names = sorted(set(self._features.names), key=self._features.names.index)
+            index = torch.tensor([names.index(n) for n in self._features.names],
+                                 device=features.device)
+            steps = torch.where(features >= 0, path[:, 1:] - path[:, :-1], 0.0)
+            dfc = path.new_zeros(path.shape[0], len(names)).scatter_add_(
+                1, index[features.clamp(min=0)], steps)
+        return {"bias": path[:, 0], "dfc": dfc}
+
+    def _classifies(self) -> bool:
+        """Whether explanations are in probabilities (TF: ``is_classification``)."""
+        return isinstance(self._head, ClassificationHead)
+
+    def experimental_predict_with_explanations(self, input_fn, predict_keys=None, hooks=None,
+                                               checkpoint_path=None):
+        """TF's: `predict`'s dicts, each with ``bias`` and ``dfc``, its
+        directional feature contributions (an OrderedDict of feature names,
+        largest change first; every feature, 0.0 for those no split on its
+        path used): along each example's path through the trees in turn,
+        the change at each split of the logit (of the probability, for a
+        binary classifier) credited to the split's feature, so that bias +
+        sum(dfc) is the prediction (the probability of class 1). Needs
+        `center_bias=True` (the bias: tree 0's root), one logit, and a
+        regression head without `inverse_link_fn`."""
+        if not self._center_bias:
+            raise ValueError("center_bias must be enabled during estimator instantiation when "
+                             "using experimental_predict_with_explanations.")
+        if self._head.logits_dimension > 1:
+            raise ValueError("experimental_predict_with_explanations does not yet support "
+                             "multi-class classification and multi-label regression.")
+        if not self._classifies() and getattr(self._head, "_inverse_link_fn", None) is not None:
+            raise ValueError("For now only identity inverse_link_fn in regression_head is "
+                             "supported for experimental_predict_with_explanations.")
+
+        def model_fn(features, labels, mode):
+            return self._bt_model_fn(features, labels, mode, explain=True)
+        explaining = Estimator(model_fn, model_dir=self.model_dir, config=self.config)
+        if predict_keys is not None:   # (TF's: the given keys and the explanations)
+            keys = [predict_keys] if isinstance(predict_keys, str) else list(predict_keys)
+            predict_keys = keys + ["bias", "dfc"]
+        names = sorted(set(self._features.names), key=self._features.names.index)
+        for prediction in explaining.predict(input_fn, predict_keys, hooks, checkpoint_path):
+            dfc = prediction["dfc"]
+            order = sorted(range(len(names)), key=lambda i: -abs(dfc[i]))   # (stable)
+            prediction["dfc"] = collections.OrderedDict((names[i], dfc[i]) for i in order)
+            yield prediction
 
     def experimental_feature_importances(self, normalize: bool = False) -> dict:
         """TF's: each column's split gains summed over the trees of the latest
@@ -757,3 +868,31 @@ class BoostedTreesRegressor(_BoostedTrees):
                          max_depth, learning_rate, l1_regularization, l2_regularization,
                          tree_complexity, min_node_weight, config, center_bias, pruning_mode,
                          quantile_sketch_epsilon, train_in_memory)
+
+
+class BoostedTreesEstimator(_BoostedTrees):
+    """Boosted trees under a given head (TF: ``tf.estimator.BoostedTreesEstimator``,
+    same arguments and defaults): the gradients and hessians of the head's
+    loss grow the trees, as the classifier's and regressor's. A head of one
+    logit (`BinaryClassHead`, `RegressionHead`, ...) or `MultiClassHead`
+    (without `center_bias`, as TF, whose training of that fails). As TF's,
+    `weight_column` is unused (the head's weights the loss; the quantile
+    sketch is unweighted). `experimental_predict_with_explanations` gives a
+    classification head's in probabilities (TF fails on `BinaryClassHead`)."""
+
+    def __init__(self, feature_columns, n_batches_per_layer: int, head, model_dir=None,
+                 weight_column=None, n_trees: int = 100, max_depth: int = 6,
+                 learning_rate: float = 0.1, l1_regularization: float = 0.0,
+                 l2_regularization: float = 0.0, tree_complexity: float = 0.0,
+                 min_node_weight: float = 0.0, config=None, center_bias: bool = False,
+                 pruning_mode: str = "none", quantile_sketch_epsilon: float = 0.01):
+        super().__init__(head, feature_columns, n_batches_per_layer, model_dir, n_trees,
+                         max_depth, learning_rate, l1_regularization, l2_regularization,
+                         tree_complexity, min_node_weight, config, center_bias, pruning_mode,
+                         quantile_sketch_epsilon, False)
+        self._sketch_weights = None   # (TF's: the model_fn gets no weight column)
+        if weight_column is not None:
+            logger.warning(
+                "BoostedTreesEstimator(weight_column=%r) is unused, as TF's: give the head a "
+                "weight_column to weight the loss (the quantile sketch stays unweighted)",
+                getattr(weight_column, "key", weight_column))

@@ -19,6 +19,7 @@ import torch
 
 import estimator as est
 from bt_data import CASES, COLORS, X1_BOUNDARIES, X2_BOUNDARIES, batches, rows
+from bt_trees import assert_trees_are, tf_trees, trees_of
 from paths import FIXTURES
 from tf_recorded import assert_evaluation_is_tfs, assert_predictions_are_tfs
 
@@ -53,62 +54,6 @@ def _train(name, model_dir, **more):
     return estimator
 
 
-def _trees(estimator) -> list:
-    """The ensemble as TF's proto lists it: per tree its nodes, a split
-    (feature, threshold, left, right, gain) or a leaf value."""
-    names = ("feature", "threshold", "left", "right", "value", "gain", "node_count")
-    e = {n: estimator.get_variable_value(f"boosted_trees/{n}") for n in names}
-    trees = int((e["node_count"] > 1).sum()) + 1
-    return [[("split", int(e["feature"][t, i]), int(e["threshold"][t, i]), int(e["left"][t, i]),
-              int(e["right"][t, i]), float(e["gain"][t, i])) if e["feature"][t, i] >= 0
-             else ("leaf", tuple(e["value"][t, i].tolist()))
-             for i in range(int(e["node_count"][t]))]
-            for t in range(min(trees, e["feature"].shape[0]))]
-
-
-def _tf_trees(ensemble) -> list:
-    out = []
-    for tree in ensemble["trees"]:
-        nodes = []
-        for node in tree.get("nodes", [{"leaf": {}}]):
-            split = node.get("bucketized_split")
-            if split is None:
-                leaf = node["leaf"]
-                nodes.append(("leaf", tuple(leaf["vector"]["value"]) if "vector" in leaf
-                              else (leaf.get("scalar", 0.0),)))
-            else:
-                gain = node["metadata"].get("gain", 0.0)
-                nodes.append(("split", split.get("feature_id", 0), split.get("threshold", 0),
-                              split["left_id"], split["right_id"], gain))
-        out.append(nodes)
-    return out
-
-
-def _centered(nodes):
-    """A leaf's values less their mean (K logits of a singular hessian: TF's
-    QR solve and the least-norm one differ by a constant over the classes)."""
-    return [("leaf", tuple(np.asarray(n[1]) - np.mean(n[1]))) if n[0] == "leaf" else n
-            for n in nodes]
-
-
-def _assert_trees_are(got, expected, ties=False, singular=False):
-    """The same trees; `ties`: a split TF made with gain 0 (no candidate better
-    than none, K logits solved with another float32 rounding than TF's QR)
-    may be another feature's split of nothing (all examples on one side);
-    `singular`: leaf values compared less their mean."""
-    if singular:
-        got, expected = [_centered(t) for t in got], [_centered(t) for t in expected]
-    assert len(got) == len(expected)
-    for ours, theirs in zip(got, expected):
-        if ties:
-            ours = [n[:1] + n[2:] if n[0] == "split" and t[-1] == 0.0 else n
-                    for n, t in zip(ours, theirs)]
-            theirs = [t[:1] + t[2:] if t[0] == "split" and t[-1] == 0.0 else t for t in theirs]
-        assert [n[:-1] for n in ours] == [n[:-1] for n in theirs]   # (the structure)
-        np.testing.assert_allclose(np.hstack([n[-1] for n in ours]),
-                                   np.hstack([n[-1] for n in theirs]), rtol=1e-5, atol=1e-6)
-
-
 def test_every_case_is_recorded():
     assert sorted(CASES) == sorted(TF["cases"])
 
@@ -123,10 +68,10 @@ def test_the_trees_evaluation_and_predictions_are_tfs(name, tmp_path):
         for got, expected in zip(boundaries, recorded["boundaries"]):
             assert got[:len(expected)].tolist() == expected
             assert np.isinf(got[len(expected):]).all()
-    trees = _trees(estimator)
+    trees = trees_of(estimator)
     singular = name == "multiclass_no_l2"   # (TF's default l2 0: a singular hessian)
-    _assert_trees_are(trees, _tf_trees(recorded["ensemble"]),
-                      ties=name.startswith("multiclass"), singular=singular)
+    assert_trees_are(trees, tf_trees(recorded["ensemble"]),
+                     ties=name.startswith("multiclass"), singular=singular)
     _, _, labels, _ = CASES[name]
     eval_rows = rows(30, 1)
     assert_evaluation_is_tfs(
@@ -169,14 +114,14 @@ def test_a_finished_ensemble_stays_as_it_is(tmp_path):
     step) and stops; TF grew its trailing empty tree a layer in that step
     (here the trees stay as they were: said in the docs)."""
     estimator = _train("binary", str(tmp_path / "model"))
-    before = _trees(estimator)
+    before = trees_of(estimator)
     train_rows = rows(60, 0)
     estimator.train(lambda: itertools.cycle(batches((train_rows[0], train_rows[1]), 20)),
                     steps=5)
     recorded = TF["cases"]["binary"]["second_train_call"]
     assert estimator.get_variable_value("global_step") == recorded["global_step"]
-    assert _trees(estimator) == before
-    assert len(_tf_trees(recorded["ensemble"])[-1]) == 3   # (TF's: grown)
+    assert trees_of(estimator) == before
+    assert len(tf_trees(recorded["ensemble"])[-1]) == 3   # (TF's: grown)
 
 
 def test_a_restart_between_two_batches_of_a_layer_sums_the_layer_anew(tmp_path):
@@ -200,7 +145,7 @@ def test_a_restart_between_two_batches_of_a_layer_sums_the_layer_anew(tmp_path):
         parts.train(lambda: itertools.cycle(data), max_steps=last)
     assert parts.get_variable_value("global_step") == \
         whole.get_variable_value("global_step") + 1
-    _assert_trees_are(_trees(parts), _trees(whole))
+    assert_trees_are(trees_of(parts), trees_of(whole))
     assert not any(n.endswith("stats") for n in parts.get_variable_names())
 
 
@@ -274,7 +219,7 @@ def test_a_larger_n_trees_grows_more_trees_after_a_checkpoints(tmp_path):
     train(str(tmp_path / "twice"), n_trees=2)
     twice = train(str(tmp_path / "twice"))
     assert twice.get_variable_value("global_step") == once.get_variable_value("global_step")
-    _assert_trees_are(_trees(twice), _trees(once))
+    assert_trees_are(trees_of(twice), trees_of(once))
     default = est.BoostedTreesClassifier(_columns(), n_batches_per_layer=1,
                                          model_dir=str(tmp_path / "once"))
     few = {k: v[:6] for k, v in data[0].items()}
@@ -301,7 +246,7 @@ def test_two_replicas_grow_the_trees_of_one_process(tmp_path):
     one = est.BoostedTreesClassifier(_columns(), model_dir=str(tmp_path / "one"), **arguments)
     one.train(lambda: itertools.cycle(whole), max_steps=30)
     assert two.get_variable_value("global_step") == one.get_variable_value("global_step")
-    _assert_trees_are(_trees(two), _trees(one))
+    assert_trees_are(trees_of(two), trees_of(one))
 
 
 @pytest.mark.slow
@@ -328,7 +273,7 @@ def test_two_replicas_sketch_numeric_columns_as_one_process(tmp_path):
     assert two.get_variable_value("global_step") == one.get_variable_value("global_step")
     np.testing.assert_array_equal(two.get_variable_value("boosted_trees/boundaries"),
                                   one.get_variable_value("boosted_trees/boundaries"))
-    _assert_trees_are(_trees(two), _trees(one))
+    assert_trees_are(trees_of(two), trees_of(one))
 
 
 def test_nan_values_are_left_out_of_the_sketch_and_bucket_0(tmp_path):
