@@ -23,10 +23,7 @@ class CannedEstimator(Estimator):
     features, so that the model's parts transform each column once."""
 
     def __init__(self, head, model_dir=None, config=None, warm_start_from=None):
-        if not isinstance(head, Head):
-            raise TypeError(f"head must be a head of this library (est.MultiLabelHead(...)), "
-                            f"got {type(head).__name__}")
-        self._head = head
+        self._head = check_head(head)
         super().__init__(self._canned_model_fn, model_dir=model_dir, config=config,
                          warm_start_from=warm_start_from)
 
@@ -41,6 +38,14 @@ class CannedEstimator(Estimator):
 
     def _train_op_fn(self, loss: torch.Tensor):
         raise NotImplementedError
+
+
+def check_head(head) -> Head:
+    """`head`, refused unless it is a head of this library."""
+    if not isinstance(head, Head):
+        raise TypeError(f"head must be a head of this library (est.MultiLabelHead(...)), "
+                        f"got {type(head).__name__}")
+    return head
 
 
 def features_cache(features) -> "feature_column.FeatureTransformationCache":

@@ -53,8 +53,8 @@ from .. import feature_column
 from ..losses import Reduction
 from ..estimator import Estimator
 from ..mode_keys import ModeKeys
-from ._base import CannedEstimator, column_tuple, features_cache
-from ._head import ClassificationHead, Head, RegressionHead
+from ._base import CannedEstimator, check_head, column_tuple, features_cache
+from ._head import ClassificationHead, RegressionHead
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class _Features:
                     f"indicator_column features, got {type(column).__name__} "
                     f"{column.name!r}: wrap a categorical column in indicator_column (TF's "
                     f"equality splits of a bare categorical column are not built here)")
+        # the names TF reports the features under, each once in order, and each feature's
+        self.reported = list(dict.fromkeys(self.names))
+        self.reported_index = torch.tensor([self.reported.index(n) for n in self.names])
         ids = groups.pop(None)
         if ids:
             groups.setdefault(bucketized, []).extend(ids)
@@ -496,17 +499,15 @@ class _BoostedTrees(CannedEstimator):
                  max_depth, learning_rate, l1_regularization, l2_regularization,
                  tree_complexity, min_node_weight, config, center_bias, pruning_mode,
                  quantile_sketch_epsilon, train_in_memory, warm_start_from=None):
-        if not isinstance(head, Head):
-            raise TypeError(f"head must be a head of this library (est.BinaryClassHead(), ...), "
-                            f"got {type(head).__name__}")
+        check_head(head)
         if head.logits_dimension > 1 and not isinstance(head, ClassificationHead):
             raise NotImplementedError(
                 f"BoostedTrees with {type(head).__name__} of {head.logits_dimension} logits: "
                 "vector leaves of a regression or multi-label head are not built here; one "
                 "label dimension only (a multi-class head is taken)")
-        if head.logits_dimension > 1 and center_bias:
-            raise ValueError(f"center_bias not yet support with n_classes > 2 (a head of "
-                             f"{head.logits_dimension} logits)")
+        if head.logits_dimension > 1 and center_bias:   # (TF's classifier's message; its
+            # BoostedTreesEstimator fails in training on a shape error)
+            raise ValueError("center_bias not yet support with n_classes > 2.")
         self._sketch_weights = head._weight_column   # (the quantile sketch's weights)
         columns = column_tuple(feature_columns, "feature_columns")
         if not columns:
@@ -713,11 +714,9 @@ class _BoostedTrees(CannedEstimator):
             path = path.to(torch.float64)
             if self._classifies():
                 path = torch.sigmoid(path)
-            names = sorted(set(self._features.names), key=self._features.names.index)
-            index = torch.tensor([names.index(n) for n in self._features.names],
-                                 device=features.device)
+            index = self._features.reported_index.to(features.device)
             steps = torch.where(features >= 0, path[:, 1:] - path[:, :-1], 0.0)
-            dfc = path.new_zeros(path.shape[0], len(names)).scatter_add_(
+            dfc = path.new_zeros(path.shape[0], len(self._features.reported)).scatter_add_(
                 1, index[features.clamp(min=0)], steps)
         return {"bias": path[:, 0], "dfc": dfc}
 
@@ -752,7 +751,7 @@ class _BoostedTrees(CannedEstimator):
         if predict_keys is not None:   # (TF's: the given keys and the explanations)
             keys = [predict_keys] if isinstance(predict_keys, str) else list(predict_keys)
             predict_keys = keys + ["bias", "dfc"]
-        names = sorted(set(self._features.names), key=self._features.names.index)
+        names = self._features.reported
         for prediction in explaining.predict(input_fn, predict_keys, hooks, checkpoint_path):
             dfc = prediction["dfc"]
             order = sorted(range(len(names)), key=lambda i: -abs(dfc[i]))   # (stable)
@@ -769,9 +768,7 @@ class _BoostedTrees(CannedEstimator):
                              "train first")
         feature = self.get_variable_value("boosted_trees/feature")
         gain = self.get_variable_value("boosted_trees/gain")
-        totals = collections.defaultdict(float)
-        for name in self._features.names:
-            totals[name] += 0.0
+        totals = dict.fromkeys(self._features.reported, 0.0)
         for f, value in zip(feature.reshape(-1), gain.reshape(-1)):
             if f >= 0:
                 totals[self._features.names[f]] += float(value)
@@ -836,8 +833,6 @@ class BoostedTreesClassifier(_BoostedTrees):
                  tree_complexity: float = 0.0, min_node_weight: float = 0.0, config=None,
                  center_bias: bool = False, pruning_mode: str = "none",
                  quantile_sketch_epsilon: float = 0.01, train_in_memory: bool = False):
-        if n_classes > 2 and center_bias:
-            raise ValueError("center_bias not yet support with n_classes > 2.")
         head = ClassificationHead(n_classes, weight_column, label_vocabulary,
                                   Reduction.SUM_OVER_BATCH_SIZE if n_classes == 2
                                   else Reduction.SUM_OVER_NONZERO_WEIGHTS)
