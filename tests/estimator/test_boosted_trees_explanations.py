@@ -281,3 +281,43 @@ def test_the_estimators_weight_column_is_unused_as_tfs(tmp_path, caplog):
                               plain.get_variable_value("boosted_trees/value"))
     assert not np.array_equal(by_regressor.get_variable_value("boosted_trees/boundaries"),
                               boundaries)
+
+
+@pytest.mark.slow
+def test_two_replicas_train_and_explain_as_one_process(tmp_path):
+    """BoostedTreesEstimator trained on two replicas (each a half of each
+    batch) grows one process's trees, and its explanations under two
+    replicas (an odd last batch split unevenly) are one process's."""
+    import distribute
+
+    def strategy():
+        return distribute.MirroredStrategy(
+            ["cpu:0", "cpu:1"], communication_options=distribute.CommunicationOptions(
+                timeout_seconds=60))
+    record = TF["cases"]["estimator_v1_binary_head"]
+    features, labels = _rows(60, 0, record)
+    whole = batches((features, labels), 60)
+    halves = [part for f, y in whole for part in batches((f, y), 30)]
+    eval_features, _ = _rows(30, 1, record)
+    uneven = [(f, None) for f, _ in batches((eval_features, np.zeros(30)), 13)]   # 13, 13, 4
+
+    def trained(name, data, config):
+        model = est.BoostedTreesEstimator(
+            _columns("bucketized"), head=est.BinaryClassHead(weight_column="w"),
+            config=est.RunConfig(model_dir=str(tmp_path / name), **config),
+            **record["arguments"])
+        model.train(lambda: itertools.cycle(data), max_steps=record["max_steps"])
+        return model
+    two = trained("two", halves, dict(train_distribute=strategy(),
+                                      eval_distribute=strategy()))
+    one = trained("one", whole, {})
+    assert_trees_are(trees_of(two), trees_of(one))
+    explained = list(two.experimental_predict_with_explanations(lambda: uneven))
+    expected = list(one.experimental_predict_with_explanations(lambda: uneven))
+    assert len(explained) == len(expected) == 30
+    for ours, theirs in zip(explained, expected):
+        assert list(ours["dfc"]) == list(theirs["dfc"])
+        np.testing.assert_allclose(list(ours["dfc"].values()), list(theirs["dfc"].values()),
+                                   rtol=1e-6, atol=1e-7)
+        assert ours["bias"] == pytest.approx(theirs["bias"])
+        np.testing.assert_allclose(ours["probabilities"], theirs["probabilities"], rtol=1e-6)
