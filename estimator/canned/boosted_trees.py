@@ -3,11 +3,12 @@
 2.8), gradient boosted trees grown layer by layer as TF grows them.
 
 Features: `bucketized_column`s (one feature each, its bucket),
-`indicator_column`s (one 0/1 feature per category) and `numeric_column`s
+`indicator_column`s (one 0/1 feature per category), `numeric_column`s
 (one feature per value, bucketed at the boundaries TF's quantile sketch
 makes of the first `n_batches_per_layer` batches, steps the global step
-does not count), sorted by column name and numbered in that order, as TF's
-feature ids. Each training step (a batch) computes the logits of the
+does not count) and bare categorical columns (one feature, its id, split
+on equality: TF's categorical splits), sorted by column name and numbered
+in that order, as TF's feature ids. Each training step (a batch) computes the logits of the
 ensemble, the gradient and hessian of the head's loss (mean over the
 batch) at each example's logits, and sums them per (node of the tree being
 grown, feature, bucket); after
@@ -28,8 +29,7 @@ More than two classes: K logits a leaf, TF's full hessian solved (at l2
 0, singular: the least-norm solution, TF's logits plus a constant over the
 classes). `BoostedTreesEstimator`: the same trees under a given head.
 `experimental_predict_with_explanations`: TF's directional feature
-contributions along each example's path. Not here: categorical columns
-without an indicator (TF's equality splits), TF's checkpoints of an
+contributions along each example's path. Not here: TF's checkpoints of an
 ensemble (a serialized proto). The ensemble is saved as buffers of this module
 (``boosted_trees/...``).
 """
@@ -66,14 +66,16 @@ class _Features:
     """The model's features as TF numbers them: the columns sorted by name, an
     indicator column a 0/1 feature per category, a bucketized column its
     bucket, a numeric column a feature per value, bucketed by the quantiles
-    of its first batches; and TF's groups of features by number of buckets
-    (indicators 2, numeric values `num_quantiles`, every bucketized column
-    the most buckets among them)."""
+    of its first batches, a bare categorical column its id (split on
+    equality); and TF's groups of features by number of buckets (indicators
+    2, numeric values `num_quantiles`, every bucketized column the most
+    buckets among them, a categorical column its own)."""
 
     def __init__(self, feature_columns, num_quantiles: int):
         self.columns = sorted(feature_columns, key=lambda c: c.name)
         self.names: List[str] = []   # (per feature: the column's name TF reports it under)
         self.numeric: List[int] = []   # the numeric features' ids
+        self.equality: List[int] = []   # the bare categorical columns' (equality splits)
         groups = collections.OrderedDict({None: []})   # buckets -> feature ids
         bucketized = 2
         for column in self.columns:
@@ -98,12 +100,18 @@ class _Features:
                 bucketized = max(bucketized, len(column.boundaries) + 1)
                 groups[None].append(len(self.names))
                 self.names.append(column.name)
+            elif _is_bare_categorical(column):
+                groups.setdefault(column.num_buckets, []).append(len(self.names))
+                self.equality.append(len(self.names))
+                self.names.append(column.name)
             else:
+                hint = (": its weights cannot be split on; give its categorical column, or "
+                        "an indicator_column of it" if isinstance(
+                            column, feature_column.WeightedCategoricalColumn) else "")
                 raise ValueError(
-                    f"BoostedTrees takes numeric_column, bucketized_column and "
-                    f"indicator_column features, got {type(column).__name__} "
-                    f"{column.name!r}: wrap a categorical column in indicator_column (TF's "
-                    f"equality splits of a bare categorical column are not built here)")
+                    f"BoostedTrees takes numeric_column, bucketized_column, indicator_column "
+                    f"and categorical columns (one id an example), got "
+                    f"{type(column).__name__} {column.name!r}{hint}")
         # the names TF reports the features under, each once in order, and each feature's
         self.reported = list(dict.fromkeys(self.names))
         self.reported_index = torch.tensor([self.reported.index(n) for n in self.names])
@@ -126,7 +134,9 @@ class _Features:
 
     def of(self, features, ensemble: "_TreeEnsemble") -> torch.Tensor:
         """[batch, features] int64: each example's bucket of each feature (a
-        numeric value's: TF's ``BoostedTreesBucketize`` on the boundaries)."""
+        numeric value's: TF's ``BoostedTreesBucketize`` on the boundaries; a
+        categorical column's id, 0 where absent and -1, TF's missing
+        bucket, outside the vocabulary)."""
         parts, numeric = [], 0
         for column in self.columns:
             if isinstance(column, feature_column.BucketizedColumn):
@@ -138,6 +148,9 @@ class _Features:
                     edges = self._edges[column.name] = torch.tensor(
                         column.boundaries, dtype=torch.float32, device=values.device)
                 parts.append(torch.bucketize(values.contiguous(), edges, right=True))
+                continue
+            if _is_bare_categorical(column):
+                parts.append(feature_column.categorical_ids(features, column))
                 continue
             dense = feature_column.input_layer(features, [column])
             if isinstance(column, feature_column.NumericColumn):
@@ -153,10 +166,11 @@ class _Features:
 class _TreeEnsemble(torch.nn.Module):
     """TF's tree ensemble resource as buffers of fixed size (room for `n_trees`
     trees and the empty one TF appends, each a complete tree of `max_depth`):
-    per tree and node its split (`feature` -1 for a leaf, `threshold`,
-    `left`, `right`), its `value` (a leaf's; a split node keeps the one it
-    had, TF's original leaf) and `gain`; the growing state; the statistics
-    summed over the layer's batches so far."""
+    per tree and node its split (`feature` -1 for a leaf, `threshold`: a
+    bucket, or a categorical feature's id to equal, `left`, `right`), its
+    `value` (a leaf's; a split node keeps the one it had, TF's original
+    leaf) and `gain`; the growing state; the statistics summed over the
+    layer's batches so far."""
 
     def __init__(self, n_trees: int, max_depth: int, features: _Features,
                  num_quantiles: int, dimension: int = 1):
@@ -192,6 +206,12 @@ class _TreeEnsemble(torch.nn.Module):
         buffer("boundary_count", len(features.numeric))
         self.max_depth = max_depth
         self.sketches = None   # (the numeric features' quantile streams, being filled)
+        # per feature whether its splits are equalities (TF's categorical_split), known
+        # from the columns: neither saved nor exported as a variable
+        equality = torch.zeros(features.count, dtype=torch.bool)
+        equality[features.equality] = True
+        self.register_buffer("equality", equality, persistent=False)
+        self._equalities = bool(features.equality)
 
     TREES, TREES_ATTEMPTED, LAYERS_ATTEMPTED, START, END, CENTERING, BOUNDARIES_READY = range(7)
     # the buffers sized by n_trees (and max_depth: nodes), with an empty tree's values
@@ -259,8 +279,12 @@ class _TreeEnsemble(torch.nn.Module):
         for _ in range(self.max_depth):
             feature = self.feature[tree, node]
             bucket = buckets.gather(1, feature.clamp(min=0))
-            nxt = torch.where(bucket <= self.threshold[tree, node], self.left[tree, node],
-                              self.right[tree, node])
+            threshold = self.threshold[tree, node]
+            left = bucket <= threshold
+            if self._equalities:   # (TF's categorical split: the id equal to its value)
+                left = torch.where(self.equality[feature.clamp(min=0)], bucket == threshold,
+                                   left)
+            nxt = torch.where(left, self.left[tree, node], self.right[tree, node])
             node = torch.where(feature >= 0, nxt, node)
             if levels is not None:
                 levels.append((feature, node))
@@ -331,6 +355,13 @@ def _weights_and_gains(sums: np.ndarray, l1, l2) -> tuple:
     return weight, (-g * weight).astype(np.float32)
 
 
+def _is_bare_categorical(column) -> bool:
+    """A categorical column given as it is (TF: split on equality of its id)."""
+    return isinstance(column, feature_column.CategoricalColumn) and not isinstance(
+        column, (feature_column.BucketizedColumn, feature_column.WeightedCategoricalColumn,
+                 feature_column.SequenceCategoricalColumn))
+
+
 def _first_best(scores: np.ndarray) -> int:
     """TF's scan of a feature's candidates: a later one replaces the best if
     it is 1e-15 or more above it. Only a new running maximum can (a score
@@ -379,12 +410,15 @@ class _Grower:
 
     def _best_in_group(self, stats: np.ndarray, buckets: int, ids) -> Optional[tuple]:
         """The group's best split of a node from its statistics [features,
-        buckets + 1, 2] (the last bucket: TF's missing values)."""
-        total = _total(stats[ids[0]], buckets)
+        buckets + 1, 2] (the last bucket: TF's missing values): per feature
+        its best inequality (two candidates a bucket, the missing values
+        left or right) or, for a categorical feature, equality (a bucket
+        against the node's other examples, the missing ones among them)."""
+        node_total = _total(stats[ids[0]], buckets)
         k = self.dimension
-        if np.linalg.norm(total[k:]) < self.min_node_weight:   # (TF: the hessian's norm)
+        if np.linalg.norm(node_total[k:]) < self.min_node_weight:   # (TF: the hessian's norm)
             return None
-        _, parent_gain = _weights_and_gains(total, self.l1, self.l2)
+        _, parent_gain = _weights_and_gains(node_total, self.l1, self.l2)
         rows = stats[list(ids)]                     # [features, width, K + K * K]
         missing = rows[:, -1]
         cumulative = np.cumsum(rows[:, :buckets], 1, dtype=np.float32)   # (in order, as TF)
@@ -398,6 +432,15 @@ class _Grower:
         scores = (lg + rg).reshape(len(ids), -1)
         best = None
         for i, feature in enumerate(ids):
+            if feature in self.features.equality:   # (TF's: each id against the others)
+                one = rows[i, :buckets]
+                ew, eg = _weights_and_gains(one, self.l1, self.l2)
+                rest_w, rest_g = _weights_and_gains(node_total - one, self.l1, self.l2)
+                equality = eg + rest_g
+                at = _first_best(equality)
+                if best is None or equality[at] > best[0]:
+                    best = (equality[at], feature, at, ew[at], rest_w[at])
+                continue
             at = _first_best(scores[i])
             if best is None or scores[i, at] > best[0]:   # (a later feature: strictly)
                 bucket, side = divmod(at, 2)

@@ -42,7 +42,8 @@ from ._columns import (BucketizedColumn, CategoricalColumn, CrossedColumn, Dense
                        shared_embedding_columns, weighted_categorical_column)
 from ._inputs import Builder as FeatureTransformationCache
 from ._inputs import transformation_cache
-from ._layers import concatenate_context_input, input_layer, linear_model, sequence_input_layer
+from ._layers import (categorical_ids, concatenate_context_input, input_layer, linear_model,
+                      sequence_input_layer)
 from ._sequence import (SequenceCategoricalColumn, SequenceNumericColumn,
                         sequence_categorical_column_with_hash_bucket,
                         sequence_categorical_column_with_identity,
@@ -59,7 +60,8 @@ __all__ = [
     "categorical_column_with_identity", "crossed_column", "embedding_column",
     "indicator_column", "weighted_categorical_column", "shared_embedding_columns",
     "make_parse_example_spec",
-    "input_layer", "linear_model", "FeatureTransformationCache", "transformation_cache",
+    "input_layer", "linear_model", "categorical_ids", "FeatureTransformationCache",
+    "transformation_cache",
     "serialize_feature_column", "deserialize_feature_column", "recorded", "FixedLenFeature", "VarLenFeature",
     "FeatureColumn", "DenseColumn", "CategoricalColumn", "NumericColumn", "BucketizedColumn",
     "HashedCategoricalColumn", "VocabularyListCategoricalColumn",

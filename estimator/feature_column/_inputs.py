@@ -419,7 +419,7 @@ class Builder:
 
     def prepared(self, record: tuple, make) -> Dict[str, torch.Tensor]:
         """`make()`: the tensors a layer computes on the host for `record`
-        (("embedding" | "indicator" | "sequence", column) or ("linear", columns,
+        (("embedding" | "indicator" | "ids" | "sequence", column) or ("linear", columns,
         combiner)), once per builder."""
         def on_host():
             self._on_host = True

@@ -28,6 +28,7 @@ import re
 import weakref
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from distribute import device_util
@@ -423,6 +424,40 @@ def linear_model(features, feature_columns, units=1, sparse_combiner="sum",
             [d.to(dense[0].device) for d in dense], 1)
         inputs["dense"] = dense if dense.device == where else dense.to(where)
     return variables(**inputs, embedded=embedded)
+
+
+def categorical_ids(features, column: CategoricalColumn) -> torch.Tensor:
+    """[batch, 1] int64: each example's id of the categorical `column`, as
+    TF's boosted trees read a bare categorical column (``tf.sparse.to_dense``
+    of its ids): an absent value ('' or -1 in a dense input, an empty row)
+    0, an id outside the vocabulary its default_value (-1 by default). One
+    value an example at most."""
+    if not isinstance(column, CategoricalColumn) or is_sequence_categorical(column):
+        raise ValueError(f"categorical_ids takes a categorical column, got "
+                         f"{type(column).__name__} {getattr(column, 'name', column)!r}")
+    builder = _builder(features)
+    return builder.prepared(("ids", column), lambda: single_ids(builder, column))["value"]
+
+
+def single_ids(builder: Builder, column: CategoricalColumn) -> dict:
+    """`categorical_ids`' host work: {"value": [batch, 1] int64 (CPU)}."""
+    ids = column._ids(builder)
+    if ids.weights is not None:
+        raise ValueError(f"{column.name!r} is a weighted categorical column: its ids have "
+                         "weights, which one id an example cannot hold")
+    counts = np.bincount(ids.rows, minlength=ids.batch)
+    if len(counts) and counts.max() > 1:
+        row = int(np.argmax(counts > 1))
+        raise ValueError(f"Column {column.name!r} has {int(counts[row])} values in row {row}: "
+                         "one value an example is read here (TF's several feature dimensions "
+                         "of a categorical column are not built)")
+    if len(ids.values):
+        top = int(ids.values.max())
+        if top >= column.num_buckets:
+            raise column._out_of_range(top)
+    dense = np.zeros(ids.batch, np.int64)
+    dense[ids.rows] = ids.values
+    return {"value": torch.from_numpy(dense).unsqueeze(1)}
 
 
 def linear_ids(builder: Builder, categorical, combiner: str) -> dict:

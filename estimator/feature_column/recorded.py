@@ -17,12 +17,12 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 
 from ._inputs import Builder
-from ._layers import linear_ids
+from ._layers import linear_ids, single_ids
 from ._sequence import sequence_hosts
 from ._serialize import (deserialize_feature_column, function_path, import_function,
                          serialize_feature_column)
 
-Record = tuple   # ("embedding" | "indicator", column) or ("linear", columns, combiner)
+Record = tuple   # ("embedding" | "indicator" | "ids", column) or ("linear", columns, combiner)
 # or ("sequence", columns[, their fixed steps])
 
 
@@ -104,6 +104,8 @@ def redo(builder: Builder, record: Record) -> Dict[str, Optional[torch.Tensor]]:
         return record[1]._lookup_inputs(builder)
     if kind == "indicator":
         return {"value": record[1]._dense(builder)}
+    if kind == "ids":
+        return single_ids(builder, record[1])
     if kind == "sequence":
         return sequence_hosts(record[1], builder, *record[2:])
     raise ValueError(f"unknown feature transform record {kind!r}")

@@ -159,9 +159,10 @@ def test_tfs_refusals_and_what_is_not_built_here():
                                        max_depth=1, **arguments)
         assert str(raised.value) == TF["errors"][key]["message"], key
     color = fc.categorical_column_with_vocabulary_list("color", COLORS)
-    for column in (color, fc.embedding_column(color, 2)):
-        with pytest.raises(ValueError, match="wrap a categorical column in indicator_column"):
-            est.BoostedTreesClassifier([column], n_batches_per_layer=1)
+    with pytest.raises(ValueError, match="BoostedTrees takes numeric_column, bucketized_column, "
+                                         "indicator_column and categorical columns .one id an "
+                                         "example., got EmbeddingColumn 'color_embedding'"):
+        est.BoostedTreesClassifier([fc.embedding_column(color, 2)], n_batches_per_layer=1)
     with pytest.raises(ValueError, match="only support Dense column with rank of 1"):
         est.BoostedTreesClassifier([fc.numeric_column("x", shape=(2, 2))],
                                    n_batches_per_layer=1)

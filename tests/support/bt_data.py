@@ -89,3 +89,25 @@ def batches(data, size):
     n = len(labels)
     return [({k: v[i:i + size] for k, v in features.items()}, labels[i:i + size])
             for i in range(0, n, size)]
+
+
+SHADES = ["dark", "light", "pale"]
+
+
+def categorical_rows(n, seed):
+    """`rows(n, seed)` with two more categorical features and labels that
+    depend on them: `code`, an int64 id in [0, 5) (-1, TF's ignored integer,
+    for some: absent), and `shade`, a string of SHADES ('' for some: absent;
+    'grey', out of the vocabulary, for others); `flag`, 1 where x1 > 0."""
+    features, _, _, _ = rows(n, seed)
+    rng = np.random.default_rng(seed + 100)
+    code = rng.choice([-1, 0, 1, 2, 3, 4], (n, 1), p=[0.06, 0.2, 0.2, 0.2, 0.2, 0.14])
+    shade = rng.choice(SHADES + ["", "grey"], (n, 1), p=[0.3, 0.25, 0.25, 0.1, 0.1])
+    flag = (features["x1"] > 0).astype(np.int64)
+    score = (features["x1"][:, 0] + 0.4 * features["x2"][:, 0] + 1.5 * (code[:, 0] == 3)
+             - 1.2 * (shade[:, 0] == "pale") + 0.8 * (features["color"][:, 0] == "red") - 1.3)
+    noise = rng.normal(0.0, 0.4, n)
+    binary = (score + noise > 0).astype(np.int64)
+    target = np.round(score + noise, 3).astype(np.float32)
+    kind = np.array(KINDS)[np.digitize(score + noise, [-0.5, 0.8])]
+    return dict(features, code=code.astype(np.int64), shade=shade, flag=flag), binary, target, kind

@@ -23,14 +23,15 @@ def tf_trees(ensemble) -> list:
     for tree in ensemble["trees"]:
         nodes = []
         for node in tree.get("nodes", [{"leaf": {}}]):
-            split = node.get("bucketized_split")
+            split = node.get("bucketized_split") or node.get("categorical_split")
             if split is None:
                 leaf = node["leaf"]
                 nodes.append(("leaf", tuple(leaf["vector"]["value"]) if "vector" in leaf
                               else (leaf.get("scalar", 0.0),)))
             else:
                 gain = node["metadata"].get("gain", 0.0)
-                nodes.append(("split", split.get("feature_id", 0), split.get("threshold", 0),
+                nodes.append(("split", split.get("feature_id", 0),   # (an equality's: value)
+                              split.get("threshold", split.get("value", 0)),
                               split["left_id"], split["right_id"], gain))
         out.append(nodes)
     return out
