@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from . import device_util, lookups
 from .cross_device_ops import CommunicationOptions, ReductionToOneDevice
+from .strategy import free_gradients
 from .collective_engine import (_CollectiveExtended, _CollectiveStrategy, _flat_gradients,
                                 _gradient_kinds, _local_devices, _set_gradients, _Topology)
 
@@ -139,7 +140,7 @@ class _CentralStorageExtended(_CollectiveExtended):
             if self._group.rank == 0:
                 self._to_masters(masters, flat, local)
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                free_gradients(optimizer)
                 self._copy_back(masters, working)
             self._broadcast(working)
             self._tables_stepped(working)

@@ -60,7 +60,7 @@ from ._random_streams import InputStream
 from .cross_device_ops import CrossDeviceOps, _DefaultAllReduce
 from .launcher import ForkLauncher, InProcessLauncher, Launcher, in_replica_process
 from .strategy import (InputContext, ReduceOp, ReplicaContext, Strategy, StrategyExtended,
-                       _checked_axis, _stack)
+                       _checked_axis, _stack, free_gradients)
 
 logger = logging.getLogger(__name__)
 
@@ -759,7 +759,7 @@ class _CollectiveExtended(StrategyExtended):
         if self._group is None:
             return super().apply_gradients(loss, optimizer)
         self._start_step(loss)
-        optimizer.zero_grad(set_to_none=True)
+        free_gradients(optimizer)
         try:
             loss.backward()
             if self._check_due:   # the first step of a training, or of a module's use

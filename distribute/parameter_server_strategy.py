@@ -69,7 +69,7 @@ from .central_storage_strategy import _CentralStorageExtended
 from .collective_engine import _CollectiveStrategy, _local_devices, _MadeAtFirstCall, _Topology
 from . import ps_client, ps_placement
 from .partitioners import num_partitions
-from .strategy import InputContext, StrategyExtended
+from .strategy import InputContext, StrategyExtended, free_gradients
 from .variable_names import var_name
 
 logger = logging.getLogger(__name__)
@@ -546,7 +546,7 @@ class _ParameterServerExtended(StrategyExtended):
         start = time.perf_counter()
         self._prefetch_ticket()   # answered while the backward pass runs
         self.rpc_secs += time.perf_counter() - start
-        optimizer.zero_grad(set_to_none=True)
+        free_gradients(optimizer)
         loss.backward()
         optimizer.step()
 

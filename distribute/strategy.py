@@ -18,6 +18,23 @@ import torch
 from .input_options import fetch_to_device
 
 
+_TORCH_ZERO_GRAD = torch.optim.Optimizer.zero_grad
+
+
+def free_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """`optimizer.zero_grad(set_to_none=True)`: every parameter's `.grad` set
+    to None. Where the optimizer keeps torch's `zero_grad`, done here without
+    that method's profiler record (`record_function`: 15-25 us a call on a
+    2-core CPU, more than the rest of a small model's per-step overhead); an
+    optimizer with a `zero_grad` of its own has it called."""
+    if type(optimizer).zero_grad is not _TORCH_ZERO_GRAD or "zero_grad" in vars(optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = None
+
+
 class ValueContext:
     """What `experimental_distribute_values_from_function`'s function learns
     (tf.distribute.experimental.ValueContext)."""
@@ -235,7 +252,7 @@ class StrategyExtended:
 
     def create_optimizer(self, name: str, factory, params):
         optimizer = factory(params)
-        optimizer.zero_grad(set_to_none=True)   # steps start without gradients
+        free_gradients(optimizer)   # steps start without gradients
         return optimizer
 
     def create_metric(self, metric: torch.nn.Module) -> torch.nn.Module:
@@ -248,7 +265,7 @@ class StrategyExtended:
         that zeroes first (measured: 3.5-4.5% of an MLP step with two threads)."""
         loss.backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        free_gradients(optimizer)
 
     def reduce_metrics(self, metrics) -> None:
         """Sum metric state across replicas in place (nothing to do on one)."""

@@ -130,6 +130,9 @@ class CheckpointSaverListener:
         pass
 
 
+_FIRST_POLL_SECS = 1e-3
+
+
 class CheckpointSaverHook(SessionRunHook):
     """Saves checkpoints every N steps or seconds, and at the end
     (tf.estimator.CheckpointSaverHook). It saves, and calls its listeners,
@@ -154,6 +157,7 @@ class CheckpointSaverHook(SessionRunHook):
         self._listeners = list(listeners or ())
         self._last_saved = None
         self._chief = False
+        self._poll_secs = _FIRST_POLL_SECS   # when to look again at a save in flight
 
     def after_create_session(self, session, coord):
         self._chief = session.is_chief
@@ -182,11 +186,19 @@ class CheckpointSaverHook(SessionRunHook):
                 run_context.request_stop()
 
     def _idle(self, session):
-        # While a background save is in flight, after_run runs every step to
-        # surface its error on the step after it fails.
+        # While a background save is in flight, after_run looks at it again
+        # after 1 ms, then after twice the time each time it is still
+        # writing: its error fails a step within twice the time it took to
+        # fail (the next save and the end wait for it anyway), and a save's
+        # ~5 ms of writing takes the hooks' slow path on 3 steps, not on each.
         if not self._chief:
             return NEVER, NEVER, NEVER
-        return None if self._saver.in_flight else self._timer._idle()
+        step, runs, secs = self._timer._idle()
+        if not self._saver.in_flight:
+            self._poll_secs = _FIRST_POLL_SECS
+            return step, runs, secs
+        poll, self._poll_secs = self._poll_secs, 2 * self._poll_secs
+        return step, runs, min(secs, time.time() + poll)
 
     def end(self, session):
         if not self._chief:

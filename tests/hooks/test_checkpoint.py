@@ -1050,8 +1050,8 @@ class _AtStep(hooks.SessionRunHook):
 
 def test_a_failed_background_save_fails_the_next_step(tmp_path):
     """A write error in the writer process (here the file size limit: EFBIG as
-    the kernel gives it, on the index) stops training on the step after it
-    with the error naming the file; the previous checkpoint stays the latest."""
+    the kernel gives it, on the index) stops training soon after it (at the
+    latest, the next save waits for it) with the error naming the file; the previous checkpoint stays the latest."""
     import resource
     others = _writer_processes()
 
@@ -1065,6 +1065,32 @@ def test_a_failed_background_save_fails_the_next_step(tmp_path):
     assert info.value.errno == errno.EFBIG
     assert checkpoint.step_of(checkpoint.latest_checkpoint(str(tmp_path))) == 2
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+    assert _writer_processes() <= others
+
+
+def test_a_failed_background_save_fails_training_soon_not_at_the_next_save(tmp_path):
+    """The saver looks at a save in flight after 1 ms, then after twice the
+    time each time it is still writing (not on every step): a failed write
+    still stops training within milliseconds of failing, long before the
+    next save (here 400 steps later) would wait for it."""
+    others, seen = _writer_processes(), []
+
+    def limit_file_size():
+        [pid] = _writer_processes() - others
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (64, 64))
+
+    class LastStep(hooks.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            seen.append(run_context.session.global_step)
+    e = est.Estimator(regression_model_fn, params={"lr": 0.1}, config=est.RunConfig(
+        model_dir=str(tmp_path), save_checkpoints_steps=400, experimental_async_checkpoint=True))
+    with pytest.raises(OSError, match="File too large.*checkpoint"):
+        e.train(regression_input_fn(), max_steps=1200,
+                hooks=[_AtStep(500, limit_file_size), LastStep()])
+    # The save of step 800 failed, and stopped training within 200 steps (seen
+    # here: 4 steps, 3.7 ms; looking only at the next save: step 1199).
+    assert 800 < seen[-1] < 1000
+    assert checkpoint.step_of(checkpoint.latest_checkpoint(str(tmp_path))) == 400
     assert _writer_processes() <= others
 
 
