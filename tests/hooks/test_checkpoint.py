@@ -1051,7 +1051,8 @@ class _AtStep(hooks.SessionRunHook):
 def test_a_failed_background_save_fails_the_next_step(tmp_path):
     """A write error in the writer process (here the file size limit: EFBIG as
     the kernel gives it, on the index) stops training soon after it (at the
-    latest, the next save waits for it) with the error naming the file; the previous checkpoint stays the latest."""
+    latest, the next save waits for it) with the error naming the file; the
+    previous checkpoint stays the latest."""
     import resource
     others = _writer_processes()
 
