@@ -119,8 +119,15 @@ class _PerParameter(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's; gradients zeroed in place (``set_to_none=False``) are
-        set aside as None ones are: the rows read for them are not stepped."""
-        if not set_to_none and self._rows_alone:
+        set aside as None ones are: the rows read for them are not stepped.
+        Set to None here without torch's profiler record (15-25 us a call on
+        a 2-core CPU: a canned estimator's every step makes one)."""
+        if set_to_none:
+            for group in self.param_groups:
+                for w in group["params"]:
+                    w.grad = None
+            return
+        if self._rows_alone:
             for group in self.param_groups:
                 for w in group["params"]:
                     if w.grad is not None and lookups.noted(w):
