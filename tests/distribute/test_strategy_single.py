@@ -122,7 +122,8 @@ def test_each_step_frees_the_gradients_through_an_optimizers_own_zero_grad(tmp_p
     has it called when built and after each step."""
     import copy
     torch.manual_seed(0)
-    initial = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    initial = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(),
+                                  torch.nn.Linear(4, 1))
     made, patched = [], []
 
     def optimizer(params):
