@@ -41,7 +41,6 @@ import pickle
 import random
 import re
 import shutil
-import sys
 import time
 import weakref
 from typing import Dict, List, Optional, Tuple
@@ -55,6 +54,7 @@ from distribute.variable_names import var_name
 
 from . import tf_checkpoint
 from . import files
+from ._staging import Staging
 from .files import DataLossError
 
 logger = logging.getLogger(__name__)
@@ -346,6 +346,7 @@ class Saver:
         self._protected = lambda path: False
         self.background = background
         self._process: Optional[files.WriterProcess] = None
+        self._staging: Optional[Staging] = None   # shared with self._process, a fork
         # (plan, sizes, kept) of the background save in flight
         self._pending: Optional[tuple] = None
         # [(name, time)] the index lists, read from disk once, then kept here as
@@ -363,15 +364,19 @@ class Saver:
     def save(self, state: dict, global_step: int, background: Optional[bool] = None) -> str:
         """Write `state` as the checkpoint of `global_step`; returns its path.
 
-        With `background` (default: the Saver's), the state is serialized
-        here and handed to a writer process, which writes it with the same
-        atomicity (temp file, fsync, rename, index last) while training goes
-        on; a save waits for the one before it (at most one in flight, none
-        dropped) and raises its error if it failed; `wait()` completes the
-        last one, `close()` also ends the writer process. A save the caller
-        waits for anyway (the last of a `train` call) is best made with
-        `background=False`: starting a writer process only to wait for it
-        costs more than the save."""
+        With `background` (default: the Saver's), the state's tensors are
+        copied here into memory shared with a writer process (a fork of
+        this one), which serializes them and writes the checkpoint with the
+        same atomicity (temp file, fsync, rename, index last) while training
+        goes on; the first save of a Saver (whose content is checked
+        loadable) and a state holding tensors that are not plain dense CPU
+        ones are serialized here and only written there. A save waits for
+        the one before it (at most one in flight, none dropped) and raises
+        its error if it failed; `wait()` completes the last one, `close()`
+        also ends the writer process. A save the caller waits for anyway
+        (the last of a `train` call) is best made with `background=False`:
+        starting a writer process only to wait for it costs more than the
+        save."""
         if not self._saved_here:
             os.makedirs(self.model_dir, exist_ok=True)
             self._saved_here = True
@@ -391,6 +396,17 @@ class Saver:
         kept, dropped = self._retain([(n, t) for n, t in kept if n != name and n not in damaged]
                                      + [(name, time.time())])
         dropped += damaged   # (deleted once the index no longer lists them)
+        if background is None:
+            background = self.background
+        index = [("write", os.path.join(self.model_dir, INDEX), _index(name, kept), True)]
+        index += [("remove", os.path.join(self.model_dir, old + suffix))
+                  for old in dropped for suffix in ("", *_DIGESTS)]
+        if background and self._loadable:
+            staged = self._staged(payload, path)
+            if staged is not None:
+                job, tmp = staged
+                plan = [("settle", tmp, path, False)] + index
+                return self._submit(plan, _sizes(plan), kept, path, job)
         # On the step, as a plain loop's torch.save: the bytes into a temp file
         # (the copy training cannot change), their digest computed on the way.
         # Then, here or by the writer process, the digest, the checkpoint made
@@ -404,23 +420,11 @@ class Saver:
             path, lambda f: torch.save(payload, f), observe=crc.update), {})
         if not self._loadable:   # (once a Saver: the state's kinds of objects stay)
             self._check_loadable(tmp, payload, global_step)
-        sizes = {path: size}
         plan = [("write", path + DIGEST_SUFFIX, crc.hexdigest().encode(), False),
-                ("settle", tmp, path, False),
-                ("write", os.path.join(self.model_dir, INDEX), _index(name, kept), True)]
-        plan += [("remove", os.path.join(self.model_dir, old + suffix))
-                 for old in dropped for suffix in ("", *_DIGESTS)]
-        sizes.update((step[1], len(step[2])) for step in plan if step[0] == "write")
-        if background is None:
-            background = self.background
-        if background and self._writer_process() is not None:
-            try:
-                _carry_out(lambda: self._process.submit(plan), sizes)
-            except BaseException as e:
-                self._failed(plan, e)
-                raise
-            self._pending = (plan, sizes, kept)
-            return path
+                ("settle", tmp, path, False)] + index
+        sizes = _sizes(plan, {path: size})
+        if background and self._writer_process(payload) is not None:
+            return self._submit(plan, sizes, kept, path)
         try:
             _carry_out(lambda: files.apply(plan), sizes)
         except BaseException as e:
@@ -428,6 +432,36 @@ class Saver:
             raise
         self._kept = kept
         return path
+
+    def _submit(self, plan: list, sizes: Dict[str, int], kept, path: str, job=None) -> str:
+        """Hand `plan` (with `job`: the staged checkpoint to serialize first)
+        to the writer process; the save is then in flight."""
+        try:
+            _carry_out(lambda: self._process.submit(plan, job), sizes)
+        except BaseException as e:
+            self._failed(plan, e)
+            raise
+        self._pending = (plan, sizes, kept)
+        return path
+
+    def _staged(self, payload: dict, path: str) -> Optional[Tuple[tuple, str]]:
+        """(job, temp file name) of `payload` staged for the writer process
+        to serialize into the temp file; None where it holds tensors that are
+        not staged (then saved as the first save is) or no writer starts. A
+        payload larger than the staging memory has the writer forked again."""
+        if self._writer_process(payload) is None:
+            return None
+        skeleton = self._staging.stage(payload)
+        if skeleton is None:
+            if Staging.size_of(payload) is None:
+                return None
+            self._process.close()
+            self._process = None
+            if self._writer_process(payload) is None:
+                return None
+            skeleton = self._staging.stage(payload)
+        tmp = files.temp_name(path)
+        return (skeleton, tmp, path), tmp
 
     def _check_loadable(self, tmp: str, payload: dict, global_step: int) -> None:
         """Raise UnsafeCheckpointError (removing `tmp`, the save's temp file)
@@ -484,16 +518,21 @@ class Saver:
         if self._pending is not None and self._process.answered():
             self.wait()
 
-    def _writer_process(self) -> Optional[files.WriterProcess]:
-        """The writer process, started if need be; None, with saves made
-        synchronous and a warning, where no process can be started."""
+    def _writer_process(self, payload: dict) -> Optional[files.WriterProcess]:
+        """The writer process, forked if need be with staging memory shared
+        with it that `payload` fits in (a quarter more: a state may grow a
+        little); None, with saves made synchronous and a warning, where no
+        process can be forked."""
         if self._process is None:
+            size = Staging.size_of(payload) or 0
+            self._staging = staging = Staging(size + size // 4)
             try:
-                self._process = files.WriterProcess()
+                self._process = files.WriterProcess(
+                    prepare=lambda job: _serialize(staging, *job))
             except Exception as e:   # noqa: BLE001 - any: saving on the step still works
                 logger.warning("Checkpoints are written on the step: the background writer "
-                               "process cannot start (%s: %s)", sys.executable, e)
-                self.background = False
+                               "process cannot start (%s: %s)", type(e).__name__, e)
+                self._staging, self.background = None, False
                 return None
             weakref.finalize(self, self._process.close)
         return self._process
@@ -586,6 +625,22 @@ class _Crc32c:
 
     def hexdigest(self) -> str:
         return "%08x" % self._value
+
+
+def _sizes(plan: list, sizes: Optional[Dict[str, int]] = None) -> Dict[str, int]:
+    """{path: size} of the files `plan` writes (and `sizes`), for its errors."""
+    return dict(sizes or {}, **{step[1]: len(step[2]) for step in plan if step[0] == "write"})
+
+
+def _serialize(staging: Staging, skeleton: bytes, tmp: str, path: str) -> list:
+    """In the writer process: the staged checkpoint serialized into temp file
+    `tmp` (as `Saver.save` does on the step: torch.save streamed, its digest
+    computed on the way); the plan's steps writing the digest."""
+    torch.set_num_threads(1)   # (a fork's OpenMP pool is not usable; none needed)
+    crc = _Crc32c()
+    files.stream_temp(path, lambda f: torch.save(staging.unstage(skeleton), f),
+                      observe=crc.update, tmp=tmp)
+    return [("write", path + DIGEST_SUFFIX, crc.hexdigest().encode(), False)]
 
 
 def _carry_out(do, sizes: Dict[str, int]):

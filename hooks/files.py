@@ -51,13 +51,14 @@ def atomic_write_bytes(path: str, data: bytes, sync_dir: bool = True) -> None:
 
 
 def stream_temp(path: str, produce: Callable[[IO[bytes]], None],
-                observe: Optional[Callable[[bytes], None]] = None) -> Tuple[str, int]:
-    """(name, size) of a new temp file beside `path`, not yet durable (`settle`
-    it), that `produce(fileobj)` fills, as torch.save writes into a file
-    object: the bytes go to the file as they come, never all held in memory
-    (a 100 MB checkpoint held 100 MB more while it was saved). Small writes
-    are gathered into pieces of up to 1 MiB; `observe(piece)` sees each piece
-    before it is written (a digest)."""
+                observe: Optional[Callable[[bytes], None]] = None,
+                tmp: Optional[str] = None) -> Tuple[str, int]:
+    """(name, size) of a new temp file beside `path` (named `tmp` where given:
+    `temp_name(path)`), not yet durable (`settle` it), that `produce(fileobj)`
+    fills, as torch.save writes into a file object: the bytes go to the file
+    as they come, never all held in memory (a 100 MB checkpoint held 100 MB
+    more while it was saved). Small writes are gathered into pieces of up to
+    1 MiB; `observe(piece)` sees each piece before it is written (a digest)."""
     pieces = None
 
     def fill(fd: int) -> None:
@@ -65,7 +66,7 @@ def stream_temp(path: str, produce: Callable[[IO[bytes]], None],
         pieces = _Pieces(fd, observe)
         with io.BufferedWriter(pieces, buffer_size=_CHUNK) as f:   # (closing leaves fd open)
             produce(f)
-    return _write_temp(path, fill), pieces.size
+    return _write_temp(path, fill, tmp), pieces.size
 
 
 class _Pieces(io.RawIOBase):
@@ -137,11 +138,11 @@ class naming:
         return False
 
 
-def _write_temp(path: str, fill: Callable[[int], None]) -> str:
-    """Temp file `<path>.tmp-<pid>-<n>` (created exclusively, mode 0o666 less
-    the umask, as open() gives) filled by `fill(fd)`; its name. An error
-    names `path` and leaves no temp file."""
-    fd, tmp = _create_temp(path)
+def _write_temp(path: str, fill: Callable[[int], None], tmp: Optional[str] = None) -> str:
+    """Temp file `tmp` (default: a new `temp_name(path)`), created exclusively,
+    mode 0o666 less the umask (as open() gives), filled by `fill(fd)`; its
+    name. An error names `path` and leaves no temp file."""
+    fd, tmp = _create_temp(path) if tmp is None else (_create(tmp), tmp)
     try:
         with naming(path):
             try:
@@ -161,14 +162,31 @@ def _discard(path: str) -> None:
         pass
 
 
+def temp_name(path: str) -> str:
+    """A name for a temp file beside `path`: `<path>.tmp-<pid>-<n>`."""
+    return f"{path}.tmp-{os.getpid()}-{next(_serial)}"
+
+
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
 def _create_temp(path: str):
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:   # a temp file of an earlier process with this pid: the next name
-        tmp = f"{path}.tmp-{os.getpid()}-{next(_serial)}"
+        tmp = temp_name(path)
         try:
-            return os.open(tmp, flags, 0o666), tmp
+            return os.open(tmp, _EXCLUSIVE, 0o666), tmp
         except FileExistsError:
             continue
+
+
+def _create(tmp: str) -> int:
+    """Temp file `tmp`, named by another process (whose pid it holds): one of
+    that name already there is an earlier process's, left by a crash."""
+    try:
+        return os.open(tmp, _EXCLUSIVE, 0o666)
+    except FileExistsError:
+        _discard(tmp)
+        return os.open(tmp, _EXCLUSIVE, 0o666)
 
 
 # -- plans, carried out here or by a writer process ------------------------------
@@ -230,21 +248,31 @@ class WriterProcess:
     the training step instead of running on an idle core (bench/overhead.py's
     tiny model saving every 100 steps on 2 cores: 0.81 of the plain loop
     woken by the pipe, 0.86 by the eventfd, 0.89 with the child pinned to the
-    other core)."""
+    other core).
 
-    def __init__(self):
+    With `prepare`, the child is a fork of this process instead (it has
+    what `prepare` needs: torch, memory shared before the fork), and a plan
+    submitted with a `job` starts with the steps `prepare(job)` returns,
+    run in the child (a checkpoint serialized there from staged tensors)."""
+
+    def __init__(self, prepare: Optional[Callable[[object], list]] = None):
         child_in, self._send = _pipe()
         self._receive, child_out = os.pipe()
         # (no eventfd outside Linux: there the child waits on the pipe itself)
         self._wake = os.eventfd(0) if hasattr(os, "eventfd") else -1
+        kept = (child_in, child_out) + ((self._wake,) if self._wake >= 0 else ())
         try:
-            self._proc = subprocess.Popen(
-                # -I -S: no site-packages, no PYTHON* variables: a bare
-                # interpreter, answering in about 10 ms.
-                [sys.executable, "-I", "-S", "-c", _CHILD, os.path.abspath(__file__),
-                 str(child_in), str(child_out), str(self._wake), str(os.getpid())],
-                stdin=subprocess.DEVNULL,
-                pass_fds=(child_in, child_out) + ((self._wake,) if self._wake >= 0 else ()))
+            if prepare is not None:
+                parent = os.getpid()
+                self._proc = _Fork(lambda: _serve(child_in, child_out, self._wake, parent,
+                                                  prepare), kept)
+            else:
+                self._proc = subprocess.Popen(
+                    # -I -S: no site-packages, no PYTHON* variables: a bare
+                    # interpreter, answering in about 10 ms.
+                    [sys.executable, "-I", "-S", "-c", _CHILD, os.path.abspath(__file__),
+                     str(child_in), str(child_out), str(self._wake), str(os.getpid())],
+                    stdin=subprocess.DEVNULL, pass_fds=kept)
         except BaseException:
             for fd in (self._send, self._receive, self._wake):
                 if fd >= 0:
@@ -261,9 +289,10 @@ class WriterProcess:
     def pid(self) -> int:
         return self._proc.pid
 
-    def submit(self, plan: list) -> None:
-        """Hand `plan` to the child (one at a time: `result()` before the next)."""
-        message = marshal.dumps(list(plan))
+    def submit(self, plan: list, job=None) -> None:
+        """Hand `plan` to the child (one at a time: `result()` before the next),
+        with `job` for the child's `prepare` (plain values, as the plan's)."""
+        message = marshal.dumps(list(plan) if job is None else (job, list(plan)))
         fits = len(message) + 8 <= self._capacity   # else it is read while written
         try:
             if not fits:
@@ -399,9 +428,11 @@ def _how_it_ended(proc: subprocess.Popen) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _serve(receive: int, send: int, wake: int, parent: int) -> None:
-    """The child's loop: woken, a plan in, None or its error out, until the
-    parent closes the pipe or dies (then it exits at once: nothing to tidy)."""
+def _serve(receive: int, send: int, wake: int, parent: int,
+           prepare: Optional[Callable[[object], list]] = None) -> None:
+    """The child's loop: woken, a plan in (with a job: `prepare`'s steps
+    first), None or its error out, until the parent closes the pipe or dies
+    (then it exits at once: nothing to tidy)."""
     def parent_alive() -> None:
         if os.getppid() != parent:
             os._exit(1)
@@ -426,7 +457,10 @@ def _serve(receive: int, send: int, wake: int, parent: int) -> None:
         if message is None:
             os._exit(0)
         try:
-            apply(marshal.loads(message), before_step=parent_alive)
+            plan = marshal.loads(message)
+            if isinstance(plan, tuple):   # (job, plan)
+                plan = prepare(plan[0]) + plan[1]
+            apply(plan, before_step=parent_alive)
             error = None
         except OSError as e:   # handed to the parent, which raises it
             error = (e.errno, e.strerror, e.filename, str(e))
@@ -436,6 +470,71 @@ def _serve(receive: int, send: int, wake: int, parent: int) -> None:
             _send(send, marshal.dumps(error))
         except BrokenPipeError:   # the parent stopped listening
             os._exit(0)
+
+
+FORKED_WRITER_NAME = b"ckpt_writer"
+
+
+class _Fork:
+    """A forked child running `body()`, then exiting; what the writer uses of
+    Popen (pid, wait, kill, returncode). In the child, the descriptors but
+    `kept` (and 0-2) are closed, the signals sent to a process group (Ctrl-C,
+    a scheduler's SIGTERM) are ignored, as the parent ends the child once its
+    save in hand is done, and the parent's Python signal handlers never run."""
+
+    def __init__(self, body: Callable[[], None], kept: tuple):
+        self.returncode: Optional[int] = None
+        import ctypes   # (imported before the fork: the child only calls it)
+        self._libc = ctypes.CDLL(None)
+        self.pid = os.fork()
+        if self.pid == 0:   # (the child: never returns)
+            code = 1
+            try:
+                _fork_child(kept, self._libc)
+                body()
+                code = 0
+            finally:
+                os._exit(code)
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(f"checkpoint writer {self.pid}", timeout)
+            time.sleep(0.001)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, 9)
+
+
+def _fork_child(kept: tuple, libc) -> None:
+    import signal
+    try:   # the name ps, top and /proc/<pid>/comm show
+        libc.prctl(15, FORKED_WRITER_NAME, 0, 0, 0)   # PR_SET_NAME
+    except (AttributeError, OSError):
+        pass
+    for number in signal.valid_signals():
+        try:
+            if number in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(number, signal.SIG_IGN)
+            elif callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            pass
+    low = 3
+    for fd in sorted(kept):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1 << 16)
 
 
 # Run by `python -c` in the child: this file alone, read from its path.

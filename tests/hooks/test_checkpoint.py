@@ -478,19 +478,40 @@ def _writes_failing_at(monkeypatch, nth: int, error: OSError) -> list:
     return sizes
 
 
+def _writes_failing_to(monkeypatch, marker: str, error: OSError, when=lambda: True) -> None:
+    """os.write raises `error` writing to a file whose name holds `marker`
+    while `when()`; patched before a background Saver's first save, in its
+    writer process too (a fork)."""
+    real_write = os.write
+
+    def write(fd, data):
+        try:
+            target = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            target = ""
+        if marker in target and when():
+            raise error
+        return real_write(fd, data)
+    monkeypatch.setattr(os, "write", write)
+
+
 @pytest.mark.parametrize("background", [False, True])
 def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
                                                                     background):
+    # (in the background, save 2's tensors are staged and written by the
+    # writer process: the fault is set before it is forked, at save 1)
+    _writes_failing_to(monkeypatch, "model.ckpt-2.tmp-",
+                       OSError(errno.ENOSPC, "No space left on device"))
     saver = checkpoint.Saver(str(tmp_path), max_to_keep=5, background=background)
     saver.save({"modules": {}, "optimizers": {}, "global_step": 1}, 1)
     saver.wait()
-    _writes_failing_at(monkeypatch, 1, OSError(errno.ENOSPC, "No space left on device"))
     # (before: "...; the previous checkpoint is unchanged: '.../model.ckpt-2'",
     # the failed save named as the one kept)
     with pytest.raises(OSError, match=r"No space left on device writing the checkpoint "
                                       r"\S*model.ckpt-2\S*; the latest checkpoint, "
                                       r"\S*model.ckpt-1, is unchanged$") as info:
         saver.save({"modules": {}, "optimizers": {}, "global_step": 2}, 2)
+        saver.wait()
     assert info.value.errno == errno.ENOSPC
     monkeypatch.undo()
     saver.close()
@@ -520,14 +541,17 @@ def test_a_save_whose_index_write_fails_leaves_no_unlisted_checkpoint(tmp_path, 
                                                                       background):
     """The disk filled at the index, after the checkpoint was renamed into
     place: model.ckpt-2 stayed on disk unlisted, never read nor deleted,
-    holding its size on the full disk. (The writer process: its file size
-    limit set below the index's, as a full disk there.)"""
-    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5, background=background)
+    holding its size on the full disk. (The writer process, a fork, has the
+    fault from before save 1, set off after it.)"""
+    full = tmp_path / "full"
+    if background:
+        _writes_failing_to(monkeypatch, "checkpoint.tmp-",
+                           OSError(errno.ENOSPC, "No space left on device"), when=full.exists)
+    saver = checkpoint.Saver(str(tmp_path / "m"), max_to_keep=5, background=background)
     saver.save(_state(1.0, 1), 1)
     saver.wait()
-    if background:
-        resource.prlimit(saver._process.pid, resource.RLIMIT_FSIZE, (64, 64))  # (a digest: 8)
-    else:
+    full.touch()
+    if not background:
         real = checkpoint_files.atomic_write_bytes
 
         def write(path, data, sync_dir=True):
@@ -535,16 +559,18 @@ def test_a_save_whose_index_write_fails_leaves_no_unlisted_checkpoint(tmp_path, 
                 raise OSError(errno.ENOSPC, "No space left on device", path)
             return real(path, data, sync_dir)
         monkeypatch.setattr(checkpoint_files, "atomic_write_bytes", write)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=r"No space left on device writing the checkpoint "
+                                      r"\S*/checkpoint \(\d+ bytes\); "):
         saver.save(_state(2.0, 2), 2)
         saver.wait()
     monkeypatch.undo()
     saver.close()
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c"]
-    saver = checkpoint.Saver(str(tmp_path), max_to_keep=5, background=background)
+    model_dir = str(tmp_path / "m")
+    assert sorted(os.listdir(model_dir)) == ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c"]
+    saver = checkpoint.Saver(model_dir, max_to_keep=5, background=background)
     saver.save(_state(3.0, 3), 3)
     saver.close()
-    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(str(tmp_path))] == [1, 3]
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(model_dir)] == [1, 3]
 
 
 @pytest.mark.parametrize("background", [False, True])
@@ -601,13 +627,22 @@ def test_a_save_streams_the_checkpoint_to_its_file_without_a_copy_in_memory(
     big = torch.randn(4 * 1024 * 1024)   # 16 MiB
     small = {f"layer{i}.bias": torch.full((3,), float(i)) for i in range(40)}
     state = {"modules": {"net": dict(small, weight=big)}, "optimizers": {}, "global_step": 7}
-    saver = checkpoint.Saver(str(tmp_path), background=background)
+    model_dir, log = str(tmp_path / "m"), str(tmp_path / "writes")
+    real_write = os.write
+
+    def write(fd, data):   # (patched before the writer process, a fork, starts: there too)
+        try:
+            target = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            target = ""
+        if target.startswith("model.ckpt-7.tmp-"):
+            with open(log, "a") as f:
+                f.write(f"{len(data)}\n")
+        return real_write(fd, data)
+    monkeypatch.setattr(os, "write", write)
+    saver = checkpoint.Saver(model_dir, background=background)
     saver.save(state, 6)   # (the writer process, if any, is started before measuring)
     saver.wait()
-    sizes = []
-    real_write = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: (sizes.append(len(data)),
-                                                       real_write(fd, data))[1])
     tracemalloc.start()
     try:
         saver.save(state, 7)
@@ -617,8 +652,10 @@ def test_a_save_streams_the_checkpoint_to_its_file_without_a_copy_in_memory(
     saver.close()
     monkeypatch.undo()
     assert peak < 4 * 1024 * 1024, peak
+    with open(log) as f:
+        sizes = [int(line) for line in f]
     assert max(sizes) == files._CHUNK and len(sizes) < 25, sizes   # 16 pieces, not ~600 writes
-    path, restored = checkpoint.restore_latest(str(tmp_path))   # the digest is checked
+    path, restored = checkpoint.restore_latest(model_dir)   # the digest is checked
     assert path.endswith("model.ckpt-7")
     assert torch.equal(restored["modules"]["net"]["weight"], big)
     assert torch.equal(restored["modules"]["net"]["layer39.bias"], small["layer39.bias"])
@@ -1019,11 +1056,11 @@ def _writer_processes(parent=None) -> set:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rpartition(")")[2].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
+            with open(f"/proc/{entry}/comm", "rb") as f:
+                name = f.read().strip()
         except (OSError, ValueError):
             continue
-        if ppid == parent and b"_checkpoint_writer" in cmdline:
+        if ppid == parent and name == checkpoint_files.FORKED_WRITER_NAME:
             pids.add(int(entry))
     return pids
 
@@ -1113,8 +1150,8 @@ def test_the_last_save_of_train_is_made_on_the_step(tmp_path, monkeypatch):
     started = []
 
     class Recorded(checkpoint_files.WriterProcess):
-        def __init__(self):
-            super().__init__()
+        def __init__(self, prepare=None):
+            super().__init__(prepare)
             started.append(self.pid)
     monkeypatch.setattr(checkpoint_files, "WriterProcess", Recorded)
     config = est.RunConfig(model_dir=str(tmp_path), save_checkpoints_steps=100,
@@ -1196,13 +1233,18 @@ def test_closing_a_writer_process_that_does_not_end_kills_it(monkeypatch, pidfd)
 
 def test_saves_are_made_on_the_step_where_no_writer_process_can_start(tmp_path, monkeypatch,
                                                                       caplog):
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    def fork():   # (as at a process limit)
+        raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+    monkeypatch.setattr(os, "fork", fork)
     saver = checkpoint.Saver(str(tmp_path), background=True)
     saver.save(_state(1.0, 1), 1)
     assert "the background writer process cannot start" in caplog.text
-    assert "no-python" in caplog.text
+    assert os.strerror(errno.EAGAIN) in caplog.text
     assert not saver.in_flight
     assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 1
+    saver.save(_state(2.0, 2), 2)   # (on the step too)
+    assert not saver.in_flight
+    assert checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))["global_step"] == 2
 
 
 _WRITER_OF_A_KILLED_PROCESS = """
