@@ -502,7 +502,7 @@ class Saver:
         try:
             self.wait()
         finally:
-            process, self._process = self._process, None
+            process, self._process, self._staging = self._process, None, None
             if process is not None:
                 process.close()
 

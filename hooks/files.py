@@ -2,27 +2,21 @@
 must not leave half-written (checkpoints, the checkpoint index, markers in
 model_dir, the resolved experiment, profiler traces), `WriterProcess`,
 which carries such writes out in a child process while training goes on, and
-`DataLossError`, what reading a damaged file raises.
-
-Standard library only: the writer process runs this file alone (no torch,
-no import of the package), and starts in about 10 ms."""
+`DataLossError`, what reading a damaged file raises. Standard library only."""
 from __future__ import annotations
 
 import fcntl
+import gc
 import io
 import itertools
 import marshal
 import os
 import select
+import signal
 import struct
-import sys
+import subprocess
 import time
-
-TYPE_CHECKING = False   # typing is not imported at run time: the writer process
-if TYPE_CHECKING:       # starts in 10 ms instead of 20
-    from typing import Callable, IO, Optional, Tuple
-if __name__ != "_checkpoint_writer":   # the parent's side only
-    import subprocess
+from typing import Callable, IO, Optional, Tuple
 
 _CHUNK = 1 << 20
 _serial = itertools.count()
@@ -232,8 +226,11 @@ def _discard_if_there(path: str) -> None:
 
 
 class WriterProcess:
-    """A child process that carries out plans: `submit(plan)` hands one over,
-    `result()` waits for it and raises its error. A process rather than a
+    """A child process, a fork of this one, that carries out plans:
+    `submit(plan)` hands one over, `result()` waits for it and raises its
+    error; a plan submitted with a `job` starts with the steps
+    `prepare(job)` returns, run in the child (a checkpoint serialized there
+    from tensors staged in memory shared before the fork). A process rather than a
     thread because a thread doing this work takes the interpreter lock back
     after each of its system calls, and the training step waits for it each
     time (torch.distributed.checkpoint's async save offers a process for the
@@ -250,10 +247,12 @@ class WriterProcess:
     woken by the pipe, 0.86 by the eventfd, 0.89 with the child pinned to the
     other core).
 
-    With `prepare`, the child is a fork of this process instead (it has
-    what `prepare` needs: torch, memory shared before the fork), and a plan
-    submitted with a `job` starts with the steps `prepare(job)` returns,
-    run in the child (a checkpoint serialized there from staged tensors)."""
+    Forked rather than started afresh: the child has torch and the staging
+    memory at once (a new interpreter importing torch takes 2 s of a core).
+    It holds the pages this process changes while it lives (copy on write):
+    at most this process's memory at the fork, in practice the model and
+    optimizer state, which the staging memory doubles anyway; an input
+    held in numpy arrays, which training only reads, is not copied."""
 
     def __init__(self, prepare: Optional[Callable[[object], list]] = None):
         child_in, self._send = _pipe()
@@ -261,18 +260,10 @@ class WriterProcess:
         # (no eventfd outside Linux: there the child waits on the pipe itself)
         self._wake = os.eventfd(0) if hasattr(os, "eventfd") else -1
         kept = (child_in, child_out) + ((self._wake,) if self._wake >= 0 else ())
+        parent = os.getpid()
         try:
-            if prepare is not None:
-                parent = os.getpid()
-                self._proc = _Fork(lambda: _serve(child_in, child_out, self._wake, parent,
-                                                  prepare), kept)
-            else:
-                self._proc = subprocess.Popen(
-                    # -I -S: no site-packages, no PYTHON* variables: a bare
-                    # interpreter, answering in about 10 ms.
-                    [sys.executable, "-I", "-S", "-c", _CHILD, os.path.abspath(__file__),
-                     str(child_in), str(child_out), str(self._wake), str(os.getpid())],
-                    stdin=subprocess.DEVNULL, pass_fds=kept)
+            self._proc = _Fork(lambda: _serve(child_in, child_out, self._wake, parent, prepare),
+                               kept)
         except BaseException:
             for fd in (self._send, self._receive, self._wake):
                 if fd >= 0:
@@ -420,7 +411,7 @@ def _await_exit(pid: int, timeout: float) -> float:
     return max(0.0, timeout - (time.monotonic() - start))
 
 
-def _how_it_ended(proc: subprocess.Popen) -> str:
+def _how_it_ended(proc: "_Fork") -> str:
     try:
         code = proc.wait(5)
     except subprocess.TimeoutExpired:
@@ -517,7 +508,7 @@ class _Fork:
 
 
 def _fork_child(kept: tuple, libc) -> None:
-    import signal
+    gc.freeze()   # the parent's objects are never collected here (nor their pages copied)
     try:   # the name ps, top and /proc/<pid>/comm show
         libc.prctl(15, FORKED_WRITER_NAME, 0, 0, 0)   # PR_SET_NAME
     except (AttributeError, OSError):
@@ -536,12 +527,3 @@ def _fork_child(kept: tuple, libc) -> None:
         low = fd + 1
     os.closerange(low, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1 << 16)
 
-
-# Run by `python -c` in the child: this file alone, read from its path.
-_CHILD = """
-import sys
-files = {"__name__": "_checkpoint_writer", "__file__": sys.argv[1]}
-with open(sys.argv[1], "rb") as f:
-    exec(compile(f.read(), sys.argv[1], "exec"), files)
-files["_serve"](*map(int, sys.argv[2:]))
-"""

@@ -943,8 +943,8 @@ def _cpu(obj):
     """`obj` with its tensors on the CPU and numpy's numbers as Python's
     (`SGD(p, lr=np.float64(...))`: a checkpoint holding numpy scalars is not
     read back by torch.load(weights_only=True))."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
+    if isinstance(obj, torch.Tensor):   # (a state_dict's are detached already)
+        return obj if obj.device.type == "cpu" and not obj.requires_grad else obj.detach().cpu()
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, dict):
