@@ -464,6 +464,7 @@ def _serve(receive: int, send: int, wake: int, parent: int,
 
 
 FORKED_WRITER_NAME = b"ckpt_writer"
+_GROUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class _Fork:
@@ -477,11 +478,20 @@ class _Fork:
         self.returncode: Optional[int] = None
         import ctypes   # (imported before the fork: the child only calls it)
         self._libc = ctypes.CDLL(None)
-        self.pid = os.fork()
+        # (blocked across the fork: one arriving before the child ignores it
+        # would end it; the parent's are delivered once unblocked)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+        self.pid = -1
+        try:
+            self.pid = os.fork()
+        finally:
+            if self.pid != 0:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if self.pid == 0:   # (the child: never returns)
             code = 1
             try:
                 _fork_child(kept, self._libc)
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 body()
                 code = 0
             finally:
@@ -515,7 +525,7 @@ def _fork_child(kept: tuple, libc) -> None:
         pass
     for number in signal.valid_signals():
         try:
-            if number in (signal.SIGINT, signal.SIGTERM):
+            if number in _GROUP_SIGNALS:
                 signal.signal(number, signal.SIG_IGN)
             elif callable(signal.getsignal(number)):
                 signal.signal(number, signal.SIG_DFL)
