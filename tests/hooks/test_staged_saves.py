@@ -128,7 +128,7 @@ def test_a_state_with_a_sparse_tensor_is_saved_on_the_step(tmp_path, monkeypatch
     saver.save(state, 2)
     saver.close()
     assert serialized_here == [1]
-    restored = torch.load(os.path.join(str(tmp_path), "model.ckpt-2"))   # (sparse: not weights_only)
+    restored = torch.load(os.path.join(str(tmp_path), "model.ckpt-2"))
     assert torch.equal(restored["sparse"].to_dense(), embedding.to_dense())
 
 
