@@ -39,6 +39,12 @@ def test_save_timeline_runs_every_mode(capsys):
     assert "window beyond steady" in capsys.readouterr().out
 
 
+def test_save_step_benchmark_runs_both_modes(capsys):
+    results = _bench("save_step").main(["--steps", "40", "--runs", "1"])
+    assert set(results) == {"background", "on the step"}
+    assert "the save step" in capsys.readouterr().out
+
+
 def test_step_breakdown_adds_up_and_puts_back_what_it_timed(capsys):
     from distribute import strategy
     update = strategy.StrategyExtended.apply_gradients

@@ -115,7 +115,7 @@ def test_a_state_that_outgrows_its_staging_forks_a_new_writer(tmp_path):
 
 def test_a_state_with_a_sparse_tensor_is_saved_on_the_step(tmp_path, monkeypatch):
     saver = checkpoint.Saver(str(tmp_path), background=True)
-    embedding = torch.sparse_coo_tensor([[0, 2]], [1.0, 5.0], (4,))
+    embedding = torch.sparse_coo_tensor([[0, 2]], [1.0, 5.0], (4,), check_invariants=True)
     state = {"modules": {"net": {"w": torch.ones(3)}}, "optimizers": {},
              "sparse": embedding, "global_step": 1}
     saver.save(state, 1)
