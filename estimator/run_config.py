@@ -49,6 +49,10 @@ _DEFAULT_REPLACEABLE_LIST = [
 # without zero_grad's profiler record and a save in flight looked at after 1,
 # 2, 4... ms (`--rounds 5 --ckpt_steps 5000`, then 1000 for the MLP; one run):
 # tiny 0.869 against 0.796, MLP 0.976 against 0.912; end only 0.966 and 0.966.
+# With the state staged and serialized by a forked writer (a noisier machine,
+# one run each): tiny 0.713 against 0.601 (end only 0.860); MLP 0.997 against
+# 1.058 (end only 1.069; 5 rounds, ranges 0.86-1.26); the save step of a
+# 60-block conv net with Adam (bench/save_step.py) 20 ms against 60-84 ms.
 ASYNC_CHECKPOINT_DEFAULT = True
 # ... which the environment may change for every RunConfig that leaves it None
 # (a cluster on network storage; the fault-injection tests run both ways).
