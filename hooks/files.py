@@ -536,4 +536,3 @@ def _fork_child(kept: tuple, libc) -> None:
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1 << 16)
-
