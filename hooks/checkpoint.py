@@ -525,8 +525,8 @@ class Saver:
         process can be forked."""
         if self._process is None:
             size = Staging.size_of(payload) or 0
-            self._staging = staging = Staging(size + size // 4)
             try:
+                self._staging = staging = Staging(size + size // 4)
                 self._process = files.WriterProcess(
                     prepare=lambda job: _serialize(staging, *job))
             except Exception as e:   # noqa: BLE001 - any: saving on the step still works

@@ -132,6 +132,24 @@ def test_a_state_with_a_sparse_tensor_is_saved_on_the_step(tmp_path, monkeypatch
     assert torch.equal(restored["sparse"].to_dense(), embedding.to_dense())
 
 
+def test_saves_are_made_on_the_step_where_no_staging_memory_is_left(
+        tmp_path, monkeypatch, caplog):
+    import errno
+
+    def no_memory(*args):
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+    monkeypatch.setattr(_staging.mmap, "mmap", no_memory)
+    saver = checkpoint.Saver(str(tmp_path), background=True)
+    for step in (1, 2):
+        saver.save({"modules": {"net": {"w": torch.full((3,), float(step))}},
+                    "optimizers": {}, "global_step": step}, step)
+        assert not saver.in_flight
+    assert "the background writer process cannot start" in caplog.text
+    assert os.strerror(errno.ENOMEM) in caplog.text
+    restored = checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))
+    assert torch.equal(restored["modules"]["net"]["w"], torch.full((3,), 2.0))
+
+
 def test_staging_refuses_what_it_cannot_hold():
     staging = _staging.Staging(1024)
     assert staging.stage({"w": torch.ones(1000)}) is None   # (4000 bytes)
