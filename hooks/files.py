@@ -320,6 +320,10 @@ class WriterProcess:
         """End the child (once its plan in hand, if any, is done)."""
         if self._send < 0:
             return
+        try:   # (said, not only the pipe's end: a process forked meanwhile, a
+            _send(self._send, _END)   # DataLoader worker, holds it open)
+        except OSError:
+            pass   # (it has ended)
         os.close(self._send)   # then woken, it reads the end of the pipe
         self._notify()
         for fd in (self._receive, self._wake):
@@ -445,7 +449,7 @@ def _serve(receive: int, send: int, wake: int, parent: int,
         if wake >= 0:
             os.eventfd_read(wake)
         message = _receive(receive)
-        if message is None:
+        if message is None or message == _END:
             os._exit(0)
         try:
             plan = marshal.loads(message)
@@ -463,6 +467,7 @@ def _serve(receive: int, send: int, wake: int, parent: int,
             os._exit(0)
 
 
+_END = marshal.dumps(None)   # the message that ends the writer
 FORKED_WRITER_NAME = b"ckpt_writer"
 _GROUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 

@@ -171,3 +171,23 @@ def test_the_writer_leaves_group_signals_to_its_parent(tmp_path, signal_name):
     finally:
         writer.close()
     assert writer._proc.returncode == 0
+
+
+def test_a_writer_ends_when_closed_while_a_later_fork_holds_its_pipe(tmp_path):
+    """A process forked after the writer (a DataLoader worker) holds the
+    writer's pipe open: closing the writer still ends it at once (it waited
+    for the end of the pipe, then was killed after 60 s)."""
+    import time
+    writer = files.WriterProcess()
+    worker = os.fork()
+    if worker == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        start = time.monotonic()
+        writer.close(timeout=10)
+        assert time.monotonic() - start < 5
+        assert writer._proc.returncode == 0
+    finally:
+        os.kill(worker, 9)
+        os.waitpid(worker, 0)
