@@ -460,6 +460,8 @@ class Saver:
             if self._writer_process(payload) is None:
                 return None
             skeleton = self._staging.stage(payload)
+            if skeleton is None:   # (tensors pickle reaches that size_of does not)
+                return None
         tmp = files.temp_name(path)
         return (skeleton, tmp, path), tmp
 

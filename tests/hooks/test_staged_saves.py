@@ -191,3 +191,17 @@ def test_a_writer_ends_when_closed_while_a_later_fork_holds_its_pipe(tmp_path):
     finally:
         os.kill(worker, 9)
         os.waitpid(worker, 0)
+
+
+def test_a_state_staging_cannot_measure_is_saved_on_the_step(tmp_path, monkeypatch):
+    """Tensors that pickle reaches and the staging's measure does not (inside
+    an allowed class of the user's) leave the staging too small even after
+    the writer is forked again: the save is made as a first save is."""
+    monkeypatch.setattr(_staging.Staging, "size_of", staticmethod(lambda obj: 8))
+    saver = checkpoint.Saver(str(tmp_path), background=True)
+    for step in (1, 2):
+        saver.save({"modules": {"net": {"w": torch.full((100,), float(step))}},
+                    "optimizers": {}, "global_step": step}, step)
+    saver.close()
+    restored = checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))
+    assert torch.equal(restored["modules"]["net"]["w"], torch.full((100,), 2.0))
