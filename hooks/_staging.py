@@ -10,6 +10,7 @@ Only plain dense CPU tensors are staged; a state holding any other kind
 from __future__ import annotations
 
 import io
+import math
 import mmap
 import pickle
 from typing import Optional
@@ -79,18 +80,14 @@ class Staging:
         key = (offset, dtype, shape)
         view = self._views.get(key)
         if view is None:
-            nbytes = dtype.itemsize
-            for n in shape:
-                nbytes *= n
+            nbytes = dtype.itemsize * math.prod(shape)
             view = self._views[key] = self._flat[offset:offset + nbytes].view(dtype).view(shape)
         return view
 
     def _own(self, offset: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
         """The tensor at `offset`, on a storage of its own (torch.save saves
         storages: views of one would save all of it, and refuses mixed types)."""
-        count = 1
-        for n in shape:
-            count *= n
+        count = math.prod(shape)
         if count == 0:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(self._memory, dtype=dtype, count=count,
