@@ -106,21 +106,11 @@ class StopAtStepHook(SessionRunHook):
         return self._last_step, NEVER, NEVER
 
 
-# Called at each checkpoint save: summary_hooks' handing every summary held so
-# far to the event files' writers (the hooks' scalars are held a few seconds);
-# then BEFORE_LISTED before the checkpoint is listed: their flush (event files
-# are otherwise flushed every 120 s), so that a crash after the save loses none
-# that its restart does not write again. A background save does the second
-# when its writer process has the checkpoint written: by then the event
-# writers' threads have written what they were handed, and the step that
-# saves does not wait for them.
+# Called before each checkpoint save: summary_hooks' writing of every summary
+# so far to the event files (the hooks' scalars are held a few seconds, event
+# files flushed every 120 s), so that a crash after the save loses none that
+# its restart does not write again.
 BEFORE_SAVE: List[Callable[[], None]] = []
-BEFORE_LISTED: List[Callable[[], None]] = []
-
-
-def _before_listed() -> None:
-    for before_listed in BEFORE_LISTED:
-        before_listed()
 
 
 class CheckpointSaverListener:
@@ -243,7 +233,7 @@ class CheckpointSaverHook(SessionRunHook):
             listener.before_save(session, step)
         for before_save in BEFORE_SAVE:
             before_save()
-        self._saver.save(state, step, background=background, before_listed=_before_listed)
+        self._saver.save(state, step, background=background)
         self._last_saved = step
         if self._listeners:   # they may read the checkpoint: it must be on disk
             self._saver.wait()

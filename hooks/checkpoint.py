@@ -43,7 +43,7 @@ import re
 import shutil
 import time
 import weakref
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import google_crc32c
 import numpy as np
@@ -349,7 +349,6 @@ class Saver:
         self._staging: Optional[Staging] = None   # shared with self._process, a fork
         # (plan, sizes, kept) of the background save in flight
         self._pending: Optional[tuple] = None
-        self._listing_error: Optional[Exception] = None   # of its before_listed
         # [(name, time)] the index lists, read from disk once, then kept here as
         # TF's Saver keeps its _last_checkpoints (this Saver is the one writer).
         self._kept: Optional[List[Tuple[str, float]]] = None
@@ -362,12 +361,8 @@ class Saver:
         an evaluator has not yet seen)."""
         self._protected = predicate
 
-    def save(self, state: dict, global_step: int, background: Optional[bool] = None,
-             before_listed: Optional[Callable[[], None]] = None) -> str:
+    def save(self, state: dict, global_step: int, background: Optional[bool] = None) -> str:
         """Write `state` as the checkpoint of `global_step`; returns its path.
-        `before_listed()` is done before the checkpoint is put in place and
-        listed (here, or for a background save on a thread of the writer
-        process's, while the writer serializes it).
 
         With `background` (default: the Saver's), the state's tensors are
         copied here into memory shared with a writer process (a fork of
@@ -410,8 +405,8 @@ class Saver:
             staged = self._staged(payload, path)
             if staged is not None:
                 job, tmp = staged
-                plan = _awaiting(before_listed) + [("settle", tmp, path, False)] + index
-                return self._submit(plan, _sizes(plan), kept, path, before_listed, job)
+                plan = [("settle", tmp, path, False)] + index
+                return self._submit(plan, _sizes(plan), kept, path, job)
         # On the step, as a plain loop's torch.save: the bytes into a temp file
         # (the copy training cannot change), their digest computed on the way.
         # Then, here or by the writer process, the digest, the checkpoint made
@@ -425,15 +420,12 @@ class Saver:
             path, lambda f: torch.save(payload, f), observe=crc.update), {})
         if not self._loadable:   # (once a Saver: the state's kinds of objects stay)
             self._check_loadable(tmp, payload, global_step)
-        digest = [("write", path + DIGEST_SUFFIX, crc.hexdigest().encode(), False)]
-        plan = digest + [("settle", tmp, path, False)] + index
+        plan = [("write", path + DIGEST_SUFFIX, crc.hexdigest().encode(), False),
+                ("settle", tmp, path, False)] + index
         sizes = _sizes(plan, {path: size})
         if background and self._writer_process(payload) is not None:
-            plan = digest + _awaiting(before_listed) + plan[1:]
-            return self._submit(plan, sizes, kept, path, before_listed)
+            return self._submit(plan, sizes, kept, path)
         try:
-            if before_listed is not None:
-                before_listed()
             _carry_out(lambda: files.apply(plan), sizes)
         except BaseException as e:
             self._remove_unlisted(plan, e)
@@ -441,28 +433,16 @@ class Saver:
         self._kept = kept
         return path
 
-    def _submit(self, plan: list, sizes: Dict[str, int], kept, path: str,
-                before_listed: Optional[Callable[[], None]], job=None) -> str:
+    def _submit(self, plan: list, sizes: Dict[str, int], kept, path: str, job=None) -> str:
         """Hand `plan` (with `job`: the staged checkpoint to serialize first)
         to the writer process; the save is then in flight."""
-        ready = before_listed and self._ready(before_listed)
         try:
-            _carry_out(lambda: self._process.submit(plan, job, ready), sizes)
+            _carry_out(lambda: self._process.submit(plan, job), sizes)
         except BaseException as e:
             self._failed(plan, e)
             raise
         self._pending = (plan, sizes, kept)
         return path
-
-    def _ready(self, before_listed: Callable[[], None]) -> Callable[[], None]:
-        """`before_listed` as the writer process's `ready` (called on its
-        thread): its error is raised once the save it held is complete."""
-        def ready():
-            try:
-                before_listed()
-            except Exception as e:   # noqa: BLE001 - raised by wait()
-                self._listing_error = e
-        return ready
 
     def _staged(self, payload: dict, path: str) -> Optional[Tuple[tuple, str]]:
         """(job, temp file name) of `payload` staged for the writer process
@@ -514,13 +494,9 @@ class Saver:
             try:
                 _carry_out(self._process.result, sizes)
             except BaseException as e:
-                self._listing_error = None
                 self._failed(plan, e)
                 raise
             self._kept = kept
-            error, self._listing_error = self._listing_error, None
-            if error is not None:   # (the save is complete: its before_listed failed)
-                raise error
 
     def close(self) -> None:
         """`wait()`, then end the writer process, if any (a later save starts
@@ -651,11 +627,6 @@ class _Crc32c:
 
     def hexdigest(self) -> str:
         return "%08x" % self._value
-
-
-def _awaiting(before_listed) -> list:
-    """The plan step holding the writer process until `before_listed` is done."""
-    return [("await",)] if before_listed is not None else []
 
 
 def _sizes(plan: list, sizes: Optional[Dict[str, int]] = None) -> Dict[str, int]:

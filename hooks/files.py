@@ -11,12 +11,10 @@ import io
 import itertools
 import marshal
 import os
-import queue
 import select
 import signal
 import struct
 import subprocess
-import threading
 import time
 from typing import Callable, IO, Optional, Tuple
 
@@ -190,15 +188,12 @@ def _create(tmp: str) -> int:
 #   ("write", path, data, sync_dir)   atomic_write_bytes(path, data, sync_dir)
 #   ("settle", tmp, path, sync_dir)   settle(tmp, path, sync_dir): a stream_temp made durable
 #   ("remove", path)                  remove the file if it is there
-#   ("await",)                        (a writer process only) wait for the parent's go
 # Plain values only: marshal carries a plan to the writer process.
 
 
-def apply(plan: list, before_step: Optional[Callable[[], None]] = None,
-          awaited: Optional[Callable[[], None]] = None) -> None:
-    """Carry out `plan` (`awaited()` at its "await" steps). An error names the
-    path of the step that failed, and the temp files of the steps not done
-    are removed."""
+def apply(plan: list, before_step: Optional[Callable[[], None]] = None) -> None:
+    """Carry out `plan`. An error names the path of the step that failed, and
+    the temp files of the steps not done are removed."""
     for i, step in enumerate(plan):
         try:
             if before_step is not None:
@@ -207,8 +202,6 @@ def apply(plan: list, before_step: Optional[Callable[[], None]] = None,
                 atomic_write_bytes(*step[1:])
             elif step[0] == "settle":
                 settle(*step[1:])
-            elif step[0] == "await":
-                awaited()
             else:
                 _discard_if_there(step[1])
         except BaseException as e:
@@ -254,12 +247,6 @@ class WriterProcess:
     woken by the pipe, 0.86 by the eventfd, 0.89 with the child pinned to the
     other core).
 
-    A plan's "await" step holds the child until this process has done
-    what must come before the rest (the summaries so far flushed before a
-    checkpoint is listed): `submit(plan, ready=...)` has a thread of this
-    process call `ready()` and then let the child go on, so neither the
-    step that saves nor the child's listing waits for the training loop.
-
     Forked rather than started afresh: the child has torch and the staging
     memory at once (a new interpreter importing torch takes 2 s of a core).
     It holds the pages this process changes while it lives (copy on write):
@@ -270,9 +257,8 @@ class WriterProcess:
     def __init__(self, prepare: Optional[Callable[[object], list]] = None):
         child_in, self._send = _pipe()
         self._receive, child_out = os.pipe()
-        # (a semaphore: one count a message, as a plan and its go may both wait;
-        # no eventfd outside Linux: there the child waits on the pipe itself)
-        self._wake = os.eventfd(0, os.EFD_SEMAPHORE) if hasattr(os, "eventfd") else -1
+        # (no eventfd outside Linux: there the child waits on the pipe itself)
+        self._wake = os.eventfd(0) if hasattr(os, "eventfd") else -1
         kept = (child_in, child_out) + ((self._wake,) if self._wake >= 0 else ())
         parent = os.getpid()
         try:
@@ -289,18 +275,14 @@ class WriterProcess:
         self._capacity = _capacity(self._send)
         self._poll = select.poll()
         self._poll.register(self._receive, select.POLLIN)
-        self._lock = threading.Lock()   # (the "ready" thread's go against close)
-        self._readies: Optional[queue.SimpleQueue] = None   # that thread's work
 
     @property
     def pid(self) -> int:
         return self._proc.pid
 
-    def submit(self, plan: list, job=None, ready: Optional[Callable[[], None]] = None) -> None:
+    def submit(self, plan: list, job=None) -> None:
         """Hand `plan` to the child (one at a time: `result()` before the next),
-        with `job` for the child's `prepare` (plain values, as the plan's);
-        a plan with an "await" step is let go on past it once `ready()`,
-        called on a thread of this process, returns (or raises)."""
+        with `job` for the child's `prepare` (plain values, as the plan's)."""
         message = marshal.dumps(list(plan) if job is None else (job, list(plan)))
         fits = len(message) + 8 <= self._capacity   # else it is read while written
         try:
@@ -311,26 +293,6 @@ class WriterProcess:
                 self._notify()
         except BrokenPipeError:
             raise self._ended() from None
-        if ready is not None:
-            if self._readies is None:
-                self._readies = queue.SimpleQueue()
-                threading.Thread(target=self._go_when_ready, args=(self._readies,),
-                                 name="ckpt_writer_ready", daemon=True).start()
-            self._readies.put(ready)
-
-    def _go_when_ready(self, readies: queue.SimpleQueue) -> None:
-        """The "ready" thread: each `ready()` in turn, then the child's go."""
-        for ready in iter(readies.get, None):
-            try:
-                ready()
-            finally:   # (the child waits for it, whatever ready did)
-                with self._lock:
-                    if self._send >= 0:
-                        try:
-                            _send(self._send, _GO)
-                            self._notify()
-                        except OSError:
-                            pass   # (it has ended: result() says so)
 
     def answered(self) -> bool:
         """Whether the child has answered the plan in hand (one poll, no wait)."""
@@ -356,21 +318,18 @@ class WriterProcess:
 
     def close(self, timeout: float = 60.0) -> None:
         """End the child (once its plan in hand, if any, is done)."""
-        with self._lock:
-            if self._send < 0:
-                return
-            try:   # (said, not only the pipe's end: a process forked meanwhile, a
-                _send(self._send, _END)   # DataLoader worker, holds it open)
-            except OSError:
-                pass   # (it has ended)
-            os.close(self._send)   # then woken, it reads the end of the pipe
-            self._notify()
-            for fd in (self._receive, self._wake):
-                if fd >= 0:
-                    os.close(fd)
-            self._send = self._receive = self._wake = -1
-        if self._readies is not None:
-            self._readies.put(None)   # (the "ready" thread ends)
+        if self._send < 0:
+            return
+        try:   # (said, not only the pipe's end: a process forked meanwhile, a
+            _send(self._send, _END)   # DataLoader worker, holds it open)
+        except OSError:
+            pass   # (it has ended)
+        os.close(self._send)   # then woken, it reads the end of the pipe
+        self._notify()
+        for fd in (self._receive, self._wake):
+            if fd >= 0:
+                os.close(fd)
+        self._send = self._receive = self._wake = -1
         try:
             self._proc.wait(_await_exit(self._proc.pid, timeout))
         except subprocess.TimeoutExpired:
@@ -477,35 +436,26 @@ def _serve(receive: int, send: int, wake: int, parent: int,
     exited = _pidfd(parent)
     if exited >= 0:
         woken.register(exited, select.POLLIN)
-
-    def next_message() -> bytes:
-        while True:
-            events = woken.poll(1000)
-            parent_alive()
-            if not events:
-                continue
-            if any(fd == exited for fd, _ in events):   # yet parent_alive() returned: only
-                woken.unregister(exited)   # its first thread ended; look every second now
-                if len(events) == 1:
-                    continue
-            if wake >= 0:
-                os.eventfd_read(wake)
-            message = _receive(receive)
-            if message is None or message == _END:
-                os._exit(0)
-            return message
-
-    def awaited() -> None:
-        next_message()   # (the go)
-
     parent_alive()
     while True:
-        message = next_message()
+        events = woken.poll(1000)
+        parent_alive()
+        if not events:
+            continue
+        if any(fd == exited for fd, _ in events):   # yet parent_alive() returned: only
+            woken.unregister(exited)   # its first thread ended; look every second from now
+            if len(events) == 1:
+                continue
+        if wake >= 0:
+            os.eventfd_read(wake)
+        message = _receive(receive)
+        if message is None or message == _END:
+            os._exit(0)
         try:
             plan = marshal.loads(message)
             if isinstance(plan, tuple):   # (job, plan)
                 plan = prepare(plan[0]) + plan[1]
-            apply(plan, before_step=parent_alive, awaited=awaited)
+            apply(plan, before_step=parent_alive)
             error = None
         except OSError as e:   # handed to the parent, which raises it
             error = (e.errno, e.strerror, e.filename, str(e))
@@ -518,7 +468,6 @@ def _serve(receive: int, send: int, wake: int, parent: int,
 
 
 _END = marshal.dumps(None)   # the message that ends the writer
-_GO = marshal.dumps(True)   # the parent's, to a child at an "await" step
 FORKED_WRITER_NAME = b"ckpt_writer"
 _GROUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import summary as _summary
 
-from .basic_session_run_hooks import BEFORE_LISTED, BEFORE_SAVE, SecondOrStepTimer
+from .basic_session_run_hooks import BEFORE_SAVE, SecondOrStepTimer
 from .event_files import EVENT_FILE_PATTERN
 from .scaffold import check_scaffold
 from .session_run_hook import SessionRunArgs, SessionRunHook
@@ -123,16 +123,6 @@ class SummaryWriterCache:
                 if flush and writer not in in_use:
                     writer.flush()
         for writer in in_use:
-            writer.flush()
-
-    @classmethod
-    def _flush_all(cls) -> None:
-        """Make every open writer write what it was handed to disk (safe on a
-        thread other than the training loop's, which may hand it more
-        meanwhile: written or not, those are after the flush's)."""
-        with cls._lock:
-            writers = list(cls._writers.values())
-        for writer in writers:
             writer.flush()
 
     @classmethod
@@ -310,8 +300,7 @@ class _NamingErrors:
 
 
 atexit.register(SummaryWriterCache.clear)
-BEFORE_SAVE.append(SummaryWriterCache._write_held)   # (every summary so far)
-BEFORE_LISTED.append(SummaryWriterCache._flush_all)
+BEFORE_SAVE.append(lambda: SummaryWriterCache._write_held(flush=True))   # (every summary so far)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=SummaryWriterCache._forget_inherited)
 

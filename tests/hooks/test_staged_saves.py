@@ -3,9 +3,7 @@ writer process (hooks/_staging.py): what a real state holds (batch-norm
 buffers, Adam's slots and step counts, bfloat16, bool masks, complex,
 empty and shared tensors, int64 counters) comes back exactly, as of the
 step it was saved at; what cannot be staged is saved on the step."""
-import errno
 import os
-import time
 
 import pytest
 import torch
@@ -207,82 +205,3 @@ def test_a_state_staging_cannot_measure_is_saved_on_the_step(tmp_path, monkeypat
     saver.close()
     restored = checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))
     assert torch.equal(restored["modules"]["net"]["w"], torch.full((100,), 2.0))
-
-
-def _until_done(saver: checkpoint.Saver, timeout: float = 60.0) -> None:
-    """Look at the save in flight as the CheckpointSaverHook does, until done."""
-    deadline = time.monotonic() + timeout
-    while saver.in_flight:
-        assert time.monotonic() < deadline, "the background save did not finish"
-        saver.check()
-        time.sleep(0.002)
-
-
-@pytest.mark.parametrize("done_by", ["check", "wait"])
-def test_a_background_save_is_listed_only_after_its_before_listed_ran_off_its_step(
-        tmp_path, done_by):
-    """The summaries' flush before a checkpoint is listed runs when this
-    process next looks at the save, not on the step that saved: the writer
-    process waits for it before it puts the checkpoint in place and lists
-    it. The first save (serialized on the step) and a staged one alike."""
-    model_dir = str(tmp_path)
-    saver = checkpoint.Saver(model_dir, background=True)
-    seen = []
-
-    def before_listed():
-        seen.append((checkpoint.latest_checkpoint(model_dir), sorted(os.listdir(model_dir))))
-    state = _real_state(0)
-    for step in (1, 2):
-        saver.save(state, step, before_listed=before_listed)
-        assert saver.in_flight and len(seen) == step - 1   # (not on the step)
-        _until_done(saver) if done_by == "check" else saver.wait()
-        assert len(seen) == step
-        latest, names = seen[-1]
-        assert (latest and checkpoint.step_of(latest)) == (None if step == 1 else 1)
-        assert f"model.ckpt-{step}" not in names   # (not in place yet)
-        assert checkpoint.step_of(checkpoint.latest_checkpoint(model_dir)) == step
-    saver.close()
-    assert _equal(_without_rng(checkpoint.load(checkpoint.latest_checkpoint(model_dir))), state)
-
-
-def test_a_failed_before_listed_is_raised_once_its_save_is_complete(tmp_path):
-    """An error of before_listed (the event files on a full disk) fails the
-    step that looks at the save, once it is complete and listed; the writer
-    goes on saving."""
-    model_dir = str(tmp_path)
-    saver = checkpoint.Saver(model_dir, background=True)
-    state = _real_state(0)
-
-    def full():
-        raise OSError(errno.ENOSPC, "No space left on device", "events.out.tfevents")
-    saver.save(state, 1)
-    saver.wait()
-    saver.save(state, 2, before_listed=full)
-    with pytest.raises(OSError, match="No space left on device.*events.out.tfevents"):
-        _until_done(saver)
-    assert not saver.in_flight
-    assert checkpoint.step_of(checkpoint.latest_checkpoint(model_dir)) == 2
-    saver.save(state, 3, before_listed=lambda: None)
-    saver.close()
-    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(model_dir)] == [1, 2, 3]
-
-
-def test_a_plan_whose_go_comes_before_the_writer_reads_it_completes(tmp_path):
-    """The thread that lets the writer past an "await" step may answer before
-    the writer has even read the plan (ready() returns at once): both
-    messages wait in its pipe, and it reads both."""
-    process = files.WriterProcess()
-    try:
-        for i in range(50):
-            path = str(tmp_path / f"file-{i}")
-            process.submit([("await",), ("write", path, b"%d" % i, False)],
-                           ready=lambda: None)
-            deadline = time.monotonic() + 10
-            while not process.answered():
-                assert time.monotonic() < deadline, f"plan {i} was never carried out"
-                time.sleep(0.001)
-            process.result()
-            with open(path, "rb") as f:
-                assert f.read() == b"%d" % i
-    finally:
-        process.close()

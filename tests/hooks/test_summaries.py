@@ -209,8 +209,8 @@ def test_a_crash_after_a_save_loses_no_summary_up_to_the_checkpoint(tmp_path, ki
     to 120 s) and died with the process; the restart resumed at 20, so those
     points were gone for good while the steps after it were written again.
     Killed by a listener (its save waited for) and by a hook once the index
-    lists the save (written in the background, its summaries flushed steps
-    after the save, before the writer process lists it)."""
+    lists the save (written in the background), with the event files'
+    writer thread slow: the save waits for it before it is handed over."""
     script = tmp_path / "killed.py"
     script.write_text(_KILLED_AFTER_SAVE.format(root=ROOT, support=SUPPORT))
     model_dir = tmp_path / "m"
