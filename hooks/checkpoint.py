@@ -361,8 +361,13 @@ class Saver:
         an evaluator has not yet seen)."""
         self._protected = predicate
 
-    def save(self, state: dict, global_step: int, background: Optional[bool] = None) -> str:
+    def save(self, state: dict, global_step: int, background: Optional[bool] = None,
+             finite: Optional[Dict[str, set]] = None) -> str:
         """Write `state` as the checkpoint of `global_step`; returns its path.
+        With `finite` ({module name: its buffers' keys}), a state whose
+        module or optimizer tensors hold NaN or inf (buffers: NaN) is not
+        saved: NotFiniteError, raised here, or for a save staged for the
+        writer process (which checks the staged copy) where its errors are.
 
         With `background` (default: the Saver's), the state's tensors are
         copied here into memory shared with a writer process (a fork of
@@ -405,8 +410,10 @@ class Saver:
             staged = self._staged(payload, path)
             if staged is not None:
                 job, tmp = staged
+                job += (finite, global_step)
                 plan = [("settle", tmp, path, False)] + index
                 return self._submit(plan, _sizes(plan), kept, path, job)
+        _check_finite(state, finite, global_step)
         # On the step, as a plain loop's torch.save: the bytes into a temp file
         # (the copy training cannot change), their digest computed on the way.
         # Then, here or by the writer process, the digest, the checkpoint made
@@ -530,7 +537,7 @@ class Saver:
             try:
                 self._staging = staging = Staging(size + size // 4)
                 self._process = files.WriterProcess(
-                    prepare=lambda job: _serialize(staging, *job))
+                    prepare=lambda job: _serialize(staging, *job), errors=(NotFiniteError,))
             except Exception as e:   # noqa: BLE001 - any: saving on the step still works
                 logger.warning("Checkpoints are written on the step: the background writer "
                                "process cannot start (%s: %s)", type(e).__name__, e)
@@ -634,15 +641,81 @@ def _sizes(plan: list, sizes: Optional[Dict[str, int]] = None) -> Dict[str, int]
     return dict(sizes or {}, **{step[1]: len(step[2]) for step in plan if step[0] == "write"})
 
 
-def _serialize(staging: Staging, skeleton: bytes, tmp: str, path: str) -> list:
-    """In the writer process: the staged checkpoint serialized into temp file
-    `tmp` (as `Saver.save` does on the step: torch.save streamed, its digest
-    computed on the way); the plan's steps writing the digest."""
+def _serialize(staging: Staging, skeleton: bytes, tmp: str, path: str,
+               finite: Optional[Dict[str, set]], global_step: int) -> list:
+    """In the writer process: the staged checkpoint checked finite (with
+    `finite`, see `Saver.save`) and serialized into temp file `tmp` (as
+    `Saver.save` does on the step: torch.save streamed, its digest computed
+    on the way); the plan's steps writing the digest."""
     torch.set_num_threads(1)   # (a fork's OpenMP pool is not usable; none needed)
+    payload = staging.unstage(skeleton)
+    _check_finite(payload, finite, global_step)
     crc = _Crc32c()
-    files.stream_temp(path, lambda f: torch.save(staging.unstage(skeleton), f),
-                      observe=crc.update, tmp=tmp)
+    files.stream_temp(path, lambda f: torch.save(payload, f), observe=crc.update, tmp=tmp)
     return [("write", path + DIGEST_SUFFIX, crc.hexdigest().encode(), False)]
+
+
+class NotFiniteError(ValueError):
+    """A checkpoint was not saved: tensor `name` of its state (`owner/key`)
+    holds NaN or inf (a buffer: NaN) at `global_step`."""
+
+    def __init__(self, name: str, global_step: int):
+        super().__init__(name, global_step)
+        self.name, self.global_step = name, global_step
+
+    def __str__(self):
+        return (f"{self.name} is not finite at global step {self.global_step}: no checkpoint "
+                "of it was saved")
+
+
+def _check_finite(state: dict, finite: Optional[Dict[str, set]], global_step: int) -> None:
+    if finite is not None:
+        bad = _first_nonfinite(state, finite)
+        if bad is not None:
+            raise NotFiniteError(bad, global_step)
+
+
+def _first_nonfinite(state: dict, buffers: Dict[str, set]) -> Optional[str]:
+    """The name of the first module or optimizer tensor of a checkpoint's
+    contents that shows divergence, or None (checked at save time only):
+    NaN or inf in a parameter or an optimizer slot, NaN in a buffer
+    (`buffers`: each module's buffer names), where inf may be meant (a causal
+    attention mask of -inf, a running maximum's start).
+
+    One sum a tensor and one read back a device: a sum is finite only where
+    every value is (NaN or inf in, NaN or inf out), and not NaN where no value
+    is; only a sum that fails (or finite values that overflowed it, or a
+    buffer's +inf and -inf) has its tensors checked one by one: a 456-tensor
+    model with Adam's slots (5 M values) is checked in 2.2 ms instead of
+    8.8-9.6 on a CPU, and with one device sync instead of one a tensor."""
+    named = list(_floating_tensors(state, buffers))
+    sums: Dict[torch.device, Tuple[list, list]] = {}
+    for _, value, buffer in named:
+        sums.setdefault(value.device, ([], []))[buffer].append(value.sum().double())
+    if all(bool(sum(strict, torch.zeros((), dtype=torch.float64)).isfinite()
+                & ~sum(lenient, torch.zeros((), dtype=torch.float64)).isnan())
+           for strict, lenient in sums.values()):
+        return None
+    for name, value, buffer in named:
+        if bool(value.isnan().any() if buffer else ~torch.isfinite(value).all()):
+            return name
+    return None
+
+
+def _floating_tensors(state: dict, buffers: Dict[str, set]):
+    """(name, tensor, whether a buffer) of a checkpoint's floating-point
+    module and optimizer tensors, in order: `owner/key` with dots as slashes."""
+    for kind in ("modules", "optimizers"):
+        for owner, sd in state.get(kind, {}).items():
+            tensors = sd.items() if kind == "modules" else (
+                (f"state/{i}/{slot}", v) for i, slots in sd.get("state", {}).items()
+                for slot, v in slots.items())
+            owned = buffers.get(owner, ()) if kind == "modules" else ()
+            for key, value in tensors:
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    yield f"{owner}/{key.replace('.', '/')}", value, key in owned
+
+
 
 
 def _carry_out(do, sizes: Dict[str, int]):

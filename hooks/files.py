@@ -254,15 +254,21 @@ class WriterProcess:
     optimizer state, which the staging memory doubles anyway; an input
     held in numpy arrays, which training only reads, is not copied."""
 
-    def __init__(self, prepare: Optional[Callable[[object], list]] = None):
+    def __init__(self, prepare: Optional[Callable[[object], list]] = None,
+                 errors: Tuple[type, ...] = ()):
+        """`errors`: exception classes that come back from the child as
+        themselves (rebuilt from their `args`, plain values); any other
+        error but OSError comes back as a RuntimeError naming it."""
         child_in, self._send = _pipe()
+        self._errors = errors
         self._receive, child_out = os.pipe()
         # (no eventfd outside Linux: there the child waits on the pipe itself)
         self._wake = os.eventfd(0) if hasattr(os, "eventfd") else -1
         kept = (child_in, child_out) + ((self._wake,) if self._wake >= 0 else ())
         parent = os.getpid()
         try:
-            self._proc = _Fork(lambda: _serve(child_in, child_out, self._wake, parent, prepare),
+            self._proc = _Fork(lambda: _serve(child_in, child_out, self._wake, parent, prepare,
+                                              errors),
                                kept)
         except BaseException:
             for fd in (self._send, self._receive, self._wake):
@@ -305,7 +311,7 @@ class WriterProcess:
             raise self._ended()
         error = marshal.loads(reply)
         if error is not None:
-            raise _error(*error)
+            raise _error(*error, errors=self._errors)
 
     def _notify(self) -> None:
         if self._wake >= 0:
@@ -382,9 +388,12 @@ def _read_exactly(fd: int, n: int) -> Optional[bytes]:
     return bytes(buffer)
 
 
-def _error(errno, strerror, filename, text) -> Exception:
+def _error(errno, strerror, filename, text, kind=None, args=(), errors=()) -> Exception:
     """The writer process's error, rebuilt here: OSError(errno, ...) is the
-    subclass it was (FileNotFoundError, ...)."""
+    subclass it was (FileNotFoundError, ...); one of `errors` (`kind`: its
+    place there) is itself."""
+    if kind is not None:
+        return errors[kind](*args)
     if errno is None:
         return RuntimeError(f"The checkpoint writer process failed: {text}")
     return OSError(errno, strerror, filename)
@@ -424,7 +433,7 @@ def _how_it_ended(proc: "_Fork") -> str:
 
 
 def _serve(receive: int, send: int, wake: int, parent: int,
-           prepare: Optional[Callable[[object], list]] = None) -> None:
+           prepare: Optional[Callable[[object], list]] = None, errors: tuple = ()) -> None:
     """The child's loop: woken, a plan in (with a job: `prepare`'s steps
     first), None or its error out, until the parent closes the pipe or dies
     (then it exits at once: nothing to tidy)."""
@@ -459,6 +468,8 @@ def _serve(receive: int, send: int, wake: int, parent: int,
             error = None
         except OSError as e:   # handed to the parent, which raises it
             error = (e.errno, e.strerror, e.filename, str(e))
+        except errors as e:   # (itself, in the parent)
+            error = (None, None, None, str(e), errors.index(type(e)), e.args)
         except Exception as e:   # noqa: BLE001
             error = (None, None, None, f"{type(e).__name__}: {e}")
         try:

@@ -955,7 +955,7 @@ def test_the_save_time_check_names_the_first_tensor_not_finite_and_only_such_one
     """Finite values whose sum overflows (float32, float16) are finite; NaN or
     inf anywhere in a parameter or an optimizer slot is named, the first in
     order; in a buffer only NaN (inf is a mask's or a sentinel's)."""
-    from hooks.basic_session_run_hooks import _first_nonfinite
+    from hooks.checkpoint import _first_nonfinite
 
     def state(weight, slot, half, mask=torch.zeros(2, 2)):
         return {"modules": {"net": {"0.weight": weight, "0.bias": torch.zeros(2),
@@ -1150,8 +1150,8 @@ def test_the_last_save_of_train_is_made_on_the_step(tmp_path, monkeypatch):
     started = []
 
     class Recorded(checkpoint_files.WriterProcess):
-        def __init__(self, prepare=None):
-            super().__init__(prepare)
+        def __init__(self, prepare=None, **kwargs):
+            super().__init__(prepare, **kwargs)
             started.append(self.pid)
     monkeypatch.setattr(checkpoint_files, "WriterProcess", Recorded)
     config = est.RunConfig(model_dir=str(tmp_path), save_checkpoints_steps=100,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from estimator import checkpoint
+import hooks.checkpoint
 from hooks import _staging, files
 
 
@@ -205,3 +206,34 @@ def test_a_state_staging_cannot_measure_is_saved_on_the_step(tmp_path, monkeypat
     saver.close()
     restored = checkpoint.load(checkpoint.latest_checkpoint(str(tmp_path)))
     assert torch.equal(restored["modules"]["net"]["w"], torch.full((100,), 2.0))
+
+
+def test_the_writer_refuses_a_staged_state_that_is_not_finite(tmp_path, monkeypatch):
+    """The NaN check of a staged save runs in the writer process, on the copy
+    it would write: NaN in an Adam slot is refused there (NotFiniteError, as
+    itself, naming the slot and the step), no file of it is left and nothing
+    is evicted; a causal mask of -inf in a buffer saves; the writer goes on."""
+    model_dir = str(tmp_path)
+    saver = checkpoint.Saver(model_dir, max_to_keep=2, background=True)
+    state = _real_state(0)
+    state["modules"]["net"]["mask"] = torch.full((3, 3), -float("inf")).triu(1)
+    finite = {"net": {"1.running_mean", "1.running_var", "1.num_batches_tracked", "mask"}}
+    for step in (1, 2):
+        saver.save(state, step, finite=finite)
+        saver.wait()
+    slot = state["optimizers"]["optimizer"]["state"][0]["exp_avg"]
+    slot[0, 1] = float("nan")
+    monkeypatch.setattr(hooks.checkpoint, "_first_nonfinite",   # (the parent's: never called)
+                        lambda *a: pytest.fail("checked on the step"))
+    saver.save(state, 3, finite=finite)   # (staged: checked by the writer)
+    with pytest.raises(checkpoint.NotFiniteError, match="optimizer/state/0/exp_avg is not "
+                       "finite at global step 3") as caught:
+        saver.wait()
+    assert (caught.value.name, caught.value.global_step) == ("optimizer/state/0/exp_avg", 3)
+    assert sorted(os.listdir(model_dir)) == sorted(
+        ["checkpoint", "model.ckpt-1", "model.ckpt-1.crc32c", "model.ckpt-2",
+         "model.ckpt-2.crc32c"])
+    slot[0, 1] = 0.0
+    saver.save(state, 4, finite=finite)
+    saver.close()
+    assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(model_dir)] == [2, 4]
