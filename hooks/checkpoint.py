@@ -716,8 +716,6 @@ def _floating_tensors(state: dict, buffers: Dict[str, set]):
                     yield f"{owner}/{key.replace('.', '/')}", value, key in owned
 
 
-
-
 def _carry_out(do, sizes: Dict[str, int]):
     """`do()`; a full disk (a file size limit, a file system refusing) is
     said with the checkpoint file (and its size, where known: the
