@@ -53,6 +53,11 @@ _DEFAULT_REPLACEABLE_LIST = [
 # one run each): tiny 0.713 against 0.601 (end only 0.860); MLP 0.997 against
 # 1.058 (end only 1.069; 5 rounds, ranges 0.86-1.26); the save step of a
 # 60-block conv net with Adam (bench/save_step.py) 20 ms against 60-84 ms.
+# With the NaN check in the writer (two runs each, alternating with the code
+# before it, which read 0.767 / 0.785): tiny 0.923 / 0.832 against 0.802 /
+# 0.665 (end only 1.095 / 0.949); conv net save step 11-22 ms against 20-31;
+# MLP 0.927 / 0.987 against 1.000 / 1.171 (end only 0.958 / 1.208): on 2
+# cores the writer competes with torch's two compute threads.
 ASYNC_CHECKPOINT_DEFAULT = True
 # ... which the environment may change for every RunConfig that leaves it None
 # (a cluster on network storage; the fault-injection tests run both ways).
